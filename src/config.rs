@@ -1,0 +1,370 @@
+//! The typed settings tree: built-in defaults, then a TOML file, then
+//! `HOURGLASS__SECTION__KEY` environment variables, validated at startup.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use secrecy::SecretString;
+use serde::{Deserialize, Serialize};
+
+use crate::domain::Granularity;
+
+pub const ENV_PREFIX: &str = "HOURGLASS__";
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+pub const DEFAULT_MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
+pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_MAX_FUTURE: Duration = Duration::from_secs(5 * 60);
+pub const DEFAULT_MAX_AGE: Duration = Duration::from_secs(30 * 24 * 3600);
+pub const DEFAULT_MAX_READINGS_PER_REQUEST: usize = 50_000;
+pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_secs(1);
+pub const DEFAULT_MAX_PENDING_READINGS: usize = 20_000;
+pub const DEFAULT_MAX_BUFFERED_READINGS: usize = 500_000;
+pub const DEFAULT_DATABASE: &str = "hourglass";
+pub const DEFAULT_COLLECTION: &str = "buckets";
+pub const DEFAULT_SERVER_SELECTION_TIMEOUT: Duration = Duration::from_secs(5);
+pub const DEFAULT_MAX_QUERY_RANGE: Duration = Duration::from_secs(400 * 24 * 3600);
+pub const DEFAULT_MAX_POINTS: usize = 10_000;
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("invalid configuration: {0}")]
+    Load(#[from] Box<figment::Error>),
+    #[error("invalid configuration: {key}: {reason}")]
+    Invalid { key: &'static str, reason: String },
+}
+
+fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key,
+        reason: reason.into(),
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    pub http: HttpSettings,
+    pub ingest: IngestSettings,
+    pub batcher: BatcherSettings,
+    pub buckets: BucketSettings,
+    pub mongodb: MongoSettings,
+    pub query: QuerySettings,
+    pub log: LogSettings,
+    pub shutdown: ShutdownSettings,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpSettings {
+    /// Address to listen on; port 0 picks a free one.
+    pub listen: SocketAddr,
+    pub max_body_bytes: usize,
+    /// How long a synchronous write waits for its flush before answering 503.
+    #[serde(with = "humantime_serde")]
+    pub write_timeout: Duration,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        Self {
+            listen: DEFAULT_LISTEN.parse().unwrap_or_else(|_| unreachable!()),
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            write_timeout: DEFAULT_WRITE_TIMEOUT,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct IngestSettings {
+    #[serde(with = "humantime_serde")]
+    pub max_future: Duration,
+    #[serde(with = "humantime_serde")]
+    pub max_age: Duration,
+    pub max_readings_per_request: usize,
+}
+
+impl Default for IngestSettings {
+    fn default() -> Self {
+        Self {
+            max_future: DEFAULT_MAX_FUTURE,
+            max_age: DEFAULT_MAX_AGE,
+            max_readings_per_request: DEFAULT_MAX_READINGS_PER_REQUEST,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BatcherSettings {
+    #[serde(with = "humantime_serde")]
+    pub flush_interval: Duration,
+    pub max_pending_readings: usize,
+    pub max_buffered_readings: usize,
+}
+
+impl Default for BatcherSettings {
+    fn default() -> Self {
+        Self {
+            flush_interval: DEFAULT_FLUSH_INTERVAL,
+            max_pending_readings: DEFAULT_MAX_PENDING_READINGS,
+            max_buffered_readings: DEFAULT_MAX_BUFFERED_READINGS,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BucketSettings {
+    pub granularity: Granularity,
+}
+
+impl Default for BucketSettings {
+    fn default() -> Self {
+        Self {
+            granularity: Granularity::Minute,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MongoSettings {
+    /// May hold credentials: never printed.
+    #[serde(serialize_with = "serialize_secret")]
+    pub uri: SecretString,
+    pub database: String,
+    pub collection: String,
+    #[serde(with = "humantime_serde")]
+    pub server_selection_timeout: Duration,
+}
+
+fn serialize_secret<S: serde::Serializer>(s: &SecretString, ser: S) -> Result<S::Ok, S::Error> {
+    use secrecy::ExposeSecret;
+    // Only used to seed figment with defaults; the value is never logged.
+    ser.serialize_str(s.expose_secret())
+}
+
+impl Default for MongoSettings {
+    fn default() -> Self {
+        Self {
+            uri: SecretString::from(""),
+            database: DEFAULT_DATABASE.to_owned(),
+            collection: DEFAULT_COLLECTION.to_owned(),
+            server_selection_timeout: DEFAULT_SERVER_SELECTION_TIMEOUT,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QuerySettings {
+    #[serde(with = "humantime_serde")]
+    pub max_range: Duration,
+    pub max_points: usize,
+}
+
+impl Default for QuerySettings {
+    fn default() -> Self {
+        Self {
+            max_range: DEFAULT_MAX_QUERY_RANGE,
+            max_points: DEFAULT_MAX_POINTS,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Json,
+    Pretty,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogSettings {
+    pub format: LogFormat,
+    /// A tracing filter (`info`, `hourglass=debug,info`); `RUST_LOG` wins when set.
+    pub level: String,
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Pretty,
+            level: "info".to_owned(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ShutdownSettings {
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for ShutdownSettings {
+    fn default() -> Self {
+        Self {
+            timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+        }
+    }
+}
+
+impl Settings {
+    /// Defaults, then `file` if given, then the environment; validated.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(Settings::default()));
+        if let Some(file) = file {
+            if !file.exists() {
+                return Err(invalid("--config", format!("{} does not exist", file.display())));
+            }
+            figment = figment.merge(Toml::file(file));
+        }
+        let settings: Settings = figment
+            .merge(Env::prefixed(ENV_PREFIX).split("__"))
+            .extract().map_err(Box::new)?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        use secrecy::ExposeSecret;
+        if self.mongodb.uri.expose_secret().trim().is_empty() {
+            return Err(invalid(
+                "mongodb.uri",
+                "is not set: set it in the config file or HOURGLASS__MONGODB__URI (`make run` starts a local server and sets it for you)",
+            ));
+        }
+        if !self.mongodb.uri.expose_secret().starts_with("mongodb://")
+            && !self.mongodb.uri.expose_secret().starts_with("mongodb+srv://")
+        {
+            return Err(invalid("mongodb.uri", "must start with mongodb:// or mongodb+srv://"));
+        }
+        for (key, name) in [
+            ("mongodb.database", &self.mongodb.database),
+            ("mongodb.collection", &self.mongodb.collection),
+        ] {
+            if name.is_empty() || name.contains(['$', '.', '\0', '/', ' ']) {
+                return Err(invalid(key, "must be non-empty without $ . / space or NUL"));
+            }
+        }
+        let positive = [
+            ("http.max_body_bytes", self.http.max_body_bytes),
+            ("ingest.max_readings_per_request", self.ingest.max_readings_per_request),
+            ("batcher.max_pending_readings", self.batcher.max_pending_readings),
+            ("batcher.max_buffered_readings", self.batcher.max_buffered_readings),
+            ("query.max_points", self.query.max_points),
+        ];
+        for (key, value) in positive {
+            if value == 0 {
+                return Err(invalid(key, "must be at least 1"));
+            }
+        }
+        for (key, value) in [
+            ("http.write_timeout", self.http.write_timeout),
+            ("batcher.flush_interval", self.batcher.flush_interval),
+            ("query.max_range", self.query.max_range),
+            ("shutdown.timeout", self.shutdown.timeout),
+        ] {
+            if value.is_zero() {
+                return Err(invalid(key, "must be longer than zero"));
+            }
+        }
+        if self.batcher.max_buffered_readings < self.ingest.max_readings_per_request {
+            return Err(invalid(
+                "batcher.max_buffered_readings",
+                format!(
+                    "({}) must be at least ingest.max_readings_per_request ({}), or a full request could never be taken",
+                    self.batcher.max_buffered_readings, self.ingest.max_readings_per_request
+                ),
+            ));
+        }
+        if self.batcher.max_pending_readings > self.batcher.max_buffered_readings {
+            return Err(invalid(
+                "batcher.max_pending_readings",
+                "must not exceed batcher.max_buffered_readings",
+            ));
+        }
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
+            return Err(invalid("log.level", e.to_string()));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shipped_default_file_loads_once_a_uri_is_given() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("HOURGLASS__MONGODB__URI", "mongodb://127.0.0.1:1");
+            jail.set_env("HOURGLASS__BUCKETS__GRANULARITY", "hour");
+            jail.set_env("HOURGLASS__HTTP__LISTEN", "127.0.0.1:0");
+            let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/default.toml");
+            let s = Settings::load(Some(&path)).map_err(|e| e.to_string())?;
+            assert_eq!(s.buckets.granularity, Granularity::Hour);
+            assert_eq!(s.http.listen.port(), 0);
+            assert_eq!(s.batcher.flush_interval, DEFAULT_FLUSH_INTERVAL);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn an_unknown_key_stops_startup_naming_the_key() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("bad.toml", "[batcher]\nflush_intervall = \"1s\"\n")?;
+            jail.set_env("HOURGLASS__MONGODB__URI", "mongodb://127.0.0.1:1");
+            let err = Settings::load(Some(Path::new("bad.toml"))).expect_err("unknown key");
+            let msg = err.to_string();
+            assert!(msg.contains("flush_intervall"), "{msg}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn an_invalid_value_from_the_environment_names_the_key() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("HOURGLASS__MONGODB__URI", "mongodb://127.0.0.1:1");
+            jail.set_env("HOURGLASS__BUCKETS__GRANULARITY", "fortnight");
+            let msg = Settings::load(None).expect_err("bad value").to_string();
+            assert!(msg.to_lowercase().contains("buckets.granularity"), "{msg}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn a_missing_uri_is_explained() {
+        let msg = Settings::default().validate().expect_err("no uri").to_string();
+        assert!(msg.contains("mongodb.uri"), "{msg}");
+    }
+
+    #[test]
+    fn inconsistent_limits_are_refused() {
+        let mut s = Settings::default();
+        s.mongodb.uri = SecretString::from("mongodb://x");
+        assert!(s.validate().is_ok());
+        s.batcher.max_buffered_readings = 10;
+        let msg = s.validate().expect_err("too small").to_string();
+        assert!(msg.contains("batcher.max_buffered_readings"), "{msg}");
+        s = Settings::default();
+        s.mongodb.uri = SecretString::from("mongodb://x");
+        s.batcher.flush_interval = Duration::ZERO;
+        assert!(s.validate().expect_err("zero").to_string().contains("batcher.flush_interval"));
+    }
+
+    #[test]
+    fn the_uri_never_shows_in_debug_output() {
+        let mut s = Settings::default();
+        s.mongodb.uri = SecretString::from("mongodb://user:hunter2@db");
+        assert!(!format!("{s:?}").contains("hunter2"));
+    }
+}

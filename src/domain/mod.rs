@@ -1,0 +1,14 @@
+//! The product's vocabulary: readings, their validated parts, buckets and aggregates.
+//!
+//! Everything here is pure: no I/O, no clock (callers pass `now`).
+
+mod aggregate;
+mod bucket;
+mod reading;
+
+pub use aggregate::Agg;
+pub use bucket::{BucketKey, BucketKeyRef, BucketUpdate, Granularity, SECOND_FIELDS, field_name};
+pub use reading::{
+    DEFAULT_METRIC, InvalidReading, METRIC_MAX_LEN, MetricName, Reading, SENSOR_MAX_LEN, SensorId,
+    TimeWindow, parse_timestamp_ms, parse_timestamp_str,
+};

@@ -1,0 +1,293 @@
+//! JSON readings → validated [`Reading`]s, borrowing from the input.
+//!
+//! A request is all or nothing: one invalid reading refuses all of them, with
+//! the index and reason of each (up to [`MAX_DETAILS`]).
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::{self, Deserializer, Visitor};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::domain::{
+    InvalidReading, MetricName, Reading, SensorId, TimeWindow, parse_timestamp_ms,
+    parse_timestamp_str,
+};
+
+/// How many per-reading errors a response lists at most.
+pub const MAX_DETAILS: usize = 100;
+
+/// The context a batch of readings is validated in.
+#[derive(Debug, Clone, Copy)]
+pub struct DecodeContext {
+    /// Time of receipt, epoch seconds: the timestamp of readings without one.
+    pub now: i64,
+    pub window: TimeWindow,
+    pub max_readings: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Detail {
+    pub index: usize,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("the body is not valid JSON: {0}")]
+    Malformed(String),
+    #[error("the body must be a reading object or an array of them")]
+    NotReadings,
+    #[error("{count} readings in one request; the limit is {max}")]
+    TooMany { count: usize, max: usize },
+    #[error("{invalid} of {total} readings are invalid; nothing was stored")]
+    Invalid {
+        invalid: usize,
+        total: usize,
+        details: Vec<Detail>,
+    },
+}
+
+/// A timestamp as sent: RFC 3339 text or integer epoch milliseconds.
+struct Ts(Result<i64, InvalidReading>);
+
+impl<'de> Deserialize<'de> for Ts {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct TsVisitor;
+        impl Visitor<'_> for TsVisitor {
+            type Value = Ts;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an RFC 3339 string or integer epoch milliseconds")
+            }
+            fn visit_i64<E: de::Error>(self, ms: i64) -> Result<Ts, E> {
+                Ok(Ts(Ok(parse_timestamp_ms(ms))))
+            }
+            fn visit_u64<E: de::Error>(self, ms: u64) -> Result<Ts, E> {
+                Ok(Ts(i64::try_from(ms)
+                    .map(parse_timestamp_ms)
+                    .map_err(|_| InvalidReading::TimestampFormat)))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Ts, E> {
+                Ok(Ts(Err(InvalidReading::TimestampFormat)))
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Ts, E> {
+                Ok(Ts(parse_timestamp_str(s)))
+            }
+        }
+        d.deserialize_any(TsVisitor)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawReading<'a> {
+    #[serde(borrow)]
+    sensor: Cow<'a, str>,
+    #[serde(borrow, default)]
+    metric: Option<Cow<'a, str>>,
+    #[serde(default)]
+    ts: Option<Ts>,
+    value: f64,
+}
+
+/// serde_json appends " at line L column C"; inside one array element that
+/// position misleads more than it helps.
+fn reason(e: &serde_json::Error) -> String {
+    let s = e.to_string();
+    match s.rfind(" at line ") {
+        Some(i) => s[..i].to_owned(),
+        None => s,
+    }
+}
+
+fn validate<'a>(raw: RawReading<'a>, ctx: &DecodeContext) -> Result<Reading<'a>, InvalidReading> {
+    let sensor = SensorId::parse(raw.sensor)?;
+    let metric = match raw.metric {
+        Some(m) => MetricName::parse(m)?,
+        None => MetricName::default_metric(),
+    };
+    let value = Reading::check_value(raw.value)?;
+    let ts = match raw.ts {
+        Some(Ts(ts)) => ctx.window.check(ts?, ctx.now)?,
+        None => ctx.now,
+    };
+    Ok(Reading {
+        sensor,
+        metric,
+        ts,
+        value,
+    })
+}
+
+fn decode_one<'a>(json: &'a str, ctx: &DecodeContext) -> Result<Reading<'a>, String> {
+    let raw: RawReading<'a> = serde_json::from_str(json).map_err(|e| reason(&e))?;
+    validate(raw, ctx).map_err(|e| e.to_string())
+}
+
+/// Decodes a body that is one reading object or an array of them.
+pub fn decode_readings<'a>(
+    body: &'a [u8],
+    ctx: &DecodeContext,
+) -> Result<Vec<Reading<'a>>, DecodeError> {
+    let text = std::str::from_utf8(body)
+        .map_err(|e| DecodeError::Malformed(format!("the body is not UTF-8: {e}")))?;
+    match text.trim_start().as_bytes().first() {
+        Some(b'[') => {
+            let items: Vec<&'a RawValue> =
+                serde_json::from_str(text).map_err(|e| DecodeError::Malformed(e.to_string()))?;
+            if items.len() > ctx.max_readings {
+                return Err(DecodeError::TooMany {
+                    count: items.len(),
+                    max: ctx.max_readings,
+                });
+            }
+            collect(items.iter().map(|item| decode_one(item.get(), ctx)), items.len())
+        }
+        Some(b'{') => {
+            // Check the syntax first so a broken body is "malformed", not "invalid".
+            let item: &'a RawValue =
+                serde_json::from_str(text).map_err(|e| DecodeError::Malformed(e.to_string()))?;
+            collect(std::iter::once(decode_one(item.get(), ctx)), 1)
+        }
+        Some(_) => match serde_json::from_str::<serde::de::IgnoredAny>(text) {
+            Ok(_) => Err(DecodeError::NotReadings),
+            Err(e) => Err(DecodeError::Malformed(e.to_string())),
+        },
+        None => Err(DecodeError::Malformed("the body is empty".to_owned())),
+    }
+}
+
+fn collect<'a>(
+    results: impl Iterator<Item = Result<Reading<'a>, String>>,
+    total: usize,
+) -> Result<Vec<Reading<'a>>, DecodeError> {
+    let mut readings = Vec::with_capacity(total);
+    let mut details = Vec::new();
+    let mut invalid = 0;
+    for (index, result) in results.enumerate() {
+        match result {
+            Ok(r) if invalid == 0 => readings.push(r),
+            Ok(_) => {}
+            Err(reason) => {
+                invalid += 1;
+                if details.len() < MAX_DETAILS {
+                    details.push(Detail { index, reason });
+                }
+            }
+        }
+    }
+    if invalid > 0 {
+        return Err(DecodeError::Invalid {
+            invalid,
+            total,
+            details,
+        });
+    }
+    Ok(readings)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    const NOW: i64 = 1_381_961_300; // 2013-10-16T22:08:20Z
+
+    fn ctx() -> DecodeContext {
+        DecodeContext {
+            now: NOW,
+            window: TimeWindow {
+                max_age: Duration::from_secs(30 * 86400),
+                max_future: Duration::from_secs(300),
+            },
+            max_readings: 10,
+        }
+    }
+
+    fn reasons(body: &str) -> Vec<(usize, String)> {
+        match decode_readings(body.as_bytes(), &ctx()) {
+            Err(DecodeError::Invalid { details, .. }) => {
+                details.into_iter().map(|d| (d.index, d.reason)).collect()
+            }
+            other => panic!("expected invalid readings, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_single_object_decodes_with_the_documented_example() {
+        let body = br#"{"sensor":"I80_mile23","metric":"speed","ts":"2013-10-16T22:07:38Z","value":63}"#;
+        let r = decode_readings(body, &ctx()).expect("valid");
+        assert_eq!(r.len(), 1);
+        assert_eq!((r[0].sensor.as_str(), r[0].metric.as_str(), r[0].ts, r[0].value), ("I80_mile23", "speed", 1_381_961_258, 63.0));
+    }
+
+    #[test]
+    fn names_borrow_from_the_body_when_they_can() {
+        let body = br#"[{"sensor":"a","value":1}]"#;
+        let r = decode_readings(body, &ctx()).expect("valid");
+        assert!(matches!(r[0].sensor, SensorId { .. }));
+        assert_eq!(r[0].metric.as_str(), "value", "the default metric");
+        assert_eq!(r[0].ts, NOW, "no ts means the time of receipt");
+    }
+
+    #[test]
+    fn epoch_milliseconds_are_accepted() {
+        let r = decode_readings(br#"{"sensor":"a","ts":1381961258999,"value":1}"#, &ctx()).expect("valid");
+        assert_eq!(r[0].ts, 1_381_961_258);
+    }
+
+    #[test]
+    fn every_invalid_reading_is_reported_with_its_index() {
+        let body = r#"[
+            {"sensor":"ok","value":1},
+            {"sensor":"$gt","value":1},
+            {"sensor":"a","value":"63"},
+            {"sensor":"a","value":{"$gt":1}},
+            {"sensor":"a","metric":"a.b","value":1},
+            {"sensor":"a","ts":"2099-01-01T00:00:00Z","value":1},
+            {"sensor":"a","ts":"2000-01-01T00:00:00Z","value":1},
+            {"sensor":"a","ts":1.5,"value":1},
+            {"sensor":"a","value":1,"unit":"C"},
+            {"value":1}
+        ]"#;
+        let got = reasons(body);
+        let indexes: Vec<usize> = got.iter().map(|(i, _)| *i).collect();
+        assert_eq!(indexes, (1..10).collect::<Vec<_>>());
+        assert!(got[0].1.contains("sensor"), "{:?}", got[0]);
+        assert!(got[1].1.contains("invalid type"), "{:?}", got[1]);
+        assert!(got[4].1.contains("future"), "{:?}", got[4]);
+        assert!(got[5].1.contains("past"), "{:?}", got[5]);
+        assert!(got[7].1.contains("unknown field"), "{:?}", got[7]);
+        assert!(got[8].1.contains("missing field `sensor`"), "{:?}", got[8]);
+    }
+
+    #[test]
+    fn malformed_bodies_are_told_apart_from_invalid_readings() {
+        for body in ["", "  ", "[", "{\"sensor\":", "[1,]", "nul", "\u{feff}[]"] {
+            assert!(matches!(decode_readings(body.as_bytes(), &ctx()), Err(DecodeError::Malformed(_))), "{body:?}");
+        }
+        for body in ["1", "\"x\"", "null", "true"] {
+            assert_eq!(decode_readings(body.as_bytes(), &ctx()), Err(DecodeError::NotReadings), "{body:?}");
+        }
+        assert!(matches!(decode_readings(b"[1]", &ctx()), Err(DecodeError::Invalid { .. })));
+        assert!(matches!(decode_readings(&[0xff, 0xfe], &ctx()), Err(DecodeError::Malformed(_))));
+    }
+
+    #[test]
+    fn numbers_that_do_not_fit_a_double_are_refused() {
+        let got = reasons(r#"[{"sensor":"a","value":1e400}]"#);
+        assert_eq!(got.len(), 1);
+    }
+
+    #[test]
+    fn too_many_readings_are_refused_before_decoding_them() {
+        let body = format!("[{}]", vec!["{}"; 11].join(","));
+        assert_eq!(decode_readings(body.as_bytes(), &ctx()), Err(DecodeError::TooMany { count: 11, max: 10 }));
+    }
+
+    #[test]
+    fn an_empty_array_is_zero_readings() {
+        assert_eq!(decode_readings(b"[]", &ctx()), Ok(vec![]));
+    }
+}

@@ -1,0 +1,125 @@
+//! `POST /api/v1/readings`.
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+use tracing::warn;
+
+use super::decode::{DecodeContext, DecodeError, decode_readings};
+use crate::api::{ApiError, AppState};
+use crate::batcher::driver::{NotStored, SubmitError};
+use crate::domain::TimeWindow;
+use crate::store::BucketStore;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IngestParams {
+    /// Answer 202 once queued instead of 200 once stored.
+    #[serde(rename = "async", default)]
+    pub async_: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Accepted {
+    pub accepted: usize,
+}
+
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json"))
+}
+
+impl From<DecodeError> for ApiError {
+    fn from(e: DecodeError) -> Self {
+        let message = e.to_string();
+        match e {
+            DecodeError::TooMany { .. } => ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, message),
+            DecodeError::Invalid { details, .. } => ApiError {
+                status: StatusCode::BAD_REQUEST,
+                message,
+                details,
+            },
+            DecodeError::Malformed(_) | DecodeError::NotReadings => ApiError::bad_request(message),
+        }
+    }
+}
+
+impl From<SubmitError> for ApiError {
+    fn from(e: SubmitError) -> Self {
+        match e {
+            SubmitError::Full(_) => {
+                ApiError::unavailable("the service is at capacity; retry later")
+            }
+            SubmitError::Closed => ApiError::unavailable("the service is shutting down"),
+        }
+    }
+}
+
+pub async fn post_readings<S: BucketStore>(
+    State(state): State<AppState<S>>,
+    params: Result<Query<IngestParams>, QueryRejection>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<Accepted>), ApiError> {
+    let Query(params) = params.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    if !is_json(&headers) {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "Content-Type must be application/json",
+        ));
+    }
+    let body = body.map_err(|e| match e.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the body is larger than {} bytes",
+                state.settings.http.max_body_bytes
+            ),
+        ),
+        status => ApiError::new(status, e.body_text()),
+    })?;
+    let ingest = &state.settings.ingest;
+    let ctx = DecodeContext {
+        now: OffsetDateTime::now_utc().unix_timestamp(),
+        window: TimeWindow {
+            max_age: ingest.max_age,
+            max_future: ingest.max_future,
+        },
+        max_readings: ingest.max_readings_per_request,
+    };
+    let readings = decode_readings(&body, &ctx)?;
+    let accepted = readings.len();
+    if accepted == 0 {
+        let status = if params.async_ { StatusCode::ACCEPTED } else { StatusCode::OK };
+        return Ok((status, Json(Accepted { accepted })));
+    }
+    let receiver = state.batcher.submit(readings, !params.async_)?;
+    let Some(receiver) = receiver else {
+        return Ok((StatusCode::ACCEPTED, Json(Accepted { accepted })));
+    };
+    match tokio::time::timeout(state.settings.http.write_timeout, receiver).await {
+        Ok(Ok(Ok(()))) => Ok((StatusCode::OK, Json(Accepted { accepted }))),
+        Ok(Ok(Err(NotStored::Rejected))) => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "storage refused the readings; they were not stored",
+        )),
+        Ok(Ok(Err(NotStored::Shutdown))) | Ok(Err(_)) => Err(ApiError::unavailable(
+            "the service stopped before the readings were stored; retry",
+        )),
+        Err(_) => {
+            warn!(readings = accepted, "A write waited longer than http.write_timeout; answering 503.");
+            // The readings stay queued and are stored when storage allows; a
+            // retry by the client is harmless (last write wins per second).
+            Err(ApiError::unavailable(
+                "the readings were not confirmed stored in time; retrying is safe",
+            ))
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! Wires the parts together: [`Application::build`] connects storage, binds the
+//! listener and starts nothing yet; [`Application::run_until_stopped`] serves
+//! until the shutdown future resolves, then drains.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info};
+
+use crate::api::{self, AppState};
+use crate::batcher::BatcherLimits;
+use crate::batcher::driver::{self, BatcherHandle, Driver};
+use crate::config::Settings;
+use crate::store::MongoStore;
+
+pub struct Application {
+    listener: TcpListener,
+    address: SocketAddr,
+    settings: Arc<Settings>,
+    batcher: BatcherHandle,
+    driver: Driver<MongoStore>,
+    store: Arc<MongoStore>,
+}
+
+impl Application {
+    pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        let store = MongoStore::connect(&settings.mongodb, settings.buckets.granularity)
+            .await
+            .context("connecting to MongoDB")?;
+        store
+            .ensure_indexes()
+            .await
+            .context("creating the bucket index (is MongoDB reachable at mongodb.uri?)")?;
+        let store = Arc::new(store);
+        let limits = BatcherLimits {
+            flush_interval: settings.batcher.flush_interval,
+            max_pending_readings: settings.batcher.max_pending_readings,
+            max_buffered_readings: settings.batcher.max_buffered_readings,
+        };
+        let (batcher, driver) = driver::new(settings.buckets.granularity, limits, store.clone());
+        let listener = TcpListener::bind(settings.http.listen)
+            .await
+            .with_context(|| format!("binding http.listen = {}", settings.http.listen))?;
+        let address = listener.local_addr()?;
+        Ok(Self {
+            listener,
+            address,
+            settings: Arc::new(settings),
+            batcher,
+            driver,
+            store,
+        })
+    }
+
+    pub fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    pub fn port(&self) -> u16 {
+        self.address.port()
+    }
+
+    /// Serves until `shutdown` resolves, then stops taking input, drains the
+    /// batcher and returns. Fails if accepted readings could not be stored.
+    pub async fn run_until_stopped(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let Self {
+            listener,
+            address,
+            settings,
+            batcher,
+            driver,
+            store,
+        } = self;
+        let stop = CancellationToken::new();
+        let abort = CancellationToken::new();
+        let driver_task = tokio::spawn(driver.run(stop.clone(), abort.clone()));
+
+        let state = AppState {
+            store,
+            batcher: batcher.clone(),
+            settings: settings.clone(),
+        };
+        let app = api::router(state);
+        info!(%address, granularity = ?settings.buckets.granularity, "Hourglass is listening.");
+
+        let timeout = settings.shutdown.timeout;
+        let closing = batcher.clone();
+        let abort_at_deadline = abort.clone();
+        let signalled = async move {
+            shutdown.await;
+            info!("Shutting down: no new input; flushing what was accepted.");
+            closing.close();
+            // From here on everything must finish within shutdown.timeout.
+            tokio::spawn(async move {
+                tokio::time::sleep(timeout).await;
+                abort_at_deadline.cancel();
+            });
+        };
+        axum::serve(listener, app)
+            .with_graceful_shutdown(signalled)
+            .await
+            .context("serving HTTP")?;
+        batcher.close();
+        stop.cancel();
+        let drained = driver_task.await.context("the batcher driver panicked")?;
+        if drained.unstored_readings > 0 {
+            error!(
+                readings = drained.unstored_readings,
+                "Stopped with accepted readings that were not stored."
+            );
+            anyhow::bail!(
+                "{} accepted readings were not stored",
+                drained.unstored_readings
+            );
+        }
+        info!("Hourglass stopped; every accepted reading was stored.");
+        Ok(())
+    }
+}

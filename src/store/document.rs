@@ -1,0 +1,259 @@
+//! The bucket document format: update pipelines that write it and the reader
+//! that parses it back. See the README's "Bucket documents" section.
+
+use std::sync::LazyLock;
+
+use mongodb::bson::{Bson, DateTime, Document, doc};
+
+use super::{BucketRead, SCHEMA_VERSION, StoreError};
+use crate::domain::{Agg, BucketKey, BucketUpdate, Granularity, SECOND_FIELDS, field_name};
+
+/// `"$v.0"` … `"$v.59"`: the paths of an hour bucket's minutes.
+static MINUTE_PATHS: LazyLock<Vec<String>> =
+    LazyLock::new(|| SECOND_FIELDS.iter().map(|m| format!("$v.{m}")).collect());
+
+pub fn start_date(start: i64) -> DateTime {
+    DateTime::from_millis(start.saturating_mul(1000))
+}
+
+/// The filter of a bucket: exactly the fields of the unique index, so an upsert
+/// that loses a race fails with a duplicate key and can be retried.
+pub fn key_filter(key: &BucketKey) -> Document {
+    doc! {
+        "sensor": key.sensor.as_str(),
+        "metric": key.metric.as_str(),
+        "start": start_date(key.start),
+    }
+}
+
+/// `[value, …]` of an object of values, as an aggregation expression.
+fn values_of(path: &str) -> Document {
+    doc! { "$map": { "input": { "$objectToArray": path }, "in": "$$this.v" } }
+}
+
+/// `{count, sum, min, max}` of the values under `path`, recomputed from them.
+fn aggregates_of(path: &str) -> Document {
+    let values = values_of(path);
+    doc! {
+        "count": { "$size": { "$objectToArray": path } },
+        "sum": { "$sum": values.clone() },
+        "min": { "$min": values.clone() },
+        "max": { "$max": values },
+    }
+}
+
+fn literal_seconds<'a>(values: impl Iterator<Item = &'a (u16, f64)>) -> Document {
+    let mut d = Document::new();
+    for &(second, value) in values {
+        d.insert(field_name(second % 60), value);
+    }
+    d
+}
+
+/// The update pipeline for one bucket.
+///
+/// Values are set (last write wins) and the aggregates recomputed from the
+/// stored values in the same atomic document update, so duplicates, overwrites,
+/// late readings and concurrent writers all leave them exact; applying the same
+/// update twice changes nothing. Every user-supplied value sits inside
+/// `$literal` or a filter value, never in a field name or operator position.
+pub fn update_pipeline(update: &BucketUpdate, granularity: Granularity) -> Vec<Document> {
+    match granularity {
+        Granularity::Minute => {
+            let new = literal_seconds(update.values.iter());
+            vec![
+                doc! { "$set": {
+                    "v": { "$mergeObjects": [ { "$ifNull": ["$v", {}] }, { "$literal": new } ] },
+                    "schema_version": SCHEMA_VERSION,
+                }},
+                doc! { "$set": aggregates_of("$v") },
+            ]
+        }
+        Granularity::Hour => {
+            let mut v = Document::new();
+            let mut m = Document::new();
+            for minute_values in update.values.chunk_by(|a, b| a.0 / 60 == b.0 / 60) {
+                let minute = minute_values[0].0 / 60;
+                let path = MINUTE_PATHS[usize::from(minute)].as_str();
+                v.insert(
+                    field_name(minute),
+                    doc! { "$mergeObjects": [
+                        { "$ifNull": [path, {}] },
+                        { "$literal": literal_seconds(minute_values.iter()) },
+                    ]},
+                );
+                m.insert(field_name(minute), aggregates_of(path));
+            }
+            let of_minutes = |field: &str| {
+                doc! { "$map": { "input": { "$objectToArray": "$m" }, "in": format!("$$this.v.{field}") } }
+            };
+            vec![
+                doc! { "$set": {
+                    "v": { "$mergeObjects": [ { "$ifNull": ["$v", {}] }, v ] },
+                    "schema_version": SCHEMA_VERSION,
+                }},
+                doc! { "$set": { "m": { "$mergeObjects": [ { "$ifNull": ["$m", {}] }, m ] } } },
+                doc! { "$set": {
+                    "count": { "$sum": of_minutes("count") },
+                    "sum": { "$sum": of_minutes("sum") },
+                    "min": { "$min": of_minutes("min") },
+                    "max": { "$max": of_minutes("max") },
+                }},
+            ]
+        }
+    }
+}
+
+/// A rough upper bound of an update statement's encoded size, for chunking.
+pub fn estimated_size(update: &BucketUpdate) -> usize {
+    600 + update.key.sensor.as_str().len() + update.values.len() * 24
+}
+
+fn number(doc: &Document, field: &str) -> Result<f64, StoreError> {
+    match doc.get(field) {
+        Some(Bson::Double(x)) => Ok(*x),
+        Some(Bson::Int32(x)) => Ok(f64::from(*x)),
+        Some(Bson::Int64(x)) => Ok(*x as f64),
+        other => Err(StoreError::Unreadable(format!(
+            "field {field} is {other:?}, not a number"
+        ))),
+    }
+}
+
+fn aggregates(doc: &Document) -> Result<Agg, StoreError> {
+    let count = number(doc, "count")?;
+    if count == 0.0 {
+        return Ok(Agg::default());
+    }
+    Ok(Agg {
+        count: count as u64,
+        sum: number(doc, "sum")?,
+        min: number(doc, "min")?,
+        max: number(doc, "max")?,
+    })
+}
+
+fn small_key(key: &str) -> Result<u16, StoreError> {
+    key.parse::<u16>()
+        .ok()
+        .filter(|&n| n < 60)
+        .ok_or_else(|| StoreError::Unreadable(format!("unexpected key {key:?}")))
+}
+
+fn seconds_into(
+    doc: &Document,
+    base: u16,
+    out: &mut Vec<(u16, f64)>,
+) -> Result<(), StoreError> {
+    for (second, _) in doc {
+        out.push((base + small_key(second)?, number(doc, second)?));
+    }
+    Ok(())
+}
+
+/// Parses a (projected) bucket document of any schema version this service has
+/// written. Parts that were not projected come back empty.
+pub fn read_bucket(doc: &Document, granularity: Granularity) -> Result<BucketRead, StoreError> {
+    // Version 1 is the only layout so far; a newer one is refused rather than misread.
+    match doc.get("schema_version") {
+        Some(Bson::Int32(1)) | Some(Bson::Int64(1)) | Some(Bson::Double(1.0)) => {}
+        other => {
+            return Err(StoreError::Unreadable(format!(
+                "unknown schema_version {other:?}"
+            )));
+        }
+    }
+    let start = doc
+        .get_datetime("start")
+        .map_err(|e| StoreError::Unreadable(format!("start: {e}")))?
+        .timestamp_millis()
+        .div_euclid(1000);
+    let mut read = BucketRead {
+        start,
+        agg: aggregates(doc)?,
+        ..BucketRead::default()
+    };
+    if let Ok(m) = doc.get_document("m") {
+        for minute in m.keys() {
+            let entry = m
+                .get_document(minute)
+                .map_err(|e| StoreError::Unreadable(format!("m.{minute}: {e}")))?;
+            read.minutes.push((small_key(minute)?, aggregates(entry)?));
+        }
+        read.minutes.sort_by_key(|&(minute, _)| minute);
+    }
+    if let Ok(v) = doc.get_document("v") {
+        match granularity {
+            Granularity::Minute => seconds_into(v, 0, &mut read.values)?,
+            Granularity::Hour => {
+                for (minute, seconds) in v {
+                    let Bson::Document(seconds) = seconds else {
+                        return Err(StoreError::Unreadable(format!("v.{minute} is not a document")));
+                    };
+                    seconds_into(seconds, small_key(minute)? * 60, &mut read.values)?;
+                }
+            }
+        }
+        read.values.sort_by_key(|&(offset, _)| offset);
+    }
+    Ok(read)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{MetricName, SensorId};
+
+    fn update(values: Vec<(u16, f64)>) -> BucketUpdate {
+        BucketUpdate {
+            key: BucketKey {
+                sensor: SensorId::parse("s".to_owned()).expect("valid").into_owned(),
+                metric: MetricName::default_metric(),
+                start: 3600,
+            },
+            values,
+        }
+    }
+
+    #[test]
+    fn minute_updates_set_values_as_literals_under_second_fields() {
+        let p = update_pipeline(&update(vec![(5, 1.5), (38, 63.0)]), Granularity::Minute);
+        let set = p[0].get_document("$set").expect("$set");
+        let merge = set.get_document("v").expect("v").get_array("$mergeObjects").expect("merge");
+        let literal = merge[1].as_document().expect("doc").get_document("$literal").expect("literal");
+        assert_eq!(literal, &doc! { "5": 1.5, "38": 63.0 });
+        assert_eq!(set.get_i32("schema_version"), Ok(SCHEMA_VERSION));
+    }
+
+    #[test]
+    fn hour_updates_touch_only_the_minutes_they_write() {
+        let p = update_pipeline(&update(vec![(61, 1.0), (62, 2.0), (3599, 3.0)]), Granularity::Hour);
+        let m = p[1]
+            .get_document("$set").expect("$set")
+            .get_document("m").expect("m")
+            .get_array("$mergeObjects").expect("merge")[1]
+            .as_document().expect("doc").clone();
+        assert_eq!(m.keys().collect::<Vec<_>>(), vec!["1", "59"]);
+    }
+
+    #[test]
+    fn buckets_of_an_unknown_schema_version_are_refused() {
+        let d = doc! { "start": start_date(60), "count": 0, "schema_version": 2 };
+        assert!(matches!(read_bucket(&d, Granularity::Minute), Err(StoreError::Unreadable(_))));
+    }
+
+    #[test]
+    fn hour_buckets_read_back_with_offsets_in_the_hour() {
+        let d = doc! {
+            "start": start_date(3600), "schema_version": 1,
+            "count": 2, "sum": 3.0, "min": 1.0, "max": 2.0,
+            "m": { "1": { "count": 2, "sum": 3.0, "min": 1.0, "max": 2.0 } },
+            "v": { "1": { "2": 2.0, "1": 1 } },
+        };
+        let r = read_bucket(&d, Granularity::Hour).expect("readable");
+        assert_eq!(r.start, 3600);
+        assert_eq!(r.agg.count, 2);
+        assert_eq!(r.values, vec![(61, 1.0), (62, 2.0)]);
+        assert_eq!(r.minutes.len(), 1);
+    }
+}

@@ -1,0 +1,259 @@
+//! [`BucketStore`] on MongoDB (any server ≥ 7 speaking its wire protocol).
+
+use futures_util::TryStreamExt;
+use mongodb::bson::{Bson, Document, doc};
+use mongodb::error::{Error as MongoError, ErrorKind};
+use mongodb::options::{ClientOptions, IndexOptions};
+use mongodb::{Client, Collection, Database, IndexModel};
+use secrecy::ExposeSecret;
+
+use super::document::{estimated_size, key_filter, read_bucket, start_date, update_pipeline};
+use super::{BucketRead, BucketStore, Fetch, Starts, StoreError, Values, WriteReport};
+use crate::config::MongoSettings;
+use crate::domain::{BucketUpdate, Granularity, field_name};
+
+/// The unique index on a bucket's identity. Its prefix `(sensor, metric)` plus
+/// the range on `start` also serves every query, so it is the only index.
+pub const BUCKET_INDEX: &str = "sensor_metric_start";
+
+/// Statements per `update` command; the server takes up to 100 000.
+const MAX_STATEMENTS_PER_COMMAND: usize = 10_000;
+/// Estimated bytes per `update` command, well under the 16 MiB document limit.
+const MAX_COMMAND_BYTES: usize = 8 * 1024 * 1024;
+/// Times an upsert that lost a race to create its bucket is sent again.
+const DUPLICATE_KEY_RETRIES: usize = 5;
+
+const DUPLICATE_KEY: i32 = 11000;
+/// Server error codes that a later attempt can get past (the drivers' retryable
+/// codes plus write conflicts).
+const TRANSIENT_CODES: &[i32] = &[
+    6, 7, 89, 91, 112, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436, 63, 150, 134,
+];
+
+#[derive(Clone)]
+pub struct MongoStore {
+    client: Client,
+    db: Database,
+    buckets: Collection<Document>,
+    granularity: Granularity,
+}
+
+impl std::fmt::Debug for MongoStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MongoStore")
+            .field("database", &self.db.name())
+            .field("collection", &self.buckets.name())
+            .finish_non_exhaustive()
+    }
+}
+
+fn classify(e: MongoError) -> StoreError {
+    let transient = match e.kind.as_ref() {
+        ErrorKind::Io(_)
+        | ErrorKind::ConnectionPoolCleared { .. }
+        | ErrorKind::ServerSelection { .. }
+        | ErrorKind::DnsResolve { .. } => true,
+        ErrorKind::Command(c) => TRANSIENT_CODES.contains(&c.code),
+        _ => e.contains_label("RetryableWriteError") || e.contains_label("TransientTransactionError"),
+    };
+    // The driver's messages hold no credentials: the URI is never part of them.
+    if transient {
+        StoreError::Unavailable(e.to_string())
+    } else {
+        StoreError::Rejected(e.to_string())
+    }
+}
+
+impl MongoStore {
+    /// Connects (lazily: the driver dials on first use) and creates the index.
+    pub async fn connect(
+        settings: &MongoSettings,
+        granularity: Granularity,
+    ) -> Result<Self, StoreError> {
+        let mut options = ClientOptions::parse(settings.uri.expose_secret())
+            .await
+            .map_err(|e| StoreError::Rejected(format!("mongodb.uri: {e}")))?;
+        options.app_name = Some("hourglass".to_owned());
+        if options.server_selection_timeout.is_none() {
+            options.server_selection_timeout = Some(settings.server_selection_timeout);
+        }
+        let client = Client::with_options(options).map_err(classify)?;
+        let db = client.database(&settings.database);
+        let buckets = db.collection::<Document>(&settings.collection);
+        Ok(Self {
+            client,
+            db,
+            buckets,
+            granularity,
+        })
+    }
+
+    /// Creates the bucket index; a no-op when it exists already.
+    pub async fn ensure_indexes(&self) -> Result<(), StoreError> {
+        let index = IndexModel::builder()
+            .keys(doc! { "sensor": 1, "metric": 1, "start": 1 })
+            .options(
+                IndexOptions::builder()
+                    .unique(true)
+                    .name(BUCKET_INDEX.to_owned())
+                    .build(),
+            )
+            .build();
+        self.buckets.create_index(index).await.map_err(classify)?;
+        Ok(())
+    }
+
+    pub fn granularity(&self) -> Granularity {
+        self.granularity
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Sends statements as one unordered `update` command; returns the indexes
+    /// (into `statements`) that lost an upsert race and must be sent again.
+    async fn send(&self, statements: Vec<Document>) -> Result<Vec<usize>, StoreError> {
+        let mut command = doc! {
+            "update": self.buckets.name(),
+            "updates": statements,
+            "ordered": false,
+        };
+        if let Some(wc) = self.buckets.write_concern() {
+            let wc = mongodb::bson::to_document(wc)
+                .map_err(|e| StoreError::Rejected(format!("write concern: {e}")))?;
+            command.insert("writeConcern", wc);
+        }
+        let reply = self.db.run_command(command).await.map_err(classify)?;
+        if let Ok(wce) = reply.get_document("writeConcernError") {
+            return Err(StoreError::Unavailable(format!("write concern error: {wce}")));
+        }
+        let mut retry = Vec::new();
+        let mut first_error = None;
+        if let Ok(errors) = reply.get_array("writeErrors") {
+            for e in errors.iter().filter_map(Bson::as_document) {
+                let code = e.get_i32("code").unwrap_or_default();
+                let index = e.get_i32("index").ok().and_then(|i| usize::try_from(i).ok());
+                match (code, index) {
+                    (DUPLICATE_KEY, Some(i)) => retry.push(i),
+                    _ => {
+                        let msg = e.get_str("errmsg").unwrap_or("no message").to_owned();
+                        let transient = TRANSIENT_CODES.contains(&code);
+                        // A permanent error outranks a transient one: retrying cannot fix it.
+                        if first_error.as_ref().is_none_or(|(t, _): &(bool, String)| *t) {
+                            first_error = Some((transient, format!("code {code}: {msg}")));
+                        }
+                    }
+                }
+            }
+        }
+        match first_error {
+            Some((true, msg)) => Err(StoreError::Unavailable(msg)),
+            Some((false, msg)) => Err(StoreError::Rejected(msg)),
+            None => Ok(retry),
+        }
+    }
+
+    async fn write_chunk(&self, chunk: &[BucketUpdate]) -> Result<usize, StoreError> {
+        let statement = |u: &BucketUpdate| {
+            doc! {
+                "q": key_filter(&u.key),
+                "u": update_pipeline(u, self.granularity),
+                "upsert": true,
+            }
+        };
+        let mut round_trips = 1;
+        let mut retry = self.send(chunk.iter().map(statement).collect()).await?;
+        // Two writers creating the same bucket at once: one insert wins, the
+        // other fails on the unique index and succeeds as an update when resent.
+        let mut attempt = 0;
+        while !retry.is_empty() {
+            attempt += 1;
+            if attempt > DUPLICATE_KEY_RETRIES {
+                return Err(StoreError::Unavailable(format!(
+                    "{} upserts kept losing races on the unique index",
+                    retry.len()
+                )));
+            }
+            let again: Vec<&BucketUpdate> = retry.iter().filter_map(|&i| chunk.get(i)).collect();
+            let next = self.send(again.iter().map(|u| statement(u)).collect()).await?;
+            round_trips += 1;
+            retry = next.into_iter().filter_map(|i| retry.get(i).copied()).collect();
+        }
+        Ok(round_trips)
+    }
+}
+
+impl BucketStore for MongoStore {
+    async fn write(&self, updates: &[BucketUpdate]) -> Result<WriteReport, StoreError> {
+        let mut report = WriteReport::default();
+        let mut begin = 0;
+        while begin < updates.len() {
+            let mut end = begin;
+            let mut bytes = 0;
+            while end < updates.len()
+                && end - begin < MAX_STATEMENTS_PER_COMMAND
+                && (end == begin || bytes + estimated_size(&updates[end]) <= MAX_COMMAND_BYTES)
+            {
+                bytes += estimated_size(&updates[end]);
+                end += 1;
+            }
+            report.round_trips += self.write_chunk(&updates[begin..end]).await?;
+            report.buckets += end - begin;
+            begin = end;
+        }
+        Ok(report)
+    }
+
+    async fn fetch(&self, fetch: Fetch<'_>) -> Result<Vec<BucketRead>, StoreError> {
+        let start = match &fetch.starts {
+            Starts::Range(from, to) => doc! { "$gte": start_date(*from), "$lt": start_date(*to) },
+            Starts::Only(starts) => {
+                doc! { "$in": starts.iter().map(|&s| Bson::DateTime(start_date(s))).collect::<Vec<_>>() }
+            }
+        };
+        let filter = doc! {
+            "sensor": fetch.sensor.as_str(),
+            "metric": fetch.metric.as_str(),
+            "start": start,
+        };
+        let mut projection = doc! {
+            "_id": 0, "start": 1, "schema_version": 1,
+            "count": 1, "sum": 1, "min": 1, "max": 1,
+        };
+        if fetch.minutes {
+            projection.insert("m", 1);
+        }
+        match &fetch.values {
+            Values::None => {}
+            Values::All => {
+                projection.insert("v", 1);
+            }
+            Values::Minutes(minutes) => {
+                for &minute in minutes {
+                    projection.insert(format!("v.{}", field_name(minute)), 1);
+                }
+            }
+        }
+        let mut cursor = self
+            .buckets
+            .find(filter)
+            .projection(projection)
+            .sort(doc! { "start": 1 })
+            .await
+            .map_err(classify)?;
+        let mut out = Vec::new();
+        while let Some(doc) = cursor.try_next().await.map_err(classify)? {
+            out.push(read_bucket(&doc, self.granularity)?);
+        }
+        Ok(out)
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.db
+            .run_command(doc! { "ping": 1 })
+            .await
+            .map(|_| ())
+            .map_err(classify)
+    }
+}
