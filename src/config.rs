@@ -223,13 +223,17 @@ impl Settings {
         let mut figment = Figment::from(Serialized::defaults(Settings::default()));
         if let Some(file) = file {
             if !file.exists() {
-                return Err(invalid("--config", format!("{} does not exist", file.display())));
+                return Err(invalid(
+                    "--config",
+                    format!("{} does not exist", file.display()),
+                ));
             }
             figment = figment.merge(Toml::file(file));
         }
         let settings: Settings = figment
             .merge(Env::prefixed(ENV_PREFIX).split("__"))
-            .extract().map_err(Box::new)?;
+            .extract()
+            .map_err(Box::new)?;
         settings.validate()?;
         Ok(settings)
     }
@@ -243,9 +247,16 @@ impl Settings {
             ));
         }
         if !self.mongodb.uri.expose_secret().starts_with("mongodb://")
-            && !self.mongodb.uri.expose_secret().starts_with("mongodb+srv://")
+            && !self
+                .mongodb
+                .uri
+                .expose_secret()
+                .starts_with("mongodb+srv://")
         {
-            return Err(invalid("mongodb.uri", "must start with mongodb:// or mongodb+srv://"));
+            return Err(invalid(
+                "mongodb.uri",
+                "must start with mongodb:// or mongodb+srv://",
+            ));
         }
         for (key, name) in [
             ("mongodb.database", &self.mongodb.database),
@@ -257,9 +268,18 @@ impl Settings {
         }
         let positive = [
             ("http.max_body_bytes", self.http.max_body_bytes),
-            ("ingest.max_readings_per_request", self.ingest.max_readings_per_request),
-            ("batcher.max_pending_readings", self.batcher.max_pending_readings),
-            ("batcher.max_buffered_readings", self.batcher.max_buffered_readings),
+            (
+                "ingest.max_readings_per_request",
+                self.ingest.max_readings_per_request,
+            ),
+            (
+                "batcher.max_pending_readings",
+                self.batcher.max_pending_readings,
+            ),
+            (
+                "batcher.max_buffered_readings",
+                self.batcher.max_buffered_readings,
+            ),
             ("query.max_points", self.query.max_points),
         ];
         for (key, value) in positive {
@@ -300,6 +320,8 @@ impl Settings {
 }
 
 #[cfg(test)]
+// figment's Jail API fixes the closure's error type.
+#[allow(clippy::result_large_err)]
 mod tests {
     use super::*;
 
@@ -343,7 +365,10 @@ mod tests {
 
     #[test]
     fn a_missing_uri_is_explained() {
-        let msg = Settings::default().validate().expect_err("no uri").to_string();
+        let msg = Settings::default()
+            .validate()
+            .expect_err("no uri")
+            .to_string();
         assert!(msg.contains("mongodb.uri"), "{msg}");
     }
 
@@ -358,7 +383,12 @@ mod tests {
         s = Settings::default();
         s.mongodb.uri = SecretString::from("mongodb://x");
         s.batcher.flush_interval = Duration::ZERO;
-        assert!(s.validate().expect_err("zero").to_string().contains("batcher.flush_interval"));
+        assert!(
+            s.validate()
+                .expect_err("zero")
+                .to_string()
+                .contains("batcher.flush_interval")
+        );
     }
 
     #[test]

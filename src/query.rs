@@ -226,15 +226,21 @@ mod tests {
         let len = g.seconds();
         let mut buckets: BTreeMap<i64, BucketRead> = BTreeMap::new();
         for (&ts, &v) in data {
-            let b = buckets.entry(g.bucket_start(ts)).or_insert_with(|| BucketRead {
-                start: g.bucket_start(ts),
-                ..BucketRead::default()
-            });
+            let b = buckets
+                .entry(g.bucket_start(ts))
+                .or_insert_with(|| BucketRead {
+                    start: g.bucket_start(ts),
+                    ..BucketRead::default()
+                });
             b.agg.add(v);
             b.values.push((g.offset(ts), v));
         }
         let project = |b: &BucketRead, minutes: bool, values: &Values| {
-            let mut out = BucketRead { start: b.start, agg: b.agg, ..BucketRead::default() };
+            let mut out = BucketRead {
+                start: b.start,
+                agg: b.agg,
+                ..BucketRead::default()
+            };
             if minutes {
                 let mut m: BTreeMap<u16, Agg> = BTreeMap::new();
                 for &(o, v) in &b.values {
@@ -257,11 +263,20 @@ mod tests {
         let mut out = Vec::new();
         if let Some((Starts::Range(from, to), minutes)) = plan.whole_buckets() {
             assert_eq!(from % len, 0);
-            out.extend(buckets.range(from..to).map(|(_, b)| project(b, minutes, &Values::None)));
+            out.extend(
+                buckets
+                    .range(from..to)
+                    .map(|(_, b)| project(b, minutes, &Values::None)),
+            );
         }
         if let Some((Starts::Only(starts), minutes, values)) = plan.edge_buckets() {
             assert!(starts.len() <= 2, "at most two edge buckets");
-            out.extend(starts.iter().filter_map(|s| buckets.get(s)).map(|b| project(b, minutes, &values)));
+            out.extend(
+                starts
+                    .iter()
+                    .filter_map(|s| buckets.get(s))
+                    .map(|b| project(b, minutes, &values)),
+            );
         }
         out
     }
@@ -324,18 +339,37 @@ mod tests {
 
     #[test]
     fn aligned_ranges_read_no_values() {
-        let plan = Plan::new(Granularity::Hour, 3600, 7200, Grid::aligned(3600, 7200, 300));
+        let plan = Plan::new(
+            Granularity::Hour,
+            3600,
+            7200,
+            Grid::aligned(3600, 7200, 300),
+        );
         assert!(plan.edge_buckets().is_none());
         let (_, minutes) = plan.whole_buckets().expect("whole");
-        assert!(minutes, "5-minute steps inside an hour bucket need its minutes");
+        assert!(
+            minutes,
+            "5-minute steps inside an hour bucket need its minutes"
+        );
         let plan = Plan::new(Granularity::Hour, 3600, 7200 + 90, Grid::whole(3600, 7290));
         let (_, _, values) = plan.edge_buckets().expect("edge");
-        assert_eq!(values, Values::Minutes(vec![1]), "only the partly covered minute");
+        assert_eq!(
+            values,
+            Values::Minutes(vec![1]),
+            "only the partly covered minute"
+        );
     }
 
     #[test]
     fn series_points_align_to_the_epoch() {
         let grid = Grid::aligned(3 * 60 + 10, 11 * 60, 5 * 60);
-        assert_eq!(grid, Grid { origin: 0, step: 300, points: 3 });
+        assert_eq!(
+            grid,
+            Grid {
+                origin: 0,
+                step: 300,
+                points: 3
+            }
+        );
     }
 }

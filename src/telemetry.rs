@@ -8,8 +8,8 @@ use crate::config::{LogFormat, LogSettings};
 /// Installs the global subscriber. `RUST_LOG`, when set, wins over `log.level`.
 /// Returns an error if one is installed already.
 pub fn init(settings: &LogSettings) -> anyhow::Result<()> {
-    let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(&settings.level))?;
+    let filter =
+        EnvFilter::try_from_default_env().or_else(|_| EnvFilter::try_new(&settings.level))?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_span_events(FmtSpan::CLOSE);

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
+use axum::Router;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::Router;
 use serde::Serialize;
 use tower_http::trace::TraceLayer;
 

@@ -82,10 +82,16 @@ fn format_ms(ms: i64) -> String {
 fn parse_step(s: &str) -> Result<i64, ApiError> {
     humantime::parse_duration(s)
         .ok()
-        .and_then(|d| i64::try_from(d.as_secs()).ok().filter(|_| d.subsec_nanos() == 0))
+        .and_then(|d| {
+            i64::try_from(d.as_secs())
+                .ok()
+                .filter(|_| d.subsec_nanos() == 0)
+        })
         .filter(|&secs| secs > 0 && secs % 60 == 0)
         .ok_or_else(|| {
-            ApiError::bad_request("step must be a whole number of minutes, such as 1m, 5m, 15m, 1h or 1d")
+            ApiError::bad_request(
+                "step must be a whole number of minutes, such as 1m, 5m, 15m, 1h or 1d",
+            )
         })
 }
 
@@ -116,7 +122,9 @@ fn request<'a, S>(
         return Err(ApiError::bad_request("from must be before to"));
     }
     let max = state.settings.query.max_range;
-    if u128::try_from(i128::from(to_ms) - i128::from(from_ms)).unwrap_or(u128::MAX) > max.as_millis() {
+    if u128::try_from(i128::from(to_ms) - i128::from(from_ms)).unwrap_or(u128::MAX)
+        > max.as_millis()
+    {
         return Err(ApiError::bad_request(format!(
             "the range is longer than {}",
             humantime::format_duration(max)
@@ -183,7 +191,9 @@ pub async fn average<S: BucketStore>(
 ) -> Result<Json<AverageResponse>, ApiError> {
     let Query(params) = params.map_err(rejected)?;
     if params.step.is_some() {
-        return Err(ApiError::bad_request("step belongs to /series, not /average"));
+        return Err(ApiError::bad_request(
+            "step belongs to /series, not /average",
+        ));
     }
     let req = request(&state, &sensor, &params)?;
     let agg = if req.from < req.to {
@@ -274,7 +284,10 @@ mod tests {
     #[test]
     fn instants_are_rfc3339_or_epoch_milliseconds() {
         assert_eq!(parse_instant("from", "1000").ok(), Some(1000));
-        assert_eq!(parse_instant("from", "1970-01-01T00:00:01.5Z").ok(), Some(1500));
+        assert_eq!(
+            parse_instant("from", "1970-01-01T00:00:01.5Z").ok(),
+            Some(1500)
+        );
         assert!(parse_instant("from", "yesterday").is_err());
         assert_eq!(format_ms(1500), "1970-01-01T00:00:01.5Z");
     }

@@ -73,7 +73,9 @@ impl BatcherHandle {
         } else {
             (None, None)
         };
-        let offered = self.core().offer(readings.into_iter(), tx, Instant::now())?;
+        let offered = self
+            .core()
+            .offer(readings.into_iter(), tx, Instant::now())?;
         if offered.wake_driver {
             self.shared.wake.notify_one();
         }
@@ -141,7 +143,11 @@ impl<S: BucketStore> Driver<S> {
             }
             let batch = {
                 let mut core = lock(&self.shared);
-                if core.is_due(Instant::now()) { core.take() } else { None }
+                if core.is_due(Instant::now()) {
+                    core.take()
+                } else {
+                    None
+                }
             };
             if let Some(batch) = batch {
                 unstored += self.flush(batch, &abort).await;
@@ -166,7 +172,10 @@ impl<S: BucketStore> Driver<S> {
             round_trips = tracing::field::Empty,
             attempts = tracing::field::Empty,
         );
-        let outcome = self.write_with_retries(&batch, abort).instrument(span).await;
+        let outcome = self
+            .write_with_retries(&batch, abort)
+            .instrument(span)
+            .await;
         lock(&self.shared).complete(batch.values);
         for waiter in batch.waiters {
             // A writer that gave up waiting dropped its receiver: nothing to tell.
@@ -192,7 +201,10 @@ impl<S: BucketStore> Driver<S> {
                     let span = tracing::Span::current();
                     span.record("round_trips", report.round_trips);
                     span.record("attempts", attempt);
-                    debug!(elapsed_ms = started.elapsed().as_millis() as u64, "Stored a batch.");
+                    debug!(
+                        elapsed_ms = started.elapsed().as_millis() as u64,
+                        "Stored a batch."
+                    );
                     return Ok(());
                 }
                 Err(e) if e.is_transient() => {
@@ -257,7 +269,10 @@ mod tests {
                 return Err(StoreError::Unavailable("down".into()));
             }
             self.writes.lock().expect("lock").push(updates.to_vec());
-            Ok(WriteReport { buckets: updates.len(), round_trips: 1 })
+            Ok(WriteReport {
+                buckets: updates.len(),
+                round_trips: 1,
+            })
         }
         async fn fetch(&self, _: Fetch<'_>) -> Result<Vec<BucketRead>, StoreError> {
             Ok(vec![])
@@ -284,7 +299,14 @@ mod tests {
             .collect()
     }
 
-    fn start(store: Arc<Recorder>) -> (BatcherHandle, CancellationToken, CancellationToken, tokio::task::JoinHandle<Drained>) {
+    fn start(
+        store: Arc<Recorder>,
+    ) -> (
+        BatcherHandle,
+        CancellationToken,
+        CancellationToken,
+        tokio::task::JoinHandle<Drained>,
+    ) {
         let (handle, driver) = new(Granularity::Minute, LIMITS, store);
         let (stop, abort) = (CancellationToken::new(), CancellationToken::new());
         let task = tokio::spawn(driver.run(stop.clone(), abort.clone()));
@@ -296,12 +318,20 @@ mod tests {
         let store = Arc::new(Recorder::default());
         let (handle, stop, _abort, task) = start(store.clone());
         let t0 = Instant::now();
-        let rx = handle.submit(readings(3), true).expect("room").expect("receiver");
+        let rx = handle
+            .submit(readings(3), true)
+            .expect("room")
+            .expect("receiver");
         assert_eq!(rx.await, Ok(Ok(())));
         assert!(t0.elapsed() >= LIMITS.flush_interval);
         assert_eq!(store.writes.lock().expect("lock").len(), 1);
         stop.cancel();
-        assert_eq!(task.await.expect("joined"), Drained { unstored_readings: 0 });
+        assert_eq!(
+            task.await.expect("joined"),
+            Drained {
+                unstored_readings: 0
+            }
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -309,7 +339,10 @@ mod tests {
         let store = Arc::new(Recorder::default());
         let (handle, _stop, _abort, _task) = start(store.clone());
         let t0 = Instant::now();
-        let rx = handle.submit(readings(100), true).expect("room").expect("receiver");
+        let rx = handle
+            .submit(readings(100), true)
+            .expect("room")
+            .expect("receiver");
         assert_eq!(rx.await, Ok(Ok(())));
         assert!(t0.elapsed() < LIMITS.flush_interval);
     }
@@ -319,7 +352,10 @@ mod tests {
         let store = Arc::new(Recorder::default());
         store.failures.store(3, Ordering::SeqCst);
         let (handle, _stop, _abort, _task) = start(store.clone());
-        let rx = handle.submit(readings(5), true).expect("room").expect("receiver");
+        let rx = handle
+            .submit(readings(5), true)
+            .expect("room")
+            .expect("receiver");
         assert_eq!(rx.await, Ok(Ok(())));
         let writes = store.writes.lock().expect("lock");
         assert_eq!(writes.len(), 1);
@@ -331,7 +367,10 @@ mod tests {
         let store = Arc::new(Recorder::default());
         store.reject.store(true, Ordering::SeqCst);
         let (handle, _stop, _abort, _task) = start(store.clone());
-        let rx = handle.submit(readings(2), true).expect("room").expect("receiver");
+        let rx = handle
+            .submit(readings(2), true)
+            .expect("room")
+            .expect("receiver");
         assert_eq!(rx.await, Ok(Err(NotStored::Rejected)));
         assert_eq!(handle.buffered(), 0, "a refused batch frees its room");
     }
@@ -342,7 +381,10 @@ mod tests {
         let (handle, stop, _abort, task) = start(store.clone());
         handle.submit(readings(7), false).expect("room");
         handle.close();
-        assert_eq!(handle.submit(readings(1), false).expect_err("closed"), SubmitError::Closed);
+        assert_eq!(
+            handle.submit(readings(1), false).expect_err("closed"),
+            SubmitError::Closed
+        );
         stop.cancel();
         assert_eq!(task.await.expect("joined").unstored_readings, 0);
         assert_eq!(store.writes.lock().expect("lock")[0][0].values.len(), 7);
@@ -353,7 +395,10 @@ mod tests {
         let store = Arc::new(Recorder::default());
         store.failures.store(usize::MAX, Ordering::SeqCst);
         let (handle, stop, abort, task) = start(store.clone());
-        let rx = handle.submit(readings(4), true).expect("room").expect("receiver");
+        let rx = handle
+            .submit(readings(4), true)
+            .expect("room")
+            .expect("receiver");
         stop.cancel();
         tokio::time::sleep(Duration::from_secs(3)).await;
         abort.cancel();

@@ -252,8 +252,12 @@ mod tests {
     #[test]
     fn hour_buckets_key_seconds_by_offset_in_the_hour() {
         let mut b: Batcher<()> = Batcher::new(Granularity::Hour, LIMITS);
-        b.offer([reading("s", 3600 + 61, 1.0)].into_iter(), None, Instant::now())
-            .expect("room");
+        b.offer(
+            [reading("s", 3600 + 61, 1.0)].into_iter(),
+            None,
+            Instant::now(),
+        )
+        .expect("room");
         let batch = b.take().expect("a batch");
         assert_eq!(batch.updates[0].key.start, 3600);
         assert_eq!(batch.updates[0].values, vec![(61, 1.0)]);
@@ -261,11 +265,16 @@ mod tests {
 
     #[test]
     fn a_batch_is_due_after_the_flush_interval_or_when_full() {
-        let limits = BatcherLimits { max_pending_readings: 3, ..LIMITS };
+        let limits = BatcherLimits {
+            max_pending_readings: 3,
+            ..LIMITS
+        };
         let mut b: Batcher<()> = Batcher::new(Granularity::Minute, limits);
         let t0 = Instant::now();
         assert_eq!(b.deadline(), None);
-        let o = b.offer([reading("a", 1, 1.0)].into_iter(), None, t0).expect("room");
+        let o = b
+            .offer([reading("a", 1, 1.0)].into_iter(), None, t0)
+            .expect("room");
         assert!(o.wake_driver, "the first reading sets a deadline");
         assert!(!b.is_due(t0 + Duration::from_millis(999)));
         assert!(b.is_due(t0 + Duration::from_secs(1)));
@@ -282,22 +291,44 @@ mod tests {
 
     #[test]
     fn input_beyond_the_memory_bound_is_refused_whole_and_changes_nothing() {
-        let limits = BatcherLimits { max_pending_readings: 2, max_buffered_readings: 3, ..LIMITS };
+        let limits = BatcherLimits {
+            max_pending_readings: 2,
+            max_buffered_readings: 3,
+            ..LIMITS
+        };
         let mut b: Batcher<u8> = Batcher::new(Granularity::Minute, limits);
         let now = Instant::now();
-        b.offer((0..2i32).map(|i| reading("a", i64::from(i), 1.0)), Some(1), now)
-            .expect("room");
+        b.offer(
+            (0..2i32).map(|i| reading("a", i64::from(i), 1.0)),
+            Some(1),
+            now,
+        )
+        .expect("room");
         let batch = b.take().expect("batch");
         // In-flight values still count against the bound.
         let err = b
-            .offer((0..2i32).map(|i| reading("b", i64::from(i), 1.0)), Some(2), now)
+            .offer(
+                (0..2i32).map(|i| reading("b", i64::from(i), 1.0)),
+                Some(2),
+                now,
+            )
             .expect_err("over the bound");
-        assert_eq!(err, Full { buffered: 2, limit: 3 });
+        assert_eq!(
+            err,
+            Full {
+                buffered: 2,
+                limit: 3
+            }
+        );
         assert_eq!(b.pending_values(), 0);
         assert!(b.take().is_none(), "the refused offer left nothing behind");
         b.complete(batch.values);
-        b.offer((0..3i32).map(|i| reading("b", i64::from(i), 1.0)), Some(3), now)
-            .expect("room after the flush completed");
+        b.offer(
+            (0..3i32).map(|i| reading("b", i64::from(i), 1.0)),
+            Some(3),
+            now,
+        )
+        .expect("room after the flush completed");
     }
 
     proptest! {

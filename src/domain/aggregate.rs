@@ -66,7 +66,11 @@ mod tests {
         let (mut left, mut right) = (Agg::default(), Agg::default());
         for (i, v) in [3.0, -1.5, 8.0, 2.0].into_iter().enumerate() {
             whole.add(v);
-            if i % 2 == 0 { left.add(v) } else { right.add(v) }
+            if i % 2 == 0 {
+                left.add(v)
+            } else {
+                right.add(v)
+            }
         }
         left.merge(&right);
         left.merge(&Agg::default());

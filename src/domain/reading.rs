@@ -171,7 +171,16 @@ mod tests {
     #[test]
     fn sensor_ids_refuse_anything_that_could_be_an_operator_or_path() {
         for bad in [
-            "", "$gt", "a b", "a/b", "a\0b", "ä", "a\u{200b}", "{", "a$", "тест",
+            "",
+            "$gt",
+            "a b",
+            "a/b",
+            "a\0b",
+            "ä",
+            "a\u{200b}",
+            "{",
+            "a$",
+            "тест",
         ] {
             assert_eq!(SensorId::parse(bad), Err(InvalidReading::Sensor), "{bad:?}");
         }
@@ -181,15 +190,28 @@ mod tests {
     #[test]
     fn metric_names_refuse_dots_and_colons() {
         assert!(MetricName::parse("speed_kmh-1").is_ok());
-        for bad in ["", "a.b", "a:b", "$inc", "m".repeat(METRIC_MAX_LEN + 1).as_str()] {
-            assert_eq!(MetricName::parse(bad), Err(InvalidReading::Metric), "{bad:?}");
+        for bad in [
+            "",
+            "a.b",
+            "a:b",
+            "$inc",
+            "m".repeat(METRIC_MAX_LEN + 1).as_str(),
+        ] {
+            assert_eq!(
+                MetricName::parse(bad),
+                Err(InvalidReading::Metric),
+                "{bad:?}"
+            );
         }
     }
 
     #[test]
     fn timestamps_round_down_to_the_second() {
         assert_eq!(parse_timestamp_str("1970-01-01T00:00:01.999Z"), Ok(1));
-        assert_eq!(parse_timestamp_str("2013-10-16T22:07:38+02:00"), Ok(1381954058));
+        assert_eq!(
+            parse_timestamp_str("2013-10-16T22:07:38+02:00"),
+            Ok(1381954058)
+        );
         assert_eq!(parse_timestamp_ms(1999), 1);
         assert_eq!(parse_timestamp_ms(-1), -1);
         assert!(parse_timestamp_str("2013-10-16 22:07:38").is_err());
@@ -204,7 +226,10 @@ mod tests {
         };
         assert!(w.check(1010, 1000).is_ok());
         assert!(w.check(900, 1000).is_ok());
-        assert!(matches!(w.check(1011, 1000), Err(InvalidReading::TooNew(_))));
+        assert!(matches!(
+            w.check(1011, 1000),
+            Err(InvalidReading::TooNew(_))
+        ));
         assert!(matches!(w.check(899, 1000), Err(InvalidReading::TooOld(_))));
     }
 

@@ -142,7 +142,10 @@ pub fn decode_readings<'a>(
                     max: ctx.max_readings,
                 });
             }
-            collect(items.iter().map(|item| decode_one(item.get(), ctx)), items.len())
+            collect(
+                items.iter().map(|item| decode_one(item.get(), ctx)),
+                items.len(),
+            )
         }
         Some(b'{') => {
             // Check the syntax first so a broken body is "malformed", not "invalid".
@@ -216,10 +219,19 @@ mod tests {
 
     #[test]
     fn a_single_object_decodes_with_the_documented_example() {
-        let body = br#"{"sensor":"I80_mile23","metric":"speed","ts":"2013-10-16T22:07:38Z","value":63}"#;
+        let body =
+            br#"{"sensor":"I80_mile23","metric":"speed","ts":"2013-10-16T22:07:38Z","value":63}"#;
         let r = decode_readings(body, &ctx()).expect("valid");
         assert_eq!(r.len(), 1);
-        assert_eq!((r[0].sensor.as_str(), r[0].metric.as_str(), r[0].ts, r[0].value), ("I80_mile23", "speed", 1_381_961_258, 63.0));
+        assert_eq!(
+            (
+                r[0].sensor.as_str(),
+                r[0].metric.as_str(),
+                r[0].ts,
+                r[0].value
+            ),
+            ("I80_mile23", "speed", 1_381_961_258, 63.0)
+        );
     }
 
     #[test]
@@ -233,7 +245,8 @@ mod tests {
 
     #[test]
     fn epoch_milliseconds_are_accepted() {
-        let r = decode_readings(br#"{"sensor":"a","ts":1381961258999,"value":1}"#, &ctx()).expect("valid");
+        let r = decode_readings(br#"{"sensor":"a","ts":1381961258999,"value":1}"#, &ctx())
+            .expect("valid");
         assert_eq!(r[0].ts, 1_381_961_258);
     }
 
@@ -265,13 +278,29 @@ mod tests {
     #[test]
     fn malformed_bodies_are_told_apart_from_invalid_readings() {
         for body in ["", "  ", "[", "{\"sensor\":", "[1,]", "nul", "\u{feff}[]"] {
-            assert!(matches!(decode_readings(body.as_bytes(), &ctx()), Err(DecodeError::Malformed(_))), "{body:?}");
+            assert!(
+                matches!(
+                    decode_readings(body.as_bytes(), &ctx()),
+                    Err(DecodeError::Malformed(_))
+                ),
+                "{body:?}"
+            );
         }
         for body in ["1", "\"x\"", "null", "true"] {
-            assert_eq!(decode_readings(body.as_bytes(), &ctx()), Err(DecodeError::NotReadings), "{body:?}");
+            assert_eq!(
+                decode_readings(body.as_bytes(), &ctx()),
+                Err(DecodeError::NotReadings),
+                "{body:?}"
+            );
         }
-        assert!(matches!(decode_readings(b"[1]", &ctx()), Err(DecodeError::Invalid { .. })));
-        assert!(matches!(decode_readings(&[0xff, 0xfe], &ctx()), Err(DecodeError::Malformed(_))));
+        assert!(matches!(
+            decode_readings(b"[1]", &ctx()),
+            Err(DecodeError::Invalid { .. })
+        ));
+        assert!(matches!(
+            decode_readings(&[0xff, 0xfe], &ctx()),
+            Err(DecodeError::Malformed(_))
+        ));
     }
 
     #[test]
@@ -282,8 +311,11 @@ mod tests {
 
     #[test]
     fn too_many_readings_are_refused_before_decoding_them() {
-        let body = format!("[{}]", vec!["{}"; 11].join(","));
-        assert_eq!(decode_readings(body.as_bytes(), &ctx()), Err(DecodeError::TooMany { count: 11, max: 10 }));
+        let body = format!("[{}]", ["{}"; 11].join(","));
+        assert_eq!(
+            decode_readings(body.as_bytes(), &ctx()),
+            Err(DecodeError::TooMany { count: 11, max: 10 })
+        );
     }
 
     #[test]

@@ -97,7 +97,11 @@ pub async fn post_readings<S: BucketStore>(
     let readings = decode_readings(&body, &ctx)?;
     let accepted = readings.len();
     if accepted == 0 {
-        let status = if params.async_ { StatusCode::ACCEPTED } else { StatusCode::OK };
+        let status = if params.async_ {
+            StatusCode::ACCEPTED
+        } else {
+            StatusCode::OK
+        };
         return Ok((status, Json(Accepted { accepted })));
     }
     let receiver = state.batcher.submit(readings, !params.async_)?;
@@ -114,7 +118,10 @@ pub async fn post_readings<S: BucketStore>(
             "the service stopped before the readings were stored; retry",
         )),
         Err(_) => {
-            warn!(readings = accepted, "A write waited longer than http.write_timeout; answering 503.");
+            warn!(
+                readings = accepted,
+                "A write waited longer than http.write_timeout; answering 503."
+            );
             // The readings stay queued and are stored when storage allows; a
             // retry by the client is harmless (last write wins per second).
             Err(ApiError::unavailable(

@@ -140,11 +140,7 @@ fn small_key(key: &str) -> Result<u16, StoreError> {
         .ok_or_else(|| StoreError::Unreadable(format!("unexpected key {key:?}")))
 }
 
-fn seconds_into(
-    doc: &Document,
-    base: u16,
-    out: &mut Vec<(u16, f64)>,
-) -> Result<(), StoreError> {
+fn seconds_into(doc: &Document, base: u16, out: &mut Vec<(u16, f64)>) -> Result<(), StoreError> {
     for (second, _) in doc {
         out.push((base + small_key(second)?, number(doc, second)?));
     }
@@ -188,7 +184,9 @@ pub fn read_bucket(doc: &Document, granularity: Granularity) -> Result<BucketRea
             Granularity::Hour => {
                 for (minute, seconds) in v {
                     let Bson::Document(seconds) = seconds else {
-                        return Err(StoreError::Unreadable(format!("v.{minute} is not a document")));
+                        return Err(StoreError::Unreadable(format!(
+                            "v.{minute} is not a document"
+                        )));
                     };
                     seconds_into(seconds, small_key(minute)? * 60, &mut read.values)?;
                 }
@@ -219,27 +217,46 @@ mod tests {
     fn minute_updates_set_values_as_literals_under_second_fields() {
         let p = update_pipeline(&update(vec![(5, 1.5), (38, 63.0)]), Granularity::Minute);
         let set = p[0].get_document("$set").expect("$set");
-        let merge = set.get_document("v").expect("v").get_array("$mergeObjects").expect("merge");
-        let literal = merge[1].as_document().expect("doc").get_document("$literal").expect("literal");
+        let merge = set
+            .get_document("v")
+            .expect("v")
+            .get_array("$mergeObjects")
+            .expect("merge");
+        let literal = merge[1]
+            .as_document()
+            .expect("doc")
+            .get_document("$literal")
+            .expect("literal");
         assert_eq!(literal, &doc! { "5": 1.5, "38": 63.0 });
         assert_eq!(set.get_i32("schema_version"), Ok(SCHEMA_VERSION));
     }
 
     #[test]
     fn hour_updates_touch_only_the_minutes_they_write() {
-        let p = update_pipeline(&update(vec![(61, 1.0), (62, 2.0), (3599, 3.0)]), Granularity::Hour);
+        let p = update_pipeline(
+            &update(vec![(61, 1.0), (62, 2.0), (3599, 3.0)]),
+            Granularity::Hour,
+        );
         let m = p[1]
-            .get_document("$set").expect("$set")
-            .get_document("m").expect("m")
-            .get_array("$mergeObjects").expect("merge")[1]
-            .as_document().expect("doc").clone();
+            .get_document("$set")
+            .expect("$set")
+            .get_document("m")
+            .expect("m")
+            .get_array("$mergeObjects")
+            .expect("merge")[1]
+            .as_document()
+            .expect("doc")
+            .clone();
         assert_eq!(m.keys().collect::<Vec<_>>(), vec!["1", "59"]);
     }
 
     #[test]
     fn buckets_of_an_unknown_schema_version_are_refused() {
         let d = doc! { "start": start_date(60), "count": 0, "schema_version": 2 };
-        assert!(matches!(read_bucket(&d, Granularity::Minute), Err(StoreError::Unreadable(_))));
+        assert!(matches!(
+            read_bucket(&d, Granularity::Minute),
+            Err(StoreError::Unreadable(_))
+        ));
     }
 
     #[test]

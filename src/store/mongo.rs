@@ -54,7 +54,9 @@ fn classify(e: MongoError) -> StoreError {
         | ErrorKind::ServerSelection { .. }
         | ErrorKind::DnsResolve { .. } => true,
         ErrorKind::Command(c) => TRANSIENT_CODES.contains(&c.code),
-        _ => e.contains_label("RetryableWriteError") || e.contains_label("TransientTransactionError"),
+        _ => {
+            e.contains_label("RetryableWriteError") || e.contains_label("TransientTransactionError")
+        }
     };
     // The driver's messages hold no credentials: the URI is never part of them.
     if transient {
@@ -126,21 +128,29 @@ impl MongoStore {
         }
         let reply = self.db.run_command(command).await.map_err(classify)?;
         if let Ok(wce) = reply.get_document("writeConcernError") {
-            return Err(StoreError::Unavailable(format!("write concern error: {wce}")));
+            return Err(StoreError::Unavailable(format!(
+                "write concern error: {wce}"
+            )));
         }
         let mut retry = Vec::new();
         let mut first_error = None;
         if let Ok(errors) = reply.get_array("writeErrors") {
             for e in errors.iter().filter_map(Bson::as_document) {
                 let code = e.get_i32("code").unwrap_or_default();
-                let index = e.get_i32("index").ok().and_then(|i| usize::try_from(i).ok());
+                let index = e
+                    .get_i32("index")
+                    .ok()
+                    .and_then(|i| usize::try_from(i).ok());
                 match (code, index) {
                     (DUPLICATE_KEY, Some(i)) => retry.push(i),
                     _ => {
                         let msg = e.get_str("errmsg").unwrap_or("no message").to_owned();
                         let transient = TRANSIENT_CODES.contains(&code);
                         // A permanent error outranks a transient one: retrying cannot fix it.
-                        if first_error.as_ref().is_none_or(|(t, _): &(bool, String)| *t) {
+                        if first_error
+                            .as_ref()
+                            .is_none_or(|(t, _): &(bool, String)| *t)
+                        {
                             first_error = Some((transient, format!("code {code}: {msg}")));
                         }
                     }
@@ -176,9 +186,14 @@ impl MongoStore {
                 )));
             }
             let again: Vec<&BucketUpdate> = retry.iter().filter_map(|&i| chunk.get(i)).collect();
-            let next = self.send(again.iter().map(|u| statement(u)).collect()).await?;
+            let next = self
+                .send(again.iter().map(|u| statement(u)).collect())
+                .await?;
             round_trips += 1;
-            retry = next.into_iter().filter_map(|i| retry.get(i).copied()).collect();
+            retry = next
+                .into_iter()
+                .filter_map(|i| retry.get(i).copied())
+                .collect();
         }
         Ok(round_trips)
     }

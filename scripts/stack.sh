@@ -1,0 +1,74 @@
+# shellcheck shell=bash
+# The local stack for `make run` and `make test`: installs what is missing and
+# starts it on free loopback ports, unless the environment already points at a
+# server. Source it, then call the functions; `stack_stop` runs on exit.
+#
+#   HOURGLASS__MONGODB__URI (or MONGODB_URI) set -> that server is used as is.
+#   otherwise -> SecantusDB (a MongoDB-compatible server, from PyPI) in .venv.
+
+STACK_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+STACK_DIR="$STACK_ROOT/.stack"
+VENV="$STACK_ROOT/.venv"
+SECANTUS_VERSION="0.7.0b3"
+STACK_PIDS=()
+
+log() { printf '[stack] %s\n' "$*" >&2; }
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+wait_for_port() { # port seconds name
+  local port=$1 deadline=$((SECONDS + $2))
+  until python3 -c "import socket,sys; socket.create_connection(('127.0.0.1',$port),0.5).close()" 2>/dev/null; do
+    if ((SECONDS > deadline)); then log "$3 did not open port $port in $2 s"; return 1; fi
+    sleep 0.2
+  done
+}
+
+ensure_secantus() {
+  if [[ -x "$VENV/bin/secantusd-py" ]] && "$VENV/bin/pip" show secantusdb 2>/dev/null | grep -q "^Version: $SECANTUS_VERSION$"; then
+    return 0
+  fi
+  log "Installing SecantusDB $SECANTUS_VERSION into $VENV (first run only)."
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check "secantusdb==$SECANTUS_VERSION"
+}
+
+# start_mongo [persistent]: sets HOURGLASS__MONGODB__URI and MONGODB_URI.
+start_mongo() {
+  local uri="${HOURGLASS__MONGODB__URI:-${MONGODB_URI:-}}"
+  if [[ -n "$uri" ]]; then
+    export HOURGLASS__MONGODB__URI="$uri" MONGODB_URI="$uri"
+    log "Using the configured MongoDB server."
+    return 0
+  fi
+  ensure_secantus
+  mkdir -p "$STACK_DIR"
+  local port storage
+  port=$(free_port)
+  storage=":memory:"
+  [[ "${1:-}" == persistent ]] && storage="$STACK_DIR/secantus-data"
+  # setsid: a Ctrl-C for the service must not stop the database under it.
+  setsid "$VENV/bin/secantusd-py" --host 127.0.0.1 --port "$port" --storage-path "$storage" \
+    --log-level WARNING >"$STACK_DIR/secantus-$port.log" 2>&1 &
+  STACK_PIDS+=($!)
+  echo "$!" >"$STACK_DIR/secantus.pid"
+  wait_for_port "$port" 60 SecantusDB || { tail -20 "$STACK_DIR/secantus-$port.log" >&2; return 1; }
+  export HOURGLASS__MONGODB__URI="mongodb://127.0.0.1:$port/?directConnection=true"
+  export MONGODB_URI="$HOURGLASS__MONGODB__URI"
+  log "SecantusDB listens on 127.0.0.1:$port (log: .stack/secantus-$port.log)."
+}
+
+stack_stop() {
+  local pid
+  for pid in "${STACK_PIDS[@]}"; do
+    kill "$pid" 2>/dev/null || true
+  done
+  for pid in "${STACK_PIDS[@]}"; do
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
+  done
+  STACK_PIDS=()
+}
+trap stack_stop EXIT

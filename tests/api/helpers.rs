@@ -1,0 +1,263 @@
+use std::collections::BTreeMap;
+use std::sync::Once;
+use std::time::Duration;
+
+use futures_util::TryStreamExt;
+use hourglass::config::Settings;
+use hourglass::domain::Granularity;
+use hourglass::startup::Application;
+use mongodb::bson::{Bson, Document, doc};
+use secrecy::SecretString;
+use serde_json::Value;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+static TRACING: Once = Once::new();
+
+/// Logs only when TEST_LOG is set, so passing runs stay quiet.
+fn init_tracing() {
+    TRACING.call_once(|| {
+        if std::env::var_os("TEST_LOG").is_some() {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+                .with_test_writer()
+                .try_init();
+        }
+    });
+}
+
+pub fn mongo_uri() -> String {
+    std::env::var("MONGODB_URI").expect(
+        "MONGODB_URI must point at a MongoDB-compatible server; `make test` starts one and sets it",
+    )
+}
+
+/// Settings for one test: port 0, its own database, a short flush interval.
+pub fn test_settings() -> Settings {
+    let mut s = Settings::default();
+    s.mongodb.uri = SecretString::from(mongo_uri());
+    s.mongodb.database = format!("hg_test_{}", uuid::Uuid::new_v4().simple());
+    s.http.listen = "127.0.0.1:0".parse().expect("valid address");
+    s.batcher.flush_interval = Duration::from_millis(50);
+    s
+}
+
+pub struct TestApp {
+    pub address: String,
+    pub client: reqwest::Client,
+    pub db: mongodb::Database,
+    pub settings: Settings,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<anyhow::Result<()>>>,
+}
+
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(test_settings()).await
+}
+
+pub async fn spawn_app_with(settings: Settings) -> TestApp {
+    init_tracing();
+    settings.validate().expect("valid test settings");
+    let app = Application::build(settings.clone())
+        .await
+        .expect("the application builds");
+    let address = format!("http://{}", app.address());
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(app.run_until_stopped(async move {
+        let _ = stopped.await;
+    }));
+    let client = mongodb::Client::with_uri_str(mongo_uri())
+        .await
+        .expect("a MongoDB client");
+    TestApp {
+        address,
+        client: reqwest::Client::new(),
+        db: client.database(&settings.mongodb.database),
+        settings,
+        stop: Some(stop),
+        task: Some(task),
+    }
+}
+
+impl TestApp {
+    pub async fn post_readings(&self, body: &Value) -> reqwest::Response {
+        self.post_raw(
+            "application/json",
+            serde_json::to_vec(body).expect("json"),
+            "",
+        )
+        .await
+    }
+
+    pub async fn post_raw(
+        &self,
+        content_type: &str,
+        body: Vec<u8>,
+        query: &str,
+    ) -> reqwest::Response {
+        self.client
+            .post(format!("{}/api/v1/readings{query}", self.address))
+            .header("content-type", content_type)
+            .body(body)
+            .send()
+            .await
+            .expect("the request is sent")
+    }
+
+    pub async fn get(&self, path_and_query: &str) -> reqwest::Response {
+        self.client
+            .get(format!("{}{path_and_query}", self.address))
+            .send()
+            .await
+            .expect("the request is sent")
+    }
+
+    pub async fn get_json(&self, path_and_query: &str) -> Value {
+        let r = self.get(path_and_query).await;
+        assert_eq!(r.status(), 200, "GET {path_and_query}");
+        r.json().await.expect("a JSON body")
+    }
+
+    /// Every bucket document, sorted by (sensor, metric, start), without `_id`.
+    pub async fn buckets(&self) -> Vec<Document> {
+        self.db
+            .collection::<Document>(&self.settings.mongodb.collection)
+            .find(doc! {})
+            .projection(doc! { "_id": 0 })
+            .sort(doc! { "sensor": 1, "metric": 1, "start": 1 })
+            .await
+            .expect("find")
+            .try_collect()
+            .await
+            .expect("documents")
+    }
+
+    /// Stops the service gracefully and returns how it ended.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        match self.task.take() {
+            Some(task) => task.await.expect("the service task joins"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A time well inside the accepted window, aligned to an hour: 2 days ago.
+pub fn base_time() -> i64 {
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let t = now - 2 * 86_400;
+    t - t.rem_euclid(3600)
+}
+
+pub fn rfc3339(ts: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp(ts)
+        .expect("valid")
+        .format(&time::format_description::well_known::Rfc3339)
+        .expect("formats")
+}
+
+pub fn reading(sensor: &str, metric: &str, ts: i64, value: f64) -> Value {
+    serde_json::json!({ "sensor": sensor, "metric": metric, "ts": rfc3339(ts), "value": value })
+}
+
+fn number(d: &Document, key: &str) -> f64 {
+    match d.get(key) {
+        Some(Bson::Double(x)) => *x,
+        Some(Bson::Int32(x)) => f64::from(*x),
+        Some(Bson::Int64(x)) => *x as f64,
+        other => panic!("{key} is {other:?} in {d}"),
+    }
+}
+
+/// `{second offset in bucket → value}` of a bucket document.
+pub fn stored_values(d: &Document, g: Granularity) -> BTreeMap<i64, f64> {
+    let v = d.get_document("v").expect("v");
+    let mut out = BTreeMap::new();
+    match g {
+        Granularity::Minute => {
+            for (k, _) in v {
+                out.insert(k.parse::<i64>().expect("second"), number(v, k));
+            }
+        }
+        Granularity::Hour => {
+            for (m, secs) in v {
+                let secs = secs.as_document().expect("minute document");
+                for (s, _) in secs {
+                    let off =
+                        m.parse::<i64>().expect("minute") * 60 + s.parse::<i64>().expect("second");
+                    out.insert(off, number(secs, s));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn check_aggregates(d: &Document, values: impl Iterator<Item = f64> + Clone, what: &str) {
+    let count = values.clone().count();
+    assert_eq!(number(d, "count") as usize, count, "{what}: count in {d}");
+    let sum: f64 = values.clone().sum();
+    assert_eq!(number(d, "sum"), sum, "{what}: sum in {d}");
+    let min = values.clone().fold(f64::INFINITY, f64::min);
+    let max = values.fold(f64::NEG_INFINITY, f64::max);
+    assert_eq!(number(d, "min"), min, "{what}: min in {d}");
+    assert_eq!(number(d, "max"), max, "{what}: max in {d}");
+}
+
+/// The bucket invariants: aggregates equal those of the stored values, in the
+/// bucket and in every per-minute entry; one bucket per (sensor, metric, start).
+pub fn assert_invariants(docs: &[Document], g: Granularity) {
+    let mut keys = std::collections::HashSet::new();
+    for d in docs {
+        let key = (
+            d.get_str("sensor").expect("sensor").to_owned(),
+            d.get_str("metric").expect("metric").to_owned(),
+            d.get_datetime("start").expect("start").timestamp_millis(),
+        );
+        assert_eq!(
+            key.2.rem_euclid(g.seconds() * 1000),
+            0,
+            "aligned start in {d}"
+        );
+        assert!(keys.insert(key), "one bucket per key: {d}");
+        assert_eq!(d.get_i32("schema_version"), Ok(1));
+        let values = stored_values(d, g);
+        check_aggregates(d, values.values().copied(), "bucket");
+        if g == Granularity::Hour {
+            let m = d.get_document("m").expect("m");
+            let minutes: std::collections::BTreeSet<i64> = values.keys().map(|o| o / 60).collect();
+            assert_eq!(
+                m.len(),
+                minutes.len(),
+                "one m entry per minute with values in {d}"
+            );
+            for minute in minutes {
+                let entry = m.get_document(minute.to_string()).expect("m entry");
+                let of_minute = values.range(minute * 60..minute * 60 + 60).map(|(_, v)| *v);
+                check_aggregates(entry, of_minute, &format!("m.{minute}"));
+            }
+        }
+    }
+}
+
+/// Brute-force aggregates of the readings `{(sensor, ts) → value}` of one sensor in `[from, to)`.
+pub fn expected(
+    data: &BTreeMap<i64, f64>,
+    from: i64,
+    to: i64,
+) -> (u64, f64, Option<f64>, Option<f64>) {
+    let vals: Vec<f64> = data.range(from..to).map(|(_, v)| *v).collect();
+    let count = vals.len() as u64;
+    let sum: f64 = vals.iter().sum();
+    let min = vals.iter().copied().reduce(f64::min);
+    let max = vals.iter().copied().reduce(f64::max);
+    (count, sum, min, max)
+}
+
+pub fn settings_with(g: Granularity) -> Settings {
+    let mut s = test_settings();
+    s.buckets.granularity = g;
+    s
+}

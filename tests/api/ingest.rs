@@ -1,0 +1,297 @@
+use std::time::Duration;
+
+use hourglass::domain::Granularity;
+use mongodb::bson::{DateTime, doc};
+use serde_json::{Value, json};
+
+use crate::helpers::*;
+
+#[tokio::test]
+async fn a_posted_reading_is_stored_in_its_minute_bucket_before_the_answer() {
+    let app = spawn_app().await;
+    let t = base_time() + 7 * 60 + 38;
+    let r = app
+        .post_readings(&reading("I80_mile23", "speed", t, 63.0))
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.json::<Value>().await.expect("json"),
+        json!({ "accepted": 1 })
+    );
+
+    let docs = app.buckets().await;
+    assert_eq!(
+        docs,
+        vec![doc! {
+            "sensor": "I80_mile23", "metric": "speed",
+            "start": DateTime::from_millis((t - 38) * 1000),
+            "v": { "38": 63.0 }, "schema_version": 1,
+            "count": 1, "sum": 63.0, "min": 63.0, "max": 63.0,
+        }]
+    );
+    app.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn an_hour_bucket_nests_seconds_under_minutes_with_minute_aggregates() {
+    let app = spawn_app_with(settings_with(Granularity::Hour)).await;
+    let t = base_time();
+    let body = json!([
+        reading("s1", "temp", t + 7 * 60 + 38, 20.0),
+        reading("s1", "temp", t + 7 * 60 + 39, 22.0),
+        reading("s1", "temp", t + 59 * 60 + 59, -1.0),
+    ]);
+    assert_eq!(app.post_readings(&body).await.status(), 200);
+    let docs = app.buckets().await;
+    assert_eq!(docs.len(), 1);
+    let d = &docs[0];
+    assert_eq!(
+        d.get_datetime("start").expect("start").timestamp_millis(),
+        t * 1000
+    );
+    assert_eq!(
+        d.get_document("v").expect("v"),
+        &doc! { "7": { "38": 20.0, "39": 22.0 }, "59": { "59": -1.0 } }
+    );
+    assert_eq!(
+        d.get_document("m")
+            .expect("m")
+            .get_document("7")
+            .expect("m.7"),
+        &doc! { "count": 2, "sum": 42.0, "min": 20.0, "max": 22.0 }
+    );
+    assert_invariants(&docs, Granularity::Hour);
+    app.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn readings_without_metric_or_ts_get_the_defaults() {
+    let app = spawn_app().await;
+    let before = time::OffsetDateTime::now_utc().unix_timestamp();
+    let r = app
+        .post_readings(&json!({ "sensor": "s", "value": 1.5 }))
+        .await;
+    let after = time::OffsetDateTime::now_utc().unix_timestamp();
+    assert_eq!(r.status(), 200);
+    let docs = app.buckets().await;
+    assert_eq!(docs[0].get_str("metric"), Ok("value"));
+    let start = docs[0]
+        .get_datetime("start")
+        .expect("start")
+        .timestamp_millis()
+        / 1000;
+    let second: i64 = docs[0]
+        .get_document("v")
+        .expect("v")
+        .keys()
+        .next()
+        .expect("a second")
+        .parse()
+        .expect("number");
+    assert!(
+        (before..=after).contains(&(start + second)),
+        "stamped with the time of receipt"
+    );
+    app.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn epoch_milliseconds_and_offsets_land_in_the_same_second() {
+    let app = spawn_app().await;
+    let t = base_time() + 90;
+    let body = json!([
+        { "sensor": "s", "ts": t * 1000 + 999, "value": 1.0 },
+        { "sensor": "s", "ts": rfc3339(t).replace('Z', "+00:00"), "value": 2.0 },
+    ]);
+    assert_eq!(app.post_readings(&body).await.status(), 200);
+    let docs = app.buckets().await;
+    assert_eq!(
+        docs[0].get_document("v").expect("v"),
+        &doc! { "30": 2.0 },
+        "one second, last write wins"
+    );
+    app.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn one_invalid_reading_refuses_the_whole_request_with_its_index() {
+    let app = spawn_app().await;
+    let t = base_time();
+    let body = json!([
+        reading("good", "m", t, 1.0),
+        { "sensor": "bad$", "value": 1 },
+        reading("good", "m", t + 1, 2.0),
+        { "sensor": "x", "value": "1" },
+    ]);
+    let r = app.post_readings(&body).await;
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().await.expect("json");
+    assert!(
+        body["error"]
+            .as_str()
+            .expect("error")
+            .contains("nothing was stored")
+    );
+    let indexes: Vec<u64> = body["details"]
+        .as_array()
+        .expect("details")
+        .iter()
+        .map(|d| d["index"].as_u64().expect("index"))
+        .collect();
+    assert_eq!(indexes, vec![1, 3]);
+    tokio::time::sleep(app.settings.batcher.flush_interval * 4).await;
+    assert!(
+        app.buckets().await.is_empty(),
+        "nothing from the request is stored"
+    );
+    app.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn the_wrong_content_type_is_415() {
+    let app = spawn_app().await;
+    let body = serde_json::to_vec(&reading("s", "m", base_time(), 1.0)).expect("json");
+    for ct in ["text/plain", "application/x-www-form-urlencoded", ""] {
+        assert_eq!(
+            app.post_raw(ct, body.clone(), "").await.status(),
+            415,
+            "{ct:?}"
+        );
+    }
+    assert_eq!(
+        app.post_raw("application/json; charset=utf-8", body, "")
+            .await
+            .status(),
+        200
+    );
+    app.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn bodies_over_the_size_limit_are_413() {
+    let mut s = test_settings();
+    s.http.max_body_bytes = 1024;
+    let app = spawn_app_with(s).await;
+    let many: Vec<Value> = (0..40)
+        .map(|i| reading("sensor", "m", base_time() + i, 1.0))
+        .collect();
+    let r = app.post_readings(&Value::Array(many)).await;
+    assert_eq!(r.status(), 413);
+    assert!(
+        r.json::<Value>().await.expect("json")["error"]
+            .as_str()
+            .expect("error")
+            .contains("1024")
+    );
+    app.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn too_many_readings_in_one_request_are_413() {
+    let mut s = test_settings();
+    s.ingest.max_readings_per_request = 3;
+    let app = spawn_app_with(s).await;
+    let many: Vec<Value> = (0..4)
+        .map(|i| reading("sensor", "m", base_time() + i, 1.0))
+        .collect();
+    assert_eq!(app.post_readings(&Value::Array(many)).await.status(), 413);
+    app.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn async_writes_answer_202_and_are_stored_by_the_next_flush() {
+    let app = spawn_app().await;
+    let body = serde_json::to_vec(&json!([reading("s", "m", base_time(), 4.0)])).expect("json");
+    let r = app.post_raw("application/json", body, "?async=true").await;
+    assert_eq!(r.status(), 202);
+    assert_eq!(
+        r.json::<Value>().await.expect("json"),
+        json!({ "accepted": 1 })
+    );
+    // Stopping drains the batcher: the reading must be in the database after.
+    let db = app.db.clone();
+    let collection = app.settings.mongodb.collection.clone();
+    app.stop().await.expect("clean stop");
+    let n = db
+        .collection::<mongodb::bson::Document>(&collection)
+        .count_documents(doc! {})
+        .await
+        .expect("count");
+    assert_eq!(n, 1);
+}
+
+#[tokio::test]
+async fn input_beyond_the_memory_bound_gets_503_with_retry_after() {
+    let mut s = test_settings();
+    s.batcher.flush_interval = Duration::from_secs(3600);
+    s.batcher.max_pending_readings = 5;
+    s.batcher.max_buffered_readings = 5;
+    s.ingest.max_readings_per_request = 5;
+    let app = spawn_app_with(s).await;
+    // Four pending readings: under the flush threshold, so nothing flushes.
+    let four: Vec<Value> = (0..4)
+        .map(|i| reading("s", "m", base_time() + i, 1.0))
+        .collect();
+    let r = app
+        .post_raw(
+            "application/json",
+            serde_json::to_vec(&four).expect("json"),
+            "?async=true",
+        )
+        .await;
+    assert_eq!(r.status(), 202);
+    let two: Vec<Value> = (10..12)
+        .map(|i| reading("s", "m", base_time() + i, 1.0))
+        .collect();
+    let r = app
+        .post_raw(
+            "application/json",
+            serde_json::to_vec(&two).expect("json"),
+            "?async=true",
+        )
+        .await;
+    assert_eq!(r.status(), 503);
+    assert_eq!(
+        r.headers().get("retry-after").and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    let db = app.db.clone();
+    app.stop().await.expect("clean stop");
+    let docs: Vec<mongodb::bson::Document> = {
+        use futures_util::TryStreamExt;
+        db.collection("buckets")
+            .find(doc! {})
+            .await
+            .expect("find")
+            .try_collect()
+            .await
+            .expect("docs")
+    };
+    assert_eq!(docs.len(), 1);
+    assert_eq!(
+        docs[0].get_i32("count"),
+        Ok(4),
+        "the refused request left nothing behind"
+    );
+}
+
+#[tokio::test]
+async fn malformed_bodies_are_400_and_store_nothing() {
+    let app = spawn_app().await;
+    for body in [
+        "",
+        "[",
+        "{\"sensor\":\"s\",\"value\":1",
+        "42",
+        "[{\"sensor\":\"s\",\"value\":NaN}]",
+    ] {
+        let r = app
+            .post_raw("application/json", body.as_bytes().to_vec(), "")
+            .await;
+        assert_eq!(r.status(), 400, "{body:?}");
+        let v: Value = r.json().await.expect("a JSON error");
+        assert!(v["error"].is_string(), "{body:?}: {v}");
+    }
+    assert!(app.buckets().await.is_empty());
+    app.stop().await.expect("clean stop");
+}

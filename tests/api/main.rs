@@ -1,0 +1,7 @@
+//! Integration tests: the real service on port 0 against the MongoDB-compatible
+//! server at `MONGODB_URI` (started by `make test`), over real sockets.
+
+mod buckets;
+mod helpers;
+mod ingest;
+mod query;
