@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, error, info_span, warn};
+use tracing::{Instrument, debug, debug_span, error, warn};
 
 use super::{Batch, Batcher, BatcherLimits, Full};
 use crate::domain::{Granularity, Reading};
@@ -165,7 +165,7 @@ impl<S: BucketStore> Driver<S> {
 
     /// Writes one batch; returns how many of its readings were not stored.
     async fn flush(&self, batch: Batch<Waiter>, abort: &CancellationToken) -> usize {
-        let span = info_span!(
+        let span = debug_span!(
             "flush",
             readings = batch.readings,
             buckets = batch.updates.len(),
