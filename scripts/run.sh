@@ -4,6 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/stack.sh
 start_mongo persistent
+if [[ "${HOURGLASS__MQTT__ENABLED:-true}" != false ]]; then start_mosquitto; fi
 export HOURGLASS__HTTP__LISTEN="${HOURGLASS__HTTP__LISTEN:-127.0.0.1:8080}"
 log "Hourglass will listen on http://$HOURGLASS__HTTP__LISTEN (Ctrl-C stops everything)."
 cargo build --release --bin hourglass

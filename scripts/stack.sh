@@ -5,6 +5,8 @@
 #
 #   HOURGLASS__MONGODB__URI (or MONGODB_URI) set -> that server is used as is.
 #   otherwise -> SecantusDB (a MongoDB-compatible server, from PyPI) in .venv.
+#   HOURGLASS__MQTT__URL set -> that broker; otherwise Mosquitto (from apt) with
+#   config/mosquitto.conf.
 
 STACK_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STACK_DIR="$STACK_ROOT/.stack"
@@ -27,12 +29,16 @@ wait_for_port() { # port seconds name
 }
 
 ensure_secantus() {
-  if [[ -x "$VENV/bin/secantusd-py" ]] && "$VENV/bin/pip" show secantusdb 2>/dev/null | grep -q "^Version: $SECANTUS_VERSION$"; then
+  # A stamp, not `pip show | grep -q`: under pipefail, grep's early exit
+  # fails that pipeline and would reinstall every time.
+  local stamp="$VENV/.secantusdb-$SECANTUS_VERSION"
+  if [[ -x "$VENV/bin/secantusd-py" && -f "$stamp" ]]; then
     return 0
   fi
   log "Installing SecantusDB $SECANTUS_VERSION into $VENV (first run only)."
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install --quiet --disable-pip-version-check "secantusdb==$SECANTUS_VERSION"
+  touch "$stamp"
 }
 
 # start_mongo [persistent]: sets HOURGLASS__MONGODB__URI and MONGODB_URI.
@@ -58,6 +64,46 @@ start_mongo() {
   export HOURGLASS__MONGODB__URI="mongodb://127.0.0.1:$port/?directConnection=true"
   export MONGODB_URI="$HOURGLASS__MONGODB__URI"
   log "SecantusDB listens on 127.0.0.1:$port (log: .stack/secantus-$port.log)."
+}
+
+mosquitto_bin() {
+  command -v mosquitto 2>/dev/null || { [[ -x /usr/sbin/mosquitto ]] && echo /usr/sbin/mosquitto; }
+}
+
+ensure_mosquitto() {
+  if [[ -n "$(mosquitto_bin)" ]] && command -v mosquitto_pub >/dev/null; then return 0; fi
+  log "Installing Mosquitto from apt (first run only)."
+  local sudo=""
+  [[ $(id -u) -ne 0 ]] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq mosquitto mosquitto-clients >/dev/null
+}
+
+# start_mosquitto: sets HOURGLASS__MQTT__URL and MQTT_URL; exports MOSQUITTO.
+start_mosquitto() {
+  ensure_mosquitto
+  export MOSQUITTO
+  MOSQUITTO="$(mosquitto_bin)"
+  if [[ -n "${HOURGLASS__MQTT__URL:-}" ]]; then
+    export MQTT_URL="$HOURGLASS__MQTT__URL"
+    log "Using the configured MQTT broker."
+    return 0
+  fi
+  local port dir
+  port=$(free_port)
+  dir="$STACK_DIR/mosquitto-$port"
+  mkdir -p "$dir"
+  {
+    cat "$STACK_ROOT/config/mosquitto.conf"
+    echo "listener $port 127.0.0.1"
+    echo "persistence_location $dir/"
+    echo "user $(id -un)"
+  } >"$dir/mosquitto.conf"
+  setsid "$MOSQUITTO" -c "$dir/mosquitto.conf" >"$dir/mosquitto.log" 2>&1 &
+  STACK_PIDS+=($!)
+  wait_for_port "$port" 30 Mosquitto || { tail -20 "$dir/mosquitto.log" >&2; return 1; }
+  export HOURGLASS__MQTT__URL="mqtt://127.0.0.1:$port" MQTT_URL="mqtt://127.0.0.1:$port"
+  log "Mosquitto listens on 127.0.0.1:$port (config: .stack/mosquitto-$port/mosquitto.conf)."
 }
 
 stack_stop() {

@@ -5,5 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/stack.sh
 start_mongo
+start_mosquitto
 cargo test --workspace --all-targets "$@" || status=$?
 exit "${status:-0}"

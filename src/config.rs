@@ -28,6 +28,13 @@ pub const DEFAULT_COLLECTION: &str = "buckets";
 pub const DEFAULT_SERVER_SELECTION_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_MAX_QUERY_RANGE: Duration = Duration::from_secs(400 * 24 * 3600);
 pub const DEFAULT_MAX_POINTS: usize = 10_000;
+pub const DEFAULT_MQTT_CLIENT_ID: &str = "hourglass";
+pub const DEFAULT_MQTT_TOPIC_PREFIX: &str = "sensors";
+pub const DEFAULT_MQTT_KEEP_ALIVE: Duration = Duration::from_secs(30);
+pub const DEFAULT_MQTT_MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
+pub const DEFAULT_MQTT_MAX_UNACKED: usize = 1000;
+pub const DEFAULT_MQTT_RECONNECT_MIN: Duration = Duration::from_millis(100);
+pub const DEFAULT_MQTT_RECONNECT_MAX: Duration = Duration::from_secs(30);
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +61,7 @@ pub struct Settings {
     pub buckets: BucketSettings,
     pub mongodb: MongoSettings,
     pub query: QuerySettings,
+    pub mqtt: MqttSettings,
     pub log: LogSettings,
     pub shutdown: ShutdownSettings,
 }
@@ -175,6 +183,134 @@ impl Default for QuerySettings {
             max_range: DEFAULT_MAX_QUERY_RANGE,
             max_points: DEFAULT_MAX_POINTS,
         }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MqttSettings {
+    pub enabled: bool,
+    /// `mqtt://host:port`; empty means not configured.
+    pub url: String,
+    /// Stable across restarts: the broker keeps this client's session.
+    pub client_id: String,
+    pub topic_prefix: String,
+    /// Subscribe through `$share/{group}/…` so instances split one stream.
+    pub shared_group: Option<String>,
+    /// Unusable messages are republished here with the reason, when set.
+    pub dead_letter_topic: Option<String>,
+    #[serde(with = "humantime_serde")]
+    pub keep_alive: Duration,
+    pub max_payload_bytes: usize,
+    /// The broker's in-flight window for this client (Mosquitto's
+    /// `max_inflight_messages`): with half of it waiting, flush at once.
+    pub max_unacked: usize,
+    #[serde(with = "humantime_serde")]
+    pub reconnect_min: Duration,
+    #[serde(with = "humantime_serde")]
+    pub reconnect_max: Duration,
+}
+
+impl Default for MqttSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            url: String::new(),
+            client_id: DEFAULT_MQTT_CLIENT_ID.to_owned(),
+            topic_prefix: DEFAULT_MQTT_TOPIC_PREFIX.to_owned(),
+            shared_group: None,
+            dead_letter_topic: None,
+            keep_alive: DEFAULT_MQTT_KEEP_ALIVE,
+            max_payload_bytes: DEFAULT_MQTT_MAX_PAYLOAD_BYTES,
+            max_unacked: DEFAULT_MQTT_MAX_UNACKED,
+            reconnect_min: DEFAULT_MQTT_RECONNECT_MIN,
+            reconnect_max: DEFAULT_MQTT_RECONNECT_MAX,
+        }
+    }
+}
+
+impl MqttSettings {
+    /// `(host, port)` of `url`.
+    pub fn host_port(&self) -> Result<(String, u16), ConfigError> {
+        let rest = self
+            .url
+            .strip_prefix("mqtt://")
+            .ok_or_else(|| invalid("mqtt.url", "must look like mqtt://host:port"))?;
+        let (host, port) = rest
+            .trim_end_matches('/')
+            .rsplit_once(':')
+            .ok_or_else(|| invalid("mqtt.url", "must name a port: mqtt://host:port"))?;
+        let port = port
+            .parse::<u16>()
+            .map_err(|_| invalid("mqtt.url", format!("{port:?} is not a port")))?;
+        if host.is_empty() {
+            return Err(invalid("mqtt.url", "must name a host"));
+        }
+        Ok((host.trim_matches(['[', ']']).to_owned(), port))
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if !self.enabled {
+            return Ok(());
+        }
+        if self.url.is_empty() {
+            return Err(invalid(
+                "mqtt.url",
+                "is not set: set it, or mqtt.enabled = false (`make run` starts a local broker and sets it for you)",
+            ));
+        }
+        self.host_port()?;
+        let topic_ok = |t: &str| {
+            !t.is_empty()
+                && !t.starts_with('$')
+                && !t.contains(['+', '#', '\0'])
+                && !t.ends_with('/')
+        };
+        if !topic_ok(&self.topic_prefix) {
+            return Err(invalid(
+                "mqtt.topic_prefix",
+                "must be a topic without wildcards, $ or a trailing /",
+            ));
+        }
+        if self
+            .dead_letter_topic
+            .as_deref()
+            .is_some_and(|t| !topic_ok(t))
+        {
+            return Err(invalid(
+                "mqtt.dead_letter_topic",
+                "must be a topic without wildcards, $ or a trailing /",
+            ));
+        }
+        if self
+            .shared_group
+            .as_deref()
+            .is_some_and(|g| g.is_empty() || g.contains(['/', '+', '#']))
+        {
+            return Err(invalid(
+                "mqtt.shared_group",
+                "must be a non-empty name without / + #",
+            ));
+        }
+        if self.client_id.is_empty() || self.client_id.len() > 128 {
+            return Err(invalid("mqtt.client_id", "must be 1 to 128 characters"));
+        }
+        if self.max_payload_bytes == 0 || self.max_unacked == 0 {
+            return Err(invalid(
+                "mqtt.max_payload_bytes / mqtt.max_unacked",
+                "must be at least 1",
+            ));
+        }
+        if self.reconnect_min.is_zero() || self.reconnect_min > self.reconnect_max {
+            return Err(invalid(
+                "mqtt.reconnect_min",
+                "must be above zero and at most mqtt.reconnect_max",
+            ));
+        }
+        if self.keep_alive < Duration::from_secs(1) {
+            return Err(invalid("mqtt.keep_alive", "must be at least 1s"));
+        }
+        Ok(())
     }
 }
 
@@ -312,6 +448,7 @@ impl Settings {
                 "must not exceed batcher.max_buffered_readings",
             ));
         }
+        self.mqtt.validate()?;
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             return Err(invalid("log.level", e.to_string()));
         }
@@ -331,11 +468,16 @@ mod tests {
             jail.set_env("HOURGLASS__MONGODB__URI", "mongodb://127.0.0.1:1");
             jail.set_env("HOURGLASS__BUCKETS__GRANULARITY", "hour");
             jail.set_env("HOURGLASS__HTTP__LISTEN", "127.0.0.1:0");
+            jail.set_env("HOURGLASS__MQTT__URL", "mqtt://[::1]:1883");
             let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/default.toml");
             let s = Settings::load(Some(&path)).map_err(|e| e.to_string())?;
             assert_eq!(s.buckets.granularity, Granularity::Hour);
             assert_eq!(s.http.listen.port(), 0);
             assert_eq!(s.batcher.flush_interval, DEFAULT_FLUSH_INTERVAL);
+            assert_eq!(
+                s.mqtt.host_port().map_err(|e| e.to_string())?,
+                ("::1".to_owned(), 1883)
+            );
             Ok(())
         });
     }
@@ -376,18 +518,61 @@ mod tests {
     fn inconsistent_limits_are_refused() {
         let mut s = Settings::default();
         s.mongodb.uri = SecretString::from("mongodb://x");
+        s.mqtt.url = "mqtt://127.0.0.1:1883".into();
         assert!(s.validate().is_ok());
         s.batcher.max_buffered_readings = 10;
         let msg = s.validate().expect_err("too small").to_string();
         assert!(msg.contains("batcher.max_buffered_readings"), "{msg}");
         s = Settings::default();
         s.mongodb.uri = SecretString::from("mongodb://x");
+        s.mqtt.enabled = false;
         s.batcher.flush_interval = Duration::ZERO;
         assert!(
             s.validate()
                 .expect_err("zero")
                 .to_string()
                 .contains("batcher.flush_interval")
+        );
+    }
+
+    #[test]
+    fn mqtt_settings_are_checked_only_when_enabled() {
+        let mut s = Settings::default();
+        s.mongodb.uri = SecretString::from("mongodb://x");
+        assert!(
+            s.validate()
+                .expect_err("no url")
+                .to_string()
+                .contains("mqtt.url")
+        );
+        s.mqtt.enabled = false;
+        assert!(s.validate().is_ok());
+        s.mqtt.enabled = true;
+        for (url, ok) in [
+            ("mqtt://h:1883", true),
+            ("tcp://h:1", false),
+            ("mqtt://h", false),
+            ("mqtt://:1", false),
+            ("mqtt://h:99999", false),
+        ] {
+            s.mqtt.url = url.into();
+            assert_eq!(s.validate().is_ok(), ok, "{url}");
+        }
+        s.mqtt.url = "mqtt://h:1883".into();
+        s.mqtt.topic_prefix = "sensors/#".into();
+        assert!(
+            s.validate()
+                .expect_err("wildcard")
+                .to_string()
+                .contains("mqtt.topic_prefix")
+        );
+        s.mqtt.topic_prefix = "sensors".into();
+        s.mqtt.shared_group = Some("a/b".into());
+        assert!(
+            s.validate()
+                .expect_err("slash")
+                .to_string()
+                .contains("mqtt.shared_group")
         );
     }
 

@@ -15,6 +15,7 @@ use crate::api::{self, AppState};
 use crate::batcher::BatcherLimits;
 use crate::batcher::driver::{self, BatcherHandle, Driver};
 use crate::config::Settings;
+use crate::ingest::mqtt::{MqttIngest, MqttStats};
 use crate::store::MongoStore;
 
 pub struct Application {
@@ -24,6 +25,7 @@ pub struct Application {
     batcher: BatcherHandle,
     driver: Driver<MongoStore>,
     store: Arc<MongoStore>,
+    mqtt_stats: Option<Arc<MqttStats>>,
 }
 
 impl Application {
@@ -46,6 +48,10 @@ impl Application {
             .await
             .with_context(|| format!("binding http.listen = {}", settings.http.listen))?;
         let address = listener.local_addr()?;
+        let mqtt_stats = settings
+            .mqtt
+            .enabled
+            .then(|| Arc::new(MqttStats::default()));
         Ok(Self {
             listener,
             address,
@@ -53,7 +59,13 @@ impl Application {
             batcher,
             driver,
             store,
+            mqtt_stats,
         })
+    }
+
+    /// MQTT counters, when MQTT is enabled.
+    pub fn mqtt_stats(&self) -> Option<Arc<MqttStats>> {
+        self.mqtt_stats.clone()
     }
 
     pub fn address(&self) -> SocketAddr {
@@ -77,10 +89,20 @@ impl Application {
             batcher,
             driver,
             store,
+            mqtt_stats,
         } = self;
         let stop = CancellationToken::new();
         let abort = CancellationToken::new();
         let driver_task = tokio::spawn(driver.run(stop.clone(), abort.clone()));
+        let mqtt = if let Some(stats) = mqtt_stats {
+            let mqtt = MqttIngest::start(&settings.mqtt, &settings.ingest, batcher.clone(), stats)
+                .context("starting MQTT ingestion")?;
+            info!(url = %settings.mqtt.url, client_id = %settings.mqtt.client_id, "Consuming MQTT.");
+            Some(mqtt)
+        } else {
+            None
+        };
+        let mqtt_stop = mqtt.as_ref().map(|m| m.stop_handle());
 
         let state = AppState {
             store,
@@ -97,6 +119,9 @@ impl Application {
             shutdown.await;
             info!("Shutting down: no new input; flushing what was accepted.");
             closing.close();
+            if let Some(stop) = mqtt_stop {
+                stop.cancel();
+            }
             // From here on everything must finish within shutdown.timeout.
             tokio::spawn(async move {
                 tokio::time::sleep(timeout).await;
@@ -110,6 +135,10 @@ impl Application {
         batcher.close();
         stop.cancel();
         let drained = driver_task.await.context("the batcher driver panicked")?;
+        if let Some(mqtt) = mqtt {
+            // Everything stored has its acknowledgement sent before we disconnect.
+            mqtt.finish(timeout).await;
+        }
         if drained.unstored_readings > 0 {
             error!(
                 readings = drained.unstored_readings,

@@ -82,6 +82,14 @@ impl BatcherHandle {
         Ok(rx)
     }
 
+    /// Asks for the open batch to be written now rather than at its deadline:
+    /// for writers that hold something back until then (MQTT acknowledgements).
+    pub fn flush_soon(&self) {
+        if self.core().hurry() {
+            self.shared.wake.notify_one();
+        }
+    }
+
     /// Refuses new input from now on; what was accepted is still flushed.
     pub fn close(&self) {
         self.shared.closed.store(true, Ordering::Release);

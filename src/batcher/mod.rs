@@ -68,6 +68,8 @@ pub struct Batcher<W> {
     waiters: Vec<W>,
     /// When the first reading of the open batch arrived.
     opened_at: Option<Instant>,
+    /// Someone waits on the open batch and asked for it not to wait the interval.
+    hurried: bool,
 }
 
 impl<W> Batcher<W> {
@@ -81,6 +83,7 @@ impl<W> Batcher<W> {
             in_flight_values: 0,
             waiters: Vec::new(),
             opened_at: None,
+            hurried: false,
         }
     }
 
@@ -169,10 +172,17 @@ impl<W> Batcher<W> {
         }
     }
 
+    /// Makes the open batch due now. Returns whether there is one (and so the
+    /// driver must look again).
+    pub fn hurry(&mut self) -> bool {
+        self.hurried = self.opened_at.is_some();
+        self.hurried
+    }
+
     /// When the open batch must be flushed, if there is one.
     pub fn deadline(&self) -> Option<Instant> {
         let opened = self.opened_at?;
-        if self.pending_values >= self.limits.max_pending_readings {
+        if self.hurried || self.pending_values >= self.limits.max_pending_readings {
             Some(opened)
         } else {
             Some(opened + self.limits.flush_interval)
@@ -186,6 +196,7 @@ impl<W> Batcher<W> {
     /// Closes the open batch (whether due or not) and counts it as in flight.
     pub fn take(&mut self) -> Option<Batch<W>> {
         self.opened_at.take()?;
+        self.hurried = false;
         let updates: Vec<BucketUpdate> = self
             .pending
             .drain()
@@ -287,6 +298,21 @@ mod tests {
             .expect("room");
         assert!(o.wake_driver, "a full batch wakes the driver");
         assert!(b.is_due(t0));
+    }
+
+    #[test]
+    fn a_hurried_batch_is_due_at_once_and_the_next_one_is_not() {
+        let mut b: Batcher<()> = Batcher::new(Granularity::Minute, LIMITS);
+        let t0 = Instant::now();
+        assert!(!b.hurry(), "nothing to hurry");
+        b.offer([reading("a", 1, 1.0)].into_iter(), None, t0)
+            .expect("room");
+        assert!(b.hurry());
+        assert!(b.is_due(t0));
+        b.take().expect("batch");
+        b.offer([reading("a", 2, 1.0)].into_iter(), None, t0)
+            .expect("room");
+        assert!(!b.is_due(t0), "hurrying applied to the batch that was open");
     }
 
     #[test]

@@ -15,6 +15,10 @@ pub enum InvalidReading {
     Sensor,
     #[error("metric must be 1 to {METRIC_MAX_LEN} characters of A-Z a-z 0-9 _ -")]
     Metric,
+    #[error("sensor is required")]
+    MissingSensor,
+    #[error("the payload's {0} differs from the topic's")]
+    TopicMismatch(&'static str),
     #[error("value must be a finite number")]
     Value,
     #[error("ts must be an RFC 3339 string or integer epoch milliseconds")]

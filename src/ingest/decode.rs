@@ -82,8 +82,8 @@ impl<'de> Deserialize<'de> for Ts {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawReading<'a> {
-    #[serde(borrow)]
-    sensor: Cow<'a, str>,
+    #[serde(borrow, default)]
+    sensor: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     metric: Option<Cow<'a, str>>,
     #[serde(default)]
@@ -101,9 +101,35 @@ fn reason(e: &serde_json::Error) -> String {
     }
 }
 
-fn validate<'a>(raw: RawReading<'a>, ctx: &DecodeContext) -> Result<Reading<'a>, InvalidReading> {
-    let sensor = SensorId::parse(raw.sensor)?;
-    let metric = match raw.metric {
+/// The parts of a reading that its channel supplies, such as an MQTT topic.
+/// A payload may repeat them but not contradict them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Implied<'a> {
+    pub sensor: Option<&'a str>,
+    pub metric: Option<&'a str>,
+}
+
+fn pick<'a>(
+    given: Option<Cow<'a, str>>,
+    implied: Option<&'a str>,
+    what: &'static str,
+) -> Result<Option<Cow<'a, str>>, InvalidReading> {
+    match (given, implied) {
+        (Some(g), Some(i)) if g != i => Err(InvalidReading::TopicMismatch(what)),
+        (_, Some(i)) => Ok(Some(Cow::Borrowed(i))),
+        (given, None) => Ok(given),
+    }
+}
+
+fn validate<'a>(
+    raw: RawReading<'a>,
+    implied: Implied<'a>,
+    ctx: &DecodeContext,
+) -> Result<Reading<'a>, InvalidReading> {
+    let sensor = pick(raw.sensor, implied.sensor, "sensor")?
+        .ok_or(InvalidReading::MissingSensor)
+        .and_then(SensorId::parse)?;
+    let metric = match pick(raw.metric, implied.metric, "metric")? {
         Some(m) => MetricName::parse(m)?,
         None => MetricName::default_metric(),
     };
@@ -120,14 +146,60 @@ fn validate<'a>(raw: RawReading<'a>, ctx: &DecodeContext) -> Result<Reading<'a>,
     })
 }
 
-fn decode_one<'a>(json: &'a str, ctx: &DecodeContext) -> Result<Reading<'a>, String> {
+fn decode_one<'a>(
+    json: &'a str,
+    implied: Implied<'a>,
+    ctx: &DecodeContext,
+) -> Result<Reading<'a>, String> {
     let raw: RawReading<'a> = serde_json::from_str(json).map_err(|e| reason(&e))?;
-    validate(raw, ctx).map_err(|e| e.to_string())
+    validate(raw, implied, ctx).map_err(|e| e.to_string())
 }
 
 /// Decodes a body that is one reading object or an array of them.
 pub fn decode_readings<'a>(
     body: &'a [u8],
+    ctx: &DecodeContext,
+) -> Result<Vec<Reading<'a>>, DecodeError> {
+    decode_with(body, Implied::default(), ctx)
+}
+
+/// Decodes an MQTT payload for a topic that names the sensor (and maybe the
+/// metric): a bare number (timestamped on receipt), a reading object, or an
+/// array of them.
+pub fn decode_payload<'a>(
+    payload: &'a [u8],
+    implied: Implied<'a>,
+    ctx: &DecodeContext,
+) -> Result<Vec<Reading<'a>>, DecodeError> {
+    let text = std::str::from_utf8(payload)
+        .map_err(|e| DecodeError::Malformed(format!("the payload is not UTF-8: {e}")))?;
+    let trimmed = text.trim();
+    if trimmed.starts_with(|c: char| c.is_ascii_digit() || c == '-') {
+        let value: f64 =
+            serde_json::from_str(trimmed).map_err(|e| DecodeError::Malformed(e.to_string()))?;
+        let raw = RawReading {
+            sensor: None,
+            metric: None,
+            ts: None,
+            value,
+        };
+        return validate(raw, implied, ctx)
+            .map(|r| vec![r])
+            .map_err(|e| DecodeError::Invalid {
+                invalid: 1,
+                total: 1,
+                details: vec![Detail {
+                    index: 0,
+                    reason: e.to_string(),
+                }],
+            });
+    }
+    decode_with(payload, implied, ctx)
+}
+
+fn decode_with<'a>(
+    body: &'a [u8],
+    implied: Implied<'a>,
     ctx: &DecodeContext,
 ) -> Result<Vec<Reading<'a>>, DecodeError> {
     let text = std::str::from_utf8(body)
@@ -143,7 +215,9 @@ pub fn decode_readings<'a>(
                 });
             }
             collect(
-                items.iter().map(|item| decode_one(item.get(), ctx)),
+                items
+                    .iter()
+                    .map(|item| decode_one(item.get(), implied, ctx)),
                 items.len(),
             )
         }
@@ -151,7 +225,7 @@ pub fn decode_readings<'a>(
             // Check the syntax first so a broken body is "malformed", not "invalid".
             let item: &'a RawValue =
                 serde_json::from_str(text).map_err(|e| DecodeError::Malformed(e.to_string()))?;
-            collect(std::iter::once(decode_one(item.get(), ctx)), 1)
+            collect(std::iter::once(decode_one(item.get(), implied, ctx)), 1)
         }
         Some(_) => match serde_json::from_str::<serde::de::IgnoredAny>(text) {
             Ok(_) => Err(DecodeError::NotReadings),
@@ -272,7 +346,7 @@ mod tests {
         assert!(got[4].1.contains("future"), "{:?}", got[4]);
         assert!(got[5].1.contains("past"), "{:?}", got[5]);
         assert!(got[7].1.contains("unknown field"), "{:?}", got[7]);
-        assert!(got[8].1.contains("missing field `sensor`"), "{:?}", got[8]);
+        assert!(got[8].1.contains("sensor is required"), "{:?}", got[8]);
     }
 
     #[test]
@@ -315,6 +389,70 @@ mod tests {
         assert_eq!(
             decode_readings(body.as_bytes(), &ctx()),
             Err(DecodeError::TooMany { count: 11, max: 10 })
+        );
+    }
+
+    #[test]
+    fn payloads_take_sensor_and_metric_from_the_topic() {
+        let topic = Implied {
+            sensor: Some("s1"),
+            metric: Some("temp"),
+        };
+        let r = decode_payload(b" 21.5 ", topic, &ctx()).expect("a bare number");
+        assert_eq!(
+            (
+                r[0].sensor.as_str(),
+                r[0].metric.as_str(),
+                r[0].ts,
+                r[0].value
+            ),
+            ("s1", "temp", NOW, 21.5)
+        );
+        let r = decode_payload(
+            br#"[{"value":1,"ts":1381961258000},{"value":2}]"#,
+            topic,
+            &ctx(),
+        )
+        .expect("objects");
+        assert_eq!(r.len(), 2);
+        let sensor_only = Implied {
+            sensor: Some("s1"),
+            metric: None,
+        };
+        let r =
+            decode_payload(br#"{"metric":"rpm","value":3}"#, sensor_only, &ctx()).expect("object");
+        assert_eq!(r[0].metric.as_str(), "rpm");
+        let r = decode_payload(b"-4", sensor_only, &ctx()).expect("number");
+        assert_eq!(r[0].metric.as_str(), "value");
+    }
+
+    #[test]
+    fn payloads_may_not_contradict_their_topic() {
+        let topic = Implied {
+            sensor: Some("s1"),
+            metric: Some("temp"),
+        };
+        for bad in [
+            r#"{"sensor":"s2","value":1}"#,
+            r#"{"metric":"rpm","value":1}"#,
+        ] {
+            assert!(
+                matches!(
+                    decode_payload(bad.as_bytes(), topic, &ctx()),
+                    Err(DecodeError::Invalid { .. })
+                ),
+                "{bad}"
+            );
+        }
+        for bad in ["1e400", "NaN", "12abc", "-", ""] {
+            assert!(
+                decode_payload(bad.as_bytes(), topic, &ctx()).is_err(),
+                "{bad:?}"
+            );
+        }
+        assert!(
+            decode_payload(br#"{"sensor":"s1","value":1}"#, topic, &ctx()).is_ok(),
+            "repeating is fine"
         );
     }
 

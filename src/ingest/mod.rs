@@ -3,3 +3,4 @@
 
 pub mod decode;
 pub mod http;
+pub mod mqtt;

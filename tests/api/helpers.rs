@@ -39,6 +39,7 @@ pub fn test_settings() -> Settings {
     s.mongodb.database = format!("hg_test_{}", uuid::Uuid::new_v4().simple());
     s.http.listen = "127.0.0.1:0".parse().expect("valid address");
     s.batcher.flush_interval = Duration::from_millis(50);
+    s.mqtt.enabled = false;
     s
 }
 
@@ -47,6 +48,7 @@ pub struct TestApp {
     pub client: reqwest::Client,
     pub db: mongodb::Database,
     pub settings: Settings,
+    pub mqtt: Option<std::sync::Arc<hourglass::ingest::mqtt::MqttStats>>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<anyhow::Result<()>>>,
 }
@@ -62,6 +64,7 @@ pub async fn spawn_app_with(settings: Settings) -> TestApp {
         .await
         .expect("the application builds");
     let address = format!("http://{}", app.address());
+    let mqtt = app.mqtt_stats();
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(app.run_until_stopped(async move {
         let _ = stopped.await;
@@ -74,6 +77,7 @@ pub async fn spawn_app_with(settings: Settings) -> TestApp {
         client: reqwest::Client::new(),
         db: client.database(&settings.mongodb.database),
         settings,
+        mqtt,
         stop: Some(stop),
         task: Some(task),
     }
@@ -142,6 +146,37 @@ impl TestApp {
             None => Ok(()),
         }
     }
+}
+
+/// Waits for `check` to hold, polling; panics with `what` after `limit`.
+/// A failure bound, not a timing assertion: the slow path only makes it wait.
+pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "gave up waiting: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// All stored values as `{(sensor, metric, ts) → value}`.
+pub fn all_values(docs: &[Document], g: Granularity) -> BTreeMap<(String, String, i64), f64> {
+    docs.iter()
+        .flat_map(|d| {
+            let sensor = d.get_str("sensor").expect("sensor").to_owned();
+            let metric = d.get_str("metric").expect("metric").to_owned();
+            let start = d.get_datetime("start").expect("start").timestamp_millis() / 1000;
+            stored_values(d, g)
+                .into_iter()
+                .map(move |(o, v)| ((sensor.clone(), metric.clone(), start + o), v))
+        })
+        .collect()
 }
 
 /// A time well inside the accepted window, aligned to an hour: 2 days ago.

@@ -1,7 +1,9 @@
 //! Integration tests: the real service on port 0 against the MongoDB-compatible
 //! server at `MONGODB_URI` (started by `make test`), over real sockets.
 
+mod broker;
 mod buckets;
 mod helpers;
 mod ingest;
+mod mqtt;
 mod query;
