@@ -42,14 +42,16 @@ ensure_secantus() {
 }
 
 # start_mongo [persistent]: sets HOURGLASS__MONGODB__URI and MONGODB_URI.
+# Exports SECANTUSD either way: fault tests run private servers they can stop.
 start_mongo() {
+  ensure_secantus
+  export SECANTUSD="$VENV/bin/secantusd-py"
   local uri="${HOURGLASS__MONGODB__URI:-${MONGODB_URI:-}}"
   if [[ -n "$uri" ]]; then
     export HOURGLASS__MONGODB__URI="$uri" MONGODB_URI="$uri"
     log "Using the configured MongoDB server."
     return 0
   fi
-  ensure_secantus
   mkdir -p "$STACK_DIR"
   local port storage
   port=$(free_port)

@@ -130,13 +130,48 @@ impl Default for BatcherSettings {
 #[serde(deny_unknown_fields, default)]
 pub struct BucketSettings {
     pub granularity: Granularity,
+    /// Buckets are deleted (TTL index on `start`) this long after they begin;
+    /// `None` ("off") keeps them.
+    #[serde(with = "retention")]
+    pub retention: Option<Duration>,
 }
 
 impl Default for BucketSettings {
     fn default() -> Self {
         Self {
             granularity: Granularity::Minute,
+            retention: None,
         }
+    }
+}
+
+impl BucketSettings {
+    fn granularity_span(&self) -> Duration {
+        Duration::from_secs(self.granularity.seconds().unsigned_abs())
+    }
+}
+
+/// `"off"` or a duration such as `"90d"`.
+mod retention {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer, de};
+
+    pub fn serialize<S: Serializer>(v: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            None => s.serialize_str("off"),
+            Some(d) => s.serialize_str(&humantime::format_duration(*d).to_string()),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        let text = String::deserialize(d)?;
+        if text.trim().eq_ignore_ascii_case("off") {
+            return Ok(None);
+        }
+        humantime::parse_duration(&text).map(Some).map_err(|e| {
+            de::Error::custom(format!("{text:?} is neither \"off\" nor a duration: {e}"))
+        })
     }
 }
 
@@ -448,6 +483,14 @@ impl Settings {
                 "must not exceed batcher.max_buffered_readings",
             ));
         }
+        if let Some(retention) = self.buckets.retention
+            && retention < self.ingest.max_age + self.buckets.granularity_span()
+        {
+            return Err(invalid(
+                "buckets.retention",
+                "must be longer than ingest.max_age plus one bucket, or accepted backfill would be deleted at once",
+            ));
+        }
         self.mqtt.validate()?;
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             return Err(invalid("log.level", e.to_string()));
@@ -533,6 +576,36 @@ mod tests {
                 .to_string()
                 .contains("batcher.flush_interval")
         );
+    }
+
+    #[test]
+    fn retention_is_off_or_a_duration_longer_than_the_backfill_window() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("HOURGLASS__MONGODB__URI", "mongodb://127.0.0.1:1");
+            jail.set_env("HOURGLASS__MQTT__ENABLED", "false");
+            jail.set_env("HOURGLASS__BUCKETS__RETENTION", "90d");
+            let s = Settings::load(None).map_err(|e| e.to_string())?;
+            assert_eq!(s.buckets.retention, Some(Duration::from_secs(90 * 86400)));
+            jail.set_env("HOURGLASS__BUCKETS__RETENTION", "off");
+            assert_eq!(
+                Settings::load(None)
+                    .map_err(|e| e.to_string())?
+                    .buckets
+                    .retention,
+                None
+            );
+            jail.set_env("HOURGLASS__BUCKETS__RETENTION", "7d");
+            let msg = Settings::load(None)
+                .expect_err("shorter than max_age")
+                .to_string();
+            assert!(msg.contains("buckets.retention"), "{msg}");
+            jail.set_env("HOURGLASS__BUCKETS__RETENTION", "sometimes");
+            let msg = Settings::load(None)
+                .expect_err("not a duration")
+                .to_string();
+            assert!(msg.to_lowercase().contains("retention"), "{msg}");
+            Ok(())
+        });
     }
 
     #[test]

@@ -17,6 +17,7 @@ use crate::batcher::driver::{self, BatcherHandle, Driver};
 use crate::config::Settings;
 use crate::ingest::mqtt::{MqttIngest, MqttStats};
 use crate::store::MongoStore;
+use crate::telemetry::metrics::Metrics;
 
 pub struct Application {
     listener: TcpListener,
@@ -26,6 +27,7 @@ pub struct Application {
     driver: Driver<MongoStore>,
     store: Arc<MongoStore>,
     mqtt_stats: Option<Arc<MqttStats>>,
+    metrics: Arc<Metrics>,
 }
 
 impl Application {
@@ -34,7 +36,7 @@ impl Application {
             .await
             .context("connecting to MongoDB")?;
         store
-            .ensure_indexes()
+            .ensure_indexes(settings.buckets.retention)
             .await
             .context("creating the bucket index (is MongoDB reachable at mongodb.uri?)")?;
         let store = Arc::new(store);
@@ -43,7 +45,13 @@ impl Application {
             max_pending_readings: settings.batcher.max_pending_readings,
             max_buffered_readings: settings.batcher.max_buffered_readings,
         };
-        let (batcher, driver) = driver::new(settings.buckets.granularity, limits, store.clone());
+        let metrics = Arc::new(Metrics::new());
+        let (batcher, driver) = driver::new(
+            settings.buckets.granularity,
+            limits,
+            store.clone(),
+            metrics.clone(),
+        );
         let listener = TcpListener::bind(settings.http.listen)
             .await
             .with_context(|| format!("binding http.listen = {}", settings.http.listen))?;
@@ -60,6 +68,7 @@ impl Application {
             driver,
             store,
             mqtt_stats,
+            metrics,
         })
     }
 
@@ -90,13 +99,20 @@ impl Application {
             driver,
             store,
             mqtt_stats,
+            metrics,
         } = self;
         let stop = CancellationToken::new();
         let abort = CancellationToken::new();
         let driver_task = tokio::spawn(driver.run(stop.clone(), abort.clone()));
-        let mqtt = if let Some(stats) = mqtt_stats {
-            let mqtt = MqttIngest::start(&settings.mqtt, &settings.ingest, batcher.clone(), stats)
-                .context("starting MQTT ingestion")?;
+        let mqtt = if let Some(stats) = mqtt_stats.clone() {
+            let mqtt = MqttIngest::start(
+                &settings.mqtt,
+                &settings.ingest,
+                batcher.clone(),
+                stats,
+                metrics.clone(),
+            )
+            .context("starting MQTT ingestion")?;
             info!(url = %settings.mqtt.url, client_id = %settings.mqtt.client_id, "Consuming MQTT.");
             Some(mqtt)
         } else {
@@ -108,6 +124,8 @@ impl Application {
             store,
             batcher: batcher.clone(),
             settings: settings.clone(),
+            metrics,
+            mqtt: mqtt_stats,
         };
         let app = api::router(state);
         info!(%address, granularity = ?settings.buckets.granularity, "Hourglass is listening.");

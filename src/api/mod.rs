@@ -1,6 +1,7 @@
 //! The HTTP surface: routes, shared state and the error type every handler
 //! answers with.
 
+pub mod health;
 pub mod query;
 
 use std::sync::Arc;
@@ -8,23 +9,32 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::Router;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Serialize;
+use tokio::time::Instant;
 use tower_http::trace::TraceLayer;
+use tracing::Span;
 
 use crate::batcher::driver::BatcherHandle;
 use crate::config::Settings;
 use crate::ingest;
 use crate::ingest::decode::Detail;
+use crate::ingest::mqtt::MqttStats;
 use crate::store::BucketStore;
+use crate::telemetry::metrics::Metrics;
 
 /// What every handler shares. Cheap to clone.
 pub struct AppState<S> {
     pub store: Arc<S>,
     pub batcher: BatcherHandle,
     pub settings: Arc<Settings>,
+    pub metrics: Arc<Metrics>,
+    /// Present when MQTT is enabled.
+    pub mqtt: Option<Arc<MqttStats>>,
 }
 
 impl<S> Clone for AppState<S> {
@@ -33,20 +43,71 @@ impl<S> Clone for AppState<S> {
             store: self.store.clone(),
             batcher: self.batcher.clone(),
             settings: self.settings.clone(),
+            metrics: self.metrics.clone(),
+            mqtt: self.mqtt.clone(),
         }
     }
 }
 
 pub fn router<S: BucketStore>(state: AppState<S>) -> Router {
+    let trace = TraceLayer::new_for_http()
+        .make_span_with(|req: &Request| {
+            let route = req
+                .extensions()
+                .get::<MatchedPath>()
+                .map_or("unmatched", MatchedPath::as_str);
+            tracing::info_span!(
+                "http",
+                method = %req.method(),
+                route,
+                status = tracing::field::Empty,
+                duration_ms = tracing::field::Empty,
+            )
+        })
+        .on_response(|res: &Response, latency: Duration, span: &Span| {
+            span.record("status", res.status().as_u16());
+            span.record("duration_ms", latency.as_secs_f64() * 1000.0);
+            tracing::debug!("Answered an HTTP request.");
+        });
     Router::new()
         .route("/api/v1/readings", post(ingest::http::post_readings::<S>))
         .route("/api/v1/sensors/{sensor}/average", get(query::average::<S>))
         .route("/api/v1/sensors/{sensor}/series", get(query::series::<S>))
+        .route("/health/live", get(health::live))
+        .route("/health/ready", get(health::ready::<S>))
+        .route("/metrics", get(health::metrics::<S>))
         .layer(axum::extract::DefaultBodyLimit::max(
             state.settings.http.max_body_bytes,
         ))
-        .layer(TraceLayer::new_for_http())
+        .route_layer(middleware::from_fn_with_state(state.metrics.clone(), track))
+        .layer(trace)
         .with_state(state)
+}
+
+/// Counts requests and their latency by route pattern: never the raw path,
+/// which would make a label per sensor.
+async fn track(State(metrics): State<Arc<Metrics>>, req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |m| m.as_str().to_owned());
+    let method = match *req.method() {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::HEAD => "HEAD",
+        _ => "other",
+    };
+    let started = Instant::now();
+    let response = next.run(req).await;
+    metrics
+        .http_requests
+        .with_label_values(&[route.as_str(), method, response.status().as_str()])
+        .inc();
+    metrics
+        .http_duration
+        .with_label_values(&[route.as_str(), method])
+        .observe(started.elapsed().as_secs_f64());
+    response
 }
 
 /// How long a client is asked to wait before retrying a 503.

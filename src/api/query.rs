@@ -189,6 +189,11 @@ pub async fn average<S: BucketStore>(
     Path(sensor): Path<String>,
     params: Result<Query<RangeParams>, QueryRejection>,
 ) -> Result<Json<AverageResponse>, ApiError> {
+    let _timer = state
+        .metrics
+        .query_duration
+        .with_label_values(&["average"])
+        .start_timer();
     let Query(params) = params.map_err(rejected)?;
     if params.step.is_some() {
         return Err(ApiError::bad_request(
@@ -221,6 +226,11 @@ pub async fn series<S: BucketStore>(
     Path(sensor): Path<String>,
     params: Result<Query<RangeParams>, QueryRejection>,
 ) -> Result<Json<SeriesResponse>, ApiError> {
+    let _timer = state
+        .metrics
+        .query_duration
+        .with_label_values(&["series"])
+        .start_timer();
     let Query(params) = params.map_err(rejected)?;
     let step_text = params
         .step

@@ -9,11 +9,12 @@ use std::time::Duration;
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, debug_span, error, warn};
+use tracing::{Instrument, debug, error, info_span, warn};
 
 use super::{Batch, Batcher, BatcherLimits, Full};
 use crate::domain::{Granularity, Reading};
-use crate::store::BucketStore;
+use crate::store::{BucketStore, StoreError};
+use crate::telemetry::metrics::Metrics;
 
 const RETRY_BASE: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(5);
@@ -99,6 +100,10 @@ impl BatcherHandle {
     pub fn buffered(&self) -> usize {
         self.core().buffered()
     }
+
+    pub fn is_closed(&self) -> bool {
+        self.shared.closed.load(Ordering::Acquire)
+    }
 }
 
 fn lock(shared: &Shared) -> MutexGuard<'_, Batcher<Waiter>> {
@@ -111,6 +116,7 @@ fn lock(shared: &Shared) -> MutexGuard<'_, Batcher<Waiter>> {
 pub struct Driver<S> {
     shared: Arc<Shared>,
     store: Arc<S>,
+    metrics: Arc<Metrics>,
 }
 
 /// What the final drain left behind.
@@ -123,6 +129,7 @@ pub fn new<S: BucketStore>(
     granularity: Granularity,
     limits: BatcherLimits,
     store: Arc<S>,
+    metrics: Arc<Metrics>,
 ) -> (BatcherHandle, Driver<S>) {
     let shared = Arc::new(Shared {
         core: Mutex::new(Batcher::new(granularity, limits)),
@@ -133,7 +140,11 @@ pub fn new<S: BucketStore>(
         BatcherHandle {
             shared: shared.clone(),
         },
-        Driver { shared, store },
+        Driver {
+            shared,
+            store,
+            metrics,
+        },
     )
 }
 
@@ -173,7 +184,7 @@ impl<S: BucketStore> Driver<S> {
 
     /// Writes one batch; returns how many of its readings were not stored.
     async fn flush(&self, batch: Batch<Waiter>, abort: &CancellationToken) -> usize {
-        let span = debug_span!(
+        let span = info_span!(
             "flush",
             readings = batch.readings,
             buckets = batch.updates.len(),
@@ -190,8 +201,15 @@ impl<S: BucketStore> Driver<S> {
             let _ = waiter.send(outcome);
         }
         match outcome {
-            Ok(()) => 0,
-            Err(_) => batch.readings,
+            Ok(()) => {
+                self.metrics.readings_stored.inc_by(batch.readings as u64);
+                self.metrics.flush_readings.observe(batch.readings as f64);
+                0
+            }
+            Err(_) => {
+                self.metrics.readings_unstored.inc_by(batch.readings as u64);
+                batch.readings
+            }
         }
     }
 
@@ -206,6 +224,13 @@ impl<S: BucketStore> Driver<S> {
             attempt += 1;
             match self.store.write(&batch.updates).await {
                 Ok(report) => {
+                    self.metrics.bucket_updates.inc_by(report.buckets as u64);
+                    self.metrics
+                        .write_round_trips
+                        .inc_by(report.round_trips as u64);
+                    self.metrics
+                        .flush_duration
+                        .observe(started.elapsed().as_secs_f64());
                     let span = tracing::Span::current();
                     span.record("round_trips", report.round_trips);
                     span.record("attempts", attempt);
@@ -216,6 +241,8 @@ impl<S: BucketStore> Driver<S> {
                     return Ok(());
                 }
                 Err(e) if e.is_transient() => {
+                    self.metrics.storage_error("unavailable");
+                    self.metrics.storage_retries.inc();
                     let delay = backoff(attempt);
                     warn!(error = %e, attempt, retry_in_ms = delay.as_millis() as u64, "Storing a batch failed; retrying.");
                     tokio::select! {
@@ -228,6 +255,10 @@ impl<S: BucketStore> Driver<S> {
                     }
                 }
                 Err(e) => {
+                    self.metrics.storage_error(match e {
+                        StoreError::Unreadable(_) => "unreadable",
+                        _ => "rejected",
+                    });
                     error!(readings = batch.readings, buckets = batch.updates.len(), error = %e,
                         "Storage refused a batch; its readings were not stored.");
                     return Err(NotStored::Rejected);
@@ -315,7 +346,7 @@ mod tests {
         CancellationToken,
         tokio::task::JoinHandle<Drained>,
     ) {
-        let (handle, driver) = new(Granularity::Minute, LIMITS, store);
+        let (handle, driver) = new(Granularity::Minute, LIMITS, store, Arc::new(Metrics::new()));
         let (stop, abort) = (CancellationToken::new(), CancellationToken::new());
         let task = tokio::spawn(driver.run(stop.clone(), abort.clone()));
         (handle, stop, abort, task)

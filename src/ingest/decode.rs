@@ -14,6 +14,7 @@ use crate::domain::{
     InvalidReading, MetricName, Reading, SensorId, TimeWindow, parse_timestamp_ms,
     parse_timestamp_str,
 };
+use crate::telemetry::metrics::Rejection;
 
 /// How many per-reading errors a response lists at most.
 pub const MAX_DETAILS: usize = 100;
@@ -47,6 +48,18 @@ pub enum DecodeError {
         total: usize,
         details: Vec<Detail>,
     },
+}
+
+impl DecodeError {
+    /// How it counts in `hourglass_readings_rejected_total`: the reason and
+    /// how many readings it refused (1 when they could not be counted).
+    pub fn rejection(&self) -> (Rejection, usize) {
+        match self {
+            DecodeError::Malformed(_) | DecodeError::NotReadings => (Rejection::Malformed, 1),
+            DecodeError::TooMany { count, .. } => (Rejection::TooLarge, *count),
+            DecodeError::Invalid { total, .. } => (Rejection::Invalid, *total),
+        }
+    }
 }
 
 /// A timestamp as sent: RFC 3339 text or integer epoch milliseconds.

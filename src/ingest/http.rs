@@ -14,6 +14,7 @@ use crate::api::{ApiError, AppState};
 use crate::batcher::driver::{NotStored, SubmitError};
 use crate::domain::TimeWindow;
 use crate::store::BucketStore;
+use crate::telemetry::metrics::{Rejection, Source};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -69,21 +70,29 @@ pub async fn post_readings<S: BucketStore>(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<Accepted>), ApiError> {
     let Query(params) = params.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let metrics = &state.metrics;
     if !is_json(&headers) {
+        metrics.rejected(Source::Http, Rejection::ContentType, 1);
         return Err(ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "Content-Type must be application/json",
         ));
     }
     let body = body.map_err(|e| match e.status() {
-        StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!(
-                "the body is larger than {} bytes",
-                state.settings.http.max_body_bytes
-            ),
-        ),
-        status => ApiError::new(status, e.body_text()),
+        StatusCode::PAYLOAD_TOO_LARGE => {
+            metrics.rejected(Source::Http, Rejection::TooLarge, 1);
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "the body is larger than {} bytes",
+                    state.settings.http.max_body_bytes
+                ),
+            )
+        }
+        status => {
+            metrics.rejected(Source::Http, Rejection::Malformed, 1);
+            ApiError::new(status, e.body_text())
+        }
     })?;
     let ingest = &state.settings.ingest;
     let ctx = DecodeContext {
@@ -94,7 +103,10 @@ pub async fn post_readings<S: BucketStore>(
         },
         max_readings: ingest.max_readings_per_request,
     };
-    let readings = decode_readings(&body, &ctx)?;
+    let readings = decode_readings(&body, &ctx).inspect_err(|e| {
+        let (reason, n) = e.rejection();
+        metrics.rejected(Source::Http, reason, n);
+    })?;
     let accepted = readings.len();
     if accepted == 0 {
         let status = if params.async_ {
@@ -104,7 +116,17 @@ pub async fn post_readings<S: BucketStore>(
         };
         return Ok((status, Json(Accepted { accepted })));
     }
-    let receiver = state.batcher.submit(readings, !params.async_)?;
+    let receiver = state
+        .batcher
+        .submit(readings, !params.async_)
+        .inspect_err(|e| {
+            let reason = match e {
+                SubmitError::Full(_) => Rejection::Overloaded,
+                SubmitError::Closed => Rejection::ShuttingDown,
+            };
+            metrics.rejected(Source::Http, reason, accepted);
+        })?;
+    metrics.received(Source::Http, accepted);
     let Some(receiver) = receiver else {
         return Ok((StatusCode::ACCEPTED, Json(Accepted { accepted })));
     };

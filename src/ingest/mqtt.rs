@@ -31,6 +31,7 @@ use super::decode::{DecodeContext, Implied, decode_payload};
 use crate::batcher::driver::{BatcherHandle, FlushResult, NotStored, SubmitError};
 use crate::config::{ConfigError, IngestSettings, MqttSettings};
 use crate::domain::{MetricName, SensorId, TimeWindow};
+use crate::telemetry::metrics::{Metrics, Rejection, Source};
 
 /// Requests rumqttc may queue from the client handles (acks, subscribes).
 const REQUEST_CAPACITY: usize = 4096;
@@ -62,27 +63,40 @@ pub struct MqttStats {
     pub unusable: AtomicU64,
 }
 
-/// Why a message could not be used.
-#[derive(Debug, Clone, PartialEq)]
-struct Unusable(String);
+/// Why a message could not be used, and how it counts.
+#[derive(Debug, Clone)]
+struct Unusable {
+    reason: String,
+    kind: Rejection,
+    readings: usize,
+}
+
+fn unusable(kind: Rejection, reason: impl Into<String>) -> Unusable {
+    Unusable {
+        reason: reason.into(),
+        kind,
+        readings: 1,
+    }
+}
 
 /// Splits `{prefix}/{sensor}` or `{prefix}/{sensor}/{metric}`.
 fn parse_topic<'a>(prefix: &str, topic: &'a str) -> Result<Implied<'a>, Unusable> {
     let rest = topic
         .strip_prefix(prefix)
         .and_then(|r| r.strip_prefix('/'))
-        .ok_or_else(|| Unusable(format!("topic is not under {prefix}/")))?;
+        .ok_or_else(|| unusable(Rejection::Topic, format!("topic is not under {prefix}/")))?;
     let mut parts = rest.split('/');
     let sensor = parts.next().unwrap_or_default();
     let metric = parts.next();
     if parts.next().is_some() {
-        return Err(Unusable(
-            "topic must be {prefix}/{sensor} or {prefix}/{sensor}/{metric}".into(),
+        return Err(unusable(
+            Rejection::Topic,
+            "topic must be {prefix}/{sensor} or {prefix}/{sensor}/{metric}",
         ));
     }
-    SensorId::parse(sensor).map_err(|e| Unusable(format!("topic: {e}")))?;
+    SensorId::parse(sensor).map_err(|e| unusable(Rejection::Topic, format!("topic: {e}")))?;
     if let Some(m) = metric {
-        MetricName::parse(m).map_err(|e| Unusable(format!("topic: {e}")))?;
+        MetricName::parse(m).map_err(|e| unusable(Rejection::Topic, format!("topic: {e}")))?;
     }
     Ok(Implied {
         sensor: Some(sensor),
@@ -106,6 +120,7 @@ struct Shared {
     batcher: BatcherHandle,
     client: AsyncClient,
     stats: Arc<MqttStats>,
+    metrics: Arc<Metrics>,
     epoch: AtomicU64,
     unacked: AtomicUsize,
 }
@@ -125,6 +140,7 @@ impl MqttIngest {
         ingest: &IngestSettings,
         batcher: BatcherHandle,
         stats: Arc<MqttStats>,
+        metrics: Arc<Metrics>,
     ) -> Result<Self, MqttError> {
         let (host, port) = settings.host_port()?;
         let mut options = MqttOptions::new(settings.client_id.clone(), host, port);
@@ -144,6 +160,7 @@ impl MqttIngest {
             batcher,
             client,
             stats: stats.clone(),
+            metrics,
             epoch: AtomicU64::new(0),
             unacked: AtomicUsize::new(0),
         });
@@ -221,6 +238,7 @@ async fn event_loop(
                 let epoch = shared.epoch.fetch_add(1, Ordering::AcqRel) + 1;
                 shared.stats.connected.store(true, Ordering::Release);
                 shared.stats.connections.fetch_add(1, Ordering::Relaxed);
+                shared.metrics.mqtt_connections.inc();
                 info!(
                     session_present = ack.session_present,
                     epoch, "Connected to the MQTT broker."
@@ -342,10 +360,11 @@ async fn process(
         };
         let stored = match submit(&shared, &publish, &stop).await {
             Ok(stored) => stored,
-            Err(Submit::Unusable(Unusable(reason))) => {
+            Err(Submit::Unusable(u)) => {
                 shared.stats.unusable.fetch_add(1, Ordering::Relaxed);
-                drops.log(&publish.topic, &reason);
-                dead_letter(&shared, &publish, &reason).await;
+                shared.metrics.rejected(Source::Mqtt, u.kind, u.readings);
+                drops.log(&publish.topic, &u.reason);
+                dead_letter(&shared, &publish, &u.reason).await;
                 None
             }
             // Shutting down: leave this message (and the rest) to the broker.
@@ -382,11 +401,14 @@ async fn submit(
 ) -> Result<Option<oneshot::Receiver<FlushResult>>, Submit> {
     let settings = &shared.settings;
     if publish.payload.len() > settings.max_payload_bytes {
-        return Err(Submit::Unusable(Unusable(format!(
-            "payload of {} bytes is over mqtt.max_payload_bytes ({})",
-            publish.payload.len(),
-            settings.max_payload_bytes
-        ))));
+        return Err(Submit::Unusable(unusable(
+            Rejection::TooLarge,
+            format!(
+                "payload of {} bytes is over mqtt.max_payload_bytes ({})",
+                publish.payload.len(),
+                settings.max_payload_bytes
+            ),
+        )));
     }
     let implied = parse_topic(&settings.topic_prefix, &publish.topic).map_err(Submit::Unusable)?;
     let ctx = DecodeContext {
@@ -398,13 +420,23 @@ async fn submit(
         max_readings: shared.ingest.max_readings_per_request,
     };
     loop {
-        let readings = decode_payload(&publish.payload, implied, &ctx)
-            .map_err(|e| Submit::Unusable(Unusable(describe(&e))))?;
+        let readings = decode_payload(&publish.payload, implied, &ctx).map_err(|e| {
+            let (kind, readings) = e.rejection();
+            Submit::Unusable(Unusable {
+                reason: describe(&e),
+                kind,
+                readings,
+            })
+        })?;
         if readings.is_empty() {
             return Ok(None);
         }
+        let n = readings.len();
         match shared.batcher.submit(readings, true) {
-            Ok(stored) => return Ok(stored),
+            Ok(stored) => {
+                shared.metrics.received(Source::Mqtt, n);
+                return Ok(stored);
+            }
             Err(SubmitError::Closed) => return Err(Submit::Stopped),
             Err(SubmitError::Full(_)) => {
                 // Pause consuming: unacknowledged messages hold the broker's
@@ -475,6 +507,7 @@ async fn acknowledge(shared: Arc<Shared>, mut pending: mpsc::UnboundedReceiver<P
                     warn!(error = %e, "Could not queue an MQTT acknowledgement; the broker will deliver the message again.");
                 } else {
                     shared.stats.acked.fetch_add(1, Ordering::Relaxed);
+                    shared.metrics.mqtt_acks.inc();
                 }
             }
             // Not stored: no acknowledgement, so the broker delivers it again.

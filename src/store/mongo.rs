@@ -6,6 +6,8 @@ use mongodb::error::{Error as MongoError, ErrorKind};
 use mongodb::options::{ClientOptions, IndexOptions};
 use mongodb::{Client, Collection, Database, IndexModel};
 use secrecy::ExposeSecret;
+use std::time::Duration;
+use tracing::info;
 
 use super::document::{estimated_size, key_filter, read_bucket, start_date, update_pipeline};
 use super::{BucketRead, BucketStore, Fetch, Starts, StoreError, Values, WriteReport};
@@ -15,6 +17,9 @@ use crate::domain::{BucketUpdate, Granularity, field_name};
 /// The unique index on a bucket's identity. Its prefix `(sensor, metric)` plus
 /// the range on `start` also serves every query, so it is the only index.
 pub const BUCKET_INDEX: &str = "sensor_metric_start";
+
+/// The TTL index that implements `buckets.retention`.
+pub const RETENTION_INDEX: &str = "start_ttl";
 
 /// Statements per `update` command; the server takes up to 100 000.
 const MAX_STATEMENTS_PER_COMMAND: usize = 10_000;
@@ -90,8 +95,9 @@ impl MongoStore {
         })
     }
 
-    /// Creates the bucket index; a no-op when it exists already.
-    pub async fn ensure_indexes(&self) -> Result<(), StoreError> {
+    /// Creates the bucket index (a no-op when it exists) and brings the TTL
+    /// index in line with `retention`: created, changed in place, or dropped.
+    pub async fn ensure_indexes(&self, retention: Option<Duration>) -> Result<(), StoreError> {
         let index = IndexModel::builder()
             .keys(doc! { "sensor": 1, "metric": 1, "start": 1 })
             .options(
@@ -102,6 +108,60 @@ impl MongoStore {
             )
             .build();
         self.buckets.create_index(index).await.map_err(classify)?;
+        self.ensure_retention(retention).await
+    }
+
+    async fn ensure_retention(&self, retention: Option<Duration>) -> Result<(), StoreError> {
+        let mut current = None;
+        let mut cursor = self.buckets.list_indexes().await.map_err(classify)?;
+        while let Some(index) = cursor.try_next().await.map_err(classify)? {
+            let options = index.options.unwrap_or_default();
+            if options.name.as_deref() == Some(RETENTION_INDEX) {
+                current = Some(options.expire_after.unwrap_or_default());
+            }
+        }
+        let wanted = retention.map(|d| Duration::from_secs(d.as_secs()));
+        match (current, wanted) {
+            (None, None) => {}
+            (Some(_), None) => {
+                self.buckets
+                    .drop_index(RETENTION_INDEX)
+                    .await
+                    .map_err(classify)?;
+                info!("Retention is off: dropped the TTL index; buckets are kept.");
+            }
+            (Some(now), Some(want)) if now == want => {}
+            (Some(now), Some(want)) => {
+                self.db
+                    .run_command(doc! {
+                        "collMod": self.buckets.name(),
+                        "index": { "name": RETENTION_INDEX, "expireAfterSeconds": want.as_secs() as i64 },
+                    })
+                    .await
+                    .map_err(classify)?;
+                info!(
+                    from_s = now.as_secs(),
+                    to_s = want.as_secs(),
+                    "Changed bucket retention."
+                );
+            }
+            (None, Some(want)) => {
+                let index = IndexModel::builder()
+                    .keys(doc! { "start": 1 })
+                    .options(
+                        IndexOptions::builder()
+                            .name(RETENTION_INDEX.to_owned())
+                            .expire_after(want)
+                            .build(),
+                    )
+                    .build();
+                self.buckets.create_index(index).await.map_err(classify)?;
+                info!(
+                    retention_s = want.as_secs(),
+                    "Created the TTL index for bucket retention."
+                );
+            }
+        }
         Ok(())
     }
 

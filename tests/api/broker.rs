@@ -96,7 +96,8 @@ impl Broker {
         self.launch().await;
     }
 
-    fn terminate(&mut self) {
+    /// Stops the broker (SIGTERM) without starting it again.
+    pub fn terminate(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = Command::new("kill")
                 .arg("-TERM")

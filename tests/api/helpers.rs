@@ -296,3 +296,69 @@ pub fn settings_with(g: Granularity) -> Settings {
     s.buckets.granularity = g;
     s
 }
+
+/// The real binary, configured through the environment as an operator would:
+/// the settings' database and broker, port 0, JSON logs into `log`.
+pub fn spawn_binary(
+    settings: &Settings,
+    extra: &[(&str, &str)],
+    log: &std::path::Path,
+) -> std::process::Child {
+    use secrecy::ExposeSecret;
+    use std::process::{Command, Stdio};
+    let file = std::fs::File::create(log).expect("a log file");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hourglass"));
+    cmd.current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["--config", "config/default.toml"])
+        .env(
+            "HOURGLASS__MONGODB__URI",
+            settings.mongodb.uri.expose_secret(),
+        )
+        .env("HOURGLASS__MONGODB__DATABASE", &settings.mongodb.database)
+        .env("HOURGLASS__HTTP__LISTEN", "127.0.0.1:0")
+        .env(
+            "HOURGLASS__MQTT__ENABLED",
+            settings.mqtt.enabled.to_string(),
+        )
+        .env("HOURGLASS__MQTT__URL", &settings.mqtt.url)
+        .env("HOURGLASS__MQTT__CLIENT_ID", &settings.mqtt.client_id)
+        .env("HOURGLASS__MQTT__RECONNECT_MAX", "1s")
+        .env("HOURGLASS__LOG__FORMAT", "json")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(file.try_clone().expect("clone"))
+        .stderr(file);
+    for (key, value) in extra {
+        cmd.env(key, value);
+    }
+    cmd.spawn().expect("the hourglass binary starts")
+}
+
+/// The `http://host:port` a binary started with [`spawn_binary`] listens on.
+pub async fn binary_address(log: &std::path::Path) -> String {
+    let mut address = None;
+    eventually(
+        Duration::from_secs(60),
+        "the binary logs its address",
+        || {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            address = text
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .find_map(|v| v["address"].as_str().map(str::to_owned));
+            let found = address.is_some();
+            async move { found }
+        },
+    )
+    .await;
+    format!("http://{}", address.expect("found"))
+}
+
+/// Sends SIGTERM and waits for the process to exit.
+pub fn terminate(child: &mut std::process::Child) -> std::process::ExitStatus {
+    let _ = std::process::Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status();
+    child.wait().expect("the process exits")
+}

@@ -3,7 +3,9 @@
 
 mod broker;
 mod buckets;
+mod database;
 mod helpers;
 mod ingest;
 mod mqtt;
+mod operations;
 mod query;

@@ -1,5 +1,4 @@
 use std::collections::BTreeMap;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -318,32 +317,6 @@ async fn publish_stream(p: &mut Publisher, t: i64, range: std::ops::Range<i64>, 
     }
 }
 
-/// The real binary, configured through the environment like an operator would.
-fn spawn_binary(settings: &Settings, log: &std::path::Path) -> Child {
-    use secrecy::ExposeSecret;
-    let log = std::fs::File::create(log).expect("a log file");
-    Command::new(env!("CARGO_BIN_EXE_hourglass"))
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args(["--config", "config/default.toml"])
-        .env(
-            "HOURGLASS__MONGODB__URI",
-            settings.mongodb.uri.expose_secret(),
-        )
-        .env("HOURGLASS__MONGODB__DATABASE", &settings.mongodb.database)
-        .env("HOURGLASS__HTTP__LISTEN", "127.0.0.1:0")
-        .env("HOURGLASS__MQTT__URL", &settings.mqtt.url)
-        .env("HOURGLASS__MQTT__CLIENT_ID", &settings.mqtt.client_id)
-        .env("HOURGLASS__MQTT__RECONNECT_MAX", "1s")
-        .env("HOURGLASS__BATCHER__FLUSH_INTERVAL", "200ms")
-        .env("HOURGLASS__LOG__FORMAT", "json")
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().expect("clone"))
-        .stderr(log)
-        .spawn()
-        .expect("the hourglass binary starts")
-}
-
 #[tokio::test]
 async fn a_service_killed_mid_stream_loses_nothing_and_counts_nothing_twice() {
     let broker = Broker::start().await;
@@ -353,7 +326,8 @@ async fn a_service_killed_mid_stream_loses_nothing_and_counts_nothing_twice() {
     reader_settings.mqtt.enabled = false;
     let reader = spawn_app_with(reader_settings).await;
     let logs = tempfile::tempdir().expect("temp dir");
-    let mut first = spawn_binary(&settings, &logs.path().join("first.log"));
+    let extra = [("HOURGLASS__BATCHER__FLUSH_INTERVAL", "200ms")];
+    let mut first = spawn_binary(&settings, &extra, &logs.path().join("first.log"));
 
     let t = base_time();
     let mut model = Model::new();
@@ -377,13 +351,9 @@ async fn a_service_killed_mid_stream_loses_nothing_and_counts_nothing_twice() {
     first.wait().expect("reaped");
     publish_stream(&mut p, t, total / 2..total, &mut model).await;
     p.flushed().await;
-    let mut second = spawn_binary(&settings, &logs.path().join("second.log"));
+    let mut second = spawn_binary(&settings, &extra, &logs.path().join("second.log"));
     stored_equals(&reader, &model).await;
-    let _ = Command::new("kill")
-        .arg("-TERM")
-        .arg(second.id().to_string())
-        .status();
-    let status = second.wait().expect("exits");
+    let status = terminate(&mut second);
     assert!(status.success(), "a graceful stop exits 0: {status:?}");
     reader.stop().await.expect("clean stop");
 }

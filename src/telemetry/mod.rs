@@ -1,7 +1,8 @@
-//! Logging setup: `tracing` with JSON or human-readable output.
+//! Logging (`tracing`, JSON or human-readable) and Prometheus [`metrics`].
+
+pub mod metrics;
 
 use tracing_subscriber::EnvFilter;
-use tracing_subscriber::fmt::format::FmtSpan;
 
 use crate::config::{LogFormat, LogSettings};
 
@@ -10,9 +11,9 @@ use crate::config::{LogFormat, LogSettings};
 pub fn init(settings: &LogSettings) -> anyhow::Result<()> {
     let filter =
         EnvFilter::try_from_default_env().or_else(|_| EnvFilter::try_new(&settings.level))?;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_span_events(FmtSpan::CLOSE);
+    // Spans (one per HTTP request, one per flush) carry the fields; their
+    // events say what happened. Per-request and per-flush lines are DEBUG.
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
     match settings.format {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
         LogFormat::Pretty => builder.try_init(),

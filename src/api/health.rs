@@ -1,0 +1,128 @@
+//! `GET /health/live`, `GET /health/ready` and `GET /metrics`.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use serde::Serialize;
+
+use super::AppState;
+use crate::store::BucketStore;
+
+/// How long readiness waits for the storage server to answer a ping.
+pub const STORAGE_PING_TIMEOUT: Duration = Duration::from_secs(2);
+/// Above this share of `batcher.max_buffered_readings` the service is overloaded.
+pub const OVERLOAD_SHARE: f64 = 0.9;
+
+#[derive(Debug, Serialize)]
+pub struct Check {
+    pub ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl Check {
+    fn pass() -> Self {
+        Self {
+            ok: true,
+            reason: None,
+        }
+    }
+
+    fn fail(reason: impl Into<String>) -> Self {
+        Self {
+            ok: false,
+            reason: Some(reason.into()),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct Readiness {
+    pub ready: bool,
+    pub checks: Checks,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Checks {
+    pub storage: Check,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mqtt: Option<Check>,
+    pub capacity: Check,
+    pub running: Check,
+}
+
+pub async fn live() -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "live": true }))
+}
+
+pub async fn ready<S: BucketStore>(State(state): State<AppState<S>>) -> impl IntoResponse {
+    let storage = match tokio::time::timeout(STORAGE_PING_TIMEOUT, state.store.ping()).await {
+        Ok(Ok(())) => Check::pass(),
+        // The cause goes to the log, not to whoever asks.
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "Readiness: storage did not answer a ping.");
+            Check::fail("storage is unreachable")
+        }
+        Err(_) => Check::fail("storage did not answer in time"),
+    };
+    let mqtt = state.mqtt.as_ref().map(|stats| {
+        if !stats.connected.load(Ordering::Acquire) {
+            Check::fail("not connected to the broker")
+        } else if !stats.subscribed.load(Ordering::Acquire) {
+            Check::fail("connected, not yet subscribed")
+        } else {
+            Check::pass()
+        }
+    });
+    let limit = state.settings.batcher.max_buffered_readings;
+    let buffered = state.batcher.buffered();
+    let capacity = if (buffered as f64) < limit as f64 * OVERLOAD_SHARE {
+        Check::pass()
+    } else {
+        Check::fail(format!("holding {buffered} of at most {limit} readings"))
+    };
+    let running = if state.batcher.is_closed() {
+        Check::fail("shutting down")
+    } else {
+        Check::pass()
+    };
+    let ready = storage.ok && mqtt.as_ref().is_none_or(|c| c.ok) && capacity.ok && running.ok;
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        Json(Readiness {
+            ready,
+            checks: Checks {
+                storage,
+                mqtt,
+                capacity,
+                running,
+            },
+        }),
+    )
+}
+
+pub async fn metrics<S: BucketStore>(State(state): State<AppState<S>>) -> impl IntoResponse {
+    let m = &state.metrics;
+    m.pending_readings.set(state.batcher.buffered() as i64);
+    if let Some(stats) = &state.mqtt {
+        let up =
+            stats.connected.load(Ordering::Acquire) && stats.subscribed.load(Ordering::Acquire);
+        m.mqtt_connected.set(i64::from(up));
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        m.render(),
+    )
+}

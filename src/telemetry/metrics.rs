@@ -1,0 +1,276 @@
+//! Prometheus metrics: one [`Metrics`] per application, on its own registry
+//! (so several applications in one process, as in the tests, do not collide).
+//!
+//! Labels stay low-cardinality: sources, reasons, kinds, route patterns and
+//! status codes; never a sensor or a metric name.
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
+};
+
+/// Seconds: from a fast in-memory flush to a slow storage round trip.
+const DURATION_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+const READINGS_PER_FLUSH_BUCKETS: &[f64] = &[
+    1.0, 10.0, 100.0, 1_000.0, 5_000.0, 10_000.0, 20_000.0, 50_000.0, 100_000.0, 500_000.0,
+];
+
+/// Where readings come from.
+#[derive(Debug, Clone, Copy)]
+pub enum Source {
+    Http,
+    Mqtt,
+}
+
+impl Source {
+    fn label(self) -> &'static str {
+        match self {
+            Source::Http => "http",
+            Source::Mqtt => "mqtt",
+        }
+    }
+}
+
+/// Why input was refused.
+#[derive(Debug, Clone, Copy)]
+pub enum Rejection {
+    /// A reading broke a rule (name, value, time window, unknown field).
+    Invalid,
+    /// The body or payload is not usable JSON or number, or is empty.
+    Malformed,
+    /// Over a size or count limit.
+    TooLarge,
+    /// HTTP content type is not JSON.
+    ContentType,
+    /// An MQTT topic that does not name a sensor.
+    Topic,
+    /// At the memory bound.
+    Overloaded,
+    /// Shutting down.
+    ShuttingDown,
+}
+
+impl Rejection {
+    fn label(self) -> &'static str {
+        match self {
+            Rejection::Invalid => "invalid",
+            Rejection::Malformed => "malformed",
+            Rejection::TooLarge => "too_large",
+            Rejection::ContentType => "content_type",
+            Rejection::Topic => "topic",
+            Rejection::Overloaded => "overloaded",
+            Rejection::ShuttingDown => "shutting_down",
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Registry,
+    readings_received: IntCounterVec,
+    readings_rejected: IntCounterVec,
+    pub readings_stored: IntCounter,
+    pub readings_unstored: IntCounter,
+    pub bucket_updates: IntCounter,
+    pub write_round_trips: IntCounter,
+    pub flush_duration: Histogram,
+    pub flush_readings: Histogram,
+    pub pending_readings: IntGauge,
+    storage_errors: IntCounterVec,
+    pub storage_retries: IntCounter,
+    pub mqtt_connected: IntGauge,
+    pub mqtt_connections: IntCounter,
+    pub mqtt_acks: IntCounter,
+    pub http_requests: IntCounterVec,
+    pub http_duration: HistogramVec,
+    pub query_duration: HistogramVec,
+}
+
+fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
+    let c = IntCounter::new(name, help).unwrap_or_else(|e| panic!("metric {name}: {e}"));
+    registry
+        .register(Box::new(c.clone()))
+        .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+    c
+}
+
+fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels)
+        .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+    registry
+        .register(Box::new(c.clone()))
+        .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+    c
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
+    let g = IntGauge::new(name, help).unwrap_or_else(|e| panic!("metric {name}: {e}"));
+    registry
+        .register(Box::new(g.clone()))
+        .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+    g
+}
+
+fn histogram(registry: &Registry, name: &str, help: &str, buckets: &[f64]) -> Histogram {
+    let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))
+        .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+    registry
+        .register(Box::new(h.clone()))
+        .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+    h
+}
+
+fn histogram_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> HistogramVec {
+    let h = HistogramVec::new(
+        HistogramOpts::new(name, help).buckets(DURATION_BUCKETS.to_vec()),
+        labels,
+    )
+    .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+    registry
+        .register(Box::new(h.clone()))
+        .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+    h
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric. Names are constants, so a failure here is a bug
+    /// found at startup, not a runtime condition.
+    pub fn new() -> Self {
+        let r = Registry::new();
+        let m = Self {
+            readings_received: counter_vec(
+                &r,
+                "hourglass_readings_received_total",
+                "Readings accepted for storage, by source.",
+                &["source"],
+            ),
+            readings_rejected: counter_vec(
+                &r,
+                "hourglass_readings_rejected_total",
+                "Readings refused, by source and reason (a body or message that cannot be parsed counts once).",
+                &["source", "reason"],
+            ),
+            readings_stored: counter(
+                &r,
+                "hourglass_readings_stored_total",
+                "Readings written to storage.",
+            ),
+            readings_unstored: counter(
+                &r,
+                "hourglass_readings_unstored_total",
+                "Accepted readings that could not be stored (refused by storage, or left at the shutdown deadline).",
+            ),
+            bucket_updates: counter(
+                &r,
+                "hourglass_bucket_updates_total",
+                "Bucket updates applied to storage (one per bucket per flush).",
+            ),
+            write_round_trips: counter(
+                &r,
+                "hourglass_write_round_trips_total",
+                "Write commands sent to storage.",
+            ),
+            flush_duration: histogram(
+                &r,
+                "hourglass_flush_duration_seconds",
+                "Time to store one batch, retries included.",
+                DURATION_BUCKETS,
+            ),
+            flush_readings: histogram(
+                &r,
+                "hourglass_flush_readings",
+                "Readings per stored batch.",
+                READINGS_PER_FLUSH_BUCKETS,
+            ),
+            pending_readings: gauge(
+                &r,
+                "hourglass_pending_readings",
+                "Values held in memory: waiting for a flush or being written.",
+            ),
+            storage_errors: counter_vec(
+                &r,
+                "hourglass_storage_errors_total",
+                "Failed storage operations, by kind (unavailable: retried; rejected, unreadable: not).",
+                &["kind"],
+            ),
+            storage_retries: counter(
+                &r,
+                "hourglass_storage_retries_total",
+                "Batch writes retried after a transient error.",
+            ),
+            mqtt_connected: gauge(
+                &r,
+                "hourglass_mqtt_connected",
+                "1 while connected to the MQTT broker and subscribed.",
+            ),
+            mqtt_connections: counter(
+                &r,
+                "hourglass_mqtt_connections_total",
+                "Successful MQTT connections; more than one means reconnects.",
+            ),
+            mqtt_acks: counter(
+                &r,
+                "hourglass_mqtt_acks_total",
+                "MQTT messages acknowledged after their readings were stored (or found unusable).",
+            ),
+            http_requests: counter_vec(
+                &r,
+                "hourglass_http_requests_total",
+                "HTTP requests, by route pattern, method and status.",
+                &["route", "method", "status"],
+            ),
+            http_duration: histogram_vec(
+                &r,
+                "hourglass_http_request_duration_seconds",
+                "HTTP request latency, by route pattern and method.",
+                &["route", "method"],
+            ),
+            query_duration: histogram_vec(
+                &r,
+                "hourglass_query_duration_seconds",
+                "Query latency, by endpoint (average, series).",
+                &["endpoint"],
+            ),
+            registry: r,
+        };
+        for source in [Source::Http, Source::Mqtt] {
+            m.readings_received.with_label_values(&[source.label()]);
+        }
+        for kind in ["unavailable", "rejected", "unreadable"] {
+            m.storage_errors.with_label_values(&[kind]);
+        }
+        m
+    }
+
+    pub fn received(&self, source: Source, readings: usize) {
+        self.readings_received
+            .with_label_values(&[source.label()])
+            .inc_by(readings as u64);
+    }
+
+    pub fn rejected(&self, source: Source, reason: Rejection, readings: usize) {
+        self.readings_rejected
+            .with_label_values(&[source.label(), reason.label()])
+            .inc_by(readings.max(1) as u64);
+    }
+
+    pub fn storage_error(&self, kind: &'static str) {
+        self.storage_errors.with_label_values(&[kind]).inc();
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        // Encoding into a Vec cannot fail for the text format.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        String::from_utf8(out).unwrap_or_default()
+    }
+}

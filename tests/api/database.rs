@@ -1,0 +1,94 @@
+//! A private SecantusDB for tests that stop and restart the storage server.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crate::helpers::eventually;
+
+fn secantusd() -> String {
+    std::env::var("SECANTUSD").unwrap_or_else(|_| {
+        let local = concat!(env!("CARGO_MANIFEST_DIR"), "/.venv/bin/secantusd-py");
+        assert!(
+            std::path::Path::new(local).exists(),
+            "SECANTUSD is not set and {local} is missing; `make test` installs it"
+        );
+        local.to_owned()
+    })
+}
+
+pub struct Database {
+    pub port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl Database {
+    pub async fn start() -> Database {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let mut db = Database {
+            port,
+            dir: tempfile::tempdir().expect("a temp dir"),
+            child: None,
+        };
+        db.launch().await;
+        db
+    }
+
+    pub fn uri(&self) -> String {
+        format!(
+            "mongodb://127.0.0.1:{}/?directConnection=true&serverSelectionTimeoutMS=1000",
+            self.port
+        )
+    }
+
+    async fn launch(&mut self) {
+        let child = Command::new(secantusd())
+            .args([
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &self.port.to_string(),
+                "--log-level",
+                "ERROR",
+            ])
+            .arg("--storage-path")
+            .arg(self.dir.path().join("data"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("secantusd-py starts");
+        self.child = Some(child);
+        let port = self.port;
+        eventually(
+            Duration::from_secs(60),
+            "the database listens",
+            || async move {
+                tokio::net::TcpStream::connect(("127.0.0.1", port))
+                    .await
+                    .is_ok()
+            },
+        )
+        .await;
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub async fn restart(&mut self) {
+        self.stop();
+        self.launch().await;
+    }
+}
+
+impl Drop for Database {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
