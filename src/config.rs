@@ -391,20 +391,28 @@ impl Default for ShutdownSettings {
 impl Settings {
     /// Defaults, then `file` if given, then the environment; validated.
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
-        let mut figment = Figment::from(Serialized::defaults(Settings::default()));
-        if let Some(file) = file {
-            if !file.exists() {
-                return Err(invalid(
-                    "--config",
-                    format!("{} does not exist", file.display()),
-                ));
-            }
-            figment = figment.merge(Toml::file(file));
+        Self::extract(Self::base(file)?.merge(Env::prefixed(ENV_PREFIX).split("__")))
+    }
+
+    /// Defaults and `file` alone, ignoring the environment: what the file says.
+    pub fn load_file(file: &Path) -> Result<Self, ConfigError> {
+        Self::extract(Self::base(Some(file))?)
+    }
+
+    fn base(file: Option<&Path>) -> Result<Figment, ConfigError> {
+        let figment = Figment::from(Serialized::defaults(Settings::default()));
+        match file {
+            Some(file) if !file.exists() => Err(invalid(
+                "--config",
+                format!("{} does not exist", file.display()),
+            )),
+            Some(file) => Ok(figment.merge(Toml::file(file))),
+            None => Ok(figment),
         }
-        let settings: Settings = figment
-            .merge(Env::prefixed(ENV_PREFIX).split("__"))
-            .extract()
-            .map_err(Box::new)?;
+    }
+
+    fn extract(figment: Figment) -> Result<Self, ConfigError> {
+        let settings: Settings = figment.extract().map_err(Box::new)?;
         settings.validate()?;
         Ok(settings)
     }

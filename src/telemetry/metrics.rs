@@ -53,6 +53,16 @@ pub enum Rejection {
 }
 
 impl Rejection {
+    const ALL: [Rejection; 7] = [
+        Rejection::Invalid,
+        Rejection::Malformed,
+        Rejection::TooLarge,
+        Rejection::ContentType,
+        Rejection::Topic,
+        Rejection::Overloaded,
+        Rejection::ShuttingDown,
+    ];
+
     fn label(self) -> &'static str {
         match self {
             Rejection::Invalid => "invalid",
@@ -241,8 +251,14 @@ impl Metrics {
             ),
             registry: r,
         };
+        // Every (source, reason) series exists from the start, at zero, so
+        // dashboards and alerts see 0 rather than nothing.
         for source in [Source::Http, Source::Mqtt] {
             m.readings_received.with_label_values(&[source.label()]);
+            for reason in Rejection::ALL {
+                m.readings_rejected
+                    .with_label_values(&[source.label(), reason.label()]);
+            }
         }
         for kind in ["unavailable", "rejected", "unreadable"] {
             m.storage_errors.with_label_values(&[kind]);

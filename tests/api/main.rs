@@ -4,6 +4,7 @@
 mod broker;
 mod buckets;
 mod database;
+mod deployment;
 mod helpers;
 mod ingest;
 mod mqtt;

@@ -1,0 +1,21 @@
+# Multi-stage build: compile with the full toolchain, run on a slim base as a
+# non-root user. Build context: the repository root (see .dockerignore).
+FROM rust:1-bookworm AS build
+WORKDIR /src
+COPY Cargo.toml Cargo.lock ./
+COPY src ./src
+COPY tests ./tests
+COPY config ./config
+RUN cargo build --release --locked --bin hourglass
+
+FROM debian:bookworm-slim
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates \
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin hourglass
+COPY --from=build /src/target/release/hourglass /usr/local/bin/hourglass
+COPY config/docker.toml /etc/hourglass/hourglass.toml
+USER hourglass
+EXPOSE 8080
+ENTRYPOINT ["/usr/local/bin/hourglass"]
+CMD ["--config", "/etc/hourglass/hourglass.toml"]

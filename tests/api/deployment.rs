@@ -1,0 +1,309 @@
+//! What can be checked of the Docker stack without a Docker engine: the files
+//! parse, name only files that exist, agree with config/docker.toml, and the
+//! dashboard queries only metrics the service exports.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use hourglass::config::Settings;
+use secrecy::ExposeSecret;
+use serde_json::Value as Json;
+use serde_norway::Value as Yaml;
+
+use crate::helpers::*;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn yaml(path: &str) -> Yaml {
+    let text = std::fs::read_to_string(root().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
+    serde_norway::from_str(&text).unwrap_or_else(|e| panic!("{path} does not parse: {e}"))
+}
+
+fn compose() -> Yaml {
+    yaml("docker-compose.yml")
+}
+
+fn service<'a>(compose: &'a Yaml, name: &str) -> &'a Yaml {
+    compose["services"]
+        .get(name)
+        .unwrap_or_else(|| panic!("no service {name}"))
+}
+
+fn docker_settings() -> Settings {
+    Settings::load_file(&root().join("config/docker.toml")).expect("config/docker.toml is valid")
+}
+
+/// `(host, port)` of a `scheme://host:port/...` URL.
+fn host_port(url: &str) -> (String, u16) {
+    let rest = url.split("://").nth(1).expect("a scheme");
+    let authority = rest.split(['/', '?']).next().expect("an authority");
+    let (host, port) = authority.rsplit_once(':').expect("a port");
+    (host.to_owned(), port.parse().expect("a numeric port"))
+}
+
+#[test]
+fn every_file_the_compose_stack_mounts_exists() {
+    let compose = compose();
+    let services = compose["services"].as_mapping().expect("services");
+    for expected in ["mongo", "mosquitto", "hourglass", "prometheus", "grafana"] {
+        assert!(services.contains_key(expected), "service {expected}");
+    }
+    let mut mounted = 0;
+    for (name, svc) in services {
+        for volume in svc["volumes"].as_sequence().into_iter().flatten() {
+            let spec = volume.as_str().expect("short volume syntax");
+            let source = spec.split(':').next().expect("a source");
+            if source.starts_with("./") {
+                assert!(
+                    root().join(source).exists(),
+                    "{name:?} mounts {source}, which is missing"
+                );
+                mounted += 1;
+            }
+        }
+    }
+    assert!(
+        mounted >= 6,
+        "the stack mounts the project's configuration files"
+    );
+    assert!(root().join("Dockerfile").exists());
+    assert_eq!(service(&compose, "hourglass")["build"].as_str(), Some("."));
+}
+
+#[test]
+fn the_hourglass_service_agrees_with_its_configuration() {
+    let compose = compose();
+    let hg = service(&compose, "hourglass");
+    let settings = docker_settings();
+    // The container listens where the port mapping points.
+    let ports: Vec<&str> = hg["ports"]
+        .as_sequence()
+        .expect("ports")
+        .iter()
+        .filter_map(Yaml::as_str)
+        .collect();
+    let container_port = settings.http.listen.port();
+    assert!(
+        ports
+            .iter()
+            .any(|p| p.ends_with(&format!(":{container_port}"))),
+        "{ports:?} vs {container_port}"
+    );
+    assert!(
+        settings.http.listen.ip().is_unspecified(),
+        "reachable from other containers"
+    );
+    // The config it mounts is the one checked here.
+    let volumes: Vec<&str> = hg["volumes"]
+        .as_sequence()
+        .expect("volumes")
+        .iter()
+        .filter_map(Yaml::as_str)
+        .collect();
+    assert!(
+        volumes
+            .iter()
+            .any(|v| v.starts_with("./config/docker.toml:")),
+        "{volumes:?}"
+    );
+    // Storage and broker are services of the stack, on their own ports.
+    let (db_host, db_port) = host_port(settings.mongodb.uri.expose_secret());
+    assert_eq!((db_host.as_str(), db_port), ("mongo", 27017));
+    assert!(
+        service(&compose, &db_host)["healthcheck"].is_mapping(),
+        "MongoDB has a healthcheck"
+    );
+    assert!(
+        service(&compose, &db_host)["volumes"]
+            .as_sequence()
+            .is_some_and(|v| !v.is_empty()),
+        "a data volume"
+    );
+    let (mq_host, mq_port) = host_port(&settings.mqtt.url);
+    assert_eq!(mq_host, "mosquitto");
+    let broker = service(&compose, &mq_host);
+    assert!(
+        broker["command"]
+            .as_sequence()
+            .expect("command")
+            .iter()
+            .any(|c| c
+                .as_str()
+                .is_some_and(|s| s.contains(&format!("listener {mq_port} ")))),
+        "the broker listens on the port hourglass dials"
+    );
+    assert_eq!(settings.log.format, hourglass::config::LogFormat::Json);
+    // Prometheus scrapes that address.
+    let prom = yaml("config/prometheus.yml");
+    let targets: Vec<&str> = prom["scrape_configs"][0]["static_configs"][0]["targets"]
+        .as_sequence()
+        .expect("targets")
+        .iter()
+        .filter_map(Yaml::as_str)
+        .collect();
+    assert_eq!(targets, vec![format!("hourglass:{container_port}")]);
+    assert_eq!(
+        prom["scrape_configs"][0]["metrics_path"].as_str(),
+        Some("/metrics")
+    );
+}
+
+#[test]
+fn the_sharded_profile_shards_on_the_documented_key() {
+    let compose = compose();
+    for name in [
+        "configsvr",
+        "shard1",
+        "shard2",
+        "mongos",
+        "sharding-init",
+        "hourglass-sharded",
+    ] {
+        let profiles = service(&compose, name)["profiles"]
+            .as_sequence()
+            .expect("profiles");
+        assert!(
+            profiles.iter().any(|p| p.as_str() == Some("sharded")),
+            "{name}"
+        );
+    }
+    let script =
+        std::fs::read_to_string(root().join("config/mongo/init-sharding.js")).expect("script");
+    assert!(
+        script.contains(
+            r#"sh.shardCollection("hourglass.buckets", { sensor: 1, metric: 1, start: 1 }"#
+        )
+    );
+    let readme = std::fs::read_to_string(root().join("README.md")).expect("README");
+    assert!(
+        readme.contains("{ sensor: 1, metric: 1, start: 1 }"),
+        "the README documents the shard key"
+    );
+}
+
+/// Metric names in PromQL expressions: `hourglass_…` identifiers.
+fn metric_names(expr: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut rest = expr;
+    while let Some(i) = rest.find("hourglass_") {
+        let tail = &rest[i..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        names.insert(tail[..end].to_owned());
+        rest = &tail[end..];
+    }
+    names
+}
+
+#[tokio::test]
+async fn the_dashboard_queries_only_metrics_the_service_exports() {
+    let path = root().join("config/grafana/dashboards/hourglass.json");
+    let dash: Json = serde_json::from_str(&std::fs::read_to_string(&path).expect("dashboard"))
+        .expect("valid JSON");
+    let datasources = yaml("config/grafana/provisioning/datasources/prometheus.yml");
+    let uid = datasources["datasources"][0]["uid"]
+        .as_str()
+        .expect("a datasource uid");
+    assert_eq!(
+        datasources["datasources"][0]["url"].as_str(),
+        Some("http://prometheus:9090")
+    );
+    let provider = yaml("config/grafana/provisioning/dashboards/hourglass.yml");
+    assert_eq!(
+        provider["providers"][0]["options"]["path"].as_str(),
+        Some("/var/lib/grafana/dashboards")
+    );
+
+    let mut wanted = BTreeSet::new();
+    let mut titles = Vec::new();
+    for panel in dash["panels"].as_array().expect("panels") {
+        titles.push(panel["title"].as_str().expect("title").to_lowercase());
+        assert_eq!(
+            panel["datasource"]["uid"].as_str(),
+            Some(uid),
+            "panel {}",
+            panel["title"]
+        );
+        for target in panel["targets"].as_array().expect("targets") {
+            wanted.extend(metric_names(target["expr"].as_str().expect("expr")));
+        }
+    }
+    for topic in [
+        "ingest rate",
+        "reject",
+        "flush latency",
+        "pending",
+        "storage errors",
+        "mqtt",
+    ] {
+        assert!(
+            titles.iter().any(|t| t.contains(topic)),
+            "a panel for {topic}: {titles:?}"
+        );
+    }
+
+    // Traffic first: labelled series appear once they have been observed.
+    let app = spawn_app().await;
+    let t = base_time();
+    assert_eq!(
+        app.post_readings(&reading("dash", "m", t, 1.0))
+            .await
+            .status(),
+        200
+    );
+    let range = format!("from={}&to={}", rfc3339(t), rfc3339(t + 600));
+    app.get_json(&format!("/api/v1/sensors/dash/average?metric=m&{range}"))
+        .await;
+    app.get_json(&format!(
+        "/api/v1/sensors/dash/series?metric=m&{range}&step=5m"
+    ))
+    .await;
+    app.get("/metrics").await;
+    let text = app.get("/metrics").await.text().await.expect("metrics");
+    let exported: BTreeSet<String> = text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| l.split(['{', ' ']).next().expect("a name").to_owned())
+        .collect();
+    let declared: BTreeSet<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split(' ').next())
+        .map(str::to_owned)
+        .collect();
+    for name in &wanted {
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix))
+            .unwrap_or(name);
+        assert!(
+            exported.contains(name) || declared.contains(family),
+            "the dashboard queries {name}, which /metrics does not export"
+        );
+    }
+    assert!(wanted.len() >= 10, "{wanted:?}");
+    app.stop().await.expect("clean stop");
+}
+
+#[test]
+fn the_dockerfile_builds_in_stages_and_runs_as_a_non_root_user() {
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Dockerfile"))
+        .expect("Dockerfile");
+    assert!(
+        text.matches("\nFROM ").count() + usize::from(text.starts_with("FROM ")) >= 2,
+        "multi-stage"
+    );
+    assert!(
+        text.contains("COPY --from=build"),
+        "copies only the binary out of the build stage"
+    );
+    let user = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("USER "))
+        .next_back()
+        .expect("a USER line");
+    assert_ne!(user.trim(), "root");
+}
