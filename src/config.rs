@@ -10,6 +10,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use secrecy::SecretString;
 use serde::{Deserialize, Serialize};
 
+use crate::auth::AuthSettings;
 use crate::domain::Granularity;
 
 pub const ENV_PREFIX: &str = "HOURGLASS__";
@@ -23,6 +24,8 @@ pub const DEFAULT_MAX_READINGS_PER_REQUEST: usize = 50_000;
 pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_secs(1);
 pub const DEFAULT_MAX_PENDING_READINGS: usize = 20_000;
 pub const DEFAULT_MAX_BUFFERED_READINGS: usize = 500_000;
+pub const DEFAULT_MAX_BUCKETS: usize = 100_000;
+pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 256;
 pub const DEFAULT_DATABASE: &str = "hourglass";
 pub const DEFAULT_COLLECTION: &str = "buckets";
 pub const DEFAULT_SERVER_SELECTION_TIMEOUT: Duration = Duration::from_secs(5);
@@ -62,6 +65,7 @@ pub struct Settings {
     pub mongodb: MongoSettings,
     pub query: QuerySettings,
     pub mqtt: MqttSettings,
+    pub auth: AuthSettings,
     pub log: LogSettings,
     pub shutdown: ShutdownSettings,
 }
@@ -75,6 +79,8 @@ pub struct HttpSettings {
     /// How long a synchronous write waits for its flush before answering 503.
     #[serde(with = "humantime_serde")]
     pub write_timeout: Duration,
+    /// Requests served at once; more get 503 straight away.
+    pub max_concurrent_requests: usize,
 }
 
 impl Default for HttpSettings {
@@ -83,6 +89,7 @@ impl Default for HttpSettings {
             listen: DEFAULT_LISTEN.parse().unwrap_or_else(|_| unreachable!()),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             write_timeout: DEFAULT_WRITE_TIMEOUT,
+            max_concurrent_requests: DEFAULT_MAX_CONCURRENT_REQUESTS,
         }
     }
 }
@@ -114,6 +121,8 @@ pub struct BatcherSettings {
     pub flush_interval: Duration,
     pub max_pending_readings: usize,
     pub max_buffered_readings: usize,
+    /// Distinct buckets (sensor, metric, minute or hour) held at once.
+    pub max_buckets: usize,
 }
 
 impl Default for BatcherSettings {
@@ -122,6 +131,7 @@ impl Default for BatcherSettings {
             flush_interval: DEFAULT_FLUSH_INTERVAL,
             max_pending_readings: DEFAULT_MAX_PENDING_READINGS,
             max_buffered_readings: DEFAULT_MAX_BUFFERED_READINGS,
+            max_buckets: DEFAULT_MAX_BUCKETS,
         }
     }
 }
@@ -500,6 +510,9 @@ impl Settings {
             ));
         }
         self.mqtt.validate()?;
+        self.auth
+            .validate()
+            .map_err(|e| invalid("auth", e.to_string()))?;
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             return Err(invalid("log.level", e.to_string()));
         }

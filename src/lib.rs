@@ -9,11 +9,13 @@
 //! overwrites and late readings. The [`api`] answers averages and series,
 //! planned by [`query`] so that only edge buckets are read value by value.
 //!
+//! - [`auth`]: bearer tokens, scopes and per-device sensor patterns.
 //! - [`config`]: the typed settings tree (TOML + `HOURGLASS__SECTION__KEY`).
 //! - [`startup`]: [`startup::Application`] wires it all and serves.
 //! - [`telemetry`]: logging. [`shutdown`]: the stop signal.
 
 pub mod api;
+pub mod auth;
 pub mod batcher;
 pub mod config;
 pub mod domain;

@@ -1,7 +1,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use hourglass::config::Settings;
 use hourglass::startup::Application;
 use hourglass::{shutdown, telemetry};
@@ -13,11 +13,31 @@ struct Args {
     /// The configuration file (TOML). HOURGLASS__SECTION__KEY variables override it.
     #[arg(long, default_value = "config/default.toml")]
     config: PathBuf,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Prints the SHA-256 of a token read from standard input, for auth.tokens[].sha256.
+    HashToken,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(Command::HashToken) = args.command {
+        // From stdin, not argv: arguments show in `ps` and shell history.
+        let mut token = String::new();
+        std::io::stdin()
+            .read_line(&mut token)
+            .context("reading the token from standard input")?;
+        println!(
+            "{}",
+            hourglass::auth::hash_token(token.trim_end_matches(['\r', '\n']))
+        );
+        return Ok(());
+    }
     let settings = Settings::load(Some(&args.config))?;
     telemetry::init(&settings.log).context("installing the log subscriber")?;
     let app = Application::build(settings).await?;

@@ -9,9 +9,10 @@ use std::sync::Arc;
 use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use crate::api::{self, AppState};
+use crate::auth::Authenticator;
 use crate::batcher::BatcherLimits;
 use crate::batcher::driver::{self, BatcherHandle, Driver};
 use crate::config::Settings;
@@ -28,6 +29,7 @@ pub struct Application {
     store: Arc<MongoStore>,
     mqtt_stats: Option<Arc<MqttStats>>,
     metrics: Arc<Metrics>,
+    auth: Arc<Authenticator>,
 }
 
 impl Application {
@@ -44,7 +46,14 @@ impl Application {
             flush_interval: settings.batcher.flush_interval,
             max_pending_readings: settings.batcher.max_pending_readings,
             max_buffered_readings: settings.batcher.max_buffered_readings,
+            max_buckets: settings.batcher.max_buckets,
         };
+        let auth = Arc::new(settings.auth.build().context("reading the auth settings")?);
+        if !auth.enabled() {
+            warn!(
+                "AUTHENTICATION IS OFF: anyone who can reach the port can write and read. Set auth.enabled = true with auth.tokens for anything but local development."
+            );
+        }
         let metrics = Arc::new(Metrics::new());
         let (batcher, driver) = driver::new(
             settings.buckets.granularity,
@@ -69,6 +78,7 @@ impl Application {
             store,
             mqtt_stats,
             metrics,
+            auth,
         })
     }
 
@@ -100,6 +110,7 @@ impl Application {
             store,
             mqtt_stats,
             metrics,
+            auth,
         } = self;
         let stop = CancellationToken::new();
         let abort = CancellationToken::new();
@@ -126,6 +137,7 @@ impl Application {
             settings: settings.clone(),
             metrics,
             mqtt: mqtt_stats,
+            auth,
         };
         let app = api::router(state);
         info!(%address, granularity = ?settings.buckets.granularity, "Hourglass is listening.");

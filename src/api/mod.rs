@@ -15,10 +15,12 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Serialize;
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tower_http::trace::TraceLayer;
 use tracing::Span;
 
+use crate::auth::{Authenticator, Require, Scope, authorize};
 use crate::batcher::driver::BatcherHandle;
 use crate::config::Settings;
 use crate::ingest;
@@ -35,6 +37,7 @@ pub struct AppState<S> {
     pub metrics: Arc<Metrics>,
     /// Present when MQTT is enabled.
     pub mqtt: Option<Arc<MqttStats>>,
+    pub auth: Arc<Authenticator>,
 }
 
 impl<S> Clone for AppState<S> {
@@ -45,6 +48,7 @@ impl<S> Clone for AppState<S> {
             settings: self.settings.clone(),
             metrics: self.metrics.clone(),
             mqtt: self.mqtt.clone(),
+            auth: self.auth.clone(),
         }
     }
 }
@@ -69,19 +73,54 @@ pub fn router<S: BucketStore>(state: AppState<S>) -> Router {
             span.record("duration_ms", latency.as_secs_f64() * 1000.0);
             tracing::debug!("Answered an HTTP request.");
         });
-    Router::new()
+    let require = |scope| {
+        middleware::from_fn_with_state(
+            Require {
+                auth: state.auth.clone(),
+                scope,
+            },
+            authorize,
+        )
+    };
+    let ingest = Router::new()
         .route("/api/v1/readings", post(ingest::http::post_readings::<S>))
+        .route_layer(require(Scope::Ingest));
+    let queries = Router::new()
         .route("/api/v1/sensors/{sensor}/average", get(query::average::<S>))
         .route("/api/v1/sensors/{sensor}/series", get(query::series::<S>))
+        .route_layer(require(Scope::Query));
+    // Health and metrics stay open: probes and scrapers carry no tokens.
+    Router::new()
+        .merge(ingest)
+        .merge(queries)
         .route("/health/live", get(health::live))
         .route("/health/ready", get(health::ready::<S>))
         .route("/metrics", get(health::metrics::<S>))
         .layer(axum::extract::DefaultBodyLimit::max(
             state.settings.http.max_body_bytes,
         ))
+        .route_layer(middleware::from_fn_with_state(
+            Arc::new(Semaphore::new(state.settings.http.max_concurrent_requests)),
+            limit_concurrency,
+        ))
         .route_layer(middleware::from_fn_with_state(state.metrics.clone(), track))
         .layer(trace)
         .with_state(state)
+}
+
+/// Answers 503 at once when `http.max_concurrent_requests` are in progress,
+/// rather than queueing without bound.
+async fn limit_concurrency(
+    State(permits): State<Arc<Semaphore>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    match permits.try_acquire_owned() {
+        Ok(_permit) => next.run(req).await,
+        Err(_) => {
+            ApiError::unavailable("too many requests in progress; retry later").into_response()
+        }
+    }
 }
 
 /// Counts requests and their latency by route pattern: never the raw path,

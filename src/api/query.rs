@@ -2,7 +2,7 @@
 
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Extension, Path, Query, State};
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
@@ -10,6 +10,7 @@ use time::format_description::well_known::Rfc3339;
 use tracing::error;
 
 use super::{ApiError, AppState};
+use crate::auth::Principal;
 use crate::domain::{Agg, MetricName, SensorId};
 use crate::query::{Grid, Plan};
 use crate::store::{BucketRead, BucketStore, Fetch, StoreError};
@@ -186,9 +187,11 @@ fn rejected(e: QueryRejection) -> ApiError {
 
 pub async fn average<S: BucketStore>(
     State(state): State<AppState<S>>,
+    Extension(principal): Extension<Principal>,
     Path(sensor): Path<String>,
     params: Result<Query<RangeParams>, QueryRejection>,
 ) -> Result<Json<AverageResponse>, ApiError> {
+    principal.check_sensors(std::iter::once(sensor.as_str()))?;
     let _timer = state
         .metrics
         .query_duration
@@ -223,9 +226,11 @@ pub async fn average<S: BucketStore>(
 
 pub async fn series<S: BucketStore>(
     State(state): State<AppState<S>>,
+    Extension(principal): Extension<Principal>,
     Path(sensor): Path<String>,
     params: Result<Query<RangeParams>, QueryRejection>,
 ) -> Result<Json<SeriesResponse>, ApiError> {
+    principal.check_sensors(std::iter::once(sensor.as_str()))?;
     let _timer = state
         .metrics
         .query_duration

@@ -74,9 +74,7 @@ impl BatcherHandle {
         } else {
             (None, None)
         };
-        let offered = self
-            .core()
-            .offer(readings.into_iter(), tx, Instant::now())?;
+        let offered = self.core().offer(readings, tx, Instant::now())?;
         if offered.wake_driver {
             self.shared.wake.notify_one();
         }
@@ -195,7 +193,7 @@ impl<S: BucketStore> Driver<S> {
             .write_with_retries(&batch, abort)
             .instrument(span)
             .await;
-        lock(&self.shared).complete(batch.values);
+        lock(&self.shared).complete(batch.values, batch.updates.len());
         for waiter in batch.waiters {
             // A writer that gave up waiting dropped its receiver: nothing to tell.
             let _ = waiter.send(outcome);
@@ -325,6 +323,7 @@ mod tests {
         flush_interval: Duration::from_secs(1),
         max_pending_readings: 100,
         max_buffered_readings: 1000,
+        max_buckets: 1000,
     };
 
     fn readings(n: i64) -> Vec<Reading<'static>> {

@@ -23,13 +23,18 @@ pub struct BatcherLimits {
     pub max_pending_readings: usize,
     /// Pending plus in-flight values never exceed this; beyond it input is refused.
     pub max_buffered_readings: usize,
+    /// Distinct buckets pending plus in flight never exceed this: a flood of
+    /// new sensor ids is refused instead of becoming a flood of documents.
+    pub max_buckets: usize,
 }
 
-/// The batcher is at its memory bound: the caller must refuse the input.
+/// The batcher is at a bound: the caller must refuse the input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("the batcher holds {buffered} readings and takes at most {limit}")]
+#[error("the batcher holds {held} {what} and takes at most {limit}")]
 pub struct Full {
-    pub buffered: usize,
+    /// `"readings"` or `"buckets"`.
+    pub what: &'static str,
+    pub held: usize,
     pub limit: usize,
 }
 
@@ -65,6 +70,7 @@ pub struct Batcher<W> {
     pending_values: usize,
     pending_readings: usize,
     in_flight_values: usize,
+    in_flight_buckets: usize,
     waiters: Vec<W>,
     /// When the first reading of the open batch arrived.
     opened_at: Option<Instant>,
@@ -81,6 +87,7 @@ impl<W> Batcher<W> {
             pending_values: 0,
             pending_readings: 0,
             in_flight_values: 0,
+            in_flight_buckets: 0,
             waiters: Vec::new(),
             opened_at: None,
             hurried: false,
@@ -96,14 +103,19 @@ impl<W> Batcher<W> {
         self.pending_values
     }
 
+    /// Buckets held: pending and in flight.
+    pub fn buckets(&self) -> usize {
+        self.pending.len() + self.in_flight_buckets
+    }
+
     /// Adds all of `readings` or none of them.
     ///
-    /// Refuses when the readings might not fit under the memory bound; the check
-    /// counts every reading as a new value, so the bound holds even when none of
-    /// them overwrite.
-    pub fn offer<'a>(
+    /// Refuses when the readings might not fit under the memory bound (the
+    /// check counts every reading as a new value, so the bound holds even when
+    /// none of them overwrite) or would open more buckets than allowed.
+    pub fn offer(
         &mut self,
-        readings: impl ExactSizeIterator<Item = Reading<'a>>,
+        readings: Vec<Reading<'_>>,
         waiter: Option<W>,
         now: Instant,
     ) -> Result<Offered, Full> {
@@ -111,10 +123,12 @@ impl<W> Batcher<W> {
         let limit = self.limits.max_buffered_readings;
         if self.buffered().saturating_add(n) > limit {
             return Err(Full {
-                buffered: self.buffered(),
+                what: "readings",
+                held: self.buffered(),
                 limit,
             });
         }
+        self.check_buckets(&readings)?;
         let was_empty = self.opened_at.is_none();
         if n > 0 && was_empty {
             self.opened_at = Some(now);
@@ -130,6 +144,38 @@ impl<W> Batcher<W> {
         Ok(Offered {
             wake_driver: (was_empty && n > 0) || full,
         })
+    }
+
+    fn key<'r>(&self, r: &'r Reading<'_>) -> BucketKeyRef<'r> {
+        BucketKeyRef {
+            sensor: r.sensor.as_str(),
+            metric: r.metric.as_str(),
+            start: self.granularity.bucket_start(r.ts),
+        }
+    }
+
+    fn check_buckets(&self, readings: &[Reading<'_>]) -> Result<(), Full> {
+        let limit = self.limits.max_buckets;
+        let held = self.buckets();
+        // Fast path: even if every reading opened a bucket, they would fit.
+        if held.saturating_add(readings.len()) <= limit {
+            return Ok(());
+        }
+        let mut new: hashbrown::HashSet<BucketKeyRef<'_>> = hashbrown::HashSet::new();
+        for r in readings {
+            let key = self.key(r);
+            if !self.pending.contains_key(&key) {
+                new.insert(key);
+                if held + new.len() > limit {
+                    return Err(Full {
+                        what: "buckets",
+                        held,
+                        limit,
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 
     fn insert(&mut self, r: Reading<'_>) {
@@ -204,6 +250,7 @@ impl<W> Batcher<W> {
             .collect();
         let values = std::mem::take(&mut self.pending_values);
         self.in_flight_values += values;
+        self.in_flight_buckets += updates.len();
         Some(Batch {
             updates,
             waiters: std::mem::take(&mut self.waiters),
@@ -213,8 +260,9 @@ impl<W> Batcher<W> {
     }
 
     /// A batch taken earlier is done with (stored or given up): frees its room.
-    pub fn complete(&mut self, values: usize) {
+    pub fn complete(&mut self, values: usize, buckets: usize) {
         self.in_flight_values = self.in_flight_values.saturating_sub(values);
+        self.in_flight_buckets = self.in_flight_buckets.saturating_sub(buckets);
     }
 }
 
@@ -229,6 +277,7 @@ mod tests {
         flush_interval: Duration::from_secs(1),
         max_pending_readings: 1000,
         max_buffered_readings: 2000,
+        max_buckets: 1000,
     };
 
     fn reading(sensor: &str, ts: i64, value: f64) -> Reading<'static> {
@@ -250,7 +299,7 @@ mod tests {
             reading("s1", 125, 3.0),
             reading("s1", 179, 4.0),
         ];
-        b.offer(rs.into_iter(), Some(7), now).expect("room");
+        b.offer(rs, Some(7), now).expect("room");
         let batch = b.take().expect("a batch");
         assert_eq!(batch.updates.len(), 1);
         assert_eq!(batch.updates[0].key.start, 120);
@@ -263,12 +312,8 @@ mod tests {
     #[test]
     fn hour_buckets_key_seconds_by_offset_in_the_hour() {
         let mut b: Batcher<()> = Batcher::new(Granularity::Hour, LIMITS);
-        b.offer(
-            [reading("s", 3600 + 61, 1.0)].into_iter(),
-            None,
-            Instant::now(),
-        )
-        .expect("room");
+        b.offer(vec![reading("s", 3600 + 61, 1.0)], None, Instant::now())
+            .expect("room");
         let batch = b.take().expect("a batch");
         assert_eq!(batch.updates[0].key.start, 3600);
         assert_eq!(batch.updates[0].values, vec![(61, 1.0)]);
@@ -283,19 +328,13 @@ mod tests {
         let mut b: Batcher<()> = Batcher::new(Granularity::Minute, limits);
         let t0 = Instant::now();
         assert_eq!(b.deadline(), None);
-        let o = b
-            .offer([reading("a", 1, 1.0)].into_iter(), None, t0)
-            .expect("room");
+        let o = b.offer(vec![reading("a", 1, 1.0)], None, t0).expect("room");
         assert!(o.wake_driver, "the first reading sets a deadline");
         assert!(!b.is_due(t0 + Duration::from_millis(999)));
         assert!(b.is_due(t0 + Duration::from_secs(1)));
-        let o = b
-            .offer([reading("a", 2, 1.0)].into_iter(), None, t0)
-            .expect("room");
+        let o = b.offer(vec![reading("a", 2, 1.0)], None, t0).expect("room");
         assert!(!o.wake_driver);
-        let o = b
-            .offer([reading("b", 2, 1.0)].into_iter(), None, t0)
-            .expect("room");
+        let o = b.offer(vec![reading("b", 2, 1.0)], None, t0).expect("room");
         assert!(o.wake_driver, "a full batch wakes the driver");
         assert!(b.is_due(t0));
     }
@@ -305,13 +344,11 @@ mod tests {
         let mut b: Batcher<()> = Batcher::new(Granularity::Minute, LIMITS);
         let t0 = Instant::now();
         assert!(!b.hurry(), "nothing to hurry");
-        b.offer([reading("a", 1, 1.0)].into_iter(), None, t0)
-            .expect("room");
+        b.offer(vec![reading("a", 1, 1.0)], None, t0).expect("room");
         assert!(b.hurry());
         assert!(b.is_due(t0));
         b.take().expect("batch");
-        b.offer([reading("a", 2, 1.0)].into_iter(), None, t0)
-            .expect("room");
+        b.offer(vec![reading("a", 2, 1.0)], None, t0).expect("room");
         assert!(!b.is_due(t0), "hurrying applied to the batch that was open");
     }
 
@@ -325,7 +362,7 @@ mod tests {
         let mut b: Batcher<u8> = Batcher::new(Granularity::Minute, limits);
         let now = Instant::now();
         b.offer(
-            (0..2i32).map(|i| reading("a", i64::from(i), 1.0)),
+            (0..2i32).map(|i| reading("a", i64::from(i), 1.0)).collect(),
             Some(1),
             now,
         )
@@ -334,7 +371,7 @@ mod tests {
         // In-flight values still count against the bound.
         let err = b
             .offer(
-                (0..2i32).map(|i| reading("b", i64::from(i), 1.0)),
+                (0..2i32).map(|i| reading("b", i64::from(i), 1.0)).collect(),
                 Some(2),
                 now,
             )
@@ -342,19 +379,56 @@ mod tests {
         assert_eq!(
             err,
             Full {
-                buffered: 2,
+                what: "readings",
+                held: 2,
                 limit: 3
             }
         );
         assert_eq!(b.pending_values(), 0);
         assert!(b.take().is_none(), "the refused offer left nothing behind");
-        b.complete(batch.values);
+        b.complete(batch.values, batch.updates.len());
         b.offer(
-            (0..3i32).map(|i| reading("b", i64::from(i), 1.0)),
+            (0..3i32).map(|i| reading("b", i64::from(i), 1.0)).collect(),
             Some(3),
             now,
         )
         .expect("room after the flush completed");
+    }
+
+    #[test]
+    fn readings_that_would_open_too_many_buckets_are_refused_whole() {
+        let limits = BatcherLimits {
+            max_buckets: 3,
+            ..LIMITS
+        };
+        let mut b: Batcher<()> = Batcher::new(Granularity::Minute, limits);
+        let now = Instant::now();
+        // Two buckets, many readings: fine.
+        let two: Vec<_> = (0..100)
+            .map(|i| reading(if i % 2 == 0 { "a" } else { "b" }, i % 60, 1.0))
+            .collect();
+        b.offer(two, None, now).expect("two buckets fit");
+        // Existing buckets do not count again; one new one fits.
+        b.offer(vec![reading("a", 1, 2.0), reading("c", 1, 1.0)], None, now)
+            .expect("one new bucket fits");
+        let err = b
+            .offer(vec![reading("a", 2, 1.0), reading("d", 1, 1.0)], None, now)
+            .expect_err("a fourth bucket");
+        assert_eq!(
+            err,
+            Full {
+                what: "buckets",
+                held: 3,
+                limit: 3
+            }
+        );
+        let batch = b.take().expect("batch");
+        assert_eq!(batch.updates.len(), 3, "the refused offer added nothing");
+        // In-flight buckets still count until their batch completes.
+        assert!(b.offer(vec![reading("d", 1, 1.0)], None, now).is_err());
+        b.complete(batch.values, batch.updates.len());
+        b.offer(vec![reading("d", 1, 1.0)], None, now)
+            .expect("room after the flush");
     }
 
     proptest! {
@@ -391,16 +465,17 @@ mod tests {
                     Some(rs) => {
                         for &(s, ts, v) in &rs { model.insert((s, ts), f64::from(v)); }
                         let readings: Vec<_> = rs.iter().map(|&(s, ts, v)| reading(sensors[s], ts, f64::from(v))).collect();
-                        b.offer(readings.into_iter(), Some(i), now).expect("room");
+                        b.offer(readings, Some(i), now).expect("room");
                     }
                     None => if let Some(batch) = b.take() {
-                        let n = apply(batch, &mut stored);
-                        b.complete(n);
+                        let (n, k) = (batch.values, batch.updates.len());
+                        apply(batch, &mut stored);
+                        b.complete(n, k);
                     },
                 }
                 prop_assert!(b.buffered() <= LIMITS.max_buffered_readings);
             }
-            if let Some(batch) = b.take() { let n = apply(batch, &mut stored); b.complete(n); }
+            if let Some(batch) = b.take() { let (n, k) = (batch.values, batch.updates.len()); apply(batch, &mut stored); b.complete(n, k); }
             prop_assert_eq!(b.buffered(), 0);
             let expected: StdMap<(String, i64), f64> =
                 model.into_iter().map(|((s, ts), v)| ((sensors[s].to_owned(), ts), v)).collect();

@@ -58,7 +58,7 @@ pub struct BucketKey {
 
 /// A borrowed view of a [`BucketKey`], so the batcher can look a bucket up
 /// without allocating.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BucketKeyRef<'a> {
     pub sensor: &'a str,
     pub metric: &'a str,

@@ -3,7 +3,7 @@
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{Query, State};
+use axum::extract::{Extension, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
@@ -11,6 +11,7 @@ use tracing::warn;
 
 use super::decode::{DecodeContext, DecodeError, decode_readings};
 use crate::api::{ApiError, AppState};
+use crate::auth::Principal;
 use crate::batcher::driver::{NotStored, SubmitError};
 use crate::domain::TimeWindow;
 use crate::store::BucketStore;
@@ -65,6 +66,7 @@ impl From<SubmitError> for ApiError {
 
 pub async fn post_readings<S: BucketStore>(
     State(state): State<AppState<S>>,
+    Extension(principal): Extension<Principal>,
     params: Result<Query<IngestParams>, QueryRejection>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
@@ -107,6 +109,8 @@ pub async fn post_readings<S: BucketStore>(
         let (reason, n) = e.rejection();
         metrics.rejected(Source::Http, reason, n);
     })?;
+    // A device token writes only its own sensors; one stranger refuses all.
+    principal.check_sensors(readings.iter().map(|r| r.sensor.as_str()))?;
     let accepted = readings.len();
     if accepted == 0 {
         let status = if params.async_ {

@@ -1,0 +1,363 @@
+//! Bearer-token authentication and authorization.
+//!
+//! Tokens are configured by the SHA-256 of their value (`hourglass hash-token`),
+//! so the configuration holds no secret. A presented token is hashed and
+//! compared with every configured hash in constant time. A token has scopes
+//! (`ingest`, `query`) and, for device tokens, the sensor-id patterns it may
+//! write and read.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+use wildmatch::WildMatch;
+
+use crate::api::ApiError;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    /// `POST /api/v1/readings`.
+    Ingest,
+    /// `GET /api/v1/sensors/...`.
+    Query,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenSettings {
+    /// Shown in logs instead of the token.
+    pub name: String,
+    /// Hex SHA-256 of the token: `printf %s "$TOKEN" | hourglass hash-token`.
+    pub sha256: String,
+    pub scopes: Vec<Scope>,
+    /// Sensor-id patterns (`*` matches any run of characters, `?` one) this
+    /// token may write and read. Absent: every sensor.
+    #[serde(default)]
+    pub sensors: Option<Vec<String>>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthSettings {
+    /// Off: anyone who reaches the port may write and read (local development).
+    pub enabled: bool,
+    pub tokens: Vec<TokenSettings>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum AuthConfigError {
+    #[error("auth.enabled is true but auth.tokens is empty: nobody could use the service")]
+    NoTokens,
+    #[error("auth.tokens[{0}].name must be non-empty and unique")]
+    Name(usize),
+    #[error("auth.tokens[{0}].sha256 must be 64 hex characters (see `hourglass hash-token`)")]
+    Hash(usize),
+    #[error("auth.tokens[{0}].scopes must name at least one of ingest, query")]
+    Scopes(usize),
+    #[error("auth.tokens[{0}].sensors must hold non-empty patterns")]
+    Sensors(usize),
+}
+
+/// The hex SHA-256 of a token, as `auth.tokens[].sha256` wants it.
+pub fn hash_token(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+struct Token {
+    name: String,
+    hash: [u8; 32],
+    scopes: Vec<Scope>,
+    sensors: Option<Vec<WildMatch>>,
+}
+
+/// The configured tokens, ready to check requests against.
+pub struct Authenticator {
+    enabled: bool,
+    tokens: Vec<Token>,
+}
+
+impl AuthSettings {
+    pub fn validate(&self) -> Result<(), AuthConfigError> {
+        self.build().map(|_| ())
+    }
+
+    pub fn build(&self) -> Result<Authenticator, AuthConfigError> {
+        if self.enabled && self.tokens.is_empty() {
+            return Err(AuthConfigError::NoTokens);
+        }
+        let mut tokens = Vec::with_capacity(self.tokens.len());
+        for (i, t) in self.tokens.iter().enumerate() {
+            if t.name.is_empty() || self.tokens[..i].iter().any(|o| o.name == t.name) {
+                return Err(AuthConfigError::Name(i));
+            }
+            let mut hash = [0u8; 32];
+            hex::decode_to_slice(t.sha256.trim(), &mut hash)
+                .map_err(|_| AuthConfigError::Hash(i))?;
+            if t.scopes.is_empty() {
+                return Err(AuthConfigError::Scopes(i));
+            }
+            if t.sensors
+                .as_ref()
+                .is_some_and(|s| s.is_empty() || s.iter().any(String::is_empty))
+            {
+                return Err(AuthConfigError::Sensors(i));
+            }
+            tokens.push(Token {
+                name: t.name.clone(),
+                hash,
+                scopes: t.scopes.clone(),
+                sensors: t
+                    .sensors
+                    .as_ref()
+                    .map(|s| s.iter().map(|p| WildMatch::new(p)).collect()),
+            });
+        }
+        Ok(Authenticator {
+            enabled: self.enabled,
+            tokens,
+        })
+    }
+}
+
+/// Who made a request: a configured token, or anyone when auth is off.
+#[derive(Clone)]
+pub struct Principal {
+    auth: Arc<Authenticator>,
+    /// Index into the tokens; `None` when auth is off.
+    token: Option<usize>,
+}
+
+impl Principal {
+    fn token(&self) -> Option<&Token> {
+        self.token.and_then(|i| self.auth.tokens.get(i))
+    }
+
+    /// The token's name, for logs; never the token.
+    pub fn name(&self) -> &str {
+        self.token().map_or("anonymous", |t| t.name.as_str())
+    }
+
+    pub fn has(&self, scope: Scope) -> bool {
+        self.token().is_none_or(|t| t.scopes.contains(&scope))
+    }
+
+    /// May this principal write and read `sensor`?
+    pub fn may_access(&self, sensor: &str) -> bool {
+        match self.token() {
+            None => true,
+            Some(t) => t
+                .sensors
+                .as_ref()
+                .is_none_or(|patterns| patterns.iter().any(|p| p.matches(sensor))),
+        }
+    }
+
+    /// A 403 for the first of `sensors` this principal may not access.
+    pub fn check_sensors<'s>(
+        &self,
+        mut sensors: impl Iterator<Item = &'s str>,
+    ) -> Result<(), ApiError> {
+        match sensors.find(|s| !self.may_access(s)) {
+            None => Ok(()),
+            Some(sensor) => Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!("token {:?} may not access sensor {sensor:?}", self.name()),
+            )),
+        }
+    }
+}
+
+impl Authenticator {
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// The token index matching `Authorization: Bearer <token>`, if any.
+    fn identify(&self, authorization: Option<&HeaderValue>) -> Option<usize> {
+        let value = authorization?.to_str().ok()?;
+        let (scheme, token) = value.split_once(' ')?;
+        if !scheme.eq_ignore_ascii_case("bearer") {
+            return None;
+        }
+        let presented: [u8; 32] = Sha256::digest(token.trim().as_bytes()).into();
+        // Compare against every token, without stopping at a match, so the
+        // time taken says nothing about which hash matched or how closely.
+        let mut found = None;
+        for (i, t) in self.tokens.iter().enumerate() {
+            if bool::from(t.hash.ct_eq(&presented)) {
+                found = Some(i);
+            }
+        }
+        found
+    }
+}
+
+/// Middleware state: the authenticator and the scope a route needs.
+#[derive(Clone)]
+pub struct Require {
+    pub auth: Arc<Authenticator>,
+    pub scope: Scope,
+}
+
+/// 401 without a valid token, 403 without the route's scope; otherwise the
+/// request goes on with its [`Principal`] in the extensions.
+pub async fn authorize(State(require): State<Require>, mut req: Request, next: Next) -> Response {
+    let token = if require.auth.enabled {
+        match require
+            .auth
+            .identify(req.headers().get(header::AUTHORIZATION))
+        {
+            Some(i) => Some(i),
+            None => {
+                let mut response =
+                    ApiError::new(StatusCode::UNAUTHORIZED, "a valid bearer token is required")
+                        .into_response();
+                response
+                    .headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+                return response;
+            }
+        }
+    } else {
+        None
+    };
+    let principal = Principal {
+        auth: require.auth.clone(),
+        token,
+    };
+    if !principal.has(require.scope) {
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!(
+                "token {:?} lacks the {:?} scope",
+                principal.name(),
+                require.scope
+            ),
+        )
+        .into_response();
+    }
+    req.extensions_mut().insert(principal);
+    next.run(req).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> AuthSettings {
+        AuthSettings {
+            enabled: true,
+            tokens: vec![
+                TokenSettings {
+                    name: "dashboard".into(),
+                    sha256: hash_token("q-secret"),
+                    scopes: vec![Scope::Query],
+                    sensors: None,
+                },
+                TokenSettings {
+                    name: "truck-17".into(),
+                    sha256: hash_token("d-secret"),
+                    scopes: vec![Scope::Ingest, Scope::Query],
+                    sensors: Some(vec!["truck-17".into(), "truck-17.*".into()]),
+                },
+            ],
+        }
+    }
+
+    fn principal(auth: &Arc<Authenticator>, header: &str) -> Option<Principal> {
+        let value = HeaderValue::from_str(header).ok()?;
+        auth.identify(Some(&value)).map(|token| Principal {
+            auth: auth.clone(),
+            token: Some(token),
+        })
+    }
+
+    #[test]
+    fn tokens_are_recognised_by_their_hash_only() {
+        let auth = Arc::new(settings().build().expect("valid"));
+        assert_eq!(
+            principal(&auth, "Bearer q-secret").map(|p| p.name().to_owned()),
+            Some("dashboard".into())
+        );
+        assert_eq!(
+            principal(&auth, "bearer d-secret").map(|p| p.name().to_owned()),
+            Some("truck-17".into())
+        );
+        for bad in [
+            "Bearer nope",
+            "Basic q-secret",
+            "q-secret",
+            "Bearer",
+            "Bearer  ",
+        ] {
+            assert!(principal(&auth, bad).is_none(), "{bad:?}");
+        }
+        assert!(auth.identify(None).is_none());
+    }
+
+    #[test]
+    fn scopes_and_sensor_patterns_limit_what_a_token_may_do() {
+        let auth = Arc::new(settings().build().expect("valid"));
+        let dashboard = principal(&auth, "Bearer q-secret").expect("known");
+        assert!(dashboard.has(Scope::Query) && !dashboard.has(Scope::Ingest));
+        assert!(dashboard.may_access("anything"));
+        let device = principal(&auth, "Bearer d-secret").expect("known");
+        assert!(device.may_access("truck-17") && device.may_access("truck-17.engine"));
+        assert!(!device.may_access("truck-170") && !device.may_access("truck-18"));
+        assert!(
+            device
+                .check_sensors(["truck-17", "truck-18"].into_iter())
+                .is_err()
+        );
+        let open = Principal {
+            auth: auth.clone(),
+            token: None,
+        };
+        assert!(
+            open.has(Scope::Ingest) && open.may_access("x"),
+            "auth off allows everything"
+        );
+    }
+
+    #[test]
+    fn bad_token_settings_are_refused_with_the_entry_named() {
+        let mut s = settings();
+        s.tokens[1].sha256 = "abc".into();
+        assert_eq!(s.validate(), Err(AuthConfigError::Hash(1)));
+        let mut s = settings();
+        s.tokens[1].name = "dashboard".into();
+        assert_eq!(s.validate(), Err(AuthConfigError::Name(1)));
+        let mut s = settings();
+        s.tokens[0].scopes.clear();
+        assert_eq!(s.validate(), Err(AuthConfigError::Scopes(0)));
+        let mut s = settings();
+        s.tokens[1].sensors = Some(vec![]);
+        assert_eq!(s.validate(), Err(AuthConfigError::Sensors(1)));
+        assert_eq!(
+            AuthSettings {
+                enabled: true,
+                tokens: vec![]
+            }
+            .validate(),
+            Err(AuthConfigError::NoTokens)
+        );
+        assert!(
+            AuthSettings::default().validate().is_ok(),
+            "off needs no tokens"
+        );
+    }
+
+    #[test]
+    fn hash_token_is_hex_sha256() {
+        assert_eq!(
+            hash_token("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+}
