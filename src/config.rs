@@ -2,7 +2,7 @@
 //! `HOURGLASS__SECTION__KEY` environment variables, validated at startup.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use figment::Figment;
@@ -195,6 +195,51 @@ pub struct MongoSettings {
     pub collection: String,
     #[serde(with = "humantime_serde")]
     pub server_selection_timeout: Duration,
+    pub tls: MongoTlsSettings,
+}
+
+/// TLS to MongoDB (the URI's `tls=true&tlsCAFile=…` options work too).
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MongoTlsSettings {
+    pub enabled: bool,
+    /// PEM file of the certificate authorities to trust; system roots if unset.
+    pub ca_file: Option<PathBuf>,
+    /// PEM file holding the client certificate and its key, for mutual TLS.
+    pub cert_key_file: Option<PathBuf>,
+    /// Never in production: accepts any server certificate.
+    pub allow_invalid_certificates: bool,
+}
+
+/// TLS to the MQTT broker, used with an `mqtts://` URL.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MqttTlsSettings {
+    /// PEM file of the certificate authorities to trust (required for mqtts://).
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate and key, for mutual TLS (both or neither).
+    pub client_cert_file: Option<PathBuf>,
+    pub client_key_file: Option<PathBuf>,
+}
+
+fn check_file(key: &'static str, path: Option<&PathBuf>) -> Result<(), ConfigError> {
+    match path {
+        Some(p) if !p.is_file() => Err(invalid(
+            key,
+            format!("{} is not a readable file", p.display()),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn serialize_opt_secret<S: serde::Serializer>(
+    s: &Option<SecretString>,
+    ser: S,
+) -> Result<S::Ok, S::Error> {
+    match s {
+        Some(s) => serialize_secret(s, ser),
+        None => ser.serialize_none(),
+    }
 }
 
 fn serialize_secret<S: serde::Serializer>(s: &SecretString, ser: S) -> Result<S::Ok, S::Error> {
@@ -210,6 +255,7 @@ impl Default for MongoSettings {
             database: DEFAULT_DATABASE.to_owned(),
             collection: DEFAULT_COLLECTION.to_owned(),
             server_selection_timeout: DEFAULT_SERVER_SELECTION_TIMEOUT,
+            tls: MongoTlsSettings::default(),
         }
     }
 }
@@ -235,8 +281,13 @@ impl Default for QuerySettings {
 #[serde(deny_unknown_fields, default)]
 pub struct MqttSettings {
     pub enabled: bool,
-    /// `mqtt://host:port`; empty means not configured.
+    /// `mqtt://host:port`, or `mqtts://host:port` for TLS; empty means not configured.
     pub url: String,
+    pub username: Option<String>,
+    /// Never printed.
+    #[serde(serialize_with = "serialize_opt_secret")]
+    pub password: Option<SecretString>,
+    pub tls: MqttTlsSettings,
     /// Stable across restarts: the broker keeps this client's session.
     pub client_id: String,
     pub topic_prefix: String,
@@ -261,6 +312,9 @@ impl Default for MqttSettings {
         Self {
             enabled: true,
             url: String::new(),
+            username: None,
+            password: None,
+            tls: MqttTlsSettings::default(),
             client_id: DEFAULT_MQTT_CLIENT_ID.to_owned(),
             topic_prefix: DEFAULT_MQTT_TOPIC_PREFIX.to_owned(),
             shared_group: None,
@@ -275,12 +329,23 @@ impl Default for MqttSettings {
 }
 
 impl MqttSettings {
+    /// Whether `url` asks for TLS (`mqtts://`).
+    pub fn uses_tls(&self) -> bool {
+        self.url.starts_with("mqtts://")
+    }
+
     /// `(host, port)` of `url`.
     pub fn host_port(&self) -> Result<(String, u16), ConfigError> {
         let rest = self
             .url
             .strip_prefix("mqtt://")
-            .ok_or_else(|| invalid("mqtt.url", "must look like mqtt://host:port"))?;
+            .or_else(|| self.url.strip_prefix("mqtts://"))
+            .ok_or_else(|| {
+                invalid(
+                    "mqtt.url",
+                    "must look like mqtt://host:port or mqtts://host:port",
+                )
+            })?;
         let (host, port) = rest
             .trim_end_matches('/')
             .rsplit_once(':')
@@ -305,6 +370,30 @@ impl MqttSettings {
             ));
         }
         self.host_port()?;
+        if self.uses_tls() && self.tls.ca_file.is_none() {
+            return Err(invalid(
+                "mqtt.tls.ca_file",
+                "is required for an mqtts:// URL",
+            ));
+        }
+        check_file("mqtt.tls.ca_file", self.tls.ca_file.as_ref())?;
+        check_file(
+            "mqtt.tls.client_cert_file",
+            self.tls.client_cert_file.as_ref(),
+        )?;
+        check_file(
+            "mqtt.tls.client_key_file",
+            self.tls.client_key_file.as_ref(),
+        )?;
+        if self.tls.client_cert_file.is_some() != self.tls.client_key_file.is_some() {
+            return Err(invalid(
+                "mqtt.tls.client_key_file",
+                "and mqtt.tls.client_cert_file go together",
+            ));
+        }
+        if self.password.is_some() && self.username.is_none() {
+            return Err(invalid("mqtt.password", "needs mqtt.username"));
+        }
         let topic_ok = |t: &str| {
             !t.is_empty()
                 && !t.starts_with('$')
@@ -485,6 +574,13 @@ impl Settings {
             if value.is_zero() {
                 return Err(invalid(key, "must be longer than zero"));
             }
+        }
+        if self.mongodb.tls.enabled {
+            check_file("mongodb.tls.ca_file", self.mongodb.tls.ca_file.as_ref())?;
+            check_file(
+                "mongodb.tls.cert_key_file",
+                self.mongodb.tls.cert_key_file.as_ref(),
+            )?;
         }
         if self.batcher.max_buffered_readings < self.ingest.max_readings_per_request {
             return Err(invalid(
@@ -668,6 +764,64 @@ mod tests {
                 .to_string()
                 .contains("mqtt.shared_group")
         );
+    }
+
+    #[test]
+    fn tls_settings_parse_and_name_missing_files() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("ca.pem", "-----BEGIN CERTIFICATE-----\n")?;
+            jail.create_file("client.pem", "cert+key")?;
+            jail.create_file(
+                "tls.toml",
+                r#"
+                [mongodb]
+                uri = "mongodb://db.example:27017"
+                [mongodb.tls]
+                enabled = true
+                ca_file = "ca.pem"
+                cert_key_file = "client.pem"
+                [mqtt]
+                url = "mqtts://broker.example:8883"
+                username = "hourglass"
+                password = "pw"
+                [mqtt.tls]
+                ca_file = "ca.pem"
+                client_cert_file = "client.pem"
+                client_key_file = "client.pem"
+                "#,
+            )?;
+            let s = Settings::load_file(Path::new("tls.toml")).map_err(|e| e.to_string())?;
+            assert!(s.mongodb.tls.enabled);
+            assert_eq!(s.mongodb.tls.ca_file.as_deref(), Some(Path::new("ca.pem")));
+            assert!(s.mqtt.uses_tls());
+            assert_eq!(
+                s.mqtt.host_port().map_err(|e| e.to_string())?,
+                ("broker.example".to_owned(), 8883)
+            );
+            assert!(
+                !format!("{s:?}").contains("\"pw\""),
+                "the MQTT password is not printed"
+            );
+
+            jail.create_file("missing.toml", "[mongodb]\nuri = \"mongodb://x\"\n[mongodb.tls]\nenabled = true\nca_file = \"nope.pem\"\n[mqtt]\nenabled = false\n")?;
+            let msg = Settings::load_file(Path::new("missing.toml"))
+                .expect_err("missing file")
+                .to_string();
+            assert!(
+                msg.contains("mongodb.tls.ca_file") && msg.contains("nope.pem"),
+                "{msg}"
+            );
+
+            jail.create_file(
+                "noca.toml",
+                "[mongodb]\nuri = \"mongodb://x\"\n[mqtt]\nurl = \"mqtts://b:8883\"\n",
+            )?;
+            let msg = Settings::load_file(Path::new("noca.toml"))
+                .expect_err("no CA")
+                .to_string();
+            assert!(msg.contains("mqtt.tls.ca_file"), "{msg}");
+            Ok(())
+        });
     }
 
     #[test]

@@ -49,6 +49,63 @@ const DROP_LOG_INTERVAL: Duration = Duration::from_secs(1);
 pub enum MqttError {
     #[error(transparent)]
     Config(#[from] ConfigError),
+    #[error("reading {what} {path}: {source}")]
+    File {
+        what: &'static str,
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+}
+
+fn read(what: &'static str, path: &std::path::Path) -> Result<Vec<u8>, MqttError> {
+    std::fs::read(path).map_err(|source| MqttError::File {
+        what,
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// The client options for `settings`: persistent session, manual acks, TLS
+/// and credentials as configured.
+pub fn mqtt_options(settings: &MqttSettings) -> Result<MqttOptions, MqttError> {
+    let (host, port) = settings.host_port()?;
+    let mut options = MqttOptions::new(settings.client_id.clone(), host, port);
+    options
+        .set_keep_alive(settings.keep_alive)
+        .set_clean_session(false)
+        .set_manual_acks(true)
+        .set_max_packet_size(
+            settings.max_payload_bytes + PACKET_OVERHEAD,
+            settings.max_payload_bytes + PACKET_OVERHEAD,
+        )
+        .set_request_channel_capacity(REQUEST_CAPACITY);
+    if let Some(user) = &settings.username {
+        use secrecy::ExposeSecret;
+        let password = settings
+            .password
+            .as_ref()
+            .map(|p| p.expose_secret().to_owned())
+            .unwrap_or_default();
+        options.set_credentials(user.clone(), password);
+    }
+    if settings.uses_tls() {
+        // rustls needs a process-wide crypto provider; ring is the one we ship.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let tls = &settings.tls;
+        let ca = match &tls.ca_file {
+            Some(path) => read("mqtt.tls.ca_file", path)?,
+            None => Vec::new(),
+        };
+        let client_auth = match (&tls.client_cert_file, &tls.client_key_file) {
+            (Some(cert), Some(key)) => Some((
+                read("mqtt.tls.client_cert_file", cert)?,
+                read("mqtt.tls.client_key_file", key)?,
+            )),
+            _ => None,
+        };
+        options.set_transport(rumqttc::Transport::tls(ca, client_auth, None));
+    }
+    Ok(options)
 }
 
 /// Counters an operator (and the tests) can read.
@@ -142,17 +199,7 @@ impl MqttIngest {
         stats: Arc<MqttStats>,
         metrics: Arc<Metrics>,
     ) -> Result<Self, MqttError> {
-        let (host, port) = settings.host_port()?;
-        let mut options = MqttOptions::new(settings.client_id.clone(), host, port);
-        options
-            .set_keep_alive(settings.keep_alive)
-            .set_clean_session(false)
-            .set_manual_acks(true)
-            .set_max_packet_size(
-                settings.max_payload_bytes + PACKET_OVERHEAD,
-                settings.max_payload_bytes + PACKET_OVERHEAD,
-            )
-            .set_request_channel_capacity(REQUEST_CAPACITY);
+        let options = mqtt_options(settings)?;
         let (client, eventloop) = AsyncClient::new(options, REQUEST_CAPACITY);
         let shared = Arc::new(Shared {
             settings: settings.clone(),
@@ -537,6 +584,34 @@ mod tests {
         ] {
             assert!(parse_topic("sensors", bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn options_carry_the_session_tls_and_credentials() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, b"ca-bytes").expect("write");
+        let mut s = MqttSettings {
+            url: "mqtt://broker:1883".into(),
+            ..MqttSettings::default()
+        };
+        let o = mqtt_options(&s).expect("options");
+        assert!(!o.clean_session() && o.manual_acks());
+        assert!(matches!(o.transport(), rumqttc::Transport::Tcp));
+        s.url = "mqtts://broker:8883".into();
+        s.tls.ca_file = Some(ca.clone());
+        s.username = Some("hg".into());
+        s.password = Some("pw".into());
+        let o = mqtt_options(&s).expect("options");
+        assert!(matches!(o.transport(), rumqttc::Transport::Tls(_)));
+        let login = o.credentials().expect("credentials");
+        assert_eq!(
+            (login.username.as_str(), login.password.as_str()),
+            ("hg", "pw")
+        );
+        s.tls.ca_file = Some(dir.path().join("missing.pem"));
+        let err = mqtt_options(&s).expect_err("missing CA").to_string();
+        assert!(err.contains("mqtt.tls.ca_file"), "{err}");
     }
 
     #[test]

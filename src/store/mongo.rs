@@ -3,7 +3,7 @@
 use futures_util::TryStreamExt;
 use mongodb::bson::{Bson, Document, doc};
 use mongodb::error::{Error as MongoError, ErrorKind};
-use mongodb::options::{ClientOptions, IndexOptions};
+use mongodb::options::{ClientOptions, IndexOptions, Tls, TlsOptions};
 use mongodb::{Client, Collection, Database, IndexModel};
 use secrecy::ExposeSecret;
 use std::time::Duration;
@@ -11,7 +11,7 @@ use tracing::info;
 
 use super::document::{estimated_size, key_filter, read_bucket, start_date, update_pipeline};
 use super::{BucketRead, BucketStore, Fetch, Starts, StoreError, Values, WriteReport};
-use crate::config::MongoSettings;
+use crate::config::{MongoSettings, MongoTlsSettings};
 use crate::domain::{BucketUpdate, Granularity, field_name};
 
 /// The unique index on a bucket's identity. Its prefix `(sensor, metric)` plus
@@ -71,6 +71,19 @@ fn classify(e: MongoError) -> StoreError {
     }
 }
 
+/// The driver's TLS options for `mongodb.tls`, when it is enabled.
+pub fn tls_options(settings: &MongoTlsSettings) -> Option<Tls> {
+    settings.enabled.then(|| {
+        Tls::Enabled(
+            TlsOptions::builder()
+                .ca_file_path(settings.ca_file.clone())
+                .cert_key_file_path(settings.cert_key_file.clone())
+                .allow_invalid_certificates(settings.allow_invalid_certificates.then_some(true))
+                .build(),
+        )
+    })
+}
+
 impl MongoStore {
     /// Connects (lazily: the driver dials on first use) and creates the index.
     pub async fn connect(
@@ -81,6 +94,9 @@ impl MongoStore {
             .await
             .map_err(|e| StoreError::Rejected(format!("mongodb.uri: {e}")))?;
         options.app_name = Some("hourglass".to_owned());
+        if let Some(tls) = tls_options(&settings.tls) {
+            options.tls = Some(tls);
+        }
         if options.server_selection_timeout.is_none() {
             options.server_selection_timeout = Some(settings.server_selection_timeout);
         }
@@ -330,5 +346,33 @@ impl BucketStore for MongoStore {
             .await
             .map(|_| ())
             .map_err(classify)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    #[test]
+    fn tls_settings_become_driver_options() {
+        assert!(
+            tls_options(&MongoTlsSettings::default()).is_none(),
+            "off by default"
+        );
+        let settings = MongoTlsSettings {
+            enabled: true,
+            ca_file: Some(PathBuf::from("/etc/ca.pem")),
+            cert_key_file: Some(PathBuf::from("/etc/client.pem")),
+            allow_invalid_certificates: false,
+        };
+        match tls_options(&settings) {
+            Some(Tls::Enabled(o)) => {
+                assert_eq!(o.ca_file_path, settings.ca_file);
+                assert_eq!(o.cert_key_file_path, settings.cert_key_file);
+                assert_eq!(o.allow_invalid_certificates, None);
+            }
+            other => panic!("expected TLS, got {other:?}"),
+        }
     }
 }
