@@ -32,9 +32,12 @@ impl Grid {
     /// Steps aligned to multiples of `step` since the epoch (whole UTC days for
     /// `1d`), so the same step always yields the same point boundaries.
     pub fn aligned(from: i64, to: i64, step: i64) -> Self {
-        let origin = from - from.rem_euclid(step);
-        let points = if to > origin {
-            usize::try_from((to - origin + step - 1) / step).unwrap_or(usize::MAX)
+        let step = step.max(1);
+        let origin = from.saturating_sub(from.rem_euclid(step));
+        // In i128: near the ends of i64, `to - origin + step` would overflow.
+        let span = i128::from(to) - i128::from(origin);
+        let points = if span > 0 {
+            usize::try_from((span + i128::from(step) - 1) / i128::from(step)).unwrap_or(usize::MAX)
         } else {
             0
         };
@@ -358,6 +361,15 @@ mod tests {
             Values::Minutes(vec![1]),
             "only the partly covered minute"
         );
+    }
+
+    #[test]
+    fn grids_survive_extreme_steps_and_ranges() {
+        let g = Grid::aligned(i64::MAX - 10, i64::MAX, i64::MAX);
+        assert_eq!(g.points, 1);
+        let g = Grid::aligned(i64::MIN + 1, i64::MAX, 60);
+        assert!(g.points > 0);
+        assert_eq!(Grid::aligned(100, 50, 60).points, 0);
     }
 
     #[test]

@@ -58,7 +58,7 @@ pub struct SeriesResponse {
 }
 
 /// Epoch milliseconds from RFC 3339 text or an integer.
-fn parse_instant(name: &str, s: &str) -> Result<i64, ApiError> {
+pub fn parse_instant(name: &str, s: &str) -> Result<i64, ApiError> {
     if let Ok(ms) = s.parse::<i64>() {
         return Ok(ms);
     }
@@ -80,7 +80,7 @@ fn format_ms(ms: i64) -> String {
 }
 
 /// `1m`, `5m`, `15m`, `1h`, `1d`, or any whole number of minutes, in seconds.
-fn parse_step(s: &str) -> Result<i64, ApiError> {
+pub fn parse_step(s: &str) -> Result<i64, ApiError> {
     humantime::parse_duration(s)
         .ok()
         .and_then(|d| {
@@ -242,6 +242,13 @@ pub async fn series<S: BucketStore>(
         .as_deref()
         .ok_or_else(|| ApiError::bad_request("step is required"))?;
     let step = parse_step(step_text)?;
+    let max_range = state.settings.query.max_range;
+    if u64::try_from(step).unwrap_or(u64::MAX) > max_range.as_secs() {
+        return Err(ApiError::bad_request(format!(
+            "step is longer than the longest range, {}",
+            humantime::format_duration(max_range)
+        )));
+    }
     let req = request(&state, &sensor, &params)?;
     // The grid spans the requested instants; stored seconds are counted in [from, to).
     let grid = Grid::aligned(req.from_ms.div_euclid(1000), req.to.max(req.from), step);

@@ -469,6 +469,67 @@ mod tests {
         );
     }
 
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Whatever the bytes: no panic, and anything accepted obeys the rules.
+        #[test]
+        fn arbitrary_bodies_never_panic_and_accepted_readings_obey_the_rules(
+            body in prop_oneof![
+                prop::collection::vec(any::<u8>(), 0..200),
+                "[{\"sensor\":\"[a-z$.]{0,5}\",\"value\":-?[0-9e.]{1,6}(,\"ts\":-?[0-9]{1,16})?}]"
+                    .prop_map(String::into_bytes),
+            ]
+        ) {
+            if let Ok(readings) = decode_readings(&body, &ctx()) {
+                for r in readings {
+                    prop_assert!(r.value.is_finite());
+                    prop_assert!(SensorId::parse(r.sensor.as_str()).is_ok());
+                    prop_assert!(r.ts <= NOW + 300 && r.ts >= NOW - 30 * 86_400);
+                }
+            }
+            let topic = Implied { sensor: Some("s"), metric: None };
+            let _ = decode_payload(&body, topic, &ctx());
+        }
+
+        /// Valid readings survive encoding and decoding exactly.
+        #[test]
+        fn valid_readings_round_trip(
+            items in prop::collection::vec(
+                ("[A-Za-z0-9_.:-]{1,128}", proptest::option::of("[A-Za-z0-9_-]{1,64}"),
+                 -300i64..30 * 86_400, any::<f64>().prop_filter("finite", |v| v.is_finite()), any::<bool>()),
+                1..10,
+            )
+        ) {
+            let json: Vec<serde_json::Value> = items
+                .iter()
+                .map(|(sensor, metric, age, value, as_text)| {
+                    let ts = (NOW - age) * 1000;
+                    let ts = if *as_text {
+                        serde_json::json!(time::OffsetDateTime::from_unix_timestamp(ts / 1000)
+                            .expect("in range")
+                            .format(&time::format_description::well_known::Rfc3339)
+                            .expect("formats"))
+                    } else {
+                        serde_json::json!(ts)
+                    };
+                    let mut o = serde_json::json!({ "sensor": sensor, "value": value, "ts": ts });
+                    if let Some(m) = metric { o["metric"] = serde_json::json!(m); }
+                    o
+                })
+                .collect();
+            let body = serde_json::to_vec(&json).expect("encodes");
+            let got = decode_readings(&body, &DecodeContext { max_readings: 100, ..ctx() }).expect("valid");
+            prop_assert_eq!(got.len(), items.len());
+            for (r, (sensor, metric, age, value, _)) in got.iter().zip(&items) {
+                prop_assert_eq!(r.sensor.as_str(), sensor.as_str());
+                prop_assert_eq!(r.metric.as_str(), metric.as_deref().unwrap_or("value"));
+                prop_assert_eq!(r.ts, NOW - age);
+                prop_assert_eq!(r.value, *value);
+            }
+        }
+    }
+
     #[test]
     fn an_empty_array_is_zero_readings() {
         assert_eq!(decode_readings(b"[]", &ctx()), Ok(vec![]));

@@ -122,7 +122,7 @@ pub struct MqttStats {
 
 /// Why a message could not be used, and how it counts.
 #[derive(Debug, Clone)]
-struct Unusable {
+pub struct Unusable {
     reason: String,
     kind: Rejection,
     readings: usize,
@@ -137,7 +137,7 @@ fn unusable(kind: Rejection, reason: impl Into<String>) -> Unusable {
 }
 
 /// Splits `{prefix}/{sensor}` or `{prefix}/{sensor}/{metric}`.
-fn parse_topic<'a>(prefix: &str, topic: &'a str) -> Result<Implied<'a>, Unusable> {
+pub fn parse_topic<'a>(prefix: &str, topic: &'a str) -> Result<Implied<'a>, Unusable> {
     let rest = topic
         .strip_prefix(prefix)
         .and_then(|r| r.strip_prefix('/'))

@@ -74,6 +74,23 @@ impl Database {
         .await;
     }
 
+    /// SIGTERM: the server shuts down cleanly, keeping what it acknowledged
+    /// (a SIGKILL would test the stand-in's durability, not ours).
+    pub fn stop_gracefully(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(child.id().to_string())
+                .status();
+            let _ = child.wait();
+        }
+    }
+
+    pub async fn restart_gracefully(&mut self) {
+        self.stop_gracefully();
+        self.launch().await;
+    }
+
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();

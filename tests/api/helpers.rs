@@ -69,9 +69,14 @@ pub async fn spawn_app_with(settings: Settings) -> TestApp {
     let task = tokio::spawn(app.run_until_stopped(async move {
         let _ = stopped.await;
     }));
-    let client = mongodb::Client::with_uri_str(mongo_uri())
-        .await
-        .expect("a MongoDB client");
+    // The settings' server, which is not always MONGODB_URI's (fault tests run
+    // private ones).
+    let client = {
+        use secrecy::ExposeSecret;
+        mongodb::Client::with_uri_str(settings.mongodb.uri.expose_secret())
+            .await
+            .expect("a MongoDB client")
+    };
     TestApp {
         address,
         client: reqwest::Client::new(),

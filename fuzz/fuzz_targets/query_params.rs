@@ -1,0 +1,33 @@
+//! Query parameters through planning and folding: never a panic.
+#![no_main]
+
+use hourglass::api::query::{parse_instant, parse_step};
+use hourglass::domain::Granularity;
+use hourglass::query::{Grid, Plan};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: (&str, &str, &str, bool)| {
+    let (from, to, step, hour) = data;
+    let (Ok(from_ms), Ok(to_ms)) = (parse_instant("from", from), parse_instant("to", to)) else { return };
+    // The API's own limits: from before to, at most 400 days, at most 10 000 points.
+    if from_ms >= to_ms || (i128::from(to_ms) - i128::from(from_ms)) > 400 * 86_400_000 {
+        return;
+    }
+    let (f, t) = (from_ms.div_euclid(1000) + 1, to_ms.div_euclid(1000) + 1);
+    if f >= t {
+        return;
+    }
+    let g = if hour { Granularity::Hour } else { Granularity::Minute };
+    let grid = match parse_step(step) {
+        Ok(step) if step <= 400 * 86_400 => Grid::aligned(f, t, step),
+        Ok(_) => return,
+        Err(_) => Grid::whole(f, t),
+    };
+    if grid.points > 10_000 {
+        return;
+    }
+    let plan = Plan::new(g, f, t, grid);
+    let _ = plan.whole_buckets();
+    let _ = plan.edge_buckets();
+    assert_eq!(plan.fold(&[]).len(), grid.points);
+});
