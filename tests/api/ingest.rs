@@ -295,3 +295,84 @@ async fn malformed_bodies_are_400_and_store_nothing() {
     assert!(app.buckets().await.is_empty());
     app.stop().await.expect("clean stop");
 }
+
+#[tokio::test]
+async fn requests_beyond_the_concurrency_limit_get_503_at_once() {
+    let mut s = test_settings();
+    s.http.max_concurrent_requests = 1;
+    s.batcher.flush_interval = Duration::from_secs(3600);
+    s.http.write_timeout = Duration::from_secs(5);
+    let app = spawn_app_with(s).await;
+    // A synchronous write that holds the only slot until its write timeout.
+    let holder = {
+        let (client, url) = (
+            app.client.clone(),
+            format!("{}/api/v1/readings", app.address),
+        );
+        let body = reading("held", "m", base_time(), 1.0);
+        tokio::spawn(async move {
+            client
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        })
+    };
+    let mut refused = false;
+    while !holder.is_finished() {
+        let r = app.get("/health/live").await;
+        if r.status() == 503 {
+            assert!(r.headers().contains_key("retry-after"));
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(refused, "a second request while the slot was held got 503");
+    assert_eq!(
+        holder.await.expect("joined").expect("answered"),
+        503,
+        "the held write timed out"
+    );
+    app.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn readings_that_would_open_too_many_buckets_get_503_and_change_nothing() {
+    let mut s = test_settings();
+    s.batcher.max_buckets = 2;
+    s.batcher.flush_interval = Duration::from_secs(3600);
+    let app = spawn_app_with(s).await;
+    let t = base_time();
+    let two = json!([
+        reading("a", "m", t, 1.0),
+        reading("b", "m", t, 1.0),
+        reading("a", "m", t + 1, 2.0)
+    ]);
+    let r = app
+        .post_raw(
+            "application/json",
+            serde_json::to_vec(&two).expect("json"),
+            "?async=true",
+        )
+        .await;
+    assert_eq!(r.status(), 202);
+    let third = json!([reading("a", "m", t + 2, 1.0), reading("c", "m", t, 1.0)]);
+    let r = app
+        .post_raw(
+            "application/json",
+            serde_json::to_vec(&third).expect("json"),
+            "?async=true",
+        )
+        .await;
+    assert_eq!(r.status(), 503, "a third bucket is refused");
+    let db = app.db.clone();
+    app.stop().await.expect("clean stop");
+    let n = db
+        .collection::<mongodb::bson::Document>("buckets")
+        .count_documents(doc! {})
+        .await
+        .expect("count");
+    assert_eq!(n, 2, "only the first request's buckets");
+}
