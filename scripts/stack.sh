@@ -108,6 +108,18 @@ start_mosquitto() {
   log "Mosquitto listens on 127.0.0.1:$port (config: .stack/mosquitto-$port/mosquitto.conf)."
 }
 
+# The benchmark peers (loadtest `peers`): VictoriaMetrics and InfluxDB 1.x from apt.
+ensure_peers() {
+  if [[ -x /usr/bin/victoria-metrics && -x /usr/bin/influxd ]]; then return 0; fi
+  log "Installing VictoriaMetrics and InfluxDB from apt (first run only)."
+  local sudo=""
+  [[ $(id -u) -ne 0 ]] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq victoria-metrics influxdb >/dev/null
+  # Any system service they start listens on its own port; the loadtest
+  # starts private instances on free ports.
+}
+
 stack_stop() {
   local pid
   for pid in "${STACK_PIDS[@]}"; do

@@ -6,5 +6,8 @@ cd "$(dirname "$0")/.."
 source scripts/stack.sh
 start_mongo
 start_mosquitto
+ensure_peers
+# Bins first: the loadtest smoke tests spawn target/debug/hourglass.
+cargo build --workspace --bins
 cargo test --workspace --all-targets "$@" || status=$?
 exit "${status:-0}"

@@ -1,6 +1,6 @@
 //! Bucket storage: the [`BucketStore`] trait and its MongoDB implementation.
 
-mod document;
+pub mod document;
 pub mod mongo;
 
 use std::future::Future;

@@ -1,0 +1,159 @@
+//! `backfill`: history uploaded in large batches, as fast as the service takes it.
+
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+
+use crate::ctx::{Ctx, Target};
+use crate::dataset::{Dataset, Row};
+use crate::procs::scrape;
+use crate::report::{Report, Section, f, percentiles};
+
+pub struct Outcome {
+    pub readings: u64,
+    pub seconds: f64,
+    pub latencies_ms: Vec<f64>,
+    pub retries: u64,
+    pub service_cpu: Option<f64>,
+    pub bucket_updates: f64,
+    pub round_trips: f64,
+}
+
+/// POSTs every reading in batches of `batch`, `concurrency` at a time,
+/// retrying 503s; returns when all are stored (200).
+pub async fn send_all(
+    ctx: &Ctx,
+    target: &Target,
+    data: &Dataset,
+    batch: usize,
+    concurrency: usize,
+) -> anyhow::Result<Outcome> {
+    let client = reqwest::Client::new();
+    let url = format!("{}/api/v1/readings", target.url);
+    let rows: Vec<Row> = data.rows().collect();
+    let bodies: Vec<(usize, Vec<u8>)> = rows
+        .chunks(batch.max(1))
+        .map(|c| (c.len(), Dataset::json(c)))
+        .collect();
+    let before = scrape(&target.url).await.unwrap_or_default();
+    let cpu0 = target.cpu();
+    let bar = ctx.bar(rows.len() as u64, "backfill");
+    let started = Instant::now();
+    let results: Vec<anyhow::Result<(f64, u64)>> = futures_util::stream::iter(bodies)
+        .map(|(n, body)| {
+            let (client, url, bar) = (client.clone(), url.clone(), bar.clone());
+            async move {
+                let mut retries = 0;
+                loop {
+                    let t = Instant::now();
+                    let r = client
+                        .post(&url)
+                        .header("content-type", "application/json")
+                        .body(body.clone())
+                        .send()
+                        .await?;
+                    match r.status().as_u16() {
+                        200 => {
+                            bar.inc(n as u64);
+                            return Ok((t.elapsed().as_secs_f64() * 1000.0, retries));
+                        }
+                        503 => {
+                            retries += 1;
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                        s => {
+                            anyhow::bail!("unexpected {s}: {}", r.text().await.unwrap_or_default())
+                        }
+                    }
+                }
+            }
+        })
+        .buffer_unordered(concurrency.max(1))
+        .collect()
+        .await;
+    let seconds = started.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    let mut latencies = Vec::new();
+    let mut retries = 0;
+    for r in results {
+        let (l, n) = r?;
+        latencies.push(l);
+        retries += n;
+    }
+    let after = scrape(&target.url).await.unwrap_or_default();
+    let delta =
+        |k: &str| after.get(k).copied().unwrap_or(0.0) - before.get(k).copied().unwrap_or(0.0);
+    Ok(Outcome {
+        readings: rows.len() as u64,
+        seconds,
+        latencies_ms: latencies,
+        retries,
+        service_cpu: cpu0.zip(target.cpu()).map(|(a, b)| b - a),
+        bucket_updates: delta("hourglass_bucket_updates_total"),
+        round_trips: delta("hourglass_write_round_trips_total"),
+    })
+}
+
+pub fn section(title: &str, o: &Outcome) -> Section {
+    let (p50, p99, max) = percentiles(o.latencies_ms.clone());
+    let mut s = Section::new(title, &["metric", "value"]);
+    let rate = o.readings as f64 / o.seconds;
+    s.row(vec!["readings".into(), o.readings.to_string()]);
+    s.row(vec!["throughput (readings/s, stored)".into(), f(rate)]);
+    s.row(vec![
+        "request latency p50 / p99 / max (ms)".into(),
+        format!("{} / {} / {}", f(p50), f(p99), f(max)),
+    ]);
+    s.row(vec!["503 retries".into(), o.retries.to_string()]);
+    if let Some(cpu) = o.service_cpu {
+        s.row(vec![
+            "service CPU per reading (µs)".into(),
+            f(cpu / o.readings as f64 * 1e6),
+        ]);
+    }
+    s.row(vec![
+        "bucket updates (writes) per reading".into(),
+        f(o.bucket_updates / o.readings as f64),
+    ]);
+    s.row(vec!["write round trips".into(), f(o.round_trips)]);
+    s
+}
+
+pub fn record(report: &mut Report, key: &str, o: &Outcome) {
+    let (p50, p99, max) = percentiles(o.latencies_ms.clone());
+    report.set(key, serde_json::json!({
+        "readings": o.readings, "seconds": o.seconds, "readings_per_s": o.readings as f64 / o.seconds,
+        "latency_ms": { "p50": p50, "p99": p99, "max": max }, "retries": o.retries,
+        "service_cpu_s": o.service_cpu,
+        "service_cpu_us_per_reading": o.service_cpu.map(|c| c / o.readings as f64 * 1e6),
+        "bucket_updates": o.bucket_updates, "round_trips": o.round_trips,
+        "writes_per_reading": o.bucket_updates / o.readings as f64,
+    }));
+}
+
+pub async fn run(
+    ctx: &Ctx,
+    data: &Dataset,
+    batch: usize,
+    concurrency: usize,
+    verify: bool,
+) -> anyhow::Result<(Report, bool)> {
+    let target = ctx.target("backfill", "minute", false).await?;
+    let o = send_all(ctx, &target, data, batch, concurrency).await?;
+    let mut report = Report::new("Hourglass backfill");
+    report.sections.push(section(
+        &format!(
+            "Backfill: {} readings in batches of {batch}, {concurrency} at a time",
+            o.readings
+        ),
+        &o,
+    ));
+    record(&mut report, "backfill", &o);
+    let mut ok = true;
+    if verify {
+        let (r, good) = crate::verify::run(ctx, data, "minute", &target.database).await?;
+        report.merge(r);
+        ok = good;
+    }
+    Ok((report, ok))
+}

@@ -1,0 +1,257 @@
+//! `fleet`: sensors sending live, paced in real time, over HTTP or MQTT.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+use tokio::sync::{Mutex, Semaphore};
+
+use crate::ctx::Ctx;
+use crate::dataset::{Dataset, Row};
+use crate::procs::scrape;
+use crate::report::{Plot, Report, Section, f, percentiles};
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum, serde::Serialize)]
+pub enum Transport {
+    /// Batches of --batch readings per request.
+    Http,
+    /// One reading per request.
+    HttpSingle,
+    /// One reading per MQTT message on sensors/{sensor}/{metric}.
+    Mqtt,
+}
+
+fn mqtt_host_port(url: &str) -> anyhow::Result<(String, u16)> {
+    let rest = url
+        .strip_prefix("mqtt://")
+        .ok_or_else(|| anyhow::anyhow!("MQTT url must be mqtt://host:port"))?;
+    let (h, p) = rest
+        .rsplit_once(':')
+        .ok_or_else(|| anyhow::anyhow!("MQTT url needs a port"))?;
+    Ok((h.to_owned(), p.trim_end_matches('/').parse()?))
+}
+
+pub async fn run(
+    ctx: &Ctx,
+    mut data: Dataset,
+    transport: Transport,
+    batch: usize,
+    concurrency: usize,
+    verify: bool,
+) -> anyhow::Result<(Report, bool)> {
+    let mqtt = matches!(transport, Transport::Mqtt);
+    let target = ctx.target("fleet", "minute", mqtt).await?;
+    // Live sensors: the data starts now.
+    data.start = time::OffsetDateTime::now_utc().unix_timestamp();
+    let interval = Duration::from_secs(u64::from(data.args.interval.max(1)));
+    let batch = if matches!(transport, Transport::HttpSingle) {
+        1
+    } else {
+        batch.max(1)
+    };
+    let latencies = Arc::new(Mutex::new(Vec::<f64>::new()));
+    let errors = Arc::new(AtomicU64::new(0));
+    let sent = Arc::new(AtomicU64::new(0));
+    let permits = Arc::new(Semaphore::new(concurrency.max(1)));
+    let http = reqwest::Client::new();
+    let url = format!("{}/api/v1/readings", target.url);
+
+    // MQTT: one client; PUBACK latency is the broker's acknowledgement.
+    let publisher = if mqtt {
+        let (host, port) = mqtt_host_port(ctx.global.mqtt_url.as_deref().unwrap_or_default())?;
+        let mut o = MqttOptions::new(format!("fleet-{}", ctx.run), host, port);
+        o.set_keep_alive(Duration::from_secs(30)).set_inflight(1000);
+        let (client, mut el) = AsyncClient::new(o, 10_000);
+        let acked = Arc::new(AtomicU64::new(0));
+        let a = acked.clone();
+        tokio::spawn(async move {
+            loop {
+                match el.poll().await {
+                    Ok(Event::Incoming(Packet::PubAck(_))) => {
+                        a.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(_) => {}
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+        });
+        Some((client, acked))
+    } else {
+        None
+    };
+
+    let before = scrape(&target.url).await.unwrap_or_default();
+    let cpu0 = target.cpu();
+    let bar = ctx.bar(u64::from(data.ticks()), "fleet");
+    let started = Instant::now();
+    let mut samples: Vec<(f64, f64)> = Vec::new();
+    let stored0 = before
+        .get("hourglass_readings_stored_total")
+        .copied()
+        .unwrap_or(0.0);
+    let mut next = tokio::time::Instant::now();
+    for k in 0..data.ticks() {
+        tokio::time::sleep_until(next).await;
+        next += interval;
+        let rows: Vec<Row> = data.tick(k).collect();
+        match &publisher {
+            Some((client, _)) => {
+                for (i, j, ts, v) in rows {
+                    let topic = format!("sensors/{}/{}", Dataset::sensor(i), Dataset::metric(j));
+                    let payload = format!(r#"{{"value":{v},"ts":{}}}"#, ts * 1000);
+                    client
+                        .publish(topic, QoS::AtLeastOnce, false, payload)
+                        .await?;
+                    sent.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            None => {
+                for chunk in rows.chunks(batch) {
+                    let body = Dataset::json(chunk);
+                    let n = chunk.len() as u64;
+                    let permit = permits.clone().acquire_owned().await?;
+                    let (http, url, latencies, errors, sent) = (
+                        http.clone(),
+                        url.clone(),
+                        latencies.clone(),
+                        errors.clone(),
+                        sent.clone(),
+                    );
+                    tokio::spawn(async move {
+                        let t = Instant::now();
+                        match http
+                            .post(&url)
+                            .header("content-type", "application/json")
+                            .body(body)
+                            .send()
+                            .await
+                        {
+                            Ok(r) if r.status() == 200 => {
+                                latencies
+                                    .lock()
+                                    .await
+                                    .push(t.elapsed().as_secs_f64() * 1000.0);
+                                sent.fetch_add(n, Ordering::Relaxed);
+                            }
+                            _ => {
+                                errors.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        drop(permit);
+                    });
+                }
+            }
+        }
+        if let Ok(m) = scrape(&target.url).await {
+            let stored = m
+                .get("hourglass_readings_stored_total")
+                .copied()
+                .unwrap_or(0.0)
+                - stored0;
+            samples.push((started.elapsed().as_secs_f64(), stored));
+        }
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let offered_s = started.elapsed().as_secs_f64();
+    // Let every in-flight request finish.
+    let _ = permits.acquire_many(concurrency.max(1) as u32).await?;
+    let offered = data.len();
+    // Wait (bounded) until everything offered is stored.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut stored = 0.0;
+    while Instant::now() < deadline {
+        let m = scrape(&target.url).await.unwrap_or_default();
+        stored = m
+            .get("hourglass_readings_stored_total")
+            .copied()
+            .unwrap_or(0.0)
+            - stored0;
+        samples.push((started.elapsed().as_secs_f64(), stored));
+        if stored >= offered as f64 - errors.load(Ordering::Relaxed) as f64 * batch as f64 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let all_s = started.elapsed().as_secs_f64();
+    let cpu = cpu0.zip(target.cpu()).map(|(a, b)| b - a);
+    let (p50, p99, max) = percentiles(latencies.lock().await.clone());
+    let label = format!("{transport:?}").to_lowercase();
+    let mut s = Section::new(
+        &format!(
+            "Fleet over {label}: {} sensors × {} metrics, every {} s, for {} s",
+            data.args.sensors, data.args.metrics, data.args.interval, data.args.seconds
+        ),
+        &["metric", "value"],
+    );
+    s.row(vec![
+        "offered (readings/s)".into(),
+        f(offered as f64 / offered_s),
+    ]);
+    s.row(vec![
+        "stored (readings/s, until all stored)".into(),
+        f(stored / all_s),
+    ]);
+    s.row(vec![
+        "stored / offered".into(),
+        format!("{} / {}", stored as u64, offered),
+    ]);
+    s.row(vec![
+        if mqtt {
+            "broker PUBACK: n/a here (see throughput)".into()
+        } else {
+            "acknowledgement latency p50 / p99 / max (ms)".into()
+        },
+        if mqtt {
+            "-".into()
+        } else {
+            format!("{} / {} / {}", f(p50), f(p99), f(max))
+        },
+    ]);
+    s.row(vec![
+        "errors".into(),
+        errors.load(Ordering::Relaxed).to_string(),
+    ]);
+    if let Some(c) = cpu {
+        let per = if mqtt { "message" } else { "reading" };
+        s.row(vec![
+            format!("service CPU per {per} (µs)"),
+            f(c / offered as f64 * 1e6),
+        ]);
+    }
+    let mut report = Report::new("Hourglass fleet");
+    report.sections.push(s);
+    report.plots.push(Plot::Lines {
+        file: format!("fleet-{label}-throughput.svg"),
+        title: format!("Fleet over {label}: stored readings over time"),
+        x: "seconds".into(),
+        y: "readings stored".into(),
+        series: vec![
+            (
+                "offered".into(),
+                (0..=data.ticks())
+                    .map(|k| {
+                        (
+                            f64::from(k) * interval.as_secs_f64(),
+                            (u64::from(k) * data.series()) as f64,
+                        )
+                    })
+                    .collect(),
+            ),
+            ("stored".into(), samples),
+        ],
+    });
+    report.set(&format!("fleet_{label}"), serde_json::json!({
+        "offered": offered, "stored": stored, "offered_per_s": offered as f64 / offered_s, "stored_per_s": stored / all_s,
+        "latency_ms": { "p50": p50, "p99": p99, "max": max }, "errors": errors.load(Ordering::Relaxed),
+        "service_cpu_s": cpu, "service_cpu_us_per_reading": cpu.map(|c| c / offered as f64 * 1e6),
+    }));
+    let mut ok = errors.load(Ordering::Relaxed) == 0 && stored as u64 == offered;
+    if verify {
+        let (r, good) = crate::verify::run(ctx, &data, "minute", &target.database).await?;
+        report.merge(r);
+        ok &= good;
+    }
+    Ok((report, ok))
+}

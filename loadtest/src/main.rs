@@ -1,0 +1,249 @@
+//! hourglass-loadtest: measures Hourglass as its users would. See loadtest/README.md.
+
+mod backfill;
+mod ctx;
+mod dataset;
+mod designs;
+mod fleet;
+mod peers;
+mod procs;
+mod query;
+mod report;
+mod verify;
+
+use clap::{Parser, Subcommand};
+
+use crate::ctx::{Ctx, Global};
+use crate::dataset::{Dataset, DatasetArgs};
+use crate::report::Report;
+
+#[derive(Parser)]
+#[command(version, about = "Load tests and benchmarks for Hourglass")]
+struct Cli {
+    #[command(flatten)]
+    global: Global,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Simulated sensors sending live at 1/interval Hz for --seconds.
+    Fleet {
+        #[command(flatten)]
+        data: DatasetArgs,
+        #[arg(long, value_enum, default_value = "http")]
+        transport: fleet::Transport,
+        /// Readings per HTTP request.
+        #[arg(long, default_value_t = 100)]
+        batch: usize,
+        #[arg(long, default_value_t = 8)]
+        concurrency: usize,
+        /// Skip the final verify.
+        #[arg(long)]
+        no_verify: bool,
+    },
+    /// History uploaded in large batches as fast as the service takes it.
+    Backfill {
+        #[command(flatten)]
+        data: DatasetArgs,
+        #[arg(long, default_value_t = 5000)]
+        batch: usize,
+        #[arg(long, default_value_t = 4)]
+        concurrency: usize,
+        #[arg(long)]
+        no_verify: bool,
+        /// Hours before now at which the data ends.
+        #[arg(long, default_value_t = 1)]
+        lag_hours: i64,
+    },
+    /// A mix of average and series queries.
+    Query {
+        #[command(flatten)]
+        data: DatasetArgs,
+        #[arg(long, default_value_t = 200)]
+        queries: usize,
+        #[arg(long, default_value_t = 4)]
+        concurrency: usize,
+    },
+    /// Compares the database with the dataset the generator knows.
+    Verify {
+        #[command(flatten)]
+        data: DatasetArgs,
+        /// Epoch seconds of the dataset's first reading.
+        #[arg(long)]
+        start: i64,
+        #[arg(long, default_value = "minute")]
+        granularity: String,
+    },
+    /// One document per reading vs minute vs hour buckets, same server, same data.
+    CompareDesigns {
+        #[command(flatten)]
+        data: DatasetArgs,
+        #[arg(long, default_value_t = 5000)]
+        batch: usize,
+        #[arg(long, default_value_t = 4)]
+        concurrency: usize,
+    },
+    /// The same data into VictoriaMetrics and InfluxDB 1.x, next to Hourglass.
+    Peers {
+        #[command(flatten)]
+        data: DatasetArgs,
+        #[arg(long, default_value_t = 5000)]
+        batch: usize,
+        #[arg(long, default_value_t = 4)]
+        concurrency: usize,
+    },
+    /// The standard full run: every scenario, one report.
+    All {
+        /// Scale of the datasets (1 = the committed report's sizes).
+        #[arg(long, default_value_t = 1.0)]
+        scale: f64,
+    },
+}
+
+fn recent(args: DatasetArgs, lag_hours: i64) -> Dataset {
+    Dataset::recent(args, lag_hours * 3600)
+}
+
+fn scaled(sensors: u32, metrics: u32, seconds: f64, interval: u32) -> DatasetArgs {
+    DatasetArgs {
+        sensors,
+        metrics,
+        seconds: seconds.max(60.0) as u32,
+        interval,
+        seed: 42,
+    }
+}
+
+async fn all(ctx: &Ctx, scale: f64) -> anyhow::Result<(Report, bool)> {
+    let mut report = Report::new("Hourglass load test: full run");
+    let mut ok = true;
+    let backfill_data = recent(scaled(50, 2, 3600.0 * scale, 1), 1);
+    let (r, good) = backfill::run(ctx, &backfill_data, 5000, 4, true).await?;
+    report.merge(r);
+    ok &= good;
+    for transport in [fleet::Transport::Http, fleet::Transport::Mqtt] {
+        let data = Dataset::recent(scaled(200, 2, 60.0 * scale, 1), 0);
+        let (r, good) = fleet::run(ctx, data, transport, 400, 8, true).await?;
+        report.merge(r);
+        ok &= good;
+    }
+    report.merge(query::run(ctx, &recent(scaled(20, 2, 3600.0 * scale, 1), 1), 400, 4).await?);
+    let designs_data = recent(scaled(20, 2, 3.0 * 3600.0 * scale, 1), 1);
+    let (r, good) = designs::run(ctx, &designs_data, 5000, 4).await?;
+    report.merge(r);
+    ok &= good;
+    report.merge(peers::run(ctx, &recent(scaled(50, 2, 3600.0 * scale, 1), 1), 5000, 4).await?);
+    Ok((report, ok))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let run = format!(
+        "{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_micros()
+            % 0xffff_ffff
+    );
+    let ctx = Ctx {
+        global: cli.global,
+        run,
+    };
+    let (name, (report, ok)) = match cli.command {
+        Cmd::Fleet {
+            data,
+            transport,
+            batch,
+            concurrency,
+            no_verify,
+        } => (
+            "fleet",
+            fleet::run(
+                &ctx,
+                Dataset::recent(data, 0),
+                transport,
+                batch,
+                concurrency,
+                !no_verify,
+            )
+            .await?,
+        ),
+        Cmd::Backfill {
+            data,
+            batch,
+            concurrency,
+            no_verify,
+            lag_hours,
+        } => (
+            "backfill",
+            backfill::run(
+                &ctx,
+                &recent(data, lag_hours),
+                batch,
+                concurrency,
+                !no_verify,
+            )
+            .await?,
+        ),
+        Cmd::Query {
+            data,
+            queries,
+            concurrency,
+        } => (
+            "query",
+            (
+                query::run(&ctx, &recent(data, 1), queries, concurrency).await?,
+                true,
+            ),
+        ),
+        Cmd::Verify {
+            data,
+            start,
+            granularity,
+        } => {
+            let database = ctx.global.database.clone();
+            (
+                "verify",
+                verify::run(&ctx, &Dataset::new(data, start), &granularity, &database).await?,
+            )
+        }
+        Cmd::CompareDesigns {
+            data,
+            batch,
+            concurrency,
+        } => (
+            "designs",
+            designs::run(&ctx, &recent(data, 1), batch, concurrency).await?,
+        ),
+        Cmd::Peers {
+            data,
+            batch,
+            concurrency,
+        } => (
+            "peers",
+            (
+                peers::run(&ctx, &recent(data, 1), batch, concurrency).await?,
+                true,
+            ),
+        ),
+        Cmd::All { scale } => ("full", all(&ctx, scale).await?),
+    };
+    report.print(ctx.global.json)?;
+    if !ctx.global.no_files {
+        let dir = ctx
+            .global
+            .results_dir
+            .join(ctx.global.name.clone().unwrap_or_else(|| name.to_owned()));
+        report.write(&dir)?;
+        if !ctx.global.json {
+            println!("\nReport: {}", dir.join("report.md").display());
+        }
+    }
+    if !ok {
+        anyhow::bail!("verification failed: the database does not match what was sent");
+    }
+    Ok(())
+}

@@ -1,0 +1,335 @@
+//! `peers`: the same data as Influx line protocol into VictoriaMetrics and
+//! InfluxDB 1.x (both started here on free ports, with throw-away data
+//! directories), the same queries, next to Hourglass.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+
+use crate::backfill;
+use crate::ctx::Ctx;
+use crate::dataset::{Dataset, Row};
+use crate::procs::{Proc, dir_bytes, free_port, peak_rss_mib, wait_http};
+use crate::report::{Plot, Report, Section, f};
+
+const RUNS: usize = 5;
+
+fn which(bin: &str) -> anyhow::Result<String> {
+    for dir in ["/usr/bin", "/usr/local/bin", "/usr/sbin"] {
+        let p = format!("{dir}/{bin}");
+        if Path::new(&p).exists() {
+            return Ok(p);
+        }
+    }
+    anyhow::bail!("{bin} is not installed (apt-get install victoria-metrics influxdb)")
+}
+
+async fn start_victoria() -> anyhow::Result<Proc> {
+    let port = free_port()?;
+    let dir = tempfile::tempdir()?;
+    let child = Command::new(which("victoria-metrics")?)
+        .arg(format!(
+            "-storageDataPath={}",
+            dir.path().join("data").display()
+        ))
+        .arg(format!("-httpListenAddr=127.0.0.1:{port}"))
+        .arg("-retentionPeriod=100y")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let proc = Proc {
+        pid: child.id(),
+        child,
+        url: format!("http://127.0.0.1:{port}"),
+        dir: Some(dir),
+    };
+    wait_http(&format!("{}/health", proc.url), Duration::from_secs(60)).await?;
+    Ok(proc)
+}
+
+async fn start_influx() -> anyhow::Result<Proc> {
+    let (http, rpc) = (free_port()?, free_port()?);
+    let dir = tempfile::tempdir()?;
+    let d = dir.path().display();
+    let config = format!(
+        "reporting-disabled = true\nbind-address = \"127.0.0.1:{rpc}\"\n[meta]\ndir = \"{d}/meta\"\n[data]\ndir = \"{d}/data\"\nwal-dir = \"{d}/wal\"\nquery-log-enabled = false\n[http]\nbind-address = \"127.0.0.1:{http}\"\nlog-enabled = false\n[monitor]\nstore-enabled = false\n"
+    );
+    std::fs::write(dir.path().join("influxdb.conf"), config)?;
+    let child = Command::new(which("influxd")?)
+        .arg("-config")
+        .arg(dir.path().join("influxdb.conf"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let proc = Proc {
+        pid: child.id(),
+        child,
+        url: format!("http://127.0.0.1:{http}"),
+        dir: Some(dir),
+    };
+    wait_http(&format!("{}/ping", proc.url), Duration::from_secs(60)).await?;
+    let r = reqwest::Client::new()
+        .post(format!("{}/query?q=CREATE%20DATABASE%20hg", proc.url))
+        .send()
+        .await?;
+    anyhow::ensure!(r.status().is_success(), "CREATE DATABASE: {}", r.status());
+    Ok(proc)
+}
+
+/// Sends every reading as line protocol; returns the seconds it took.
+async fn send_lines(
+    ctx: &Ctx,
+    url: &str,
+    data: &Dataset,
+    batch: usize,
+    concurrency: usize,
+) -> anyhow::Result<f64> {
+    let client = reqwest::Client::new();
+    let rows: Vec<Row> = data.rows().collect();
+    let bar = ctx.bar(rows.len() as u64, "line protocol");
+    let started = Instant::now();
+    let results: Vec<anyhow::Result<()>> = futures_util::stream::iter(
+        rows.chunks(batch.max(1))
+            .map(|c| (c.len(), Dataset::line_protocol(c)))
+            .collect::<Vec<_>>(),
+    )
+    .map(|(n, body)| {
+        let (client, bar) = (client.clone(), bar.clone());
+        async move {
+            let r = client.post(url).body(body).send().await?;
+            anyhow::ensure!(
+                r.status().is_success(),
+                "{url}: {} {}",
+                r.status(),
+                r.text().await.unwrap_or_default()
+            );
+            bar.inc(n as u64);
+            Ok(())
+        }
+    })
+    .buffer_unordered(concurrency.max(1))
+    .collect()
+    .await;
+    bar.finish_and_clear();
+    results.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
+    Ok(started.elapsed().as_secs_f64())
+}
+
+async fn median_ms(client: &reqwest::Client, url: &str) -> anyhow::Result<f64> {
+    let mut times = Vec::new();
+    for _ in 0..RUNS {
+        let t = Instant::now();
+        let r = client.get(url).send().await?;
+        anyhow::ensure!(r.status().is_success(), "{url}: {}", r.status());
+        let _ = r.bytes().await?;
+        times.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
+struct Peer {
+    name: &'static str,
+    readings_per_s: f64,
+    cpu_s: f64,
+    rss_mib: f64,
+    disk_bytes: f64,
+    avg_ms: f64,
+    series_ms: f64,
+}
+
+fn rfc3339(ts: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp(ts)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_default()
+}
+
+pub async fn run(
+    ctx: &Ctx,
+    data: &Dataset,
+    batch: usize,
+    concurrency: usize,
+) -> anyhow::Result<Report> {
+    let client = reqwest::Client::new();
+    let (end, n) = (data.end(), data.len() as f64);
+    let (from24, from1) = (end - 86_400, end - 3600);
+    let mut peers = Vec::new();
+
+    let vm = start_victoria().await?;
+    let cpu0 = vm.cpu();
+    let secs = send_lines(
+        ctx,
+        &format!("{}/write?precision=s", vm.url),
+        data,
+        batch,
+        concurrency,
+    )
+    .await?;
+    let cpu = vm.cpu() - cpu0;
+    let _ = client
+        .get(format!("{}/internal/force_flush", vm.url))
+        .send()
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let sel = r#"m0_value{sensor="lt-00000"}"#;
+    let avg = format!(
+        "{}/api/v1/query?query=avg_over_time({sel}[1h])&time={end}",
+        vm.url
+    );
+    let series = format!(
+        "{}/api/v1/query_range?query=avg_over_time({sel}[1h])&start={from24}&end={end}&step=3600",
+        vm.url
+    );
+    peers.push(Peer {
+        name: "VictoriaMetrics",
+        readings_per_s: n / secs,
+        cpu_s: cpu,
+        rss_mib: peak_rss_mib(vm.pid),
+        disk_bytes: vm.dir.as_ref().map_or(0, |d| dir_bytes(d.path())) as f64,
+        avg_ms: median_ms(&client, &avg).await?,
+        series_ms: median_ms(&client, &series).await?,
+    });
+    vm.stop();
+
+    let influx = start_influx().await?;
+    let cpu0 = influx.cpu();
+    let secs = send_lines(
+        ctx,
+        &format!("{}/write?db=hg&precision=s", influx.url),
+        data,
+        batch,
+        concurrency,
+    )
+    .await?;
+    let cpu = influx.cpu() - cpu0;
+    let q = |sql: String| {
+        format!(
+            "{}/query?db=hg&q={}",
+            influx.url,
+            sql.replace(' ', "%20")
+                .replace('\'', "%27")
+                .replace('"', "%22")
+        )
+    };
+    let avg = q(format!(
+        "SELECT mean(value) FROM m0 WHERE sensor='lt-00000' AND time >= '{}' AND time < '{}'",
+        rfc3339(from1),
+        rfc3339(end)
+    ));
+    let series = q(format!(
+        "SELECT mean(value) FROM m0 WHERE sensor='lt-00000' AND time >= '{}' AND time < '{}' GROUP BY time(1h)",
+        rfc3339(from24),
+        rfc3339(end)
+    ));
+    peers.push(Peer {
+        name: "InfluxDB 1.x",
+        readings_per_s: n / secs,
+        cpu_s: cpu,
+        rss_mib: peak_rss_mib(influx.pid),
+        disk_bytes: influx.dir.as_ref().map_or(0, |d| dir_bytes(d.path())) as f64,
+        avg_ms: median_ms(&client, &avg).await?,
+        series_ms: median_ms(&client, &series).await?,
+    });
+    influx.stop();
+
+    let target = ctx.target("peers", "minute", false).await?;
+    let o = backfill::send_all(ctx, &target, data, batch, concurrency).await?;
+    let mongo = mongodb::Client::with_uri_str(ctx.mongodb_uri()?).await?;
+    let stats = mongo
+        .database(&target.database)
+        .run_command(mongodb::bson::doc! { "collStats": "buckets" })
+        .await?;
+    let bytes = stats
+        .get_i64("size")
+        .map(|x| x as f64)
+        .or_else(|_| stats.get_i32("size").map(f64::from))
+        .unwrap_or(0.0)
+        + stats
+            .get_i64("totalIndexSize")
+            .map(|x| x as f64)
+            .or_else(|_| stats.get_i32("totalIndexSize").map(f64::from))
+            .unwrap_or(0.0);
+    let (s, m) = (Dataset::sensor(0), Dataset::metric(0));
+    let avg = format!(
+        "{}/api/v1/sensors/{s}/average?metric={m}&from={}&to={}",
+        target.url,
+        rfc3339(from1),
+        rfc3339(end)
+    );
+    let series = format!(
+        "{}/api/v1/sensors/{s}/series?metric={m}&from={}&to={}&step=1h",
+        target.url,
+        rfc3339(from24),
+        rfc3339(end)
+    );
+    peers.push(Peer {
+        name: "Hourglass (service only)",
+        readings_per_s: o.readings as f64 / o.seconds,
+        cpu_s: o.service_cpu.unwrap_or(0.0),
+        rss_mib: target.proc.as_ref().map_or(0.0, |p| peak_rss_mib(p.pid)),
+        disk_bytes: bytes,
+        avg_ms: median_ms(&client, &avg).await?,
+        series_ms: median_ms(&client, &series).await?,
+    });
+
+    let mut sec = Section::new(
+        &format!(
+            "Peers: {} readings as line protocol in batches of {batch}, {concurrency} at a time",
+            data.len()
+        ),
+        &[
+            "system",
+            "readings/s",
+            "CPU s per million readings",
+            "peak RSS MiB",
+            "bytes per reading (disk)",
+            "avg 1h ms",
+            "series 24h/1h ms",
+        ],
+    );
+    for p in &peers {
+        sec.row(vec![
+            p.name.into(),
+            f(p.readings_per_s),
+            f(p.cpu_s / n * 1e6),
+            f(p.rss_mib),
+            f(p.disk_bytes / n),
+            f(p.avg_ms),
+            f(p.series_ms),
+        ]);
+    }
+    let mut report = Report::new("Hourglass and its peers");
+    report.sections.push(sec);
+    report.notes.push("Hourglass' row counts the service process only; its storage is the Python stand-in SecantusDB (bytes are the collection's data and index sizes as the server reports them), so its throughput is the stand-in's. The CPU column is the fair comparison of the ingest paths.".into());
+    if let (Some(h), Some(v)) = (
+        peers.iter().find(|p| p.name.starts_with("Hourglass")),
+        peers.iter().find(|p| p.name == "VictoriaMetrics"),
+    ) {
+        report.notes.push(format!(
+            "Service CPU per reading: Hourglass {} µs, VictoriaMetrics {} µs (ratio {}).",
+            f(h.cpu_s / n * 1e6),
+            f(v.cpu_s / n * 1e6),
+            f(h.cpu_s / v.cpu_s.max(1e-9))
+        ));
+    }
+    report.plots.push(Plot::Bars {
+        file: "peers-cpu.svg".into(),
+        title: "CPU seconds per million readings".into(),
+        y: "CPU s".into(),
+        bars: peers
+            .iter()
+            .map(|p| (p.name.replace(" (service only)", ""), p.cpu_s / n * 1e6))
+            .collect(),
+    });
+    report.set("peers", peers.iter().map(|p| serde_json::json!({
+        "system": p.name, "readings_per_s": p.readings_per_s, "cpu_s_per_million": p.cpu_s / n * 1e6,
+        "peak_rss_mib": p.rss_mib, "bytes_per_reading": p.disk_bytes / n, "avg_1h_ms": p.avg_ms, "series_24h_ms": p.series_ms,
+    })).collect::<Vec<_>>());
+    Ok(report)
+}

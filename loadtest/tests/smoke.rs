@@ -1,0 +1,136 @@
+//! A short run of every subcommand against the local stack, so the tool cannot
+//! rot: seconds of small data, and each run must verify exactly.
+
+use std::process::Command;
+
+fn loadtest(args: &[&str]) -> String {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let bin =
+        std::env::var("HOURGLASS_BIN").unwrap_or_else(|_| format!("{root}/target/debug/hourglass"));
+    assert!(
+        std::path::Path::new(&bin).exists(),
+        "{bin} is missing: `cargo build` (make test does)"
+    );
+    let results = tempfile::tempdir().expect("temp dir");
+    let out = Command::new(env!("CARGO_BIN_EXE_hourglass-loadtest"))
+        .args(["--quiet", "--json", "--results-dir"])
+        .arg(results.path())
+        .args(["--hourglass-bin", &bin])
+        .args(args)
+        .output()
+        .expect("the loadtest runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{args:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_str(&stdout).expect("a JSON report");
+    let name = std::fs::read_dir(results.path())
+        .expect("a results dir")
+        .next()
+        .expect("one report")
+        .expect("entry");
+    assert!(name.path().join("report.md").exists() && name.path().join("report.json").exists());
+    report.to_string()
+}
+
+const SMALL: &[&str] = &["--sensors", "2", "--metrics", "2", "--seconds", "120"];
+
+fn with(cmd: &str, extra: &[&str]) -> Vec<String> {
+    let mut v = vec![cmd.to_owned()];
+    v.extend(SMALL.iter().map(|s| (*s).to_owned()));
+    v.extend(extra.iter().map(|s| (*s).to_owned()));
+    v
+}
+
+fn run(cmd: &str, extra: &[&str]) -> serde_json::Value {
+    let args = with(cmd, extra);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    serde_json::from_str(&loadtest(&refs)).expect("json")
+}
+
+#[test]
+fn backfill_stores_and_verifies_exactly() {
+    let r = run("backfill", &["--batch", "100"]);
+    assert_eq!(r["data"]["verify"]["exact"], true, "{r}");
+    assert_eq!(r["data"]["backfill"]["readings"], 480);
+}
+
+#[test]
+fn fleet_over_http_and_mqtt_verifies_exactly() {
+    for transport in ["http", "mqtt"] {
+        let args = [
+            "--transport",
+            transport,
+            "--sensors",
+            "2",
+            "--metrics",
+            "1",
+            "--seconds",
+            "3",
+        ];
+        let report: serde_json::Value =
+            serde_json::from_str(&loadtest(&[&["fleet"], &args[..]].concat())).expect("json");
+        assert_eq!(
+            report["data"]["verify"]["exact"], true,
+            "{transport}: {report}"
+        );
+    }
+}
+
+#[test]
+fn queries_report_latency_per_kind() {
+    let r = run("query", &["--queries", "8"]);
+    assert_eq!(
+        r["data"]["queries"].as_object().map(|o| o.len()),
+        Some(4),
+        "{r}"
+    );
+}
+
+#[test]
+fn compare_designs_reports_all_three_designs() {
+    let r = run("compare-designs", &["--batch", "200"]);
+    let designs = r["data"]["designs"].as_array().expect("designs");
+    assert_eq!(designs.len(), 3);
+    let writes = |i: usize| designs[i]["writes_per_reading"].as_f64().expect("number");
+    assert_eq!(writes(0), 1.0, "one write per reading in the naive design");
+    assert!(writes(1) < writes(0) && writes(2) <= writes(1), "{r}");
+}
+
+#[test]
+fn peers_runs_victoria_metrics_and_influxdb_next_to_hourglass() {
+    let r = run("peers", &[]);
+    let peers = r["data"]["peers"].as_array().expect("peers");
+    assert_eq!(peers.len(), 3, "{r}");
+    assert!(
+        peers
+            .iter()
+            .all(|p| p["readings_per_s"].as_f64().is_some_and(|x| x > 0.0))
+    );
+}
+
+#[test]
+fn verify_finds_a_dataset_that_was_never_sent() {
+    let out = Command::new(env!("CARGO_BIN_EXE_hourglass-loadtest"))
+        .args([
+            "--quiet",
+            "--no-files",
+            "--database",
+            "lt_never_written",
+            "verify",
+            "--sensors",
+            "1",
+            "--metrics",
+            "1",
+            "--seconds",
+            "60",
+            "--start",
+            "1700000000",
+        ])
+        .output()
+        .expect("runs");
+    assert!(!out.status.success(), "missing data must fail verify");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("MISMATCH"));
+}
