@@ -1,4 +1,4 @@
-.PHONY: run test lint ci
+.PHONY: run test lint ci bench loadtest
 
 # Runs the service, starting a local MongoDB-compatible server unless
 # HOURGLASS__MONGODB__URI is set.
@@ -14,3 +14,13 @@ lint:
 	cargo clippy --workspace --all-targets -- -D warnings
 
 ci: lint test
+
+# Criterion benchmarks of the hot paths (a few minutes), then one summary table.
+bench:
+	cargo bench --bench hot_paths -- --warm-up-time 1 --measurement-time 3
+	python3 scripts/bench-summary.py
+
+# The full load test (about 10 minutes): every scenario, one report in
+# loadtest/results/full/. Starts the local stack like `make run`.
+loadtest:
+	scripts/loadtest.sh

@@ -1,0 +1,104 @@
+//! The service's hot paths, without I/O: what a reading costs in CPU before
+//! it reaches the database. `make bench` runs these and prints a summary.
+
+use std::hint::black_box;
+
+use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
+use hourglass::batcher::{Batcher, BatcherLimits};
+use hourglass::domain::{BucketUpdate, Granularity, TimeWindow};
+use hourglass::ingest::decode::{DecodeContext, decode_readings};
+use hourglass::store::document::{key_filter, update_pipeline};
+use tokio::time::{Duration, Instant};
+
+const READINGS: usize = 10_000;
+const NOW: i64 = 1_700_000_000;
+
+/// 10 000 readings: 100 sensors × 2 metrics × 50 consecutive seconds.
+fn body() -> Vec<u8> {
+    let mut items = Vec::with_capacity(READINGS);
+    for second in 0..50 {
+        for sensor in 0..100 {
+            for metric in 0..2 {
+                let ts = (NOW - 3600 + second) * 1000;
+                items.push(format!(
+                    r#"{{"sensor":"truck-{sensor:04}","metric":"m{metric}","ts":{ts},"value":{}.5}}"#,
+                    (sensor * 7 + second) % 113
+                ));
+            }
+        }
+    }
+    format!("[{}]", items.join(",")).into_bytes()
+}
+
+fn ctx() -> DecodeContext {
+    DecodeContext {
+        now: NOW,
+        window: TimeWindow { max_age: Duration::from_secs(86_400), max_future: Duration::from_secs(300) },
+        max_readings: READINGS,
+    }
+}
+
+const LIMITS: BatcherLimits = BatcherLimits {
+    flush_interval: Duration::from_secs(1),
+    max_pending_readings: 1_000_000,
+    max_buffered_readings: 1_000_000,
+    max_buckets: 1_000_000,
+};
+
+fn updates(body: &[u8], g: Granularity) -> Vec<BucketUpdate> {
+    let readings = decode_readings(body, &ctx()).expect("valid");
+    let mut b: Batcher<()> = Batcher::new(g, LIMITS);
+    b.offer(readings, None, Instant::now()).expect("room");
+    b.take().expect("a batch").updates
+}
+
+fn benches(c: &mut Criterion) {
+    let body = body();
+    let mut group = c.benchmark_group("hot_paths");
+    group.throughput(Throughput::Elements(READINGS as u64));
+
+    group.bench_function("decode_10k_readings", |b| {
+        b.iter(|| decode_readings(black_box(&body), &ctx()).expect("valid"))
+    });
+
+    group.bench_function("batcher_absorb_and_take_10k", |b| {
+        b.iter_batched(
+            || decode_readings(&body, &ctx()).expect("valid"),
+            |readings| {
+                let mut batcher: Batcher<()> = Batcher::new(Granularity::Minute, LIMITS);
+                batcher.offer(readings, None, Instant::now()).expect("room");
+                batcher.take().expect("a batch")
+            },
+            BatchSize::SmallInput,
+        )
+    });
+
+    for g in [Granularity::Minute, Granularity::Hour] {
+        let ups = updates(&body, g);
+        group.bench_function(format!("update_documents_10k_{g:?}").to_lowercase(), |b| {
+            b.iter(|| {
+                ups.iter()
+                    .map(|u| (key_filter(&u.key), update_pipeline(u, g)))
+                    .collect::<Vec<_>>()
+            })
+        });
+    }
+
+    group.bench_function("whole_path_10k_minute", |b| {
+        b.iter(|| {
+            let readings = decode_readings(black_box(&body), &ctx()).expect("valid");
+            let mut batcher: Batcher<()> = Batcher::new(Granularity::Minute, LIMITS);
+            batcher.offer(readings, None, Instant::now()).expect("room");
+            let batch = batcher.take().expect("a batch");
+            batch
+                .updates
+                .iter()
+                .map(|u| mongodb::bson::doc! { "q": key_filter(&u.key), "u": update_pipeline(u, Granularity::Minute), "upsert": true })
+                .collect::<Vec<_>>()
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(hot, benches);
+criterion_main!(hot);
