@@ -7,7 +7,7 @@ use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_mai
 use hourglass::batcher::{Batcher, BatcherLimits};
 use hourglass::domain::{BucketUpdate, Granularity, TimeWindow};
 use hourglass::ingest::decode::{DecodeContext, decode_readings};
-use hourglass::store::document::{key_filter, update_pipeline};
+use hourglass::store::document::update_statement;
 use tokio::time::{Duration, Instant};
 
 const READINGS: usize = 10_000;
@@ -33,7 +33,10 @@ fn body() -> Vec<u8> {
 fn ctx() -> DecodeContext {
     DecodeContext {
         now: NOW,
-        window: TimeWindow { max_age: Duration::from_secs(86_400), max_future: Duration::from_secs(300) },
+        window: TimeWindow {
+            max_age: Duration::from_secs(86_400),
+            max_future: Duration::from_secs(300),
+        },
         max_readings: READINGS,
     }
 }
@@ -78,7 +81,7 @@ fn benches(c: &mut Criterion) {
         group.bench_function(format!("update_documents_10k_{g:?}").to_lowercase(), |b| {
             b.iter(|| {
                 ups.iter()
-                    .map(|u| (key_filter(&u.key), update_pipeline(u, g)))
+                    .map(|u| update_statement(u, g))
                     .collect::<Vec<_>>()
             })
         });
@@ -93,7 +96,7 @@ fn benches(c: &mut Criterion) {
             batch
                 .updates
                 .iter()
-                .map(|u| mongodb::bson::doc! { "q": key_filter(&u.key), "u": update_pipeline(u, Granularity::Minute), "upsert": true })
+                .map(|u| update_statement(u, Granularity::Minute))
                 .collect::<Vec<_>>()
         })
     });

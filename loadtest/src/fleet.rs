@@ -41,7 +41,13 @@ pub async fn run(
     verify: bool,
 ) -> anyhow::Result<(Report, bool)> {
     let mqtt = matches!(transport, Transport::Mqtt);
-    let target = ctx.target("fleet", "minute", mqtt).await?;
+    let target = ctx
+        .target(
+            &format!("fleet_{}", format!("{transport:?}").to_lowercase()),
+            "minute",
+            mqtt,
+        )
+        .await?;
     // Live sensors: the data starts now.
     data.start = time::OffsetDateTime::now_utc().unix_timestamp();
     let interval = Duration::from_secs(u64::from(data.args.interval.max(1)));

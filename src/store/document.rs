@@ -3,14 +3,39 @@
 
 use std::sync::LazyLock;
 
-use mongodb::bson::{Bson, DateTime, Document, doc};
+use mongodb::bson::{Bson, DateTime, Document, RawArrayBuf, RawDocumentBuf, rawdoc};
 
 use super::{BucketRead, SCHEMA_VERSION, StoreError};
 use crate::domain::{Agg, BucketKey, BucketUpdate, Granularity, SECOND_FIELDS, field_name};
 
+// Statements are built as raw BSON: appended straight into byte buffers, with
+// the parts that never change encoded once and copied in, so the driver has
+// nothing left to serialize. This is the hot path of every flush.
+
 /// `"$v.0"` … `"$v.59"`: the paths of an hour bucket's minutes.
 static MINUTE_PATHS: LazyLock<Vec<String>> =
     LazyLock::new(|| SECOND_FIELDS.iter().map(|m| format!("$v.{m}")).collect());
+
+/// `{count, sum, min, max}` of each minute `v.<m>` of an hour bucket.
+static MINUTE_AGGREGATES: LazyLock<Vec<RawDocumentBuf>> =
+    LazyLock::new(|| MINUTE_PATHS.iter().map(|p| aggregates_of(p)).collect());
+
+/// A minute bucket's second stage: the aggregates of all of `v`.
+static MINUTE_TOTALS: LazyLock<RawDocumentBuf> =
+    LazyLock::new(|| rawdoc! { "$set": aggregates_of("$v") });
+
+/// An hour bucket's third stage: the aggregates of the minutes' aggregates.
+static HOUR_TOTALS: LazyLock<RawDocumentBuf> = LazyLock::new(|| {
+    let of_minutes = |field: &str| {
+        rawdoc! { "$map": { "input": { "$objectToArray": "$m" }, "in": format!("$$this.v.{field}") } }
+    };
+    rawdoc! { "$set": {
+        "count": { "$sum": of_minutes("count") },
+        "sum": { "$sum": of_minutes("sum") },
+        "min": { "$min": of_minutes("min") },
+        "max": { "$max": of_minutes("max") },
+    }}
+});
 
 pub fn start_date(start: i64) -> DateTime {
     DateTime::from_millis(start.saturating_mul(1000))
@@ -18,8 +43,8 @@ pub fn start_date(start: i64) -> DateTime {
 
 /// The filter of a bucket: exactly the fields of the unique index, so an upsert
 /// that loses a race fails with a duplicate key and can be retried.
-pub fn key_filter(key: &BucketKey) -> Document {
-    doc! {
+pub fn key_filter(key: &BucketKey) -> RawDocumentBuf {
+    rawdoc! {
         "sensor": key.sensor.as_str(),
         "metric": key.metric.as_str(),
         "start": start_date(key.start),
@@ -27,14 +52,14 @@ pub fn key_filter(key: &BucketKey) -> Document {
 }
 
 /// `[value, …]` of an object of values, as an aggregation expression.
-fn values_of(path: &str) -> Document {
-    doc! { "$map": { "input": { "$objectToArray": path }, "in": "$$this.v" } }
+fn values_of(path: &str) -> RawDocumentBuf {
+    rawdoc! { "$map": { "input": { "$objectToArray": path }, "in": "$$this.v" } }
 }
 
 /// `{count, sum, min, max}` of the values under `path`, recomputed from them.
-fn aggregates_of(path: &str) -> Document {
+fn aggregates_of(path: &str) -> RawDocumentBuf {
     let values = values_of(path);
-    doc! {
+    rawdoc! {
         "count": { "$size": { "$objectToArray": path } },
         "sum": { "$sum": values.clone() },
         "min": { "$min": values.clone() },
@@ -42,10 +67,10 @@ fn aggregates_of(path: &str) -> Document {
     }
 }
 
-fn literal_seconds<'a>(values: impl Iterator<Item = &'a (u16, f64)>) -> Document {
-    let mut d = Document::new();
+fn literal_seconds<'a>(values: impl Iterator<Item = &'a (u16, f64)>) -> RawDocumentBuf {
+    let mut d = RawDocumentBuf::new();
     for &(second, value) in values {
-        d.insert(field_name(second % 60), value);
+        d.append(field_name(second % 60), value);
     }
     d
 }
@@ -57,50 +82,51 @@ fn literal_seconds<'a>(values: impl Iterator<Item = &'a (u16, f64)>) -> Document
 /// late readings and concurrent writers all leave them exact; applying the same
 /// update twice changes nothing. Every user-supplied value sits inside
 /// `$literal` or a filter value, never in a field name or operator position.
-pub fn update_pipeline(update: &BucketUpdate, granularity: Granularity) -> Vec<Document> {
+pub fn update_pipeline(update: &BucketUpdate, granularity: Granularity) -> RawArrayBuf {
+    let mut pipeline = RawArrayBuf::new();
     match granularity {
         Granularity::Minute => {
             let new = literal_seconds(update.values.iter());
-            vec![
-                doc! { "$set": {
-                    "v": { "$mergeObjects": [ { "$ifNull": ["$v", {}] }, { "$literal": new } ] },
-                    "schema_version": SCHEMA_VERSION,
-                }},
-                doc! { "$set": aggregates_of("$v") },
-            ]
+            pipeline.push(rawdoc! { "$set": {
+                "v": { "$mergeObjects": [ { "$ifNull": ["$v", {}] }, { "$literal": new } ] },
+                "schema_version": SCHEMA_VERSION,
+            }});
+            pipeline.push(MINUTE_TOTALS.clone());
         }
         Granularity::Hour => {
-            let mut v = Document::new();
-            let mut m = Document::new();
+            let mut v = RawDocumentBuf::new();
+            let mut m = RawDocumentBuf::new();
             for minute_values in update.values.chunk_by(|a, b| a.0 / 60 == b.0 / 60) {
-                let minute = minute_values[0].0 / 60;
-                let path = MINUTE_PATHS[usize::from(minute)].as_str();
-                v.insert(
-                    field_name(minute),
-                    doc! { "$mergeObjects": [
+                let minute = usize::from(minute_values[0].0 / 60 % 60);
+                let path = MINUTE_PATHS[minute].as_str();
+                v.append(
+                    SECOND_FIELDS[minute],
+                    rawdoc! { "$mergeObjects": [
                         { "$ifNull": [path, {}] },
                         { "$literal": literal_seconds(minute_values.iter()) },
                     ]},
                 );
-                m.insert(field_name(minute), aggregates_of(path));
+                m.append_ref(SECOND_FIELDS[minute], &*MINUTE_AGGREGATES[minute]);
             }
-            let of_minutes = |field: &str| {
-                doc! { "$map": { "input": { "$objectToArray": "$m" }, "in": format!("$$this.v.{field}") } }
-            };
-            vec![
-                doc! { "$set": {
-                    "v": { "$mergeObjects": [ { "$ifNull": ["$v", {}] }, v ] },
-                    "schema_version": SCHEMA_VERSION,
-                }},
-                doc! { "$set": { "m": { "$mergeObjects": [ { "$ifNull": ["$m", {}] }, m ] } } },
-                doc! { "$set": {
-                    "count": { "$sum": of_minutes("count") },
-                    "sum": { "$sum": of_minutes("sum") },
-                    "min": { "$min": of_minutes("min") },
-                    "max": { "$max": of_minutes("max") },
-                }},
-            ]
+            pipeline.push(rawdoc! { "$set": {
+                "v": { "$mergeObjects": [ { "$ifNull": ["$v", {}] }, v ] },
+                "schema_version": SCHEMA_VERSION,
+            }});
+            pipeline.push(
+                rawdoc! { "$set": { "m": { "$mergeObjects": [ { "$ifNull": ["$m", {}] }, m ] } } },
+            );
+            pipeline.push(HOUR_TOTALS.clone());
         }
+    }
+    pipeline
+}
+
+/// One statement of an `update` command: the bucket's upsert.
+pub fn update_statement(update: &BucketUpdate, granularity: Granularity) -> RawDocumentBuf {
+    rawdoc! {
+        "q": key_filter(&update.key),
+        "u": update_pipeline(update, granularity),
+        "upsert": true,
     }
 }
 
@@ -201,6 +227,7 @@ pub fn read_bucket(doc: &Document, granularity: Granularity) -> Result<BucketRea
 mod tests {
     use super::*;
     use crate::domain::{MetricName, SensorId};
+    use mongodb::bson::doc;
 
     fn update(values: Vec<(u16, f64)>) -> BucketUpdate {
         BucketUpdate {
@@ -213,9 +240,26 @@ mod tests {
         }
     }
 
+    fn stages(p: RawArrayBuf) -> Vec<Document> {
+        p.into_iter()
+            .map(|stage| {
+                Document::try_from(
+                    stage
+                        .expect("valid BSON")
+                        .as_document()
+                        .expect("a document"),
+                )
+                .expect("decodes")
+            })
+            .collect()
+    }
+
     #[test]
     fn minute_updates_set_values_as_literals_under_second_fields() {
-        let p = update_pipeline(&update(vec![(5, 1.5), (38, 63.0)]), Granularity::Minute);
+        let p = stages(update_pipeline(
+            &update(vec![(5, 1.5), (38, 63.0)]),
+            Granularity::Minute,
+        ));
         let set = p[0].get_document("$set").expect("$set");
         let merge = set
             .get_document("v")
@@ -233,10 +277,10 @@ mod tests {
 
     #[test]
     fn hour_updates_touch_only_the_minutes_they_write() {
-        let p = update_pipeline(
+        let p = stages(update_pipeline(
             &update(vec![(61, 1.0), (62, 2.0), (3599, 3.0)]),
             Granularity::Hour,
-        );
+        ));
         let m = p[1]
             .get_document("$set")
             .expect("$set")
@@ -248,6 +292,23 @@ mod tests {
             .expect("doc")
             .clone();
         assert_eq!(m.keys().collect::<Vec<_>>(), vec!["1", "59"]);
+    }
+
+    #[test]
+    fn statements_name_the_bucket_and_upsert() {
+        let s = update_statement(&update(vec![(1, 2.0)]), Granularity::Minute)
+            .to_document()
+            .expect("decodes");
+        assert_eq!(
+            s.get_document("q").expect("q"),
+            &doc! { "sensor": "s", "metric": "value", "start": start_date(3600) }
+        );
+        assert_eq!(s.get_bool("upsert"), Ok(true));
+        assert_eq!(s.get_array("u").expect("u").len(), 2);
+        let h = update_statement(&update(vec![(1, 2.0)]), Granularity::Hour)
+            .to_document()
+            .expect("decodes");
+        assert_eq!(h.get_array("u").expect("u").len(), 3);
     }
 
     #[test]

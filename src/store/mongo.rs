@@ -1,7 +1,7 @@
 //! [`BucketStore`] on MongoDB (any server ≥ 7 speaking its wire protocol).
 
 use futures_util::TryStreamExt;
-use mongodb::bson::{Bson, Document, doc};
+use mongodb::bson::{Bson, Document, RawArrayBuf, RawDocumentBuf, doc, rawdoc};
 use mongodb::error::{Error as MongoError, ErrorKind};
 use mongodb::options::{ClientOptions, IndexOptions, Tls, TlsOptions};
 use mongodb::{Client, Collection, Database, IndexModel};
@@ -9,7 +9,7 @@ use secrecy::ExposeSecret;
 use std::time::Duration;
 use tracing::info;
 
-use super::document::{estimated_size, key_filter, read_bucket, start_date, update_pipeline};
+use super::document::{estimated_size, read_bucket, start_date, update_statement};
 use super::{BucketRead, BucketStore, Fetch, Starts, StoreError, Values, WriteReport};
 use crate::config::{MongoSettings, MongoTlsSettings};
 use crate::domain::{BucketUpdate, Granularity, field_name};
@@ -191,18 +191,27 @@ impl MongoStore {
 
     /// Sends statements as one unordered `update` command; returns the indexes
     /// (into `statements`) that lost an upsert race and must be sent again.
-    async fn send(&self, statements: Vec<Document>) -> Result<Vec<usize>, StoreError> {
-        let mut command = doc! {
+    async fn send<'s>(
+        &self,
+        statements: impl Iterator<Item = &'s RawDocumentBuf>,
+    ) -> Result<Vec<usize>, StoreError> {
+        let mut updates = RawArrayBuf::new();
+        for s in statements {
+            updates.push(s.clone());
+        }
+        let mut command = rawdoc! {
             "update": self.buckets.name(),
-            "updates": statements,
+            "updates": updates,
             "ordered": false,
         };
         if let Some(wc) = self.buckets.write_concern() {
             let wc = mongodb::bson::to_document(wc)
+                .map_err(|e| e.to_string())
+                .and_then(|d| RawDocumentBuf::from_document(&d).map_err(|e| e.to_string()))
                 .map_err(|e| StoreError::Rejected(format!("write concern: {e}")))?;
-            command.insert("writeConcern", wc);
+            command.append("writeConcern", wc);
         }
-        let reply = self.db.run_command(command).await.map_err(classify)?;
+        let reply = self.db.run_raw_command(command).await.map_err(classify)?;
         if let Ok(wce) = reply.get_document("writeConcernError") {
             return Err(StoreError::Unavailable(format!(
                 "write concern error: {wce}"
@@ -241,15 +250,12 @@ impl MongoStore {
     }
 
     async fn write_chunk(&self, chunk: &[BucketUpdate]) -> Result<usize, StoreError> {
-        let statement = |u: &BucketUpdate| {
-            doc! {
-                "q": key_filter(&u.key),
-                "u": update_pipeline(u, self.granularity),
-                "upsert": true,
-            }
-        };
+        let statements: Vec<RawDocumentBuf> = chunk
+            .iter()
+            .map(|u| update_statement(u, self.granularity))
+            .collect();
         let mut round_trips = 1;
-        let mut retry = self.send(chunk.iter().map(statement).collect()).await?;
+        let mut retry = self.send(statements.iter()).await?;
         // Two writers creating the same bucket at once: one insert wins, the
         // other fails on the unique index and succeeds as an update when resent.
         let mut attempt = 0;
@@ -261,9 +267,8 @@ impl MongoStore {
                     retry.len()
                 )));
             }
-            let again: Vec<&BucketUpdate> = retry.iter().filter_map(|&i| chunk.get(i)).collect();
             let next = self
-                .send(again.iter().map(|u| statement(u)).collect())
+                .send(retry.iter().filter_map(|&i| statements.get(i)))
                 .await?;
             round_trips += 1;
             retry = next
