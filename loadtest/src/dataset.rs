@@ -8,6 +8,17 @@ use std::fmt::Write as _;
 use hourglass::domain::{Agg, Granularity};
 use serde::Serialize;
 
+/// RFC 3339 of epoch seconds, for query parameters.
+pub fn rfc3339(ts: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp(ts)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_default()
+}
+
 #[derive(clap::Args, Clone, Debug, Serialize)]
 pub struct DatasetArgs {
     /// Simulated sensors.

@@ -15,7 +15,7 @@ use mongodb::{Database, IndexModel};
 
 use crate::backfill;
 use crate::ctx::Ctx;
-use crate::dataset::{Dataset, Row};
+use crate::dataset::{Dataset, Row, rfc3339};
 use crate::report::{Plot, Report, Section, f};
 
 const RUNS: usize = 5;
@@ -146,16 +146,6 @@ async fn raw_design(
         readings_per_s: rows.len() as f64 / seconds,
         queries,
     })
-}
-
-fn rfc3339(ts: i64) -> String {
-    time::OffsetDateTime::from_unix_timestamp(ts)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_default()
 }
 
 async fn bucket_design(

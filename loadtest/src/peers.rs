@@ -10,7 +10,7 @@ use futures_util::StreamExt;
 
 use crate::backfill;
 use crate::ctx::Ctx;
-use crate::dataset::{Dataset, Row};
+use crate::dataset::{Dataset, Row, rfc3339};
 use crate::procs::{Proc, dir_bytes, free_port, peak_rss_mib, wait_http};
 use crate::report::{Plot, Report, Section, f};
 
@@ -140,14 +140,38 @@ struct Peer {
     series_ms: f64,
 }
 
-fn rfc3339(ts: i64) -> String {
-    time::OffsetDateTime::from_unix_timestamp(ts)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_default()
+/// Loads a line-protocol server with the dataset and measures it, then stops it.
+#[allow(clippy::too_many_arguments)]
+async fn line_peer(
+    ctx: &Ctx,
+    name: &'static str,
+    server: Proc,
+    write_url: &str,
+    flush_url: Option<&str>,
+    queries: &[String; 2],
+    data: &Dataset,
+    batch: usize,
+    concurrency: usize,
+) -> anyhow::Result<Peer> {
+    let client = reqwest::Client::new();
+    let cpu0 = server.cpu();
+    let secs = send_lines(ctx, write_url, data, batch, concurrency).await?;
+    let cpu_s = server.cpu() - cpu0;
+    if let Some(flush) = flush_url {
+        let _ = client.get(flush).send().await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let peer = Peer {
+        name,
+        readings_per_s: data.len() as f64 / secs,
+        cpu_s,
+        rss_mib: peak_rss_mib(server.pid),
+        disk_bytes: server.dir.as_ref().map_or(0, |d| dir_bytes(d.path())) as f64,
+        avg_ms: median_ms(&client, &queries[0]).await?,
+        series_ms: median_ms(&client, &queries[1]).await?,
+    };
+    server.stop();
+    Ok(peer)
 }
 
 pub async fn run(
@@ -162,52 +186,36 @@ pub async fn run(
     let mut peers = Vec::new();
 
     let vm = start_victoria().await?;
-    let cpu0 = vm.cpu();
-    let secs = send_lines(
-        ctx,
-        &format!("{}/write?precision=s", vm.url),
-        data,
-        batch,
-        concurrency,
-    )
-    .await?;
-    let cpu = vm.cpu() - cpu0;
-    let _ = client
-        .get(format!("{}/internal/force_flush", vm.url))
-        .send()
-        .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
     let sel = r#"m0_value{sensor="lt-00000"}"#;
-    let avg = format!(
-        "{}/api/v1/query?query=avg_over_time({sel}[1h])&time={end}",
-        vm.url
+    let queries = [
+        format!(
+            "{}/api/v1/query?query=avg_over_time({sel}[1h])&time={end}",
+            vm.url
+        ),
+        format!(
+            "{}/api/v1/query_range?query=avg_over_time({sel}[1h])&start={from24}&end={end}&step=3600",
+            vm.url
+        ),
+    ];
+    // VictoriaMetrics keeps recent data in memory: flush it before measuring the disk.
+    let flush = format!("{}/internal/force_flush", vm.url);
+    let write = format!("{}/write?precision=s", vm.url);
+    peers.push(
+        line_peer(
+            ctx,
+            "VictoriaMetrics",
+            vm,
+            &write,
+            Some(&flush),
+            &queries,
+            data,
+            batch,
+            concurrency,
+        )
+        .await?,
     );
-    let series = format!(
-        "{}/api/v1/query_range?query=avg_over_time({sel}[1h])&start={from24}&end={end}&step=3600",
-        vm.url
-    );
-    peers.push(Peer {
-        name: "VictoriaMetrics",
-        readings_per_s: n / secs,
-        cpu_s: cpu,
-        rss_mib: peak_rss_mib(vm.pid),
-        disk_bytes: vm.dir.as_ref().map_or(0, |d| dir_bytes(d.path())) as f64,
-        avg_ms: median_ms(&client, &avg).await?,
-        series_ms: median_ms(&client, &series).await?,
-    });
-    vm.stop();
 
     let influx = start_influx().await?;
-    let cpu0 = influx.cpu();
-    let secs = send_lines(
-        ctx,
-        &format!("{}/write?db=hg&precision=s", influx.url),
-        data,
-        batch,
-        concurrency,
-    )
-    .await?;
-    let cpu = influx.cpu() - cpu0;
     let q = |sql: String| {
         format!(
             "{}/query?db=hg&q={}",
@@ -217,26 +225,33 @@ pub async fn run(
                 .replace('"', "%22")
         )
     };
-    let avg = q(format!(
-        "SELECT mean(value) FROM m0 WHERE sensor='lt-00000' AND time >= '{}' AND time < '{}'",
-        rfc3339(from1),
-        rfc3339(end)
-    ));
-    let series = q(format!(
-        "SELECT mean(value) FROM m0 WHERE sensor='lt-00000' AND time >= '{}' AND time < '{}' GROUP BY time(1h)",
-        rfc3339(from24),
-        rfc3339(end)
-    ));
-    peers.push(Peer {
-        name: "InfluxDB 1.x",
-        readings_per_s: n / secs,
-        cpu_s: cpu,
-        rss_mib: peak_rss_mib(influx.pid),
-        disk_bytes: influx.dir.as_ref().map_or(0, |d| dir_bytes(d.path())) as f64,
-        avg_ms: median_ms(&client, &avg).await?,
-        series_ms: median_ms(&client, &series).await?,
-    });
-    influx.stop();
+    let queries = [
+        q(format!(
+            "SELECT mean(value) FROM m0 WHERE sensor='lt-00000' AND time >= '{}' AND time < '{}'",
+            rfc3339(from1),
+            rfc3339(end)
+        )),
+        q(format!(
+            "SELECT mean(value) FROM m0 WHERE sensor='lt-00000' AND time >= '{}' AND time < '{}' GROUP BY time(1h)",
+            rfc3339(from24),
+            rfc3339(end)
+        )),
+    ];
+    let write = format!("{}/write?db=hg&precision=s", influx.url);
+    peers.push(
+        line_peer(
+            ctx,
+            "InfluxDB 1.x",
+            influx,
+            &write,
+            None,
+            &queries,
+            data,
+            batch,
+            concurrency,
+        )
+        .await?,
+    );
 
     let target = ctx.target("peers", "minute", false).await?;
     let o = backfill::send_all(ctx, &target, data, batch, concurrency).await?;

@@ -5,18 +5,8 @@ use std::time::Instant;
 use futures_util::StreamExt;
 
 use crate::ctx::Ctx;
-use crate::dataset::Dataset;
+use crate::dataset::{Dataset, rfc3339};
 use crate::report::{Report, Section, f, percentiles};
-
-fn rfc3339(ts: i64) -> String {
-    time::OffsetDateTime::from_unix_timestamp(ts)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_default()
-}
 
 /// The query mix: (kind, path) over ranges that end at the dataset's end.
 pub fn mix(data: &Dataset, n: usize) -> Vec<(&'static str, String)> {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 use tokio::sync::mpsc;
 
-use crate::helpers::eventually;
+use crate::helpers::{eventually, free_port, listening};
 
 fn mosquitto_bin() -> String {
     std::env::var("MOSQUITTO").unwrap_or_else(|_| {
@@ -24,13 +24,6 @@ fn mosquitto_bin() -> String {
         }
         panic!("mosquitto is not installed; `make test` installs it from apt")
     })
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
 }
 
 pub struct Broker {
@@ -76,17 +69,7 @@ impl Broker {
             .spawn()
             .expect("mosquitto starts");
         self.child = Some(child);
-        let port = self.port;
-        eventually(
-            Duration::from_secs(20),
-            "mosquitto listens",
-            || async move {
-                tokio::net::TcpStream::connect(("127.0.0.1", port))
-                    .await
-                    .is_ok()
-            },
-        )
-        .await;
+        listening(self.port, "mosquitto listens").await;
     }
 
     /// SIGTERM (Mosquitto saves its persistence file), then start again on the

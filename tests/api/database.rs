@@ -1,9 +1,8 @@
 //! A private SecantusDB for tests that stop and restart the storage server.
 
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
 
-use crate::helpers::eventually;
+use crate::helpers::{free_port, listening};
 
 fn secantusd() -> String {
     std::env::var("SECANTUSD").unwrap_or_else(|_| {
@@ -24,12 +23,8 @@ pub struct Database {
 
 impl Database {
     pub async fn start() -> Database {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
         let mut db = Database {
-            port,
+            port: free_port(),
             dir: tempfile::tempdir().expect("a temp dir"),
             child: None,
         };
@@ -61,17 +56,7 @@ impl Database {
             .spawn()
             .expect("secantusd-py starts");
         self.child = Some(child);
-        let port = self.port;
-        eventually(
-            Duration::from_secs(60),
-            "the database listens",
-            || async move {
-                tokio::net::TcpStream::connect(("127.0.0.1", port))
-                    .await
-                    .is_ok()
-            },
-        )
-        .await;
+        listening(self.port, "the database listens").await;
     }
 
     /// SIGTERM: the server shuts down cleanly, keeping what it acknowledged

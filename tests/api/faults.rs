@@ -72,12 +72,7 @@ async fn a_storage_outage_during_http_and_mqtt_streams_loses_nothing_acknowledge
     settings.http.write_timeout = Duration::from_secs(1);
     settings.batcher.flush_interval = Duration::from_millis(100);
     let app = spawn_app_with(settings).await;
-    let stats = app.mqtt.clone().expect("mqtt");
-    eventually(WAIT, "subscribed", || {
-        let s = stats.clone();
-        async move { s.subscribed.load(Ordering::Acquire) }
-    })
-    .await;
+    subscribed(&app).await;
 
     let t = base_time();
     let mut model = Model::new();

@@ -170,6 +170,34 @@ where
     }
 }
 
+/// A free loopback port (for servers the tests start themselves).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// Waits until something listens on `port`.
+pub async fn listening(port: u16, what: &str) {
+    eventually(Duration::from_secs(60), what, || async move {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+    })
+    .await;
+}
+
+/// Waits until the app's MQTT ingestor holds its subscription.
+pub async fn subscribed(app: &TestApp) {
+    let stats = app.mqtt.clone().expect("MQTT is enabled");
+    eventually(Duration::from_secs(90), "the service subscribed", || {
+        let stats = stats.clone();
+        async move { stats.subscribed.load(std::sync::atomic::Ordering::Acquire) }
+    })
+    .await;
+}
+
 /// All stored values as `{(sensor, metric, ts) → value}`.
 pub fn all_values(docs: &[Document], g: Granularity) -> BTreeMap<(String, String, i64), f64> {
     docs.iter()

@@ -1,11 +1,9 @@
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use hourglass::config::Settings;
 use hourglass::domain::Granularity;
-use hourglass::ingest::mqtt::MqttStats;
 use serde_json::{Value, json};
 
 use crate::broker::{Broker, Publisher};
@@ -22,15 +20,6 @@ fn mqtt_settings(broker: &Broker) -> Settings {
     s.mqtt.client_id = format!("hg-{}", uuid::Uuid::new_v4().simple());
     s.mqtt.reconnect_max = Duration::from_secs(1);
     s
-}
-
-async fn subscribed(stats: &Arc<MqttStats>) {
-    let stats = stats.clone();
-    eventually(WAIT, "the service subscribed", || {
-        let stats = stats.clone();
-        async move { stats.subscribed.load(Ordering::Acquire) }
-    })
-    .await;
 }
 
 async fn stored_equals(app: &TestApp, model: &Model) {
@@ -63,7 +52,7 @@ fn stream_message(t: i64, i: i64, model: &mut Model) -> (String, Vec<u8>) {
 async fn every_topic_and_payload_form_is_stored_exactly() {
     let broker = Broker::start().await;
     let app = spawn_app_with(mqtt_settings(&broker)).await;
-    subscribed(app.mqtt.as_ref().expect("mqtt")).await;
+    subscribed(&app).await;
     let mut p = Publisher::connect(&broker, "forms").await;
     let t = base_time();
     let before = time::OffsetDateTime::now_utc().unix_timestamp();
@@ -147,7 +136,7 @@ async fn duplicate_messages_and_redeliveries_leave_the_aggregates_unchanged() {
     settings.batcher.flush_interval = Duration::from_secs(3);
     let app = spawn_app_with(settings).await;
     let stats = app.mqtt.clone().expect("mqtt");
-    subscribed(&stats).await;
+    subscribed(&app).await;
     let t = base_time();
     let mut model = Model::new();
     let messages: Vec<_> = (0..30).map(|i| stream_message(t, i, &mut model)).collect();
@@ -187,7 +176,7 @@ async fn a_broker_restart_mid_stream_loses_nothing_published_after_it() {
     let mut broker = Broker::start().await;
     let app = spawn_app_with(mqtt_settings(&broker)).await;
     let stats = app.mqtt.clone().expect("mqtt");
-    subscribed(&stats).await;
+    subscribed(&app).await;
     let t = base_time();
     let mut model = Model::new();
     let mut p = Publisher::connect(&broker, "before").await;
@@ -219,8 +208,8 @@ async fn two_instances_in_a_shared_group_split_the_stream_and_store_each_reading
     let a = spawn_app_with(a_settings).await;
     let b = spawn_app_with(b_settings).await;
     let (sa, sb) = (a.mqtt.clone().expect("mqtt"), b.mqtt.clone().expect("mqtt"));
-    subscribed(&sa).await;
-    subscribed(&sb).await;
+    subscribed(&a).await;
+    subscribed(&b).await;
     let t = base_time();
     let mut model = Model::new();
     let mut p = Publisher::connect(&broker, "shared").await;
@@ -248,7 +237,7 @@ async fn unusable_messages_are_dead_lettered_and_do_not_stop_the_stream() {
     settings.mqtt.max_payload_bytes = 2048;
     let app = spawn_app_with(settings).await;
     let stats = app.mqtt.clone().expect("mqtt");
-    subscribed(&stats).await;
+    subscribed(&app).await;
     let mut watcher =
         Publisher::connect_subscribed(&broker, "watcher", Some("hourglass/dead")).await;
     let mut dead = watcher.messages();

@@ -142,11 +142,7 @@ async fn mqtt_metrics_show_the_connection_and_the_messages() {
     settings.mqtt.client_id = format!("hg-{}", uuid::Uuid::new_v4().simple());
     let app = spawn_app_with(settings).await;
     let stats = app.mqtt.clone().expect("mqtt");
-    eventually(WAIT, "subscribed", || {
-        let s = stats.clone();
-        async move { s.subscribed.load(Ordering::Acquire) }
-    })
-    .await;
+    subscribed(&app).await;
     let mut p = Publisher::connect(&broker, "metered").await;
     let t = base_time();
     p.publish(
