@@ -321,6 +321,7 @@ pub async fn run(
     }
     let mut report = Report::new("Hourglass and its peers");
     report.sections.push(sec);
+    report.notes.push("Disk bytes are what each data directory holds right after the load: VictoriaMetrics keeps its newest parts in memory even after a forced flush (a lower bound), InfluxDB 1.x holds its write-ahead log before compaction (an upper bound). Compare them only after a long run.".into());
     report.notes.push("Hourglass' row counts the service process only; its storage is the Python stand-in SecantusDB (bytes are the collection's data and index sizes as the server reports them), so its throughput is the stand-in's. The CPU column is the fair comparison of the ingest paths.".into());
     if let (Some(h), Some(v)) = (
         peers.iter().find(|p| p.name.starts_with("Hourglass")),

@@ -6,7 +6,7 @@ use futures_util::StreamExt;
 
 use crate::ctx::Ctx;
 use crate::dataset::{Dataset, rfc3339};
-use crate::report::{Report, Section, f, percentiles};
+use crate::report::{Plot, Report, Section, f, percentiles};
 
 /// The query mix: (kind, path) over ranges that end at the dataset's end.
 pub fn mix(data: &Dataset, n: usize) -> Vec<(&'static str, String)> {
