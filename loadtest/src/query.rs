@@ -124,6 +124,18 @@ pub async fn run(
         &format!("Queries: {n} at concurrency {concurrency}"),
         &by_kind,
     ));
+    report.plots.push(Plot::Bars {
+        file: "query-latency.svg".into(),
+        title: "Query latency percentiles (ms)".into(),
+        y: "ms".into(),
+        bars: by_kind
+            .iter()
+            .flat_map(|(kind, v)| {
+                let (p50, p99, _) = percentiles(v.clone());
+                [(format!("{kind} p50"), p50), (format!("{kind} p99"), p99)]
+            })
+            .collect(),
+    });
     let json: serde_json::Map<String, serde_json::Value> = by_kind
         .iter()
         .map(|(k, v)| {
