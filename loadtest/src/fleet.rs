@@ -182,6 +182,15 @@ pub async fn run(
     }
     let all_s = started.elapsed().as_secs_f64();
     let cpu = cpu0.zip(target.cpu()).map(|(a, b)| b - a);
+    let after = scrape(&target.url).await.unwrap_or_default();
+    let updates = after
+        .get("hourglass_bucket_updates_total")
+        .copied()
+        .unwrap_or(0.0)
+        - before
+            .get("hourglass_bucket_updates_total")
+            .copied()
+            .unwrap_or(0.0);
     let (p50, p99, max) = percentiles(latencies.lock().await.clone());
     let label = format!("{transport:?}").to_lowercase();
     let mut s = Section::new(
@@ -252,6 +261,7 @@ pub async fn run(
         "offered": offered, "stored": stored, "offered_per_s": offered as f64 / offered_s, "stored_per_s": stored / all_s,
         "latency_ms": { "p50": p50, "p99": p99, "max": max }, "errors": errors.load(Ordering::Relaxed),
         "service_cpu_s": cpu, "service_cpu_us_per_reading": cpu.map(|c| c / offered as f64 * 1e6),
+        "bucket_updates": updates, "writes_per_reading": updates / offered as f64,
     }));
     let mut ok = errors.load(Ordering::Relaxed) == 0 && stored as u64 == offered;
     if verify {
