@@ -824,6 +824,61 @@ mod tests {
         });
     }
 
+    /// `section.key` paths of a JSON object, nested sections included.
+    fn key_paths(prefix: &str, v: &serde_json::Value, out: &mut Vec<String>) {
+        if let serde_json::Value::Object(map) = v {
+            for (k, child) in map {
+                let path = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                if child.is_object() {
+                    key_paths(&path, child, out);
+                } else {
+                    out.push(path);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_default_file_documents_every_setting() {
+        let mut wanted = Vec::new();
+        key_paths(
+            "",
+            &serde_json::to_value(Settings::default()).expect("serializes"),
+            &mut wanted,
+        );
+        let text = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("config/default.toml"),
+        )
+        .expect("config/default.toml");
+        // Keys as written, set or commented out, under their [section].
+        let mut documented = std::collections::HashSet::new();
+        let mut section = String::new();
+        for line in text.lines().map(str::trim) {
+            if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+                section = name.trim_matches(['[', ']']).to_owned();
+                continue;
+            }
+            let line = line.trim_start_matches('#').trim();
+            if let Some((key, _)) = line.split_once(" = ")
+                && !key.contains(' ')
+            {
+                documented.insert(format!("{section}.{key}"));
+            }
+        }
+        let missing: Vec<&String> = wanted
+            .iter()
+            .filter(|k| !documented.contains(*k) && !k.starts_with("auth.tokens"))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "config/default.toml does not document {missing:?}"
+        );
+    }
+
     #[test]
     fn the_uri_never_shows_in_debug_output() {
         let mut s = Settings::default();

@@ -228,6 +228,12 @@ pub async fn run(
         "errors".into(),
         errors.load(Ordering::Relaxed).to_string(),
     ]);
+    // Live 1 Hz series give each flush about one new value per bucket:
+    // batcher.flush_interval sets how many readings a bucket update carries.
+    s.row(vec![
+        "bucket updates (writes) per reading".into(),
+        f(updates / offered as f64),
+    ]);
     if let Some(c) = cpu {
         let per = if mqtt { "message" } else { "reading" };
         s.row(vec![
