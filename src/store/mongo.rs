@@ -191,17 +191,18 @@ impl MongoStore {
 
     /// Sends statements as one unordered `update` command; returns the indexes
     /// (into `statements`) that lost an upsert race and must be sent again.
-    async fn send<'s>(
+    async fn send<'u>(
         &self,
-        statements: impl Iterator<Item = &'s RawDocumentBuf>,
+        updates: impl Iterator<Item = &'u BucketUpdate>,
     ) -> Result<Vec<usize>, StoreError> {
-        let mut updates = RawArrayBuf::new();
-        for s in statements {
-            updates.push(s.clone());
+        // Statements go straight into the command's array: no copy per flush.
+        let mut statements = RawArrayBuf::new();
+        for u in updates {
+            statements.push(update_statement(u, self.granularity));
         }
         let mut command = rawdoc! {
             "update": self.buckets.name(),
-            "updates": updates,
+            "updates": statements,
             "ordered": false,
         };
         if let Some(wc) = self.buckets.write_concern() {
@@ -250,14 +251,11 @@ impl MongoStore {
     }
 
     async fn write_chunk(&self, chunk: &[BucketUpdate]) -> Result<usize, StoreError> {
-        let statements: Vec<RawDocumentBuf> = chunk
-            .iter()
-            .map(|u| update_statement(u, self.granularity))
-            .collect();
         let mut round_trips = 1;
-        let mut retry = self.send(statements.iter()).await?;
+        let mut retry = self.send(chunk.iter()).await?;
         // Two writers creating the same bucket at once: one insert wins, the
-        // other fails on the unique index and succeeds as an update when resent.
+        // other fails on the unique index and succeeds as an update when resent
+        // (rare, so its statements are simply built again).
         let mut attempt = 0;
         while !retry.is_empty() {
             attempt += 1;
@@ -268,7 +266,7 @@ impl MongoStore {
                 )));
             }
             let next = self
-                .send(retry.iter().filter_map(|&i| statements.get(i)))
+                .send(retry.iter().filter_map(|&i| chunk.get(i)))
                 .await?;
             round_trips += 1;
             retry = next
