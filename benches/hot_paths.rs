@@ -46,13 +46,19 @@ const LIMITS: BatcherLimits = BatcherLimits {
     max_pending_readings: 1_000_000,
     max_buffered_readings: 1_000_000,
     max_buckets: 1_000_000,
+    max_flush_buckets: 1_000_000,
 };
 
 fn updates(body: &[u8], g: Granularity) -> Vec<BucketUpdate> {
     let readings = decode_readings(body, &ctx()).expect("valid");
     let mut b: Batcher<()> = Batcher::new(g, LIMITS);
     b.offer(readings, None, Instant::now()).expect("room");
-    b.take().expect("a batch").updates
+    b.take()
+        .expect("a batch")
+        .items
+        .into_iter()
+        .map(|i| i.update)
+        .collect()
 }
 
 fn benches(c: &mut Criterion) {
@@ -94,9 +100,9 @@ fn benches(c: &mut Criterion) {
             batcher.offer(readings, None, Instant::now()).expect("room");
             let batch = batcher.take().expect("a batch");
             batch
-                .updates
+                .items
                 .iter()
-                .map(|u| update_statement(u, Granularity::Minute))
+                .map(|i| update_statement(&i.update, Granularity::Minute))
                 .collect::<Vec<_>>()
         })
     });

@@ -25,6 +25,9 @@ pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_secs(1);
 pub const DEFAULT_MAX_PENDING_READINGS: usize = 20_000;
 pub const DEFAULT_MAX_BUFFERED_READINGS: usize = 500_000;
 pub const DEFAULT_MAX_BUCKETS: usize = 100_000;
+pub const DEFAULT_MAX_FLUSH_BUCKETS: usize = 10_000;
+pub const DEFAULT_DEAD_LETTER_COLLECTION: &str = "rejected";
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 256;
 pub const DEFAULT_DATABASE: &str = "hourglass";
 pub const DEFAULT_COLLECTION: &str = "buckets";
@@ -81,6 +84,9 @@ pub struct HttpSettings {
     pub write_timeout: Duration,
     /// Requests served at once; more get 503 straight away.
     pub max_concurrent_requests: usize,
+    /// Longest an API request may take in all, body upload included (503 after).
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
 }
 
 impl Default for HttpSettings {
@@ -90,6 +96,7 @@ impl Default for HttpSettings {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             write_timeout: DEFAULT_WRITE_TIMEOUT,
             max_concurrent_requests: DEFAULT_MAX_CONCURRENT_REQUESTS,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
         }
     }
 }
@@ -123,6 +130,8 @@ pub struct BatcherSettings {
     pub max_buffered_readings: usize,
     /// Distinct buckets (sensor, metric, minute or hour) held at once.
     pub max_buckets: usize,
+    /// Buckets one flush writes at most; more go out in the next flush at once.
+    pub max_flush_buckets: usize,
 }
 
 impl Default for BatcherSettings {
@@ -132,6 +141,7 @@ impl Default for BatcherSettings {
             max_pending_readings: DEFAULT_MAX_PENDING_READINGS,
             max_buffered_readings: DEFAULT_MAX_BUFFERED_READINGS,
             max_buckets: DEFAULT_MAX_BUCKETS,
+            max_flush_buckets: DEFAULT_MAX_FLUSH_BUCKETS,
         }
     }
 }
@@ -193,6 +203,8 @@ pub struct MongoSettings {
     pub uri: SecretString,
     pub database: String,
     pub collection: String,
+    /// Readings storage can never apply (a bucket of the wrong shape) go here.
+    pub dead_letter_collection: String,
     #[serde(with = "humantime_serde")]
     pub server_selection_timeout: Duration,
     pub tls: MongoTlsSettings,
@@ -254,6 +266,7 @@ impl Default for MongoSettings {
             uri: SecretString::from(""),
             database: DEFAULT_DATABASE.to_owned(),
             collection: DEFAULT_COLLECTION.to_owned(),
+            dead_letter_collection: DEFAULT_DEAD_LETTER_COLLECTION.to_owned(),
             server_selection_timeout: DEFAULT_SERVER_SELECTION_TIMEOUT,
             tls: MongoTlsSettings::default(),
         }
@@ -295,6 +308,9 @@ pub struct MqttSettings {
     pub shared_group: Option<String>,
     /// Unusable messages are republished here with the reason, when set.
     pub dead_letter_topic: Option<String>,
+    /// Ingest retained messages too. Off: a retained message is a reading
+    /// already delivered once, and would be stored again at every subscribe.
+    pub ingest_retained: bool,
     #[serde(with = "humantime_serde")]
     pub keep_alive: Duration,
     pub max_payload_bytes: usize,
@@ -319,6 +335,7 @@ impl Default for MqttSettings {
             topic_prefix: DEFAULT_MQTT_TOPIC_PREFIX.to_owned(),
             shared_group: None,
             dead_letter_topic: None,
+            ingest_retained: false,
             keep_alive: DEFAULT_MQTT_KEEP_ALIVE,
             max_payload_bytes: DEFAULT_MQTT_MAX_PAYLOAD_BYTES,
             max_unacked: DEFAULT_MQTT_MAX_UNACKED,
@@ -414,6 +431,18 @@ impl MqttSettings {
             return Err(invalid(
                 "mqtt.dead_letter_topic",
                 "must be a topic without wildcards, $ or a trailing /",
+            ));
+        }
+        // The subscription is {prefix}/#, which also matches {prefix} itself.
+        if let Some(topic) = self.dead_letter_topic.as_deref()
+            && (topic == self.topic_prefix || topic.starts_with(&format!("{}/", self.topic_prefix)))
+        {
+            return Err(invalid(
+                "mqtt.dead_letter_topic",
+                format!(
+                    "{topic:?} lies under mqtt.topic_prefix ({:?}): dead letters would be consumed again, for ever",
+                    self.topic_prefix
+                ),
             ));
         }
         if self
@@ -539,6 +568,10 @@ impl Settings {
         for (key, name) in [
             ("mongodb.database", &self.mongodb.database),
             ("mongodb.collection", &self.mongodb.collection),
+            (
+                "mongodb.dead_letter_collection",
+                &self.mongodb.dead_letter_collection,
+            ),
         ] {
             if name.is_empty() || name.contains(['$', '.', '\0', '/', ' ']) {
                 return Err(invalid(key, "must be non-empty without $ . / space or NUL"));
@@ -559,6 +592,12 @@ impl Settings {
                 self.batcher.max_buffered_readings,
             ),
             ("query.max_points", self.query.max_points),
+            ("batcher.max_buckets", self.batcher.max_buckets),
+            ("batcher.max_flush_buckets", self.batcher.max_flush_buckets),
+            (
+                "http.max_concurrent_requests",
+                self.http.max_concurrent_requests,
+            ),
         ];
         for (key, value) in positive {
             if value == 0 {
@@ -567,6 +606,7 @@ impl Settings {
         }
         for (key, value) in [
             ("http.write_timeout", self.http.write_timeout),
+            ("http.request_timeout", self.http.request_timeout),
             ("batcher.flush_interval", self.batcher.flush_interval),
             ("query.max_range", self.query.max_range),
             ("shutdown.timeout", self.shutdown.timeout),
@@ -588,6 +628,28 @@ impl Settings {
                 format!(
                     "({}) must be at least ingest.max_readings_per_request ({}), or a full request could never be taken",
                     self.batcher.max_buffered_readings, self.ingest.max_readings_per_request
+                ),
+            ));
+        }
+        if self.mongodb.dead_letter_collection == self.mongodb.collection {
+            return Err(invalid(
+                "mongodb.dead_letter_collection",
+                "must differ from mongodb.collection",
+            ));
+        }
+        if self.http.request_timeout <= self.http.write_timeout {
+            return Err(invalid(
+                "http.request_timeout",
+                "must be longer than http.write_timeout, or synchronous writes could never answer",
+            ));
+        }
+        // One request's readings may each open a bucket of their own.
+        if self.batcher.max_buckets < self.ingest.max_readings_per_request {
+            return Err(invalid(
+                "batcher.max_buckets",
+                format!(
+                    "({}) must be at least ingest.max_readings_per_request ({}), or a full request could never be taken",
+                    self.batcher.max_buckets, self.ingest.max_readings_per_request
                 ),
             ));
         }
@@ -757,6 +819,15 @@ mod tests {
                 .contains("mqtt.topic_prefix")
         );
         s.mqtt.topic_prefix = "sensors".into();
+        s.mqtt.dead_letter_topic = Some("sensors/dead".into());
+        assert!(
+            s.validate()
+                .expect_err("a loop")
+                .to_string()
+                .contains("mqtt.dead_letter_topic")
+        );
+        s.mqtt.dead_letter_topic = Some("sensors-dead".into());
+        assert!(s.validate().is_ok());
         s.mqtt.shared_group = Some("a/b".into());
         assert!(
             s.validate()

@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::api::{self, AppState};
@@ -17,6 +16,7 @@ use crate::batcher::BatcherLimits;
 use crate::batcher::driver::{self, BatcherHandle, Driver};
 use crate::config::Settings;
 use crate::ingest::mqtt::{MqttIngest, MqttStats};
+use crate::shutdown::Shutdown;
 use crate::store::MongoStore;
 use crate::telemetry::metrics::Metrics;
 
@@ -30,24 +30,36 @@ pub struct Application {
     mqtt_stats: Option<Arc<MqttStats>>,
     metrics: Arc<Metrics>,
     auth: Arc<Authenticator>,
+    shutdown: Shutdown,
 }
+
+/// How long after the shutdown deadline a write still under way may take
+/// before the process gives up on it: the deadline plus this is the longest
+/// a shutdown lasts.
+const DEADLINE_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
 impl Application {
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
-        let store = MongoStore::connect(&settings.mongodb, settings.buckets.granularity)
+        let mut store = MongoStore::connect(&settings.mongodb, settings.buckets.granularity)
             .await
             .context("connecting to MongoDB")?;
         store
             .ensure_indexes(settings.buckets.retention)
             .await
             .context("creating the bucket index (is MongoDB reachable at mongodb.uri?)")?;
+        store
+            .read_limits()
+            .await
+            .context("reading the storage server's limits")?;
         let store = Arc::new(store);
         let limits = BatcherLimits {
             flush_interval: settings.batcher.flush_interval,
             max_pending_readings: settings.batcher.max_pending_readings,
             max_buffered_readings: settings.batcher.max_buffered_readings,
             max_buckets: settings.batcher.max_buckets,
+            max_flush_buckets: settings.batcher.max_flush_buckets,
         };
+        let shutdown = Shutdown::new(settings.shutdown.timeout);
         let auth = Arc::new(settings.auth.build().context("reading the auth settings")?);
         if !auth.enabled() {
             warn!(
@@ -60,6 +72,7 @@ impl Application {
             limits,
             store.clone(),
             metrics.clone(),
+            shutdown.clone(),
         );
         let listener = TcpListener::bind(settings.http.listen)
             .await
@@ -79,6 +92,7 @@ impl Application {
             mqtt_stats,
             metrics,
             auth,
+            shutdown,
         })
     }
 
@@ -95,11 +109,12 @@ impl Application {
         self.address.port()
     }
 
-    /// Serves until `shutdown` resolves, then stops taking input, drains the
-    /// batcher and returns. Fails if accepted readings could not be stored.
+    /// Serves until `signal` resolves, then stops taking input, drains the
+    /// batcher and returns, all within `shutdown.timeout` (plus a moment for a
+    /// write still under way). Fails if accepted readings were not stored.
     pub async fn run_until_stopped(
         self,
-        shutdown: impl Future<Output = ()> + Send + 'static,
+        signal: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         let Self {
             listener,
@@ -111,10 +126,9 @@ impl Application {
             mqtt_stats,
             metrics,
             auth,
+            shutdown,
         } = self;
-        let stop = CancellationToken::new();
-        let abort = CancellationToken::new();
-        let driver_task = tokio::spawn(driver.run(stop.clone(), abort.clone()));
+        let driver_task = tokio::spawn(driver.run());
         let mqtt = if let Some(stats) = mqtt_stats.clone() {
             let mqtt = MqttIngest::start(
                 &settings.mqtt,
@@ -122,6 +136,7 @@ impl Application {
                 batcher.clone(),
                 stats,
                 metrics.clone(),
+                shutdown.clone(),
             )
             .context("starting MQTT ingestion")?;
             info!(url = %settings.mqtt.url, client_id = %settings.mqtt.client_id, "Consuming MQTT.");
@@ -129,7 +144,6 @@ impl Application {
         } else {
             None
         };
-        let mqtt_stop = mqtt.as_ref().map(|m| m.stop_handle());
 
         let state = AppState {
             store,
@@ -142,42 +156,50 @@ impl Application {
         let app = api::router(state);
         info!(%address, granularity = ?settings.buckets.granularity, "Hourglass is listening.");
 
-        let timeout = settings.shutdown.timeout;
-        let closing = batcher.clone();
-        let abort_at_deadline = abort.clone();
-        let signalled = async move {
-            shutdown.await;
-            info!("Shutting down: no new input; flushing what was accepted.");
-            closing.close();
-            if let Some(stop) = mqtt_stop {
-                stop.cancel();
+        // One trigger for every stage: HTTP stops accepting, the batcher
+        // refuses input and drains, MQTT stops reading; one deadline for all.
+        let trigger = shutdown.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = signal => {
+                    info!("Shutting down: no new input; storing what was accepted.");
+                    trigger.trigger();
+                }
+                _ = trigger.triggered() => {}
             }
-            // From here on everything must finish within shutdown.timeout.
-            tokio::spawn(async move {
-                tokio::time::sleep(timeout).await;
-                abort_at_deadline.cancel();
-            });
+        });
+        let stopping = shutdown.clone();
+        let serve = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { stopping.triggered().await })
+            .into_future();
+        tokio::select! {
+            served = serve => served.context("serving HTTP")?,
+            // In-flight requests (a stuck upload, say) get until the deadline.
+            _ = shutdown.deadline_passed() => {
+                warn!("HTTP requests still in progress at the shutdown deadline were cut off.");
+            }
+        }
+        // Serving can end without a signal only by failing; either way, stop.
+        shutdown.trigger();
+        let grace = async {
+            shutdown.deadline_passed().await;
+            tokio::time::sleep(DEADLINE_GRACE).await;
         };
-        axum::serve(listener, app)
-            .with_graceful_shutdown(signalled)
-            .await
-            .context("serving HTTP")?;
-        batcher.close();
-        stop.cancel();
-        let drained = driver_task.await.context("the batcher driver panicked")?;
+        let unstored = tokio::select! {
+            drained = driver_task => drained.context("the batcher driver panicked")?.unstored_readings,
+            // A write still under way at the deadline: what it holds counts as unstored.
+            _ = grace => batcher.buffered(),
+        };
         if let Some(mqtt) = mqtt {
             // Everything stored has its acknowledgement sent before we disconnect.
-            mqtt.finish(timeout).await;
+            mqtt.finish().await;
         }
-        if drained.unstored_readings > 0 {
+        if unstored > 0 {
             error!(
-                readings = drained.unstored_readings,
+                readings = unstored,
                 "Stopped with accepted readings that were not stored."
             );
-            anyhow::bail!(
-                "{} accepted readings were not stored",
-                drained.unstored_readings
-            );
+            anyhow::bail!("{unstored} accepted readings were not stored");
         }
         info!("Hourglass stopped; every accepted reading was stored.");
         Ok(())

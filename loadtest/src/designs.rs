@@ -219,6 +219,7 @@ async fn direct_updates(ctx: &Ctx, data: &Dataset, batch: usize) -> anyhow::Resu
         uri: secrecy::SecretString::from(ctx.mongodb_uri()?),
         database: ctx.database("direct"),
         collection: "buckets".into(),
+        dead_letter_collection: "rejected".into(),
         server_selection_timeout: Duration::from_secs(5),
         tls: MongoTlsSettings::default(),
     };
@@ -230,6 +231,7 @@ async fn direct_updates(ctx: &Ctx, data: &Dataset, batch: usize) -> anyhow::Resu
         max_pending_readings: defaults.max_pending_readings,
         max_buffered_readings: usize::MAX,
         max_buckets: usize::MAX,
+        max_flush_buckets: usize::MAX,
     };
     let mut core: Batcher<()> = Batcher::new(Granularity::Minute, limits);
     let rows: Vec<Row> = data.rows().collect();
@@ -255,14 +257,35 @@ async fn direct_updates(ctx: &Ctx, data: &Dataset, batch: usize) -> anyhow::Resu
         if core.is_due(now)
             && let Some(b) = core.take()
         {
-            store.write(&b.updates).await?;
-            core.complete(b.values, b.updates.len());
+            write_all(&store, &mut core, b).await?;
         }
     }
     if let Some(b) = core.take() {
-        store.write(&b.updates).await?;
+        write_all(&store, &mut core, b).await?;
     }
     Ok(rows.len() as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Writes a whole batch and frees its room; any bucket not stored fails the run.
+async fn write_all(
+    store: &MongoStore,
+    core: &mut Batcher<()>,
+    batch: hourglass::batcher::Batch,
+) -> anyhow::Result<()> {
+    let updates: Vec<_> = batch.items.iter().map(|i| &i.update).collect();
+    let written = store.write(&updates).await;
+    if let Some(bad) = written
+        .outcomes
+        .iter()
+        .find(|o| **o != hourglass::store::Outcome::Stored)
+    {
+        anyhow::bail!("a direct bucket update was not stored: {bad:?}");
+    }
+    let mut answers = Vec::new();
+    for item in &batch.items {
+        core.settle(item, hourglass::batcher::Settled::Stored, &mut answers);
+    }
+    Ok(())
 }
 
 pub async fn run(

@@ -61,6 +61,11 @@ pub async fn live() -> Json<serde_json::Value> {
 
 pub async fn ready<S: BucketStore>(State(state): State<AppState<S>>) -> impl IntoResponse {
     let storage = match tokio::time::timeout(STORAGE_PING_TIMEOUT, state.store.ping()).await {
+        // The server answers pings but refuses writes (authorization, a
+        // stepdown, a write concern it cannot satisfy): still an outage.
+        Ok(Ok(())) if state.batcher.storage_outage() => {
+            Check::fail("storage refuses writes for now; retrying")
+        }
         Ok(Ok(())) => Check::pass(),
         // The cause goes to the log, not to whoever asks.
         Ok(Err(e)) => {

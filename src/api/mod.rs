@@ -9,14 +9,17 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::Router;
+use axum::error_handling::HandleErrorLayer;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Serialize;
-use tokio::sync::Semaphore;
 use tokio::time::Instant;
+use tower::ServiceBuilder;
+use tower::limit::GlobalConcurrencyLimitLayer;
+use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 use tracing::Span;
 
@@ -89,38 +92,51 @@ pub fn router<S: BucketStore>(state: AppState<S>) -> Router {
         .route("/api/v1/sensors/{sensor}/average", get(query::average::<S>))
         .route("/api/v1/sensors/{sensor}/series", get(query::series::<S>))
         .route_layer(require(Scope::Query));
-    // Health and metrics stay open: probes and scrapers carry no tokens.
-    Router::new()
+    let http = &state.settings.http;
+    // The API shares one concurrency limit (a request beyond it is shed with
+    // 503 at once, never queued) and a deadline for the whole request, body
+    // upload included. One semaphore for every route: a per-route layer would
+    // multiply the limit.
+    let limits = ServiceBuilder::new()
+        .map_response(with_retry_after)
+        .layer(HandleErrorLayer::new(|_: tower::BoxError| async {
+            ApiError::unavailable("too many requests in progress; retry later")
+        }))
+        .load_shed()
+        .layer(GlobalConcurrencyLimitLayer::new(
+            http.max_concurrent_requests,
+        ))
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::SERVICE_UNAVAILABLE,
+            http.request_timeout,
+        ));
+    let api = Router::new()
         .merge(ingest)
         .merge(queries)
+        .layer(axum::extract::DefaultBodyLimit::max(http.max_body_bytes))
+        .route_layer(limits);
+    // Health and metrics stay open (probes and scrapers carry no tokens) and
+    // outside the API's limits and timeouts: they must answer exactly when
+    // ingest is saturated.
+    Router::new()
+        .merge(api)
         .route("/health/live", get(health::live))
         .route("/health/ready", get(health::ready::<S>))
         .route("/metrics", get(health::metrics::<S>))
-        .layer(axum::extract::DefaultBodyLimit::max(
-            state.settings.http.max_body_bytes,
-        ))
-        .route_layer(middleware::from_fn_with_state(
-            Arc::new(Semaphore::new(state.settings.http.max_concurrent_requests)),
-            limit_concurrency,
-        ))
         .route_layer(middleware::from_fn_with_state(state.metrics.clone(), track))
         .layer(trace)
         .with_state(state)
 }
 
-/// Answers 503 at once when `http.max_concurrent_requests` are in progress,
-/// rather than queueing without bound.
-async fn limit_concurrency(
-    State(permits): State<Arc<Semaphore>>,
-    req: Request,
-    next: Next,
-) -> Response {
-    match permits.try_acquire_owned() {
-        Ok(_permit) => next.run(req).await,
-        Err(_) => {
-            ApiError::unavailable("too many requests in progress; retry later").into_response()
-        }
+/// Every 503 says when to retry, the timeout layer's included.
+fn with_retry_after(mut response: Response) -> Response {
+    if response.status() == StatusCode::SERVICE_UNAVAILABLE {
+        response
+            .headers_mut()
+            .entry(header::RETRY_AFTER)
+            .or_insert(HeaderValue::from(RETRY_AFTER.as_secs()));
     }
+    response
 }
 
 /// Counts requests and their latency by route pattern: never the raw path,

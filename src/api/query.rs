@@ -144,8 +144,8 @@ fn request<'a, S>(
 fn store_error(e: StoreError) -> ApiError {
     error!(error = %e, "A query could not read its buckets.");
     match e {
-        StoreError::Unavailable(_) => ApiError::unavailable("storage is unavailable; retry later"),
-        StoreError::Rejected(_) | StoreError::Unreadable(_) => {
+        StoreError::Outage(_) => ApiError::unavailable("storage is unavailable; retry later"),
+        StoreError::Poison(_) | StoreError::Unreadable(_) => {
             ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the query failed")
         }
     }

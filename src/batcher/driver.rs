@@ -1,34 +1,37 @@
 //! Runs the [`Batcher`] core: wakes at its deadline, writes each closed batch to
-//! the store (retrying what can succeed on retry), answers the waiting writers,
-//! and drains everything at shutdown.
+//! the store, settles every bucket by its own outcome (stored, retried through
+//! an outage, or dead-lettered), answers the waiting writers, and drains
+//! everything at shutdown.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use backon::{BackoffBuilder, ExponentialBuilder};
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, error, info_span, warn};
 
-use super::{Batch, Batcher, BatcherLimits, Full};
-use crate::domain::{Granularity, Reading};
-use crate::store::{BucketStore, StoreError};
+use super::{Batch, Batcher, BatcherLimits, FlushResult, Full, Settled};
+use crate::domain::{BucketUpdate, Granularity, Reading};
+use crate::shutdown::Shutdown;
+use crate::store::{BucketStore, DeadLetter, Outcome, StoreError};
 use crate::telemetry::metrics::Metrics;
 
-const RETRY_BASE: Duration = Duration::from_millis(100);
+pub use super::NotStored;
+
+const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(5);
 
-/// Why readings a writer waited for were not stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum NotStored {
-    #[error("storage refused the write")]
-    Rejected,
-    #[error("the service stopped before the readings could be stored")]
-    Shutdown,
+/// Capped exponential backoff with jitter, for as long as an outage lasts.
+pub fn retry_policy(min: Duration, max: Duration) -> ExponentialBuilder {
+    ExponentialBuilder::default()
+        .with_min_delay(min)
+        .with_max_delay(max)
+        .with_jitter()
+        .without_max_times()
 }
 
-pub type FlushResult = Result<(), NotStored>;
 type Waiter = oneshot::Sender<FlushResult>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -44,7 +47,9 @@ struct Shared {
     // short, so it is cheaper than an async one (as in mini-redis' `Db`).
     core: Mutex<Batcher<Waiter>>,
     wake: Notify,
-    closed: AtomicBool,
+    shutdown: Shutdown,
+    /// The last write round met an outage and is being retried.
+    outage: AtomicBool,
 }
 
 /// The ingestors' side of the batcher: cheap to clone.
@@ -59,16 +64,16 @@ impl BatcherHandle {
     }
 
     /// Queues all of `readings` or none. With `wait`, the receiver resolves once
-    /// they are stored (or will not be).
+    /// every bucket they touch is settled (stored, dead-lettered, or given up).
     pub fn submit<'a>(
         &self,
         readings: Vec<Reading<'a>>,
         wait: bool,
     ) -> Result<Option<oneshot::Receiver<FlushResult>>, SubmitError> {
-        if self.shared.closed.load(Ordering::Acquire) {
+        if self.shared.shutdown.is_triggered() {
             return Err(SubmitError::Closed);
         }
-        let (tx, rx) = if wait {
+        let (tx, rx) = if wait && !readings.is_empty() {
             let (tx, rx) = oneshot::channel();
             (Some(tx), Some(rx))
         } else {
@@ -89,18 +94,18 @@ impl BatcherHandle {
         }
     }
 
-    /// Refuses new input from now on; what was accepted is still flushed.
-    pub fn close(&self) {
-        self.shared.closed.store(true, Ordering::Release);
-    }
-
     /// Values held in memory, pending and in flight.
     pub fn buffered(&self) -> usize {
         self.core().buffered()
     }
 
     pub fn is_closed(&self) -> bool {
-        self.shared.closed.load(Ordering::Acquire)
+        self.shared.shutdown.is_triggered()
+    }
+
+    /// Whether writes are failing for an outage right now (and being retried).
+    pub fn storage_outage(&self) -> bool {
+        self.shared.outage.load(Ordering::Acquire)
     }
 }
 
@@ -128,11 +133,13 @@ pub fn new<S: BucketStore>(
     limits: BatcherLimits,
     store: Arc<S>,
     metrics: Arc<Metrics>,
+    shutdown: Shutdown,
 ) -> (BatcherHandle, Driver<S>) {
     let shared = Arc::new(Shared {
         core: Mutex::new(Batcher::new(granularity, limits)),
         wake: Notify::new(),
-        closed: AtomicBool::new(false),
+        shutdown,
+        outage: AtomicBool::new(false),
     });
     (
         BatcherHandle {
@@ -147,121 +154,196 @@ pub fn new<S: BucketStore>(
 }
 
 impl<S: BucketStore> Driver<S> {
-    /// Flushes batches as they come due until `stop`, then drains what is left.
-    /// Transient storage errors are retried until `abort` (the shutdown deadline).
-    pub async fn run(self, stop: CancellationToken, abort: CancellationToken) -> Drained {
+    /// Flushes batches as they come due until the shutdown starts, then drains
+    /// what is left. Outages are retried until the shutdown deadline.
+    pub async fn run(self) -> Drained {
+        let shutdown = self.shared.shutdown.clone();
         let mut unstored = 0;
         loop {
             let deadline = lock(&self.shared).deadline();
             tokio::select! {
-                _ = stop.cancelled() => break,
+                _ = shutdown.triggered() => break,
                 _ = self.shared.wake.notified() => {}
                 _ = sleep_until(deadline) => {}
             }
-            let batch = {
-                let mut core = lock(&self.shared);
-                if core.is_due(Instant::now()) {
-                    core.take()
-                } else {
-                    None
-                }
-            };
-            if let Some(batch) = batch {
-                unstored += self.flush(batch, &abort).await;
+            loop {
+                let batch = {
+                    let mut core = lock(&self.shared);
+                    if core.is_due(Instant::now()) {
+                        core.take()
+                    } else {
+                        None
+                    }
+                };
+                let Some(batch) = batch else { break };
+                unstored += self.flush(batch).await;
             }
         }
-        // Nothing new comes in once stopped; one last batch holds the rest.
-        let last = lock(&self.shared).take();
-        if let Some(batch) = last {
-            unstored += self.flush(batch, &abort).await;
+        // Nothing new comes in once triggered; what is left goes out now.
+        loop {
+            let last = lock(&self.shared).take();
+            let Some(batch) = last else { break };
+            unstored += self.flush(batch).await;
         }
         Drained {
             unstored_readings: unstored,
         }
     }
 
-    /// Writes one batch; returns how many of its readings were not stored.
-    async fn flush(&self, batch: Batch<Waiter>, abort: &CancellationToken) -> usize {
+    /// Writes one batch; returns how many of its readings were not stored
+    /// anywhere (neither in a bucket nor in the dead-letter collection).
+    async fn flush(&self, batch: Batch) -> usize {
         let span = info_span!(
             "flush",
             readings = batch.readings,
-            buckets = batch.updates.len(),
+            buckets = batch.items.len(),
             round_trips = tracing::field::Empty,
             attempts = tracing::field::Empty,
         );
-        let outcome = self
-            .write_with_retries(&batch, abort)
-            .instrument(span)
-            .await;
-        lock(&self.shared).complete(batch.values, batch.updates.len());
-        for waiter in batch.waiters {
-            // A writer that gave up waiting dropped its receiver: nothing to tell.
-            let _ = waiter.send(outcome);
-        }
-        match outcome {
-            Ok(()) => {
-                self.metrics.readings_stored.inc_by(batch.readings as u64);
-                self.metrics.flush_readings.observe(batch.readings as f64);
-                0
-            }
-            Err(_) => {
-                self.metrics.readings_unstored.inc_by(batch.readings as u64);
-                batch.readings
-            }
-        }
+        self.write_with_retries(&batch).instrument(span).await
     }
 
-    async fn write_with_retries(
-        &self,
-        batch: &Batch<Waiter>,
-        abort: &CancellationToken,
-    ) -> FlushResult {
+    async fn write_with_retries(&self, batch: &Batch) -> usize {
         let started = Instant::now();
-        let mut attempt: u32 = 0;
+        let shutdown = &self.shared.shutdown;
+        let mut backoff = retry_policy(RETRY_MIN, RETRY_MAX).build();
+        let mut todo: Vec<usize> = (0..batch.items.len()).collect();
+        let (mut attempts, mut round_trips, mut unstored) = (0u32, 0, 0);
         loop {
-            attempt += 1;
-            match self.store.write(&batch.updates).await {
-                Ok(report) => {
-                    self.metrics.bucket_updates.inc_by(report.buckets as u64);
-                    self.metrics
-                        .write_round_trips
-                        .inc_by(report.round_trips as u64);
-                    self.metrics
-                        .flush_duration
-                        .observe(started.elapsed().as_secs_f64());
-                    let span = tracing::Span::current();
-                    span.record("round_trips", report.round_trips);
-                    span.record("attempts", attempt);
-                    debug!(
-                        elapsed_ms = started.elapsed().as_millis() as u64,
-                        "Stored a batch."
-                    );
-                    return Ok(());
+            attempts += 1;
+            let updates: Vec<&BucketUpdate> =
+                todo.iter().map(|&i| &batch.items[i].update).collect();
+            let written = self.store.write(&updates).await;
+            drop(updates);
+            round_trips += written.round_trips;
+            self.metrics
+                .write_round_trips
+                .inc_by(written.round_trips as u64);
+            let (mut stored, mut retry, mut poison) = (Vec::new(), Vec::new(), Vec::new());
+            let mut outage = None;
+            for (i, outcome) in todo.iter().copied().zip(written.outcomes) {
+                match outcome {
+                    Outcome::Stored => stored.push(i),
+                    Outcome::Outage(reason) => {
+                        retry.push(i);
+                        outage = Some(reason);
+                    }
+                    Outcome::Poison(reason) => poison.push((i, reason)),
                 }
-                Err(e) if e.is_transient() => {
-                    self.metrics.storage_error("unavailable");
-                    self.metrics.storage_retries.inc();
-                    let delay = backoff(attempt);
-                    warn!(error = %e, attempt, retry_in_ms = delay.as_millis() as u64, "Storing a batch failed; retrying.");
+            }
+            self.metrics.bucket_updates.inc_by(stored.len() as u64);
+            self.settle(batch, &stored, Settled::Stored);
+            if !poison.is_empty() {
+                unstored += self.dead_letter(batch, &poison).await;
+            }
+            let Some(reason) = outage else {
+                self.shared.outage.store(false, Ordering::Release);
+                break;
+            };
+            self.shared.outage.store(true, Ordering::Release);
+            self.metrics.storage_error("outage");
+            self.metrics.storage_retries.inc();
+            let delay = backoff.next().unwrap_or(RETRY_MAX);
+            warn!(error = %reason, buckets = retry.len(), attempt = attempts, retry_in_ms = delay.as_millis() as u64,
+                "Storage is unavailable; retrying the buckets that were not stored.");
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = shutdown.deadline_passed() => {
+                    let readings: usize = retry.iter().map(|&i| batch.items[i].readings).sum();
+                    error!(readings, buckets = retry.len(), error = %reason,
+                        "Gave up storing readings at the shutdown deadline; they were not stored.");
+                    self.settle(batch, &retry, Settled::Unstored);
+                    unstored += readings;
+                    break;
+                }
+            }
+            todo = retry;
+        }
+        self.metrics
+            .flush_duration
+            .observe(started.elapsed().as_secs_f64());
+        self.metrics.flush_readings.observe(batch.readings as f64);
+        let span = tracing::Span::current();
+        span.record("round_trips", round_trips);
+        span.record("attempts", attempts);
+        debug!(
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "Wrote a batch."
+        );
+        unstored
+    }
+
+    /// Writes the readings of updates that can never be applied to the
+    /// dead-letter collection (retrying outages until the shutdown deadline),
+    /// then settles them. Returns the readings that ended nowhere.
+    async fn dead_letter(&self, batch: &Batch, poison: &[(usize, String)]) -> usize {
+        let readings: usize = poison.iter().map(|&(i, _)| batch.items[i].readings).sum();
+        let indexes: Vec<usize> = poison.iter().map(|&(i, _)| i).collect();
+        let letters: Vec<DeadLetter<'_>> = poison
+            .iter()
+            .map(|(i, reason)| DeadLetter {
+                update: &batch.items[*i].update,
+                reason,
+            })
+            .collect();
+        let first = &poison[0];
+        let mut backoff = retry_policy(RETRY_MIN, RETRY_MAX).build();
+        self.metrics.storage_error("poison");
+        loop {
+            match self.store.dead_letter(&letters).await {
+                Ok(()) => {
+                    error!(readings, buckets = poison.len(), sensor = %batch.items[first.0].update.key.sensor, reason = %first.1,
+                        "Storage can never apply these bucket updates; their readings were written to the dead-letter collection.");
+                    self.metrics.readings_dead_lettered.inc_by(readings as u64);
+                    self.settle(batch, &indexes, Settled::DeadLettered);
+                    return 0;
+                }
+                Err(StoreError::Outage(e)) => {
+                    let delay = backoff.next().unwrap_or(RETRY_MAX);
+                    warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "Writing dead letters failed; retrying.");
                     tokio::select! {
                         _ = tokio::time::sleep(delay) => {}
-                        _ = abort.cancelled() => {
-                            error!(readings = batch.readings, buckets = batch.updates.len(), error = %e,
-                                "Gave up storing a batch at the shutdown deadline; its readings were not stored.");
-                            return Err(NotStored::Shutdown);
-                        }
+                        _ = self.shared.shutdown.deadline_passed() => break,
                     }
                 }
                 Err(e) => {
-                    self.metrics.storage_error(match e {
-                        StoreError::Unreadable(_) => "unreadable",
-                        _ => "rejected",
-                    });
-                    error!(readings = batch.readings, buckets = batch.updates.len(), error = %e,
-                        "Storage refused a batch; its readings were not stored.");
-                    return Err(NotStored::Rejected);
+                    error!(error = %e, readings, "The dead-letter collection refused readings too.");
+                    break;
                 }
             }
+        }
+        error!(
+            readings,
+            buckets = poison.len(),
+            reason = %first.1,
+            "Readings that storage can never apply could not be dead-lettered either; they were not stored."
+        );
+        self.settle(batch, &indexes, Settled::Unstored);
+        readings
+    }
+
+    /// Settles `indexes` of `batch` and answers the writers that are done.
+    fn settle(&self, batch: &Batch, indexes: &[usize], settled: Settled) {
+        if indexes.is_empty() {
+            return;
+        }
+        let mut answers = Vec::new();
+        let mut readings = 0;
+        {
+            let mut core = lock(&self.shared);
+            for &i in indexes {
+                core.settle(&batch.items[i], settled, &mut answers);
+                readings += batch.items[i].readings;
+            }
+        }
+        match settled {
+            Settled::Stored => self.metrics.readings_stored.inc_by(readings as u64),
+            Settled::Unstored => self.metrics.readings_unstored.inc_by(readings as u64),
+            Settled::DeadLettered => {}
+        }
+        for (waiter, result) in answers {
+            // A writer that gave up waiting dropped its receiver: nothing to tell.
+            let _ = waiter.send(result);
         }
     }
 }
@@ -273,43 +355,58 @@ async fn sleep_until(deadline: Option<Instant>) {
     }
 }
 
-/// Exponential backoff with jitter: half fixed, half random, capped.
-fn backoff(attempt: u32) -> Duration {
-    let exp = RETRY_BASE.saturating_mul(1u32 << attempt.saturating_sub(1).min(16));
-    let capped = exp.min(RETRY_MAX);
-    let half = capped / 2;
-    half + half.mul_f64(rand::random::<f64>())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{BucketUpdate, MetricName, SensorId};
-    use crate::store::{BucketRead, Fetch, StoreError, WriteReport};
+    use crate::domain::{MetricName, SensorId};
+    use crate::store::{BucketRead, Fetch, Written};
     use std::sync::atomic::AtomicUsize;
 
-    /// Records writes; fails the first `failures` of them transiently.
+    /// Records writes; fails the first `failures` of them for an outage, and
+    /// every update of sensor `poison` as poison.
     #[derive(Default)]
     struct Recorder {
         writes: Mutex<Vec<Vec<BucketUpdate>>>,
+        dead: Mutex<Vec<BucketUpdate>>,
         failures: AtomicUsize,
-        reject: AtomicBool,
+        poison: Mutex<Option<&'static str>>,
     }
 
     impl BucketStore for Recorder {
-        async fn write(&self, updates: &[BucketUpdate]) -> Result<WriteReport, StoreError> {
-            if self.reject.load(Ordering::SeqCst) {
-                return Err(StoreError::Rejected("no".into()));
-            }
+        async fn write(&self, updates: &[&BucketUpdate]) -> Written {
             if self.failures.load(Ordering::SeqCst) > 0 {
                 self.failures.fetch_sub(1, Ordering::SeqCst);
-                return Err(StoreError::Unavailable("down".into()));
+                return Written {
+                    outcomes: vec![Outcome::Outage("down".into()); updates.len()],
+                    round_trips: 1,
+                };
             }
-            self.writes.lock().expect("lock").push(updates.to_vec());
-            Ok(WriteReport {
-                buckets: updates.len(),
+            let poison = *self.poison.lock().expect("lock");
+            let outcomes = updates
+                .iter()
+                .map(|u| {
+                    if Some(u.key.sensor.as_str()) == poison {
+                        Outcome::Poison("bad shape".into())
+                    } else {
+                        Outcome::Stored
+                    }
+                })
+                .collect();
+            self.writes
+                .lock()
+                .expect("lock")
+                .push(updates.iter().map(|u| (*u).clone()).collect());
+            Written {
+                outcomes,
                 round_trips: 1,
-            })
+            }
+        }
+        async fn dead_letter(&self, letters: &[DeadLetter<'_>]) -> Result<(), StoreError> {
+            self.dead
+                .lock()
+                .expect("lock")
+                .extend(letters.iter().map(|l| l.update.clone()));
+            Ok(())
         }
         async fn fetch(&self, _: Fetch<'_>) -> Result<Vec<BucketRead>, StoreError> {
             Ok(vec![])
@@ -324,12 +421,13 @@ mod tests {
         max_pending_readings: 100,
         max_buffered_readings: 1000,
         max_buckets: 1000,
+        max_flush_buckets: 1000,
     };
 
-    fn readings(n: i64) -> Vec<Reading<'static>> {
+    fn readings_of(sensor: &'static str, n: i64) -> Vec<Reading<'static>> {
         (0..n)
             .map(|i| Reading {
-                sensor: SensorId::parse("s").expect("valid"),
+                sensor: SensorId::parse(sensor).expect("valid"),
                 metric: MetricName::default_metric(),
                 ts: i,
                 value: 1.0,
@@ -337,24 +435,27 @@ mod tests {
             .collect()
     }
 
-    fn start(
-        store: Arc<Recorder>,
-    ) -> (
-        BatcherHandle,
-        CancellationToken,
-        CancellationToken,
-        tokio::task::JoinHandle<Drained>,
-    ) {
-        let (handle, driver) = new(Granularity::Minute, LIMITS, store, Arc::new(Metrics::new()));
-        let (stop, abort) = (CancellationToken::new(), CancellationToken::new());
-        let task = tokio::spawn(driver.run(stop.clone(), abort.clone()));
-        (handle, stop, abort, task)
+    fn readings(n: i64) -> Vec<Reading<'static>> {
+        readings_of("s", n)
+    }
+
+    fn start(store: Arc<Recorder>) -> (BatcherHandle, Shutdown, tokio::task::JoinHandle<Drained>) {
+        let shutdown = Shutdown::new(Duration::from_secs(3));
+        let (handle, driver) = new(
+            Granularity::Minute,
+            LIMITS,
+            store,
+            Arc::new(Metrics::new()),
+            shutdown.clone(),
+        );
+        let task = tokio::spawn(driver.run());
+        (handle, shutdown, task)
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_waiting_writer_is_answered_after_the_flush_interval() {
         let store = Arc::new(Recorder::default());
-        let (handle, stop, _abort, task) = start(store.clone());
+        let (handle, shutdown, task) = start(store.clone());
         let t0 = Instant::now();
         let rx = handle
             .submit(readings(3), true)
@@ -363,7 +464,7 @@ mod tests {
         assert_eq!(rx.await, Ok(Ok(())));
         assert!(t0.elapsed() >= LIMITS.flush_interval);
         assert_eq!(store.writes.lock().expect("lock").len(), 1);
-        stop.cancel();
+        shutdown.trigger();
         assert_eq!(
             task.await.expect("joined"),
             Drained {
@@ -375,7 +476,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_full_batch_flushes_before_the_interval() {
         let store = Arc::new(Recorder::default());
-        let (handle, _stop, _abort, _task) = start(store.clone());
+        let (handle, _shutdown, _task) = start(store.clone());
         let t0 = Instant::now();
         let rx = handle
             .submit(readings(100), true)
@@ -389,7 +490,7 @@ mod tests {
     async fn transient_failures_are_retried_until_the_batch_is_stored() {
         let store = Arc::new(Recorder::default());
         store.failures.store(3, Ordering::SeqCst);
-        let (handle, _stop, _abort, _task) = start(store.clone());
+        let (handle, _shutdown, _task) = start(store.clone());
         let rx = handle
             .submit(readings(5), true)
             .expect("room")
@@ -398,32 +499,45 @@ mod tests {
         let writes = store.writes.lock().expect("lock");
         assert_eq!(writes.len(), 1);
         assert_eq!(writes[0][0].values.len(), 5);
+        assert!(!handle.storage_outage(), "the outage is over");
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_refused_batch_is_reported_to_its_writers() {
+    async fn poison_is_dead_lettered_and_other_buckets_are_stored() {
         let store = Arc::new(Recorder::default());
-        store.reject.store(true, Ordering::SeqCst);
-        let (handle, _stop, _abort, _task) = start(store.clone());
-        let rx = handle
-            .submit(readings(2), true)
+        *store.poison.lock().expect("lock") = Some("bad");
+        let (handle, _shutdown, _task) = start(store.clone());
+        let mixed: Vec<Reading<'static>> = readings_of("bad", 2)
+            .into_iter()
+            .chain(readings_of("good", 2))
+            .collect();
+        let rx_mixed = handle.submit(mixed, true).expect("room").expect("rx");
+        let rx_good = handle
+            .submit(readings_of("good", 3), true)
             .expect("room")
-            .expect("receiver");
-        assert_eq!(rx.await, Ok(Err(NotStored::Rejected)));
-        assert_eq!(handle.buffered(), 0, "a refused batch frees its room");
+            .expect("rx");
+        match rx_mixed.await {
+            Ok(Err(NotStored::DeadLettered(keys))) => {
+                assert_eq!(keys.len(), 1);
+                assert_eq!(keys[0].sensor.as_str(), "bad");
+            }
+            other => panic!("expected dead letters, got {other:?}"),
+        }
+        assert_eq!(rx_good.await, Ok(Ok(())), "a writer of good buckets only");
+        assert_eq!(store.dead.lock().expect("lock").len(), 1);
+        assert_eq!(handle.buffered(), 0, "settled buckets free their room");
     }
 
     #[tokio::test(start_paused = true)]
     async fn stopping_drains_pending_readings_and_closing_refuses_new_ones() {
         let store = Arc::new(Recorder::default());
-        let (handle, stop, _abort, task) = start(store.clone());
+        let (handle, shutdown, task) = start(store.clone());
         handle.submit(readings(7), false).expect("room");
-        handle.close();
+        shutdown.trigger();
         assert_eq!(
             handle.submit(readings(1), false).expect_err("closed"),
             SubmitError::Closed
         );
-        stop.cancel();
         assert_eq!(task.await.expect("joined").unstored_readings, 0);
         assert_eq!(store.writes.lock().expect("lock")[0][0].values.len(), 7);
     }
@@ -432,15 +546,20 @@ mod tests {
     async fn the_shutdown_deadline_reports_what_could_not_be_stored() {
         let store = Arc::new(Recorder::default());
         store.failures.store(usize::MAX, Ordering::SeqCst);
-        let (handle, stop, abort, task) = start(store.clone());
+        let (handle, shutdown, task) = start(store.clone());
         let rx = handle
             .submit(readings(4), true)
             .expect("room")
             .expect("receiver");
-        stop.cancel();
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        abort.cancel();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(handle.storage_outage());
+        let t0 = Instant::now();
+        shutdown.trigger();
         assert_eq!(task.await.expect("joined").unstored_readings, 4);
+        assert!(
+            t0.elapsed() <= Duration::from_secs(3),
+            "within the deadline"
+        );
         assert_eq!(rx.await, Ok(Err(NotStored::Shutdown)));
     }
 }

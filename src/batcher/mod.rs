@@ -26,6 +26,9 @@ pub struct BatcherLimits {
     /// Distinct buckets pending plus in flight never exceed this: a flood of
     /// new sensor ids is refused instead of becoming a flood of documents.
     pub max_buckets: usize,
+    /// Buckets one flush takes at most; the rest follow in the next flush, at
+    /// once. A batch that grew during an outage goes out in several.
+    pub max_flush_buckets: usize,
 }
 
 /// The batcher is at a bound: the caller must refuse the input.
@@ -38,16 +41,46 @@ pub struct Full {
     pub limit: usize,
 }
 
-/// A closed batch, ready for one write to storage.
+/// Why readings a writer waited for are not all in their buckets.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotStored {
+    /// Storage can never apply these buckets' updates; their readings are in
+    /// the dead-letter collection. The writer's other readings are stored.
+    #[error("storage refused {} bucket(s); their readings are in the dead-letter collection", .0.len())]
+    DeadLettered(Vec<BucketKey>),
+    #[error("the service stopped before the readings could be stored")]
+    Shutdown,
+}
+
+/// What a waiting writer is told once every bucket it touched is settled.
+pub type FlushResult = Result<(), NotStored>;
+
+/// How the write of one bucket ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    Stored,
+    /// Written to the dead-letter collection instead.
+    DeadLettered,
+    /// Neither: the shutdown deadline came first.
+    Unstored,
+}
+
+/// One bucket's update in a batch, with the writers waiting on it.
 #[derive(Debug)]
-pub struct Batch<W> {
-    /// One update per bucket touched since the previous batch.
-    pub updates: Vec<BucketUpdate>,
-    /// Everyone waiting for these readings to be stored.
-    pub waiters: Vec<W>,
-    /// Distinct (bucket, second) values in the batch.
-    pub values: usize,
-    /// Readings accepted into the batch, overwritten ones included.
+pub struct Item {
+    pub update: BucketUpdate,
+    /// Tickets of the writers whose readings are in this update.
+    pub tickets: Vec<u64>,
+    /// Readings that went into it, overwritten ones included.
+    pub readings: usize,
+}
+
+/// A closed batch, ready to be written.
+#[derive(Debug)]
+pub struct Batch {
+    /// One item per bucket touched since the previous batch.
+    pub items: Vec<Item>,
+    /// Readings in the batch, overwritten ones included.
     pub readings: usize,
 }
 
@@ -58,20 +91,38 @@ pub struct Offered {
     pub wake_driver: bool,
 }
 
-/// The pure core: coalesces readings per bucket, last write wins per second.
+#[derive(Debug, Default)]
+struct Open {
+    values: Vec<(u16, f64)>,
+    tickets: Vec<u64>,
+    readings: usize,
+}
+
+#[derive(Debug)]
+struct Waiting<W> {
+    waiter: W,
+    /// Buckets of this writer not settled yet.
+    buckets: usize,
+    dead: Vec<BucketKey>,
+    unstored: bool,
+}
+
+/// The pure core: coalesces readings per bucket, last write wins per second,
+/// and answers each writer once every bucket it touched is settled.
 ///
 /// `W` is whatever a writer waits on (a oneshot sender in the service); the core
-/// only carries it to the batch that stores the writer's readings.
+/// hands it back with the writer's result.
 #[derive(Debug)]
 pub struct Batcher<W> {
     granularity: Granularity,
     limits: BatcherLimits,
-    pending: HashMap<BucketKey, Vec<(u16, f64)>>,
+    pending: HashMap<BucketKey, Open>,
     pending_values: usize,
     pending_readings: usize,
     in_flight_values: usize,
     in_flight_buckets: usize,
-    waiters: Vec<W>,
+    waiting: HashMap<u64, Waiting<W>>,
+    next_ticket: u64,
     /// When the first reading of the open batch arrived.
     opened_at: Option<Instant>,
     /// Someone waits on the open batch and asked for it not to wait the interval.
@@ -88,7 +139,8 @@ impl<W> Batcher<W> {
             pending_readings: 0,
             in_flight_values: 0,
             in_flight_buckets: 0,
-            waiters: Vec::new(),
+            waiting: HashMap::new(),
+            next_ticket: 0,
             opened_at: None,
             hurried: false,
         }
@@ -108,7 +160,14 @@ impl<W> Batcher<W> {
         self.pending.len() + self.in_flight_buckets
     }
 
-    /// Adds all of `readings` or none of them.
+    /// Writers waiting for an answer.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Adds all of `readings` or none of them. A `waiter` is answered once
+    /// every bucket these readings touch is settled (so pass one only with
+    /// readings: nothing would ever answer it otherwise).
     ///
     /// Refuses when the readings might not fit under the memory bound (the
     /// check counts every reading as a new value, so the bound holds even when
@@ -133,12 +192,27 @@ impl<W> Batcher<W> {
         if n > 0 && was_empty {
             self.opened_at = Some(now);
         }
+        let ticket = waiter.as_ref().map(|_| {
+            self.next_ticket += 1;
+            self.next_ticket
+        });
+        let mut buckets = 0;
         for r in readings {
-            self.insert(r);
+            buckets += usize::from(self.insert(r, ticket));
         }
         self.pending_readings += n;
-        if let Some(w) = waiter {
-            self.waiters.push(w);
+        if let (Some(waiter), Some(ticket)) = (waiter, ticket)
+            && buckets > 0
+        {
+            self.waiting.insert(
+                ticket,
+                Waiting {
+                    waiter,
+                    buckets,
+                    dead: Vec::new(),
+                    unstored: false,
+                },
+            );
         }
         let full = self.pending_values >= self.limits.max_pending_readings;
         Ok(Offered {
@@ -178,7 +252,8 @@ impl<W> Batcher<W> {
         Ok(())
     }
 
-    fn insert(&mut self, r: Reading<'_>) {
+    /// Inserts one reading; returns whether `ticket` was newly tied to its bucket.
+    fn insert(&mut self, r: Reading<'_>, ticket: Option<u64>) -> bool {
         let start = self.granularity.bucket_start(r.ts);
         let offset = self.granularity.offset(r.ts);
         let key = BucketKeyRef {
@@ -186,8 +261,8 @@ impl<W> Batcher<W> {
             metric: r.metric.as_str(),
             start,
         };
-        let values = match self.pending.get_mut(&key) {
-            Some(values) => values,
+        let open = match self.pending.get_mut(&key) {
+            Some(open) => open,
             None => self
                 .pending
                 .entry(BucketKey {
@@ -197,6 +272,8 @@ impl<W> Batcher<W> {
                 })
                 .or_default(),
         };
+        open.readings += 1;
+        let values = &mut open.values;
         // Readings mostly arrive in time order: check the end before searching.
         match values.last_mut() {
             Some(last) if last.0 == offset => last.1 = r.value,
@@ -215,6 +292,15 @@ impl<W> Batcher<W> {
                     self.pending_values += 1;
                 }
             },
+        }
+        // Tickets only grow and an offer is applied whole, so this offer's
+        // ticket, if already tied to the bucket, is the last one there.
+        match ticket {
+            Some(t) if open.tickets.last() != Some(&t) => {
+                open.tickets.push(t);
+                true
+            }
+            _ => false,
         }
     }
 
@@ -239,30 +325,80 @@ impl<W> Batcher<W> {
         self.deadline().is_some_and(|d| d <= now)
     }
 
-    /// Closes the open batch (whether due or not) and counts it as in flight.
-    pub fn take(&mut self) -> Option<Batch<W>> {
-        self.opened_at.take()?;
-        self.hurried = false;
-        let updates: Vec<BucketUpdate> = self
-            .pending
-            .drain()
-            .map(|(key, values)| BucketUpdate { key, values })
-            .collect();
-        let values = std::mem::take(&mut self.pending_values);
+    /// Closes the open batch (whether due or not), at most
+    /// `max_flush_buckets` of it, and counts it as in flight. What is left
+    /// stays due at once.
+    pub fn take(&mut self) -> Option<Batch> {
+        let opened = self.opened_at.take()?;
+        let items: Vec<Item> = if self.pending.len() <= self.limits.max_flush_buckets {
+            self.hurried = false;
+            self.pending.drain().map(Item::from).collect()
+        } else {
+            // The rest stays open and due at once.
+            self.opened_at = Some(opened);
+            self.hurried = true;
+            let mut room = self.limits.max_flush_buckets;
+            self.pending
+                .extract_if(|_, _| {
+                    let take = room > 0;
+                    room = room.saturating_sub(1);
+                    take
+                })
+                .map(Item::from)
+                .collect()
+        };
+        let values: usize = items.iter().map(|i| i.update.values.len()).sum();
+        let readings: usize = items.iter().map(|i| i.readings).sum();
+        self.pending_values -= values;
+        self.pending_readings -= readings;
         self.in_flight_values += values;
-        self.in_flight_buckets += updates.len();
-        Some(Batch {
-            updates,
-            waiters: std::mem::take(&mut self.waiters),
-            values,
-            readings: std::mem::take(&mut self.pending_readings),
-        })
+        self.in_flight_buckets += items.len();
+        Some(Batch { items, readings })
     }
 
-    /// A batch taken earlier is done with (stored or given up): frees its room.
-    pub fn complete(&mut self, values: usize, buckets: usize) {
-        self.in_flight_values = self.in_flight_values.saturating_sub(values);
-        self.in_flight_buckets = self.in_flight_buckets.saturating_sub(buckets);
+    /// One bucket of a taken batch is done with: frees its room and answers
+    /// the writers for whom it was the last bucket, into `answers`.
+    pub fn settle(&mut self, item: &Item, settled: Settled, answers: &mut Vec<(W, FlushResult)>) {
+        self.in_flight_values = self
+            .in_flight_values
+            .saturating_sub(item.update.values.len());
+        self.in_flight_buckets = self.in_flight_buckets.saturating_sub(1);
+        for ticket in &item.tickets {
+            let Some(w) = self.waiting.get_mut(ticket) else {
+                continue;
+            };
+            w.buckets -= 1;
+            match settled {
+                Settled::Stored => {}
+                Settled::DeadLettered => w.dead.push(item.update.key.clone()),
+                Settled::Unstored => w.unstored = true,
+            }
+            if w.buckets == 0
+                && let Some(w) = self.waiting.remove(ticket)
+            {
+                let result = if w.unstored {
+                    Err(NotStored::Shutdown)
+                } else if !w.dead.is_empty() {
+                    Err(NotStored::DeadLettered(w.dead))
+                } else {
+                    Ok(())
+                };
+                answers.push((w.waiter, result));
+            }
+        }
+    }
+}
+
+impl From<(BucketKey, Open)> for Item {
+    fn from((key, open): (BucketKey, Open)) -> Self {
+        Item {
+            update: BucketUpdate {
+                key,
+                values: open.values,
+            },
+            tickets: open.tickets,
+            readings: open.readings,
+        }
     }
 }
 
@@ -278,7 +414,17 @@ mod tests {
         max_pending_readings: 1000,
         max_buffered_readings: 2000,
         max_buckets: 1000,
+        max_flush_buckets: 1000,
     };
+
+    /// Settles every item of `batch` as `settled`; returns the answers.
+    fn settle_all<W>(b: &mut Batcher<W>, batch: &Batch, settled: Settled) -> Vec<(W, FlushResult)> {
+        let mut answers = Vec::new();
+        for item in &batch.items {
+            b.settle(item, settled, &mut answers);
+        }
+        answers
+    }
 
     fn reading(sensor: &str, ts: i64, value: f64) -> Reading<'static> {
         Reading {
@@ -301,12 +447,19 @@ mod tests {
         ];
         b.offer(rs, Some(7), now).expect("room");
         let batch = b.take().expect("a batch");
-        assert_eq!(batch.updates.len(), 1);
-        assert_eq!(batch.updates[0].key.start, 120);
-        assert_eq!(batch.updates[0].values, vec![(1, 2.0), (5, 3.0), (59, 4.0)]);
-        assert_eq!((batch.values, batch.readings), (3, 4));
-        assert_eq!(batch.waiters, vec![7]);
+        assert_eq!(batch.items.len(), 1);
+        assert_eq!(batch.items[0].update.key.start, 120);
+        assert_eq!(
+            batch.items[0].update.values,
+            vec![(1, 2.0), (5, 3.0), (59, 4.0)]
+        );
+        assert_eq!((b.buffered(), batch.readings), (3, 4));
         assert!(b.take().is_none());
+        assert_eq!(
+            settle_all(&mut b, &batch, Settled::Stored),
+            vec![(7, Ok(()))]
+        );
+        assert_eq!(b.buffered(), 0);
     }
 
     #[test]
@@ -315,8 +468,8 @@ mod tests {
         b.offer(vec![reading("s", 3600 + 61, 1.0)], None, Instant::now())
             .expect("room");
         let batch = b.take().expect("a batch");
-        assert_eq!(batch.updates[0].key.start, 3600);
-        assert_eq!(batch.updates[0].values, vec![(61, 1.0)]);
+        assert_eq!(batch.items[0].update.key.start, 3600);
+        assert_eq!(batch.items[0].update.values, vec![(61, 1.0)]);
     }
 
     #[test]
@@ -386,7 +539,10 @@ mod tests {
         );
         assert_eq!(b.pending_values(), 0);
         assert!(b.take().is_none(), "the refused offer left nothing behind");
-        b.complete(batch.values, batch.updates.len());
+        assert_eq!(
+            settle_all(&mut b, &batch, Settled::Stored),
+            vec![(1, Ok(()))]
+        );
         b.offer(
             (0..3i32).map(|i| reading("b", i64::from(i), 1.0)).collect(),
             Some(3),
@@ -423,17 +579,87 @@ mod tests {
             }
         );
         let batch = b.take().expect("batch");
-        assert_eq!(batch.updates.len(), 3, "the refused offer added nothing");
+        assert_eq!(batch.items.len(), 3, "the refused offer added nothing");
         // In-flight buckets still count until their batch completes.
         assert!(b.offer(vec![reading("d", 1, 1.0)], None, now).is_err());
-        b.complete(batch.values, batch.updates.len());
+        settle_all(&mut b, &batch, Settled::Stored);
         b.offer(vec![reading("d", 1, 1.0)], None, now)
             .expect("room after the flush");
     }
 
+    #[test]
+    fn a_writer_is_answered_by_its_own_buckets_only() {
+        let mut b: Batcher<&str> = Batcher::new(Granularity::Minute, LIMITS);
+        let now = Instant::now();
+        b.offer(
+            vec![reading("a", 1, 1.0), reading("b", 1, 1.0)],
+            Some("ab"),
+            now,
+        )
+        .expect("room");
+        b.offer(vec![reading("b", 2, 1.0)], Some("b"), now)
+            .expect("room");
+        b.offer(vec![reading("c", 2, 1.0)], Some("c"), now)
+            .expect("room");
+        let batch = b.take().expect("batch");
+        let item = |sensor: &str| {
+            batch
+                .items
+                .iter()
+                .find(|i| i.update.key.sensor.as_str() == sensor)
+                .expect("an item")
+        };
+        let mut answers = Vec::new();
+        b.settle(item("a"), Settled::Stored, &mut answers);
+        assert!(answers.is_empty(), "ab still waits for b");
+        b.settle(item("b"), Settled::DeadLettered, &mut answers);
+        let b_key = item("b").update.key.clone();
+        assert_eq!(
+            answers,
+            vec![
+                ("ab", Err(NotStored::DeadLettered(vec![b_key.clone()]))),
+                ("b", Err(NotStored::DeadLettered(vec![b_key])))
+            ]
+        );
+        answers.clear();
+        b.settle(item("c"), Settled::Unstored, &mut answers);
+        assert_eq!(answers, vec![("c", Err(NotStored::Shutdown))]);
+        assert_eq!((b.waiting(), b.buffered(), b.buckets()), (0, 0, 0));
+    }
+
+    #[test]
+    fn a_flush_takes_at_most_max_flush_buckets_and_the_rest_stays_due() {
+        let limits = BatcherLimits {
+            max_flush_buckets: 2,
+            ..LIMITS
+        };
+        let mut b: Batcher<u8> = Batcher::new(Granularity::Minute, limits);
+        let t0 = Instant::now();
+        let five: Vec<_> = ["a", "b", "c", "d", "e"]
+            .iter()
+            .map(|s| reading(s, 1, 1.0))
+            .collect();
+        b.offer(five, Some(1), t0).expect("room");
+        let first = b.take().expect("batch");
+        assert_eq!(first.items.len(), 2);
+        assert!(b.is_due(t0), "the rest is due at once");
+        let second = b.take().expect("batch");
+        let third = b.take().expect("batch");
+        assert_eq!((second.items.len(), third.items.len()), (2, 1));
+        assert!(b.take().is_none());
+        let mut answers = settle_all(&mut b, &first, Settled::Stored);
+        answers.extend(settle_all(&mut b, &second, Settled::Stored));
+        assert!(answers.is_empty(), "the writer waits for all five buckets");
+        answers.extend(settle_all(&mut b, &third, Settled::Stored));
+        assert_eq!(answers, vec![(1, Ok(()))]);
+    }
+
     proptest! {
-        /// Whatever the interleaving of offers and flushes, applying the batches in
-        /// order gives exactly the last value written per (sensor, second).
+        /// Whatever the interleaving of offers, flushes and outcomes, applying
+        /// the stored batches in order gives exactly the last value written per
+        /// (sensor, second) among stored buckets, every writer is answered
+        /// exactly once, with the worst outcome among its buckets, and memory
+        /// returns to zero.
         #[test]
         fn batches_applied_in_order_equal_last_write_wins(
             ops in prop::collection::vec(
@@ -442,44 +668,68 @@ mod tests {
                     1 => Just(None),
                 ],
                 1..40,
-            )
+            ),
+            max_flush_buckets in 1..6usize,
+            dead_sensor in prop::option::of(0..3usize),
         ) {
             let sensors = ["a", "b", "c"];
-            let mut b: Batcher<usize> = Batcher::new(Granularity::Minute, LIMITS);
+            let limits = BatcherLimits { max_flush_buckets, ..LIMITS };
+            let mut b: Batcher<usize> = Batcher::new(Granularity::Minute, limits);
             let mut model: StdMap<(usize, i64), f64> = StdMap::new();
+            // The model of answers: which writers touched the dead sensor.
+            let mut expect_dead: StdMap<usize, bool> = StdMap::new();
             let mut stored: StdMap<(String, i64), f64> = StdMap::new();
+            let mut answered: StdMap<usize, FlushResult> = StdMap::new();
             let now = Instant::now();
-            let apply = |batch: Batch<usize>, stored: &mut StdMap<(String, i64), f64>| {
+            let dead = dead_sensor.map(|s| sensors[s]);
+            let apply = |b: &mut Batcher<usize>, batch: Batch, stored: &mut StdMap<(String, i64), f64>, answered: &mut StdMap<usize, FlushResult>| {
                 let mut keys = std::collections::HashSet::new();
-                for u in &batch.updates {
+                let mut answers = Vec::new();
+                for item in &batch.items {
+                    let u = &item.update;
                     assert!(keys.insert(u.key.clone()), "one update per bucket per batch");
                     assert!(u.values.windows(2).all(|w| w[0].0 < w[1].0));
-                    for &(off, v) in &u.values {
-                        stored.insert((u.key.sensor.to_string(), u.key.start + i64::from(off)), v);
-                    }
+                    let settled = if Some(u.key.sensor.as_str()) == dead {
+                        Settled::DeadLettered
+                    } else {
+                        for &(off, v) in &u.values {
+                            stored.insert((u.key.sensor.to_string(), u.key.start + i64::from(off)), v);
+                        }
+                        Settled::Stored
+                    };
+                    b.settle(item, settled, &mut answers);
                 }
-                batch.values
+                for (w, result) in answers {
+                    assert!(answered.insert(w, result).is_none(), "answered once");
+                }
             };
             for (i, op) in ops.into_iter().enumerate() {
                 match op {
                     Some(rs) => {
                         for &(s, ts, v) in &rs { model.insert((s, ts), f64::from(v)); }
+                        expect_dead.insert(i, rs.iter().any(|&(s, _, _)| Some(s) == dead_sensor));
                         let readings: Vec<_> = rs.iter().map(|&(s, ts, v)| reading(sensors[s], ts, f64::from(v))).collect();
                         b.offer(readings, Some(i), now).expect("room");
                     }
                     None => if let Some(batch) = b.take() {
-                        let (n, k) = (batch.values, batch.updates.len());
-                        apply(batch, &mut stored);
-                        b.complete(n, k);
+                        apply(&mut b, batch, &mut stored, &mut answered);
                     },
                 }
                 prop_assert!(b.buffered() <= LIMITS.max_buffered_readings);
+                prop_assert!(b.buckets() <= LIMITS.max_buckets);
             }
-            if let Some(batch) = b.take() { let (n, k) = (batch.values, batch.updates.len()); apply(batch, &mut stored); b.complete(n, k); }
-            prop_assert_eq!(b.buffered(), 0);
-            let expected: StdMap<(String, i64), f64> =
-                model.into_iter().map(|((s, ts), v)| ((sensors[s].to_owned(), ts), v)).collect();
+            while let Some(batch) = b.take() { apply(&mut b, batch, &mut stored, &mut answered); }
+            prop_assert_eq!((b.buffered(), b.buckets(), b.waiting()), (0, 0, 0));
+            let expected: StdMap<(String, i64), f64> = model
+                .into_iter()
+                .filter(|((s, _), _)| Some(*s) != dead_sensor)
+                .map(|((s, ts), v)| ((sensors[s].to_owned(), ts), v))
+                .collect();
             prop_assert_eq!(stored, expected);
+            prop_assert_eq!(answered.len(), expect_dead.len());
+            for (w, dead) in expect_dead {
+                prop_assert_eq!(answered[&w].is_err(), dead, "writer {}", w);
+            }
         }
     }
 }

@@ -9,11 +9,11 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use tracing::warn;
 
-use super::decode::{DecodeContext, DecodeError, decode_readings};
+use super::decode::{DecodeContext, DecodeError, Detail, decode_readings};
 use crate::api::{ApiError, AppState};
 use crate::auth::Principal;
 use crate::batcher::driver::{NotStored, SubmitError};
-use crate::domain::TimeWindow;
+use crate::domain::{BucketKey, Granularity, TimeWindow};
 use crate::store::BucketStore;
 use crate::telemetry::metrics::{Rejection, Source};
 
@@ -136,9 +136,11 @@ pub async fn post_readings<S: BucketStore>(
     };
     match tokio::time::timeout(state.settings.http.write_timeout, receiver).await {
         Ok(Ok(Ok(()))) => Ok((StatusCode::OK, Json(Accepted { accepted }))),
-        Ok(Ok(Err(NotStored::Rejected))) => Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "storage refused the readings; they were not stored",
+        Ok(Ok(Err(NotStored::DeadLettered(buckets)))) => Err(dead_lettered(
+            &body,
+            &ctx,
+            &buckets,
+            state.settings.buckets.granularity,
         )),
         Ok(Ok(Err(NotStored::Shutdown))) | Ok(Err(_)) => Err(ApiError::unavailable(
             "the service stopped before the readings were stored; retry",
@@ -154,5 +156,43 @@ pub async fn post_readings<S: BucketStore>(
                 "the readings were not confirmed stored in time; retrying is safe",
             ))
         }
+    }
+}
+
+/// A 422 naming the readings of `body` whose buckets storage can never apply.
+/// The body is decoded again (a cold path) rather than kept as readings.
+fn dead_lettered(
+    body: &[u8],
+    ctx: &DecodeContext,
+    buckets: &[BucketKey],
+    granularity: Granularity,
+) -> ApiError {
+    let details: Vec<Detail> = decode_readings(body, ctx)
+        .map(|readings| {
+            readings
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| {
+                    let start = granularity.bucket_start(r.ts);
+                    buckets.iter().any(|k| {
+                        k.start == start
+                            && k.sensor.as_str() == r.sensor.as_str()
+                            && k.metric.as_str() == r.metric.as_str()
+                    })
+                })
+                .map(|(index, _)| Detail {
+                    index,
+                    reason: "storage can never apply this reading's bucket update; the reading is in the dead-letter collection".into(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    ApiError {
+        status: StatusCode::UNPROCESSABLE_ENTITY,
+        message: format!(
+            "{} reading(s) could not be stored in their buckets and were written to the dead-letter collection; the others are stored",
+            details.len()
+        ),
+        details,
     }
 }

@@ -3,9 +3,9 @@
 
 use std::sync::LazyLock;
 
-use mongodb::bson::{Bson, DateTime, Document, RawArrayBuf, RawDocumentBuf, rawdoc};
+use mongodb::bson::{Bson, DateTime, Document, RawArrayBuf, RawDocumentBuf, doc, rawdoc};
 
-use super::{BucketRead, SCHEMA_VERSION, StoreError};
+use super::{BucketRead, DeadLetter, SCHEMA_VERSION, StoreError};
 use crate::domain::{Agg, BucketKey, BucketUpdate, Granularity, SECOND_FIELDS, field_name};
 
 // Statements are built as raw BSON: appended straight into byte buffers, with
@@ -130,9 +130,33 @@ pub fn update_statement(update: &BucketUpdate, granularity: Granularity) -> RawD
     }
 }
 
-/// A rough upper bound of an update statement's encoded size, for chunking.
-pub fn estimated_size(update: &BucketUpdate) -> usize {
-    600 + update.key.sensor.as_str().len() + update.values.len() * 24
+/// A dead-letter document: the readings of one bucket update that can never
+/// be applied, each with its own timestamp, and why.
+pub fn dead_letter_document(letter: &DeadLetter<'_>, granularity: Granularity) -> Document {
+    let key = &letter.update.key;
+    let readings: Vec<Bson> = letter
+        .update
+        .values
+        .iter()
+        .map(|&(offset, value)| {
+            Bson::Document(doc! {
+                "ts": start_date(key.start.saturating_add(i64::from(offset))),
+                "value": value,
+            })
+        })
+        .collect();
+    doc! {
+        "sensor": key.sensor.as_str(),
+        "metric": key.metric.as_str(),
+        "bucket_start": start_date(key.start),
+        "granularity": match granularity {
+            Granularity::Minute => "minute",
+            Granularity::Hour => "hour",
+        },
+        "readings": readings,
+        "reason": letter.reason,
+        "at": DateTime::now(),
+    }
 }
 
 fn number(doc: &Document, field: &str) -> Result<f64, StoreError> {
@@ -227,7 +251,6 @@ pub fn read_bucket(doc: &Document, granularity: Granularity) -> Result<BucketRea
 mod tests {
     use super::*;
     use crate::domain::{MetricName, SensorId};
-    use mongodb::bson::doc;
 
     fn update(values: Vec<(u16, f64)>) -> BucketUpdate {
         BucketUpdate {

@@ -1,6 +1,8 @@
 //! Bucket storage: the [`BucketStore`] trait and its MongoDB implementation.
 
+pub mod command;
 pub mod document;
+pub mod errors;
 pub mod mongo;
 
 use std::future::Future;
@@ -12,32 +14,45 @@ pub use mongo::MongoStore;
 /// The current bucket document layout; every bucket written carries it.
 pub const SCHEMA_VERSION: i32 = 1;
 
-#[derive(Debug, thiserror::Error)]
+/// A failed storage operation, in the two classes of [`errors`] (plus reads
+/// of buckets this version cannot parse).
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
-    /// Worth retrying: the network, a primary change, a write conflict.
+    /// The server, network, authorization or topology is in the way: retry.
     #[error("storage is unavailable: {0}")]
-    Unavailable(String),
-    /// Retrying cannot help: authorization, a refused document, a bad command.
+    Outage(String),
+    /// The operation itself can never succeed as it is.
     #[error("storage refused the operation: {0}")]
-    Rejected(String),
+    Poison(String),
     /// A stored bucket does not have a layout this version can read.
     #[error("a stored bucket could not be read: {0}")]
     Unreadable(String),
 }
 
-impl StoreError {
-    pub fn is_transient(&self) -> bool {
-        matches!(self, StoreError::Unavailable(_))
-    }
+/// What became of one bucket update of a write.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// Applied (with the write concern of the URI).
+    Stored,
+    /// Not applied because of an outage; sending it again will succeed later.
+    Outage(String),
+    /// Can never be applied: its readings belong in the dead-letter collection.
+    Poison(String),
 }
 
-/// What a write cost.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct WriteReport {
-    /// Bucket updates applied.
-    pub buckets: usize,
-    /// Commands sent to the server (one per chunk, plus retries of upsert races).
+/// The result of a write: one outcome per update, in order, and its cost.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Written {
+    pub outcomes: Vec<Outcome>,
+    /// Commands sent to the server (chunks, splits and upsert-race retries).
     pub round_trips: usize,
+}
+
+/// Readings that can never be stored in their bucket, and why.
+#[derive(Debug, Clone, Copy)]
+pub struct DeadLetter<'a> {
+    pub update: &'a BucketUpdate,
+    pub reason: &'a str,
 }
 
 /// Which buckets of one series to read.
@@ -83,11 +98,15 @@ pub struct BucketRead {
 /// Where buckets live. Implementations must make [`BucketStore::write`]
 /// idempotent: applying the same update twice leaves the bucket as once.
 pub trait BucketStore: Send + Sync + 'static {
-    /// Applies one batch: one update per bucket, in as few round trips as it can.
-    fn write(
+    /// Applies one update per bucket, in as few round trips as the server's
+    /// limits allow, and says what became of each.
+    fn write(&self, updates: &[&BucketUpdate]) -> impl Future<Output = Written> + Send;
+
+    /// Keeps readings that can never be stored where an operator finds them.
+    fn dead_letter(
         &self,
-        updates: &[BucketUpdate],
-    ) -> impl Future<Output = Result<WriteReport, StoreError>> + Send;
+        letters: &[DeadLetter<'_>],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Reads buckets of one series, sorted by start.
     fn fetch(

@@ -1,16 +1,19 @@
 //! [`BucketStore`] on MongoDB (any server ≥ 7 speaking its wire protocol).
 
 use futures_util::TryStreamExt;
-use mongodb::bson::{Bson, Document, RawArrayBuf, RawDocumentBuf, doc, rawdoc};
-use mongodb::error::{Error as MongoError, ErrorKind};
+use mongodb::bson::{Bson, Document, RawDocumentBuf, doc};
 use mongodb::options::{ClientOptions, IndexOptions, Tls, TlsOptions};
 use mongodb::{Client, Collection, Database, IndexModel};
 use secrecy::ExposeSecret;
 use std::time::Duration;
 use tracing::info;
 
-use super::document::{estimated_size, read_bucket, start_date, update_statement};
-use super::{BucketRead, BucketStore, Fetch, Starts, StoreError, Values, WriteReport};
+use super::command::{Chunk, Commands, Limits};
+use super::document::{dead_letter_document, read_bucket, start_date};
+use super::errors::{self, Class, DUPLICATE_KEY};
+use super::{
+    BucketRead, BucketStore, DeadLetter, Fetch, Outcome, Starts, StoreError, Values, Written,
+};
 use crate::config::{MongoSettings, MongoTlsSettings};
 use crate::domain::{BucketUpdate, Granularity, field_name};
 
@@ -21,26 +24,19 @@ pub const BUCKET_INDEX: &str = "sensor_metric_start";
 /// The TTL index that implements `buckets.retention`.
 pub const RETENTION_INDEX: &str = "start_ttl";
 
-/// Statements per `update` command; the server takes up to 100 000.
-const MAX_STATEMENTS_PER_COMMAND: usize = 10_000;
-/// Estimated bytes per `update` command, well under the 16 MiB document limit.
-const MAX_COMMAND_BYTES: usize = 8 * 1024 * 1024;
 /// Times an upsert that lost a race to create its bucket is sent again.
 const DUPLICATE_KEY_RETRIES: usize = 5;
-
-const DUPLICATE_KEY: i32 = 11000;
-/// Server error codes that a later attempt can get past (the drivers' retryable
-/// codes plus write conflicts).
-const TRANSIENT_CODES: &[i32] = &[
-    6, 7, 89, 91, 112, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436, 63, 150, 134,
-];
 
 #[derive(Clone)]
 pub struct MongoStore {
     client: Client,
     db: Database,
     buckets: Collection<Document>,
+    dead_letters: Collection<Document>,
     granularity: Granularity,
+    limits: Limits,
+    /// The URI's write concern, encoded once for every command.
+    write_concern: Option<RawDocumentBuf>,
 }
 
 impl std::fmt::Debug for MongoStore {
@@ -52,22 +48,11 @@ impl std::fmt::Debug for MongoStore {
     }
 }
 
-fn classify(e: MongoError) -> StoreError {
-    let transient = match e.kind.as_ref() {
-        ErrorKind::Io(_)
-        | ErrorKind::ConnectionPoolCleared { .. }
-        | ErrorKind::ServerSelection { .. }
-        | ErrorKind::DnsResolve { .. } => true,
-        ErrorKind::Command(c) => TRANSIENT_CODES.contains(&c.code),
-        _ => {
-            e.contains_label("RetryableWriteError") || e.contains_label("TransientTransactionError")
-        }
-    };
+fn classify(e: mongodb::error::Error) -> StoreError {
     // The driver's messages hold no credentials: the URI is never part of them.
-    if transient {
-        StoreError::Unavailable(e.to_string())
-    } else {
-        StoreError::Rejected(e.to_string())
+    match errors::classify(&e) {
+        Class::Outage => StoreError::Outage(e.to_string()),
+        Class::Poison => StoreError::Poison(e.to_string()),
     }
 }
 
@@ -92,7 +77,7 @@ impl MongoStore {
     ) -> Result<Self, StoreError> {
         let mut options = ClientOptions::parse(settings.uri.expose_secret())
             .await
-            .map_err(|e| StoreError::Rejected(format!("mongodb.uri: {e}")))?;
+            .map_err(|e| StoreError::Poison(format!("mongodb.uri: {e}")))?;
         options.app_name = Some("hourglass".to_owned());
         if let Some(tls) = tls_options(&settings.tls) {
             options.tls = Some(tls);
@@ -100,15 +85,56 @@ impl MongoStore {
         if options.server_selection_timeout.is_none() {
             options.server_selection_timeout = Some(settings.server_selection_timeout);
         }
+        let write_concern = match &options.write_concern {
+            Some(wc) => Some(
+                mongodb::bson::to_document(wc)
+                    .ok()
+                    .and_then(|d| RawDocumentBuf::from_document(&d).ok())
+                    .ok_or_else(|| StoreError::Poison("mongodb.uri: write concern".into()))?,
+            ),
+            None => None,
+        };
         let client = Client::with_options(options).map_err(classify)?;
         let db = client.database(&settings.database);
         let buckets = db.collection::<Document>(&settings.collection);
+        let dead_letters = db.collection::<Document>(&settings.dead_letter_collection);
         Ok(Self {
             client,
             db,
             buckets,
+            dead_letters,
             granularity,
+            limits: Limits::default(),
+            write_concern,
         })
+    }
+
+    /// Reads the server's size limits from its `hello` reply, so that no
+    /// command this store sends can exceed them.
+    pub async fn read_limits(&mut self) -> Result<Limits, StoreError> {
+        let hello = self
+            .db
+            .run_command(doc! { "hello": 1 })
+            .await
+            .map_err(classify)?;
+        let get = |field: &str, default: usize| match hello.get(field) {
+            Some(Bson::Int32(n)) => usize::try_from(*n).unwrap_or(default),
+            Some(Bson::Int64(n)) => usize::try_from(*n).unwrap_or(default),
+            Some(Bson::Double(n)) if *n >= 1.0 => *n as usize,
+            _ => default,
+        };
+        let d = Limits::default();
+        self.limits = Limits {
+            max_bson_object_size: get("maxBsonObjectSize", d.max_bson_object_size),
+            max_message_size: get("maxMessageSizeBytes", d.max_message_size),
+            max_write_batch_size: get("maxWriteBatchSize", d.max_write_batch_size).max(1),
+        };
+        info!(limits = ?self.limits, "Read the storage server's limits.");
+        Ok(self.limits)
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
     }
 
     /// Creates the bucket index (a no-op when it exists) and brings the TTL
@@ -189,114 +215,170 @@ impl MongoStore {
         &self.client
     }
 
-    /// Sends statements as one unordered `update` command; returns the indexes
-    /// (into `statements`) that lost an upsert race and must be sent again.
-    async fn send<'u>(
+    /// Sends `group` (indexes into `updates`) as commands within the limits,
+    /// recording each update's outcome; returns the indexes that lost an
+    /// upsert race and must be sent again.
+    async fn send_group(
         &self,
-        updates: impl Iterator<Item = &'u BucketUpdate>,
-    ) -> Result<Vec<usize>, StoreError> {
-        // Statements go straight into the command's array: no copy per flush.
-        let mut statements = RawArrayBuf::new();
-        for u in updates {
-            statements.push(update_statement(u, self.granularity));
-        }
-        let mut command = rawdoc! {
-            "update": self.buckets.name(),
-            "updates": statements,
-            "ordered": false,
-        };
-        if let Some(wc) = self.buckets.write_concern() {
-            let wc = mongodb::bson::to_document(wc)
-                .map_err(|e| e.to_string())
-                .and_then(|d| RawDocumentBuf::from_document(&d).map_err(|e| e.to_string()))
-                .map_err(|e| StoreError::Rejected(format!("write concern: {e}")))?;
-            command.append("writeConcern", wc);
-        }
-        let reply = self.db.run_raw_command(command).await.map_err(classify)?;
-        if let Ok(wce) = reply.get_document("writeConcernError") {
-            return Err(StoreError::Unavailable(format!(
-                "write concern error: {wce}"
-            )));
-        }
-        let mut retry = Vec::new();
-        let mut first_error = None;
-        if let Ok(errors) = reply.get_array("writeErrors") {
-            for e in errors.iter().filter_map(Bson::as_document) {
-                let code = e.get_i32("code").unwrap_or_default();
-                let index = e
-                    .get_i32("index")
-                    .ok()
-                    .and_then(|i| usize::try_from(i).ok());
-                match (code, index) {
-                    (DUPLICATE_KEY, Some(i)) => retry.push(i),
-                    _ => {
-                        let msg = e.get_str("errmsg").unwrap_or("no message").to_owned();
-                        let transient = TRANSIENT_CODES.contains(&code);
-                        // A permanent error outranks a transient one: retrying cannot fix it.
-                        if first_error
-                            .as_ref()
-                            .is_none_or(|(t, _): &(bool, String)| *t)
-                        {
-                            first_error = Some((transient, format!("code {code}: {msg}")));
+        updates: &[&BucketUpdate],
+        group: Vec<usize>,
+        outcomes: &mut [Option<Outcome>],
+        round_trips: &mut usize,
+    ) -> Vec<usize> {
+        let mut races = Vec::new();
+        // Groups to send; a command refused as a whole for a poison error is
+        // split in halves until the statement that causes it stands alone.
+        let mut work = std::collections::VecDeque::from([group]);
+        while let Some(group) = work.pop_front() {
+            let mut commands = Commands::new(
+                updates,
+                group.into_iter(),
+                self.buckets.name(),
+                self.write_concern.as_deref(),
+                self.granularity,
+                self.limits,
+            );
+            while let Some(chunk) = commands.next() {
+                let command = match chunk {
+                    Chunk::Oversized { index, bytes } => {
+                        outcomes[index] = Some(Outcome::Poison(format!(
+                            "the bucket update is {bytes} bytes, more than the server takes in one command"
+                        )));
+                        continue;
+                    }
+                    Chunk::Command(command) => command,
+                };
+                *round_trips += 1;
+                match self.db.run_raw_command(command.body).await {
+                    Ok(reply) => read_reply(&reply, &command.indexes, outcomes, &mut races),
+                    Err(e) => {
+                        let class = errors::classify(&e);
+                        let message = e.to_string();
+                        match class {
+                            Class::Poison if command.indexes.len() == 1 => {
+                                outcomes[command.indexes[0]] = Some(Outcome::Poison(message));
+                            }
+                            Class::Poison => {
+                                let mut indexes = command.indexes;
+                                let back = indexes.split_off(indexes.len() / 2);
+                                work.push_front(back);
+                                work.push_front(indexes);
+                            }
+                            Class::Outage => {
+                                // The server is in the way: nothing more goes out now.
+                                let rest = command
+                                    .indexes
+                                    .into_iter()
+                                    .chain(commands.rest())
+                                    .chain(work.into_iter().flatten())
+                                    .chain(races);
+                                for i in rest {
+                                    outcomes[i] = Some(Outcome::Outage(message.clone()));
+                                }
+                                return Vec::new();
+                            }
                         }
                     }
                 }
             }
         }
-        match first_error {
-            Some((true, msg)) => Err(StoreError::Unavailable(msg)),
-            Some((false, msg)) => Err(StoreError::Rejected(msg)),
-            None => Ok(retry),
+        races
+    }
+}
+
+/// Records the outcome of each statement of one unordered `update` reply.
+fn read_reply(
+    reply: &Document,
+    indexes: &[usize],
+    outcomes: &mut [Option<Outcome>],
+    races: &mut Vec<usize>,
+) {
+    let mut failed = vec![false; indexes.len()];
+    if let Ok(errors) = reply.get_array("writeErrors") {
+        for e in errors.iter().filter_map(Bson::as_document) {
+            let code = e.get_i32("code").unwrap_or_default();
+            let Some(position) = e
+                .get_i32("index")
+                .ok()
+                .and_then(|i| usize::try_from(i).ok())
+                .filter(|&i| i < indexes.len())
+            else {
+                continue;
+            };
+            failed[position] = true;
+            let i = indexes[position];
+            if code == DUPLICATE_KEY {
+                races.push(i);
+                continue;
+            }
+            let message = format!(
+                "code {code}: {}",
+                e.get_str("errmsg").unwrap_or("no message")
+            );
+            outcomes[i] = Some(match errors::classify_write_error(code) {
+                Class::Outage => Outcome::Outage(message),
+                Class::Poison => Outcome::Poison(message),
+            });
         }
     }
-
-    async fn write_chunk(&self, chunk: &[BucketUpdate]) -> Result<usize, StoreError> {
-        let mut round_trips = 1;
-        let mut retry = self.send(chunk.iter()).await?;
-        // Two writers creating the same bucket at once: one insert wins, the
-        // other fails on the unique index and succeeds as an update when resent
-        // (rare, so its statements are simply built again).
-        let mut attempt = 0;
-        while !retry.is_empty() {
-            attempt += 1;
-            if attempt > DUPLICATE_KEY_RETRIES {
-                return Err(StoreError::Unavailable(format!(
-                    "{} upserts kept losing races on the unique index",
-                    retry.len()
-                )));
-            }
-            let next = self
-                .send(retry.iter().filter_map(|&i| chunk.get(i)))
-                .await?;
-            round_trips += 1;
-            retry = next
-                .into_iter()
-                .filter_map(|i| retry.get(i).copied())
-                .collect();
+    // Applied, but not confirmed with the write concern asked for: not stored
+    // yet. Sending it again is harmless (updates are idempotent).
+    let unconfirmed = reply
+        .get_document("writeConcernError")
+        .ok()
+        .map(|wce| format!("write concern error: {wce}"));
+    for (position, &i) in indexes.iter().enumerate() {
+        if !failed[position] {
+            outcomes[i] = Some(match &unconfirmed {
+                Some(message) => Outcome::Outage(message.clone()),
+                None => Outcome::Stored,
+            });
         }
-        Ok(round_trips)
     }
 }
 
 impl BucketStore for MongoStore {
-    async fn write(&self, updates: &[BucketUpdate]) -> Result<WriteReport, StoreError> {
-        let mut report = WriteReport::default();
-        let mut begin = 0;
-        while begin < updates.len() {
-            let mut end = begin;
-            let mut bytes = 0;
-            while end < updates.len()
-                && end - begin < MAX_STATEMENTS_PER_COMMAND
-                && (end == begin || bytes + estimated_size(&updates[end]) <= MAX_COMMAND_BYTES)
-            {
-                bytes += estimated_size(&updates[end]);
-                end += 1;
+    async fn write(&self, updates: &[&BucketUpdate]) -> Written {
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; updates.len()];
+        let mut round_trips = 0;
+        let mut group: Vec<usize> = (0..updates.len()).collect();
+        // Two writers creating the same bucket at once: one insert wins, the
+        // other fails on the unique index and succeeds as an update when resent.
+        for _ in 0..=DUPLICATE_KEY_RETRIES {
+            if group.is_empty() {
+                break;
             }
-            report.round_trips += self.write_chunk(&updates[begin..end]).await?;
-            report.buckets += end - begin;
-            begin = end;
+            group = self
+                .send_group(updates, group, &mut outcomes, &mut round_trips)
+                .await;
         }
-        Ok(report)
+        for i in group {
+            outcomes[i] = Some(Outcome::Outage(
+                "the upsert kept losing races on the unique index".into(),
+            ));
+        }
+        Written {
+            outcomes: outcomes
+                .into_iter()
+                .map(|o| o.unwrap_or_else(|| Outcome::Outage("not sent".into())))
+                .collect(),
+            round_trips,
+        }
+    }
+
+    async fn dead_letter(&self, letters: &[DeadLetter<'_>]) -> Result<(), StoreError> {
+        if letters.is_empty() {
+            return Ok(());
+        }
+        let documents = letters
+            .iter()
+            .map(|l| dead_letter_document(l, self.granularity));
+        self.dead_letters
+            .insert_many(documents)
+            .ordered(false)
+            .await
+            .map(|_| ())
+            .map_err(classify)
     }
 
     async fn fetch(&self, fetch: Fetch<'_>) -> Result<Vec<BucketRead>, StoreError> {

@@ -83,6 +83,8 @@ pub struct Metrics {
     readings_rejected: IntCounterVec,
     pub readings_stored: IntCounter,
     pub readings_unstored: IntCounter,
+    pub readings_dead_lettered: IntCounter,
+    pub mqtt_skipped_retained: IntCounter,
     pub bucket_updates: IntCounter,
     pub write_round_trips: IntCounter,
     pub flush_duration: Histogram,
@@ -208,13 +210,23 @@ impl Metrics {
             storage_errors: counter_vec(
                 &r,
                 "hourglass_storage_errors_total",
-                "Failed storage operations, by kind (unavailable: retried; rejected, unreadable: not).",
+                "Failed storage operations, by kind (outage: retried; poison: dead-lettered; unreadable: a bucket read failed).",
                 &["kind"],
             ),
             storage_retries: counter(
                 &r,
                 "hourglass_storage_retries_total",
-                "Batch writes retried after a transient error.",
+                "Write rounds retried after an outage.",
+            ),
+            readings_dead_lettered: counter(
+                &r,
+                "hourglass_readings_dead_lettered_total",
+                "Accepted readings storage can never apply, written to the dead-letter collection instead.",
+            ),
+            mqtt_skipped_retained: counter(
+                &r,
+                "hourglass_mqtt_retained_skipped_total",
+                "Retained MQTT messages not ingested (mqtt.ingest_retained = false).",
             ),
             mqtt_connected: gauge(
                 &r,
@@ -260,7 +272,7 @@ impl Metrics {
                     .with_label_values(&[source.label(), reason.label()]);
             }
         }
-        for kind in ["unavailable", "rejected", "unreadable"] {
+        for kind in ["outage", "poison", "unreadable"] {
             m.storage_errors.with_label_values(&[kind]);
         }
         m

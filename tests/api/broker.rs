@@ -173,6 +173,15 @@ impl Publisher {
         self.sent += 1;
     }
 
+    /// Publishes a retained message: the broker keeps it for later subscribers.
+    pub async fn publish_retained(&mut self, topic: &str, payload: impl Into<Vec<u8>>) {
+        self.client
+            .publish(topic, QoS::AtLeastOnce, true, payload.into())
+            .await
+            .expect("queue a publish");
+        self.sent += 1;
+    }
+
     /// Waits until the broker acknowledged everything published so far.
     pub async fn flushed(&self) {
         let (acked, sent) = (self.acked.clone(), self.sent);

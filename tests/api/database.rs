@@ -48,6 +48,8 @@ impl Database {
                 &self.port.to_string(),
                 "--log-level",
                 "ERROR",
+                // configureFailPoint, as mongod's enableTestCommands.
+                "--enable-test-commands",
             ])
             .arg("--storage-path")
             .arg(self.dir.path().join("data"))

@@ -320,10 +320,18 @@ async fn requests_beyond_the_concurrency_limit_get_503_at_once() {
         })
     };
     let mut refused = false;
+    let t = base_time();
+    let query = format!(
+        "/api/v1/sensors/held/average?metric=m&from={}&to={}",
+        t * 1000,
+        (t + 60) * 1000
+    );
     while !holder.is_finished() {
-        let r = app.get("/health/live").await;
+        let r = app.get(&query).await;
         if r.status() == 503 {
             assert!(r.headers().contains_key("retry-after"));
+            // Probes are outside the limit.
+            assert_eq!(app.get("/health/live").await.status(), 200);
             refused = true;
             break;
         }
@@ -341,7 +349,9 @@ async fn requests_beyond_the_concurrency_limit_get_503_at_once() {
 #[tokio::test]
 async fn readings_that_would_open_too_many_buckets_get_503_and_change_nothing() {
     let mut s = test_settings();
-    s.batcher.max_buckets = 2;
+    // max_buckets must hold one whole request (startup checks it).
+    s.batcher.max_buckets = 3;
+    s.ingest.max_readings_per_request = 3;
     s.batcher.flush_interval = Duration::from_secs(3600);
     let app = spawn_app_with(s).await;
     let t = base_time();
@@ -358,7 +368,11 @@ async fn readings_that_would_open_too_many_buckets_get_503_and_change_nothing() 
         )
         .await;
     assert_eq!(r.status(), 202);
-    let third = json!([reading("a", "m", t + 2, 1.0), reading("c", "m", t, 1.0)]);
+    let third = json!([
+        reading("a", "m", t + 2, 1.0),
+        reading("c", "m", t, 1.0),
+        reading("d", "m", t, 1.0)
+    ]);
     let r = app
         .post_raw(
             "application/json",
@@ -366,7 +380,7 @@ async fn readings_that_would_open_too_many_buckets_get_503_and_change_nothing() 
             "?async=true",
         )
         .await;
-    assert_eq!(r.status(), 503, "a third bucket is refused");
+    assert_eq!(r.status(), 503, "a fourth bucket is refused");
     let db = app.db.clone();
     app.stop().await.expect("clean stop");
     let n = db

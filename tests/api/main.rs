@@ -13,3 +13,4 @@ mod ingest;
 mod mqtt;
 mod operations;
 mod query;
+mod write_path;

@@ -1,0 +1,235 @@
+//! The connection: client options, and the event-loop task that polls
+//! rumqttc without ever blocking, reconnects with backoff and jitter,
+//! subscribes again when the broker lost the session, and retries a
+//! subscription the broker refused.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use backon::BackoffBuilder;
+use rumqttc::{
+    ConnectReturnCode, Event, EventLoop, MqttOptions, Packet, Publish, QoS, SubscribeReasonCode,
+};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tracing::{debug, error, info, warn};
+
+use super::{MqttError, Shared, topics::subscription};
+use crate::batcher::driver::retry_policy;
+use crate::config::MqttSettings;
+
+/// Requests rumqttc may queue from the client handles (acks, subscribes).
+pub(super) const REQUEST_CAPACITY: usize = 4096;
+/// Slack over the payload limit for the topic and packet header.
+const PACKET_OVERHEAD: usize = 64 * 1024;
+/// How long the last DISCONNECT (and acks before it) may take to go out.
+const DISCONNECT_GRACE: Duration = Duration::from_millis(500);
+
+fn read(what: &'static str, path: &std::path::Path) -> Result<Vec<u8>, MqttError> {
+    std::fs::read(path).map_err(|source| MqttError::File {
+        what,
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// The client options for `settings`: persistent session, manual acks, TLS
+/// and credentials as configured.
+pub fn mqtt_options(settings: &MqttSettings) -> Result<MqttOptions, MqttError> {
+    let (host, port) = settings.host_port()?;
+    let mut options = MqttOptions::new(settings.client_id.clone(), host, port);
+    options
+        .set_keep_alive(settings.keep_alive)
+        .set_clean_session(false)
+        .set_manual_acks(true)
+        .set_max_packet_size(
+            settings.max_payload_bytes + PACKET_OVERHEAD,
+            settings.max_payload_bytes + PACKET_OVERHEAD,
+        )
+        .set_request_channel_capacity(REQUEST_CAPACITY);
+    if let Some(user) = &settings.username {
+        use secrecy::ExposeSecret;
+        let password = settings
+            .password
+            .as_ref()
+            .map(|p| p.expose_secret().to_owned())
+            .unwrap_or_default();
+        options.set_credentials(user.clone(), password);
+    }
+    if settings.uses_tls() {
+        // rustls needs a process-wide crypto provider; ring is the one we ship.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let tls = &settings.tls;
+        let ca = match &tls.ca_file {
+            Some(path) => read("mqtt.tls.ca_file", path)?,
+            None => Vec::new(),
+        };
+        let client_auth = match (&tls.client_cert_file, &tls.client_key_file) {
+            (Some(cert), Some(key)) => Some((
+                read("mqtt.tls.client_cert_file", cert)?,
+                read("mqtt.tls.client_key_file", key)?,
+            )),
+            _ => None,
+        };
+        options.set_transport(rumqttc::Transport::tls(ca, client_auth, None));
+    }
+    Ok(options)
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn subscribe(shared: &Shared) {
+    let settings = &shared.settings;
+    let topic = subscription(&settings.topic_prefix, settings.shared_group.as_deref());
+    if let Err(e) = shared.client.try_subscribe(topic.clone(), QoS::AtLeastOnce) {
+        error!(error = %e, topic, "Could not queue the MQTT subscription.");
+    }
+}
+
+pub(super) async fn event_loop(
+    shared: Arc<Shared>,
+    mut eventloop: EventLoop,
+    publishes: mpsc::Sender<(u64, Publish)>,
+) {
+    let settings = &shared.settings;
+    let policy = || retry_policy(settings.reconnect_min, settings.reconnect_max).build();
+    let mut reconnects = policy();
+    let mut resubscribes = policy();
+    let mut resubscribe_at: Option<Instant> = None;
+    let acked = shared.shutdown.clone();
+    loop {
+        let event = tokio::select! {
+            event = eventloop.poll() => event,
+            _ = sleep_until(resubscribe_at) => {
+                resubscribe_at = None;
+                subscribe(&shared);
+                continue;
+            }
+            // Acknowledgements go out until the acker is done (or the deadline).
+            _ = shared.acker_done.cancelled() => break,
+            _ = acked.deadline_passed() => break,
+        };
+        match event {
+            Ok(Event::Incoming(Packet::ConnAck(ack))) if ack.code == ConnectReturnCode::Success => {
+                reconnects = policy();
+                let epoch = shared.epoch.fetch_add(1, Ordering::AcqRel) + 1;
+                shared.stats.connected.store(true, Ordering::Release);
+                shared.stats.connections.fetch_add(1, Ordering::Relaxed);
+                shared.metrics.mqtt_connections.inc();
+                info!(
+                    session_present = ack.session_present,
+                    epoch, "Connected to the MQTT broker."
+                );
+                shared
+                    .stats
+                    .subscribed
+                    .store(ack.session_present, Ordering::Release);
+                if !ack.session_present {
+                    // A new session has no subscriptions: the broker forgot ours.
+                    subscribe(&shared);
+                }
+            }
+            Ok(Event::Incoming(Packet::ConnAck(ack))) => {
+                warn!(code = ?ack.code, "The MQTT broker refused the connection.");
+            }
+            Ok(Event::Incoming(Packet::Publish(publish))) => {
+                shared.stats.received.fetch_add(1, Ordering::Relaxed);
+                let epoch = shared.epoch.load(Ordering::Acquire);
+                // Only blocks if the processor is far behind; the broker's
+                // in-flight window normally keeps this queue short.
+                if publishes.send((epoch, publish)).await.is_err() {
+                    debug!("The MQTT processor has stopped; leaving the message to the broker.");
+                }
+            }
+            Ok(Event::Incoming(Packet::SubAck(ack))) => {
+                if ack
+                    .return_codes
+                    .iter()
+                    .any(|c| matches!(c, SubscribeReasonCode::Failure))
+                {
+                    shared.stats.subscribed.store(false, Ordering::Release);
+                    let delay = resubscribes.next().unwrap_or(settings.reconnect_max);
+                    error!(return_codes = ?ack.return_codes, retry_in_ms = delay.as_millis() as u64,
+                        "The MQTT broker refused the subscription; nothing is received until it accepts it.");
+                    resubscribe_at = Some(Instant::now() + delay);
+                } else {
+                    resubscribes = policy();
+                    shared.stats.subscribed.store(true, Ordering::Release);
+                    info!(return_codes = ?ack.return_codes, "Subscribed to MQTT topics.");
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                shared.stats.connected.store(false, Ordering::Release);
+                shared.stats.subscribed.store(false, Ordering::Release);
+                let delay = reconnects.next().unwrap_or(settings.reconnect_max);
+                warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "The MQTT connection failed; reconnecting.");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = shared.acker_done.cancelled() => break,
+                    _ = acked.deadline_passed() => break,
+                }
+            }
+        }
+    }
+    if shared.stats.connected.load(Ordering::Acquire) {
+        let _ = shared.client.try_disconnect();
+        // Let the DISCONNECT (and any last acks) go out.
+        let _ = tokio::time::timeout(DISCONNECT_GRACE, async {
+            while eventloop.poll().await.is_ok() {}
+        })
+        .await;
+    }
+    shared.stats.connected.store(false, Ordering::Release);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_carry_the_session_tls_and_credentials() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, b"ca-bytes").expect("write");
+        let mut s = MqttSettings {
+            url: "mqtt://broker:1883".into(),
+            ..MqttSettings::default()
+        };
+        let o = mqtt_options(&s).expect("options");
+        assert!(!o.clean_session() && o.manual_acks());
+        assert!(matches!(o.transport(), rumqttc::Transport::Tcp));
+        s.url = "mqtts://broker:8883".into();
+        s.tls.ca_file = Some(ca.clone());
+        s.username = Some("hg".into());
+        s.password = Some("pw".into());
+        let o = mqtt_options(&s).expect("options");
+        assert!(matches!(o.transport(), rumqttc::Transport::Tls(_)));
+        let login = o.credentials().expect("credentials");
+        assert_eq!(
+            (login.username.as_str(), login.password.as_str()),
+            ("hg", "pw")
+        );
+        s.tls.ca_file = Some(dir.path().join("missing.pem"));
+        let err = mqtt_options(&s).expect_err("missing CA").to_string();
+        assert!(err.contains("mqtt.tls.ca_file"), "{err}");
+    }
+
+    #[test]
+    fn reconnect_backoff_grows_and_stays_capped() {
+        let (min, max) = (Duration::from_millis(100), Duration::from_secs(5));
+        let delays: Vec<Duration> = retry_policy(min, max).build().take(40).collect();
+        assert_eq!(delays.len(), 40, "it never gives up");
+        for d in &delays {
+            // Jitter adds at most the delay itself.
+            assert!(*d >= min && *d <= max * 2, "{d:?}");
+        }
+        assert!(delays[30] >= max, "it reaches the cap");
+    }
+}

@@ -1,0 +1,159 @@
+//! MQTT ingestion with at-least-once delivery.
+//!
+//! Three tasks, so the rumqttc event loop is polled continuously:
+//! - [`connection`]: the **event loop** polls the connection, re-subscribes
+//!   when the broker lost the session or refused the subscription, backs off
+//!   after errors, and forwards publishes;
+//! - [`processor`]: decodes each message ([`topics`] names its sensor) and
+//!   submits its readings to the batcher, dead-lettering unusable ones;
+//! - [`acks`]: sends each PUBACK, in arrival order, only once the message's
+//!   readings are settled; its bookkeeping is a pure state machine.
+//!
+//! A crash before the PUBACK means the broker delivers again; last-write-wins
+//! buckets make that harmless.
+
+mod acks;
+mod connection;
+mod processor;
+mod topics;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+
+use rumqttc::AsyncClient;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use acks::{Acks, Settle};
+pub use connection::mqtt_options;
+pub use topics::{parse_topic, subscription};
+
+use crate::batcher::driver::BatcherHandle;
+use crate::config::{ConfigError, IngestSettings, MqttSettings};
+use crate::shutdown::Shutdown;
+use crate::telemetry::metrics::{Metrics, Rejection};
+
+/// Publishes between the event loop and the processor. The broker's in-flight
+/// window bounds how many can be outstanding, so this rarely fills.
+const PUBLISH_QUEUE: usize = 16_384;
+
+#[derive(Debug, thiserror::Error)]
+pub enum MqttError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("reading {what} {path}: {source}")]
+    File {
+        what: &'static str,
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Counters an operator (and the tests) can read.
+#[derive(Debug, Default)]
+pub struct MqttStats {
+    pub connected: AtomicBool,
+    /// The broker holds our subscription (acknowledged, or kept in the session).
+    pub subscribed: AtomicBool,
+    pub connections: AtomicU64,
+    pub received: AtomicU64,
+    pub acked: AtomicU64,
+    pub unusable: AtomicU64,
+}
+
+/// Why a message could not be used, and how it counts.
+#[derive(Debug, Clone)]
+pub struct Unusable {
+    reason: String,
+    kind: Rejection,
+    readings: usize,
+}
+
+impl Unusable {
+    fn new(kind: Rejection, reason: impl Into<String>) -> Self {
+        Unusable {
+            reason: reason.into(),
+            kind,
+            readings: 1,
+        }
+    }
+}
+
+struct Shared {
+    settings: MqttSettings,
+    ingest: IngestSettings,
+    batcher: BatcherHandle,
+    client: AsyncClient,
+    stats: Arc<MqttStats>,
+    metrics: Arc<Metrics>,
+    shutdown: Shutdown,
+    /// The acker has sent everything it will: the connection may close.
+    acker_done: CancellationToken,
+    epoch: AtomicU64,
+    unacked: AtomicUsize,
+}
+
+/// The running ingestor.
+pub struct MqttIngest {
+    tasks: Vec<JoinHandle<()>>,
+    acker_done: CancellationToken,
+}
+
+impl MqttIngest {
+    /// Connects (in the background: the event loop dials and redials) and
+    /// starts consuming until `shutdown`.
+    pub fn start(
+        settings: &MqttSettings,
+        ingest: &IngestSettings,
+        batcher: BatcherHandle,
+        stats: Arc<MqttStats>,
+        metrics: Arc<Metrics>,
+        shutdown: Shutdown,
+    ) -> Result<Self, MqttError> {
+        let options = mqtt_options(settings)?;
+        let (client, eventloop) = AsyncClient::new(options, connection::REQUEST_CAPACITY);
+        let acker_done = CancellationToken::new();
+        let shared = Arc::new(Shared {
+            settings: settings.clone(),
+            ingest: ingest.clone(),
+            batcher,
+            client,
+            stats,
+            metrics,
+            shutdown,
+            acker_done: acker_done.clone(),
+            epoch: AtomicU64::new(0),
+            unacked: AtomicUsize::new(0),
+        });
+        let (publish_tx, publish_rx) = mpsc::channel(PUBLISH_QUEUE);
+        // Bounded by the broker's window: a full channel pauses the processor.
+        let (ack_tx, ack_rx) = mpsc::channel(settings.max_unacked.max(1));
+        let tasks = vec![
+            tokio::spawn(connection::event_loop(
+                shared.clone(),
+                eventloop,
+                publish_tx,
+            )),
+            tokio::spawn(processor::process(shared.clone(), publish_rx, ack_tx)),
+            tokio::spawn(acks::acknowledge(shared, ack_rx)),
+        ];
+        Ok(Self { tasks, acker_done })
+    }
+
+    /// After the shutdown started and the batcher drained: sends the
+    /// outstanding acknowledgements, disconnects and waits for the tasks, all
+    /// within the shutdown deadline.
+    pub async fn finish(self) {
+        let [event_loop, processor, acker]: [JoinHandle<()>; 3] = match self.tasks.try_into() {
+            Ok(tasks) => tasks,
+            Err(_) => return,
+        };
+        let _ = processor.await;
+        // The acker ends once every pending message is settled and acked, or
+        // at the deadline.
+        let _ = acker.await;
+        self.acker_done.cancel();
+        let _ = event_loop.await;
+    }
+}
