@@ -97,6 +97,10 @@ async fn outage_codes_during_synchronous_writes_end_with_everything_stored_once(
     let db = Database::start().await;
     let mut s = test_settings();
     s.mongodb.uri = db.uri().into();
+    // After a "node is shutting down" the driver rediscovers the server
+    // before it sends again; an outage is waited out, however long.
+    s.http.write_timeout = Duration::from_secs(120);
+    s.http.request_timeout = Duration::from_secs(121);
     let app = spawn_app_with(s).await;
     let t = base_time();
     // One representative of each kind of outage MongoDB reports, each failing
@@ -175,7 +179,11 @@ async fn a_poison_bucket_dead_letters_its_readings_and_the_others_are_stored() {
         .iter()
         .map(|d| d["index"].as_u64().expect("index"))
         .collect();
-    assert_eq!(indexes, vec![1, 3], "the readings of the broken bucket: {answer}");
+    assert_eq!(
+        indexes,
+        vec![1, 3],
+        "the readings of the broken bucket: {answer}"
+    );
     // Every other reading is stored, the broken minute's are dead-lettered.
     let fine = values_of(&app, "fine").await;
     assert_eq!(fine.len(), 2);
@@ -189,7 +197,10 @@ async fn a_poison_bucket_dead_letters_its_readings_and_the_others_are_stored() {
     assert!(!letters[0].get_str("reason").expect("reason").is_empty());
     assert_eq!(
         dead_readings(&letters),
-        BTreeMap::from([(("broken".into(), t + 2), 2.5), (("broken".into(), t + 3), 4.5)])
+        BTreeMap::from([
+            (("broken".into(), t + 2), 2.5),
+            (("broken".into(), t + 3), 4.5)
+        ])
     );
     let text = metrics_text(&app).await;
     assert_eq!(metric(&text, "hourglass_readings_dead_lettered_total"), 2.0);
@@ -223,7 +234,10 @@ async fn a_command_refused_as_poison_is_split_until_the_statement_is_found() {
         .into_iter()
         .map(|((s, ts), v)| ((s, "m".to_owned(), ts), v))
         .collect();
-    assert_eq!(dead, model, "each reading in its bucket or in the dead letters");
+    assert_eq!(
+        dead, model,
+        "each reading in its bucket or in the dead letters"
+    );
     app.stop().await.expect("clean stop");
 }
 
@@ -260,12 +274,18 @@ async fn mqtt_streams_through_an_outage_and_a_poison_bucket_end_exact() {
         let ts = t + i;
         let v = (i % 17) as f64;
         publisher
-            .publish("sensors/mq-fine/m", json!({ "value": v, "ts": ts * 1000 }).to_string())
+            .publish(
+                "sensors/mq-fine/m",
+                json!({ "value": v, "ts": ts * 1000 }).to_string(),
+            )
             .await;
         model.insert(("mq-fine".to_owned(), "m".to_owned(), ts), v);
         if i % 10 == 0 {
             publisher
-                .publish("sensors/mq-broken/m", json!({ "value": v, "ts": ts * 1000 }).to_string())
+                .publish(
+                    "sensors/mq-broken/m",
+                    json!({ "value": v, "ts": ts * 1000 }).to_string(),
+                )
                 .await;
             dead.insert(("mq-broken".to_owned(), ts), v);
         }
@@ -329,17 +349,28 @@ async fn liveness_and_metrics_answer_while_ingest_is_saturated_and_storage_is_do
         let url = format!("{}/api/v1/readings", app.address);
         let body = json!([reading(&format!("held{i}"), "m", t, 1.0)]);
         writers.push(tokio::spawn(async move {
-            client.post(url).json(&body).send().await.map(|r| r.status())
+            client
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .map(|r| r.status())
         }));
     }
     eventually(WAIT, "both writes hold the API's slots", || async {
-        let r = app.post_readings(&json!([reading("third", "m", t, 1.0)])).await;
+        let r = app
+            .post_readings(&json!([reading("third", "m", t, 1.0)]))
+            .await;
         r.status() == 503 && r.headers().contains_key("retry-after")
     })
     .await;
     assert_eq!(app.get("/health/live").await.status(), 200);
     assert_eq!(app.get("/metrics").await.status(), 200);
-    assert_eq!(app.get("/health/ready").await.status(), 503, "storage is down");
+    assert_eq!(
+        app.get("/health/ready").await.status(),
+        503,
+        "storage is down"
+    );
     // The held readings cannot be stored: the stop reports it.
     assert!(app.stop().await.is_err());
     for w in writers {
@@ -353,7 +384,9 @@ async fn a_retained_message_is_stored_once() {
     let first = spawn_app_with(mqtt_settings(&broker)).await;
     subscribed(&first).await;
     let mut publisher = Publisher::connect(&broker, "retainer").await;
-    publisher.publish_retained("sensors/ret1/temp", "21.5").await;
+    publisher
+        .publish_retained("sensors/ret1/temp", "21.5")
+        .await;
     publisher.flushed().await;
     eventually(WAIT, "the live message is stored", || async {
         all_values(&first.buckets().await, Granularity::Minute).len() == 1
@@ -385,11 +418,7 @@ async fn sigterm_with_a_stuck_upload_exits_within_the_deadline() {
     let settings = test_settings();
     let dir = tempfile::tempdir().expect("temp dir");
     let log = dir.path().join("hourglass.log");
-    let mut child = spawn_binary(
-        &settings,
-        &[("HOURGLASS__SHUTDOWN__TIMEOUT", "2s")],
-        &log,
-    );
+    let mut child = spawn_binary(&settings, &[("HOURGLASS__SHUTDOWN__TIMEOUT", "2s")], &log);
     let address = binary_address(&log).await;
     let host = address.trim_start_matches("http://").to_owned();
     // An upload that announces 1000 bytes and sends 10, then stalls.
@@ -420,6 +449,9 @@ async fn sigterm_with_a_stuck_upload_exits_within_the_deadline() {
         async move { done }
     })
     .await;
-    assert!(status.expect("exited").success(), "nothing accepted was lost");
+    assert!(
+        status.expect("exited").success(),
+        "nothing accepted was lost"
+    );
     drop(stuck);
 }
