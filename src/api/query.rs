@@ -211,6 +211,7 @@ pub async fn average<S: BucketStore>(
     } else {
         Agg::default()
     };
+    check_finite(std::slice::from_ref(&agg))?;
     Ok(Json(AverageResponse {
         sensor: req.sensor.to_string(),
         metric: req.metric.to_string(),
@@ -265,18 +266,23 @@ pub async fn series<S: BucketStore>(
     } else {
         vec![Agg::default(); grid.points]
     };
+    check_finite(&aggs)?;
     let points = aggs
         .iter()
         .enumerate()
-        .map(|(i, a)| Point {
-            start: format_ms((grid.origin + i as i64 * grid.step) * 1000),
-            count: a.count,
-            sum: a.sum,
-            avg: a.avg(),
-            min: a.min(),
-            max: a.max(),
+        .map(|(i, a)| {
+            Ok(Point {
+                start: format_ms(point_start_ms(grid.origin, i, grid.step).ok_or_else(|| {
+                    ApiError::bad_request("the range lies beyond the representable times")
+                })?),
+                count: a.count,
+                sum: a.sum,
+                avg: a.avg(),
+                min: a.min(),
+                max: a.max(),
+            })
         })
-        .collect();
+        .collect::<Result<_, ApiError>>()?;
     Ok(Json(SeriesResponse {
         sensor: req.sensor.to_string(),
         metric: req.metric.to_string(),
@@ -287,9 +293,47 @@ pub async fn series<S: BucketStore>(
     }))
 }
 
+/// Epoch milliseconds of point `i`'s start, if representable.
+fn point_start_ms(origin: i64, i: usize, step: i64) -> Option<i64> {
+    i64::try_from(i)
+        .ok()?
+        .checked_mul(step)?
+        .checked_add(origin)?
+        .checked_mul(1000)
+}
+
+/// Finite readings can still add up beyond a double: say so rather than
+/// answer a sum of `null`.
+fn check_finite(aggs: &[Agg]) -> Result<(), ApiError> {
+    if aggs.iter().all(|a| a.sum.is_finite()) {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "the sum of the readings in the range is beyond the range of a double; query a shorter range or smaller steps",
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn point_starts_never_overflow() {
+        assert_eq!(point_start_ms(60, 2, 60), Some(180_000));
+        assert_eq!(point_start_ms(i64::MAX / 1000, 1, 60), None);
+        assert_eq!(point_start_ms(i64::MIN / 1000 - 1, 0, 60), None);
+    }
+
+    #[test]
+    fn a_sum_beyond_a_double_is_a_clear_error_not_null() {
+        let mut a = Agg::default();
+        a.add(f64::MAX);
+        a.add(f64::MAX);
+        let err = check_finite(&[Agg::default(), a]).expect_err("overflowed");
+        assert_eq!(err.status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert!(check_finite(&[Agg::default()]).is_ok());
+    }
 
     #[test]
     fn steps_are_whole_minutes() {

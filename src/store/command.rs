@@ -228,6 +228,11 @@ mod tests {
             .collect();
         let sizes = cut(&updates, Limits::default());
         let total: usize = sizes.iter().sum();
+        // The figures in the closing note: `cargo test worst_case -- --nocapture`.
+        eprintln!(
+            "worst-case hour flush: {} commands of {sizes:?} bytes",
+            sizes.len()
+        );
         assert!(
             total > 16 * 1024 * 1024,
             "the batch really is large: {total}"
