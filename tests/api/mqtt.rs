@@ -13,7 +13,7 @@ const WAIT: Duration = Duration::from_secs(90);
 
 type Model = BTreeMap<(String, String, i64), f64>;
 
-fn mqtt_settings(broker: &Broker) -> Settings {
+pub fn mqtt_settings(broker: &Broker) -> Settings {
     let mut s = test_settings();
     s.mqtt.enabled = true;
     s.mqtt.url = broker.url();

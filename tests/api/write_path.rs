@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use crate::broker::{Broker, Publisher};
 use crate::database::Database;
 use crate::helpers::*;
+use crate::mqtt::mqtt_settings;
 
 const WAIT: Duration = Duration::from_secs(90);
 
@@ -239,15 +240,6 @@ async fn a_command_refused_as_poison_is_split_until_the_statement_is_found() {
         "each reading in its bucket or in the dead letters"
     );
     app.stop().await.expect("clean stop");
-}
-
-fn mqtt_settings(broker: &Broker) -> hourglass::config::Settings {
-    let mut s = test_settings();
-    s.mqtt.enabled = true;
-    s.mqtt.url = broker.url();
-    s.mqtt.client_id = format!("hg-{}", uuid::Uuid::new_v4().simple());
-    s.mqtt.reconnect_max = Duration::from_secs(1);
-    s
 }
 
 #[tokio::test]
