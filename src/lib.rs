@@ -12,7 +12,14 @@
 //! - [`auth`]: bearer tokens, scopes and per-device sensor patterns.
 //! - [`config`]: the typed settings tree (TOML + `HOURGLASS__SECTION__KEY`).
 //! - [`startup`]: [`startup::Application`] wires it all and serves.
-//! - [`telemetry`]: logging. [`shutdown`]: the stop signal.
+//! - [`telemetry`]: logging and metrics. [`shutdown`]: one trigger and one
+//!   deadline that every stage (HTTP, MQTT, the batcher driver) follows.
+//!
+//! Storage failures are classed in [`store::errors`] as outages (retried for
+//! as long as they last) or poison (that bucket's readings go to the
+//! dead-letter collection); every flush is cut by [`store::command`] to the
+//! server's own size limits. MQTT lives in [`ingest::mqtt`], whose
+//! acknowledgement bookkeeping is a pure state machine.
 
 pub mod api;
 pub mod auth;
