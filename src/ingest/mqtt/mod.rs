@@ -1,12 +1,12 @@
 //! MQTT ingestion with at-least-once delivery.
 //!
 //! Three tasks, so the rumqttc event loop is polled continuously:
-//! - [`connection`]: the **event loop** polls the connection, re-subscribes
+//! - `connection`: the **event loop** polls the connection, re-subscribes
 //!   when the broker lost the session or refused the subscription, backs off
 //!   after errors, and forwards publishes;
-//! - [`processor`]: decodes each message ([`topics`] names its sensor) and
+//! - `processor`: decodes each message (`topics` names its sensor) and
 //!   submits its readings to the batcher, dead-lettering unusable ones;
-//! - [`acks`]: sends each PUBACK, in arrival order, only once the message's
+//! - `acks`: sends each PUBACK, in arrival order, only once the message's
 //!   readings are settled; its bookkeeping is a pure state machine.
 //!
 //! A crash before the PUBACK means the broker delivers again; last-write-wins
