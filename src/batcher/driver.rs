@@ -214,7 +214,6 @@ impl<S: BucketStore> Driver<S> {
             let updates: Vec<&BucketUpdate> =
                 todo.iter().map(|&i| &batch.items[i].update).collect();
             let written = self.store.write(&updates).await;
-            drop(updates);
             round_trips += written.round_trips;
             self.metrics
                 .write_round_trips

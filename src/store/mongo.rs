@@ -133,10 +133,6 @@ impl MongoStore {
         Ok(self.limits)
     }
 
-    pub fn limits(&self) -> Limits {
-        self.limits
-    }
-
     /// Creates the bucket index (a no-op when it exists) and brings the TTL
     /// index in line with `retention`: created, changed in place, or dropped.
     pub async fn ensure_indexes(&self, retention: Option<Duration>) -> Result<(), StoreError> {

@@ -25,9 +25,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-pub use acks::{Acks, Settle};
-pub use connection::mqtt_options;
-pub use topics::{parse_topic, subscription};
+pub use topics::parse_topic;
 
 use crate::batcher::driver::BatcherHandle;
 use crate::config::{ConfigError, IngestSettings, MqttSettings};
@@ -111,7 +109,7 @@ impl MqttIngest {
         metrics: Arc<Metrics>,
         shutdown: Shutdown,
     ) -> Result<Self, MqttError> {
-        let options = mqtt_options(settings)?;
+        let options = connection::mqtt_options(settings)?;
         let (client, eventloop) = AsyncClient::new(options, connection::REQUEST_CAPACITY);
         let acker_done = CancellationToken::new();
         let shared = Arc::new(Shared {
