@@ -447,3 +447,95 @@ async fn sigterm_with_a_stuck_upload_exits_within_the_deadline() {
     );
     drop(stuck);
 }
+
+/// A scripted MQTT 3.1.1 peer for what Mosquitto never does: refuse a
+/// subscription with SUBACK 0x80 (as EMQX or HiveMQ do when authorization
+/// denies it). It refuses every SUBSCRIBE until `accept` is set.
+async fn refusing_broker(
+    accept: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    subscribes: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let (accept, subscribes) = (accept.clone(), subscribes.clone());
+            tokio::spawn(async move {
+                loop {
+                    let Ok(kind) = socket.read_u8().await else {
+                        return;
+                    };
+                    // Remaining length: a variable-length integer.
+                    let (mut length, mut shift) = (0usize, 0);
+                    loop {
+                        let Ok(b) = socket.read_u8().await else {
+                            return;
+                        };
+                        length |= usize::from(b & 0x7f) << shift;
+                        shift += 7;
+                        if b & 0x80 == 0 {
+                            break;
+                        }
+                    }
+                    let mut body = vec![0u8; length];
+                    if socket.read_exact(&mut body).await.is_err() {
+                        return;
+                    }
+                    let reply: Vec<u8> = match kind >> 4 {
+                        1 => vec![0x20, 0x02, 0x00, 0x00], // CONNACK, no session
+                        8 => {
+                            subscribes.fetch_add(1, Ordering::SeqCst);
+                            let code = if accept.load(Ordering::SeqCst) {
+                                0x01
+                            } else {
+                                0x80
+                            };
+                            vec![0x90, 0x03, body[0], body[1], code]
+                        }
+                        12 => vec![0xd0, 0x00], // PINGRESP
+                        14 => return,           // DISCONNECT
+                        _ => continue,
+                    };
+                    if socket.write_all(&reply).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test]
+async fn a_refused_subscription_keeps_the_service_unready_and_is_retried() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize};
+    let accept = Arc::new(AtomicBool::new(false));
+    let subscribes = Arc::new(AtomicUsize::new(0));
+    let port = refusing_broker(accept.clone(), subscribes.clone()).await;
+    let mut s = test_settings();
+    s.mqtt.enabled = true;
+    s.mqtt.url = format!("mqtt://127.0.0.1:{port}");
+    s.mqtt.reconnect_min = Duration::from_millis(50);
+    s.mqtt.reconnect_max = Duration::from_millis(200);
+    let app = spawn_app_with(s).await;
+    eventually(WAIT, "the refused subscription is sent again", || {
+        let subscribes = subscribes.clone();
+        async move { subscribes.load(Ordering::SeqCst) >= 2 }
+    })
+    .await;
+    let r = app.get("/health/ready").await;
+    assert_eq!(r.status(), 503);
+    let body: Value = r.json().await.expect("json");
+    assert_eq!(body["checks"]["mqtt"]["ok"], false, "{body}");
+    accept.store(true, Ordering::SeqCst);
+    subscribed(&app).await;
+    eventually(WAIT, "ready once the broker accepts", || async {
+        app.get("/health/ready").await.status() == 200
+    })
+    .await;
+    app.stop().await.expect("clean stop");
+}
