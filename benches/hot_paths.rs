@@ -4,10 +4,11 @@
 use std::hint::black_box;
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
-use hourglass::batcher::{Batcher, BatcherLimits};
-use hourglass::domain::{BucketUpdate, Granularity, TimeWindow};
-use hourglass::ingest::decode::{DecodeContext, decode_readings};
-use hourglass::store::document::update_statement;
+use hourglass::Granularity;
+use hourglass::pure::{
+    Batcher, BatcherLimits, BucketUpdate, DecodeContext, TimeWindow, decode_readings,
+    update_statement,
+};
 use tokio::time::{Duration, Instant};
 
 const READINGS: usize = 10_000;

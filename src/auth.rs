@@ -8,16 +8,11 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::http::HeaderValue;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use wildmatch::WildMatch;
-
-use crate::api::ApiError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -44,7 +39,7 @@ pub struct TokenSettings {
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct AuthSettings {
+pub struct Settings {
     /// Off: anyone who reaches the port may write and read (local development).
     pub enabled: bool,
     pub tokens: Vec<TokenSettings>,
@@ -62,6 +57,17 @@ pub enum AuthConfigError {
     Scopes(usize),
     #[error("auth.tokens[{0}].sensors must hold non-empty patterns")]
     Sensors(usize),
+}
+
+/// Why a request may not go on; `api` turns it into 401 or 403.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    #[error("a valid bearer token is required")]
+    NoToken,
+    #[error("token {token:?} lacks the {scope:?} scope")]
+    Scope { token: String, scope: Scope },
+    #[error("token {token:?} may not access sensor {sensor:?}")]
+    Sensor { token: String, sensor: String },
 }
 
 /// The hex SHA-256 of a token, as `auth.tokens[].sha256` wants it.
@@ -82,7 +88,7 @@ pub struct Authenticator {
     tokens: Vec<Token>,
 }
 
-impl AuthSettings {
+impl Settings {
     pub fn validate(&self) -> Result<(), AuthConfigError> {
         self.build().map(|_| ())
     }
@@ -158,17 +164,17 @@ impl Principal {
         }
     }
 
-    /// A 403 for the first of `sensors` this principal may not access.
+    /// Refuses the first of `sensors` this principal may not access.
     pub fn check_sensors<'s>(
         &self,
         mut sensors: impl Iterator<Item = &'s str>,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), AuthError> {
         match sensors.find(|s| !self.may_access(s)) {
             None => Ok(()),
-            Some(sensor) => Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                format!("token {:?} may not access sensor {sensor:?}", self.name()),
-            )),
+            Some(sensor) => Err(AuthError::Sensor {
+                token: self.name().to_owned(),
+                sensor: sensor.to_owned(),
+            }),
         }
     }
 }
@@ -176,6 +182,30 @@ impl Principal {
 impl Authenticator {
     pub fn enabled(&self) -> bool {
         self.enabled
+    }
+
+    /// Who presents `authorization`, if they may use a route needing `scope`.
+    pub fn authenticate(
+        self: &Arc<Self>,
+        authorization: Option<&HeaderValue>,
+        scope: Scope,
+    ) -> Result<Principal, AuthError> {
+        let token = if self.enabled {
+            Some(self.identify(authorization).ok_or(AuthError::NoToken)?)
+        } else {
+            None
+        };
+        let principal = Principal {
+            auth: self.clone(),
+            token,
+        };
+        if !principal.has(scope) {
+            return Err(AuthError::Scope {
+                token: principal.name().to_owned(),
+                scope,
+            });
+        }
+        Ok(principal)
     }
 
     /// The token index matching `Authorization: Bearer <token>`, if any.
@@ -198,60 +228,12 @@ impl Authenticator {
     }
 }
 
-/// Middleware state: the authenticator and the scope a route needs.
-#[derive(Clone)]
-pub struct Require {
-    pub auth: Arc<Authenticator>,
-    pub scope: Scope,
-}
-
-/// 401 without a valid token, 403 without the route's scope; otherwise the
-/// request goes on with its [`Principal`] in the extensions.
-pub async fn authorize(State(require): State<Require>, mut req: Request, next: Next) -> Response {
-    let token = if require.auth.enabled {
-        match require
-            .auth
-            .identify(req.headers().get(header::AUTHORIZATION))
-        {
-            Some(i) => Some(i),
-            None => {
-                let mut response =
-                    ApiError::new(StatusCode::UNAUTHORIZED, "a valid bearer token is required")
-                        .into_response();
-                response
-                    .headers_mut()
-                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-                return response;
-            }
-        }
-    } else {
-        None
-    };
-    let principal = Principal {
-        auth: require.auth.clone(),
-        token,
-    };
-    if !principal.has(require.scope) {
-        return ApiError::new(
-            StatusCode::FORBIDDEN,
-            format!(
-                "token {:?} lacks the {:?} scope",
-                principal.name(),
-                require.scope
-            ),
-        )
-        .into_response();
-    }
-    req.extensions_mut().insert(principal);
-    next.run(req).await
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn settings() -> AuthSettings {
-        AuthSettings {
+    fn settings() -> Settings {
+        Settings {
             enabled: true,
             tokens: vec![
                 TokenSettings {
@@ -310,10 +292,12 @@ mod tests {
         let device = principal(&auth, "Bearer d-secret").expect("known");
         assert!(device.may_access("truck-17") && device.may_access("truck-17.engine"));
         assert!(!device.may_access("truck-170") && !device.may_access("truck-18"));
-        assert!(
-            device
-                .check_sensors(["truck-17", "truck-18"].into_iter())
-                .is_err()
+        assert_eq!(
+            device.check_sensors(["truck-17", "truck-18"].into_iter()),
+            Err(AuthError::Sensor {
+                token: "truck-17".into(),
+                sensor: "truck-18".into()
+            })
         );
         let open = Principal {
             auth: auth.clone(),
@@ -323,6 +307,30 @@ mod tests {
             open.has(Scope::Ingest) && open.may_access("x"),
             "auth off allows everything"
         );
+    }
+
+    #[test]
+    fn authentication_needs_a_known_token_with_the_scope() {
+        let auth = Arc::new(settings().build().expect("valid"));
+        let header = |v: &str| HeaderValue::from_str(v).expect("header");
+        assert_eq!(
+            auth.authenticate(None, Scope::Query).err(),
+            Some(AuthError::NoToken)
+        );
+        assert_eq!(
+            auth.authenticate(Some(&header("Bearer q-secret")), Scope::Ingest)
+                .err(),
+            Some(AuthError::Scope {
+                token: "dashboard".into(),
+                scope: Scope::Ingest
+            })
+        );
+        let ok = auth
+            .authenticate(Some(&header("Bearer q-secret")), Scope::Query)
+            .expect("allowed");
+        assert_eq!(ok.name(), "dashboard");
+        let off = Arc::new(Settings::default().build().expect("valid"));
+        assert!(off.authenticate(None, Scope::Ingest).is_ok());
     }
 
     #[test]
@@ -340,7 +348,7 @@ mod tests {
         s.tokens[1].sensors = Some(vec![]);
         assert_eq!(s.validate(), Err(AuthConfigError::Sensors(1)));
         assert_eq!(
-            AuthSettings {
+            Settings {
                 enabled: true,
                 tokens: vec![]
             }
@@ -348,7 +356,7 @@ mod tests {
             Err(AuthConfigError::NoTokens)
         );
         assert!(
-            AuthSettings::default().validate().is_ok(),
+            Settings::default().validate().is_ok(),
             "off needs no tokens"
         );
     }

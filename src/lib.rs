@@ -1,34 +1,174 @@
 //! Hourglass: an IoT time-series ingestion service on MongoDB buckets.
 //!
-//! Readings come in over HTTP ([`ingest::http`]), are decoded and validated
-//! ([`ingest::decode`], [`domain`]), and are coalesced in memory by the
-//! [`batcher`]: a pure core that turns readings into one update per bucket per
-//! flush, run by an async driver. The [`store`] writes each flush as bulk
+//! A reading comes in over HTTP (`api::ingest`) or MQTT (`ingest::mqtt`), is
+//! decoded and validated (`ingest::decode`, `domain`), and coalesced in memory
+//! by the `batcher`: a pure core that turns readings into one update per
+//! bucket per flush, run by an async driver. The `store` writes each flush as
 //! pipeline upserts into one document per sensor, metric and minute (or hour),
-//! whose pre-aggregates (count, sum, min, max) stay exact under duplicates,
-//! overwrites and late readings. The [`api`] answers averages and series,
-//! planned by [`query`] so that only edge buckets are read value by value.
+//! whose pre-aggregates stay exact under duplicates, overwrites and late
+//! readings. The `api` answers averages and series, planned by `query` so that
+//! only edge buckets are read value by value.
 //!
-//! - [`auth`]: bearer tokens, scopes and per-device sensor patterns.
-//! - [`config`]: the typed settings tree (TOML + `HOURGLASS__SECTION__KEY`).
-//! - [`startup`]: [`startup::Application`] wires it all and serves.
-//! - [`telemetry`]: logging and metrics. [`shutdown`]: one trigger and one
-//!   deadline that every stage (HTTP, MQTT, the batcher driver) follows.
-//!
-//! Storage failures are classed in [`store::errors`] as outages (retried for
-//! as long as they last) or poison (that bucket's readings go to the
-//! dead-letter collection); every flush is cut by [`store::command`] to the
-//! server's own size limits. MQTT lives in [`ingest::mqtt`], whose
-//! acknowledgement bookkeeping is a pure state machine.
+//! The modules, bottom to top; each uses only those before it:
+//! - `settings`: the error naming an invalid key; every component owns its
+//!   own settings type next to its code.
+//! - `telemetry`: logging and Prometheus metrics. `shutdown`: one trigger and
+//!   one deadline that every stage follows.
+//! - `domain`: readings, validated names, buckets, aggregates, read plans.
+//! - `batcher`: the pure core (`now` passed in) and its async driver, which
+//!   settles every bucket by its own outcome.
+//! - `store`: the bucket document format, commands cut to the server's
+//!   limits (`store::command`), errors classed as outage or poison
+//!   (`store::errors`), and the MongoDB store with its dead-letter collection.
+//! - `query`: the pure planner over buckets.
+//! - `auth`: bearer tokens, scopes and per-device sensor patterns.
+//! - `ingest`: the shared decoder, and MQTT (connection, topics, processor,
+//!   and acknowledgements as a pure state machine).
+//! - `api`: everything HTTP: routes, limits, auth middleware, the write and
+//!   query handlers, health and metrics.
+//! - `config`: assembles, loads and validates the settings tree.
+//! - `startup`: `Application` wires it all, serves, and shuts down in order.
 
-pub mod api;
-pub mod auth;
-pub mod batcher;
-pub mod config;
-pub mod domain;
-pub mod ingest;
-pub mod query;
-pub mod shutdown;
-pub mod startup;
-pub mod store;
-pub mod telemetry;
+// Modules are private: the service's API is what is re-exported below.
+// Dependencies point one way, top to bottom of this list (the layering test
+// at the end of this file keeps it so): a module uses only those above it.
+mod api;
+mod auth;
+mod batcher;
+mod config;
+mod domain;
+mod ingest;
+mod query;
+mod settings;
+mod shutdown;
+mod startup;
+mod store;
+mod telemetry;
+
+/// The service: what the binary and the integration tests use.
+pub use auth::{Scope, TokenSettings, hash_token};
+pub use config::{ConfigError, Settings};
+pub use domain::{Agg, Granularity};
+pub use ingest::mqtt::MqttStats;
+pub use shutdown::signal;
+pub use startup::Application;
+pub use telemetry::{LogFormat, init as init_logging};
+
+/// The pure cores behind the service (no I/O, no clock): for the benchmarks,
+/// the fuzz targets, and the load test's direct writes. Not the service's API.
+pub mod pure {
+    pub use crate::api::query::{parse_instant, parse_step};
+    pub use crate::batcher::{
+        Batch, Batcher, BatcherLimits, Item, Settings as BatcherSettings, Settled,
+    };
+    pub use crate::domain::{
+        BucketUpdate, METRIC_MAX_LEN, MetricName, Reading, SENSOR_MAX_LEN, SensorId, TimeWindow,
+        parse_timestamp_ms, parse_timestamp_str,
+    };
+    pub use crate::ingest::decode::{DecodeContext, decode_payload, decode_readings};
+    pub use crate::ingest::mqtt::parse_topic;
+    pub use crate::query::{Grid, Plan};
+    pub use crate::store::command::{Chunk, Commands, Limits};
+    pub use crate::store::document::update_statement;
+}
+
+#[cfg(test)]
+mod layering {
+    use std::path::{Path, PathBuf};
+
+    /// The modules, bottom to top, as declared above.
+    const LAYERS: &[&str] = &[
+        "settings",
+        "telemetry",
+        "shutdown",
+        "domain",
+        "batcher",
+        "store",
+        "query",
+        "auth",
+        "ingest",
+        "api",
+        "config",
+        "startup",
+    ];
+
+    fn files(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).expect("src is readable") {
+            let path = entry.expect("an entry").path();
+            if path.is_dir() {
+                files(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+
+    /// The top-level module a source file belongs to.
+    fn module_of(src: &Path, file: &Path) -> Option<&'static str> {
+        let first = file.strip_prefix(src).ok()?.components().next()?;
+        let name = first.as_os_str().to_str()?.trim_end_matches(".rs");
+        LAYERS.iter().copied().find(|l| *l == name)
+    }
+
+    /// `crate::<module>` paths in the code of `text` (comments left out).
+    fn uses(text: &str) -> Vec<&'static str> {
+        let mut found = Vec::new();
+        for line in text.lines() {
+            let code = line.split("//").next().unwrap_or_default();
+            for (i, _) in code.match_indices("crate::") {
+                let rest = &code[i + "crate::".len()..];
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                    .collect();
+                if let Some(l) = LAYERS.iter().copied().find(|l| *l == name) {
+                    found.push(l);
+                }
+            }
+            // `use crate::{a, b}` names several at once.
+            if let Some(group) = code.split("crate::{").nth(1) {
+                for part in group.split([',', '}']) {
+                    let name = part.trim().split("::").next().unwrap_or_default();
+                    if let Some(l) = LAYERS.iter().copied().find(|l| *l == name) {
+                        found.push(l);
+                    }
+                }
+            }
+        }
+        found
+    }
+
+    fn rank(module: &str) -> usize {
+        LAYERS
+            .iter()
+            .position(|l| *l == module)
+            .unwrap_or(usize::MAX)
+    }
+
+    #[test]
+    fn no_module_uses_a_module_above_it() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut all = Vec::new();
+        files(&src, &mut all);
+        let mut upward = Vec::new();
+        for file in &all {
+            let Some(module) = module_of(&src, file) else {
+                continue;
+            };
+            let text = std::fs::read_to_string(file).expect("readable");
+            for used in uses(&text) {
+                if rank(used) > rank(module) {
+                    upward.push(format!("{} uses crate::{used}", file.display()));
+                }
+            }
+        }
+        assert!(upward.is_empty(), "imports that point up: {upward:#?}");
+        assert!(all.len() > 20, "the scan found the sources");
+    }
+
+    #[test]
+    fn the_scan_sees_single_and_grouped_imports_and_skips_comments() {
+        let text = "use crate::store::X;\nuse crate::{api, domain::Y};\n// crate::startup\n";
+        assert_eq!(uses(text), vec!["store", "api", "domain"]);
+    }
+}

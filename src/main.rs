@@ -2,9 +2,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use hourglass::config::Settings;
-use hourglass::startup::Application;
-use hourglass::{shutdown, telemetry};
+use hourglass::{Application, Settings};
 
 /// IoT time-series ingestion into MongoDB buckets.
 #[derive(Parser)]
@@ -34,12 +32,12 @@ async fn main() -> anyhow::Result<()> {
             .context("reading the token from standard input")?;
         println!(
             "{}",
-            hourglass::auth::hash_token(token.trim_end_matches(['\r', '\n']))
+            hourglass::hash_token(token.trim_end_matches(['\r', '\n']))
         );
         return Ok(());
     }
     let settings = Settings::load(Some(&args.config))?;
-    telemetry::init(&settings.log).context("installing the log subscriber")?;
+    hourglass::init_logging(&settings.log).context("installing the log subscriber")?;
     let app = Application::build(settings).await?;
-    app.run_until_stopped(shutdown::signal()).await
+    app.run_until_stopped(hourglass::signal()).await
 }

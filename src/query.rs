@@ -7,8 +7,35 @@
 //! [`Plan::fold`] turns what was read into one [`Agg`] per point. Pure: the
 //! caller does the reading.
 
-use crate::domain::{Agg, Granularity};
-use crate::store::{BucketRead, Starts, Values};
+use crate::domain::{Agg, BucketRead, Granularity, Starts, Values};
+
+/// `[query]`: how much one query may ask for.
+#[derive(Debug, Clone, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    #[serde(with = "humantime_serde")]
+    pub max_range: std::time::Duration,
+    pub max_points: usize,
+}
+
+pub const DEFAULT_MAX_RANGE: std::time::Duration = std::time::Duration::from_secs(400 * 24 * 3600);
+pub const DEFAULT_MAX_POINTS: usize = 10_000;
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            max_range: DEFAULT_MAX_RANGE,
+            max_points: DEFAULT_MAX_POINTS,
+        }
+    }
+}
+
+impl Settings {
+    pub fn validate(&self) -> Result<(), crate::settings::Invalid> {
+        crate::settings::at_least_one(&[("query.max_points", self.max_points)])?;
+        crate::settings::longer_than_zero(&[("query.max_range", self.max_range)])
+    }
+}
 
 /// Points of a result: point `i` covers `[origin + i·step, origin + (i+1)·step)`,
 /// clipped to the queried range.

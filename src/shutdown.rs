@@ -8,6 +8,30 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `[shutdown]`: how long stopping may take.
+#[derive(Debug, Clone, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+}
+
+impl Settings {
+    pub fn validate(&self) -> Result<(), crate::settings::Invalid> {
+        crate::settings::longer_than_zero(&[("shutdown.timeout", self.timeout)])
+    }
+}
+
 /// A cheap-to-clone handle on the service's shutdown.
 #[derive(Clone, Debug)]
 pub struct Shutdown {

@@ -12,7 +12,6 @@ use tracing::{error, info, warn};
 
 use crate::api::{self, AppState};
 use crate::auth::Authenticator;
-use crate::batcher::BatcherLimits;
 use crate::batcher::driver::{self, BatcherHandle, Driver};
 use crate::config::Settings;
 use crate::ingest::mqtt::{MqttIngest, MqttStats};
@@ -52,13 +51,7 @@ impl Application {
             .await
             .context("reading the storage server's limits")?;
         let store = Arc::new(store);
-        let limits = BatcherLimits {
-            flush_interval: settings.batcher.flush_interval,
-            max_pending_readings: settings.batcher.max_pending_readings,
-            max_buffered_readings: settings.batcher.max_buffered_readings,
-            max_buckets: settings.batcher.max_buckets,
-            max_flush_buckets: settings.batcher.max_flush_buckets,
-        };
+        let limits = settings.batcher.limits();
         let shutdown = Shutdown::new(settings.shutdown.timeout);
         let auth = Arc::new(settings.auth.build().context("reading the auth settings")?);
         if !auth.enabled() {
@@ -148,7 +141,13 @@ impl Application {
         let state = AppState {
             store,
             batcher: batcher.clone(),
-            settings: settings.clone(),
+            settings: Arc::new(api::Config {
+                http: settings.http.clone(),
+                ingest: settings.ingest.clone(),
+                query: settings.query.clone(),
+                granularity: settings.buckets.granularity,
+                max_buffered_readings: settings.batcher.max_buffered_readings,
+            }),
             metrics,
             mqtt: mqtt_stats,
             auth,

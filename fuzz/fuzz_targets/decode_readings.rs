@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
-use hourglass::domain::{METRIC_MAX_LEN, SENSOR_MAX_LEN, TimeWindow};
-use hourglass::ingest::decode::{DecodeContext, decode_readings};
+use hourglass::pure::{
+    DecodeContext, METRIC_MAX_LEN, SENSOR_MAX_LEN, TimeWindow, decode_readings,
+};
 use libfuzzer_sys::fuzz_target;
 
 const NOW: i64 = 1_700_000_000;

@@ -3,9 +3,7 @@
 
 use std::time::Duration;
 
-use hourglass::domain::TimeWindow;
-use hourglass::ingest::decode::{DecodeContext, decode_payload};
-use hourglass::ingest::mqtt::parse_topic;
+use hourglass::pure::{DecodeContext, TimeWindow, decode_payload, parse_topic};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

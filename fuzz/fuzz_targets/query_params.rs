@@ -1,9 +1,8 @@
 //! Query parameters through planning and folding: never a panic.
 #![no_main]
 
-use hourglass::api::query::{parse_instant, parse_step};
-use hourglass::domain::Granularity;
-use hourglass::query::{Grid, Plan};
+use hourglass::Granularity;
+use hourglass::pure::{Grid, Plan, parse_instant, parse_step};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: (&str, &str, &str, bool)| {

@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use hourglass::domain::{Granularity, TimeWindow, parse_timestamp_ms, parse_timestamp_str};
+use hourglass::Granularity;
+use hourglass::pure::{TimeWindow, parse_timestamp_ms, parse_timestamp_str};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: (&str, i64, i64, u64, u64)| {

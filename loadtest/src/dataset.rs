@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use hourglass::domain::{Agg, Granularity};
+use hourglass::{Agg, Granularity};
 use serde::Serialize;
 
 /// RFC 3339 of epoch seconds, for query parameters.

@@ -3,13 +3,14 @@
 //! the same bucket updates sent straight to the server, to see what the
 //! service itself costs.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use futures_util::{StreamExt, TryStreamExt};
-use hourglass::batcher::{Batcher, BatcherLimits};
-use hourglass::config::{MongoSettings, MongoTlsSettings};
-use hourglass::domain::{Granularity, MetricName, Reading, SensorId};
-use hourglass::store::{BucketStore, MongoStore};
+use hourglass::Granularity;
+use hourglass::pure::{
+    Batch, Batcher, BatcherSettings, BucketUpdate, Chunk, Commands, Limits, MetricName, Reading,
+    SensorId, Settled,
+};
 use mongodb::bson::{Bson, DateTime, Document, doc};
 use mongodb::{Database, IndexModel};
 
@@ -212,27 +213,31 @@ async fn bucket_design(
     ))
 }
 
-/// The bucket updates Hourglass would send for the same requests, written
-/// straight to the server with the same store code: readings per second.
+/// The bucket updates Hourglass would send for the same requests, built with
+/// its public pure core and sent straight to the server as a plain MongoDB
+/// client: readings per second without the service around them.
 async fn direct_updates(ctx: &Ctx, data: &Dataset, batch: usize) -> anyhow::Result<f64> {
-    let settings = MongoSettings {
-        uri: secrecy::SecretString::from(ctx.mongodb_uri()?),
-        database: ctx.database("direct"),
-        collection: "buckets".into(),
-        dead_letter_collection: "rejected".into(),
-        server_selection_timeout: Duration::from_secs(5),
-        tls: MongoTlsSettings::default(),
-    };
-    let store = MongoStore::connect(&settings, Granularity::Minute).await?;
-    store.ensure_indexes(None).await?;
-    let defaults = hourglass::config::BatcherSettings::default();
-    let limits = BatcherLimits {
-        flush_interval: defaults.flush_interval,
-        max_pending_readings: defaults.max_pending_readings,
+    let client = mongodb::Client::with_uri_str(ctx.mongodb_uri()?).await?;
+    let db = client.database(&ctx.database("direct"));
+    db.collection::<Document>("buckets")
+        .create_index(
+            IndexModel::builder()
+                .keys(doc! { "sensor": 1, "metric": 1, "start": 1 })
+                .options(
+                    mongodb::options::IndexOptions::builder()
+                        .unique(true)
+                        .build(),
+                )
+                .build(),
+        )
+        .await?;
+    let limits = BatcherSettings {
         max_buffered_readings: usize::MAX,
         max_buckets: usize::MAX,
         max_flush_buckets: usize::MAX,
-    };
+        ..BatcherSettings::default()
+    }
+    .limits();
     let mut core: Batcher<()> = Batcher::new(Granularity::Minute, limits);
     let rows: Vec<Row> = data.rows().collect();
     let sensors: Vec<String> = (0..data.args.sensors).map(Dataset::sensor).collect();
@@ -257,33 +262,39 @@ async fn direct_updates(ctx: &Ctx, data: &Dataset, batch: usize) -> anyhow::Resu
         if core.is_due(now)
             && let Some(b) = core.take()
         {
-            write_all(&store, &mut core, b).await?;
+            write_all(&db, &mut core, b).await?;
         }
     }
     if let Some(b) = core.take() {
-        write_all(&store, &mut core, b).await?;
+        write_all(&db, &mut core, b).await?;
     }
     Ok(rows.len() as f64 / started.elapsed().as_secs_f64())
 }
 
-/// Writes a whole batch and frees its room; any bucket not stored fails the run.
-async fn write_all(
-    store: &MongoStore,
-    core: &mut Batcher<()>,
-    batch: hourglass::batcher::Batch,
-) -> anyhow::Result<()> {
-    let updates: Vec<_> = batch.items.iter().map(|i| &i.update).collect();
-    let written = store.write(&updates).await;
-    if let Some(bad) = written
-        .outcomes
-        .iter()
-        .find(|o| **o != hourglass::store::Outcome::Stored)
-    {
-        anyhow::bail!("a direct bucket update was not stored: {bad:?}");
+/// Sends a whole batch as `update` commands and frees its room; any statement
+/// not applied fails the run.
+async fn write_all(db: &Database, core: &mut Batcher<()>, batch: Batch) -> anyhow::Result<()> {
+    let updates: Vec<&BucketUpdate> = batch.items.iter().map(|i| &i.update).collect();
+    let commands = Commands::new(
+        &updates,
+        0..updates.len(),
+        "buckets",
+        None,
+        Granularity::Minute,
+        Limits::default(),
+    );
+    for chunk in commands {
+        let Chunk::Command(command) = chunk else {
+            anyhow::bail!("a bucket update too large to send");
+        };
+        let reply = db.run_raw_command(command.body).await?;
+        if let Ok(errors) = reply.get_array("writeErrors") {
+            anyhow::bail!("direct bucket updates were refused: {errors:?}");
+        }
     }
     let mut answers = Vec::new();
     for item in &batch.items {
-        core.settle(item, hourglass::batcher::Settled::Stored, &mut answers);
+        core.settle(item, Settled::Stored, &mut answers);
     }
     Ok(())
 }

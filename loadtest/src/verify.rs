@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use futures_util::TryStreamExt;
-use hourglass::domain::{Agg, Granularity};
+use hourglass::{Agg, Granularity};
 use mongodb::bson::{Bson, DateTime, Document, doc};
 
 use crate::ctx::Ctx;

@@ -83,7 +83,7 @@ pub async fn ready<S: BucketStore>(State(state): State<AppState<S>>) -> impl Int
             Check::pass()
         }
     });
-    let limit = state.settings.batcher.max_buffered_readings;
+    let limit = state.settings.max_buffered_readings;
     let buffered = state.batcher.buffered();
     let capacity = if (buffered as f64) < limit as f64 * OVERLOAD_SHARE {
         Check::pass()

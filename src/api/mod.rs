@@ -1,8 +1,13 @@
 //! The HTTP surface: routes, shared state and the error type every handler
 //! answers with.
 
+mod auth;
 pub mod health;
+mod ingest;
 pub mod query;
+mod settings;
+
+pub use settings::Settings;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,20 +28,31 @@ use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 use tracing::Span;
 
-use crate::auth::{Authenticator, Require, Scope, authorize};
+use self::auth::{Require, authorize};
+use crate::auth::{Authenticator, Scope};
 use crate::batcher::driver::BatcherHandle;
-use crate::config::Settings;
-use crate::ingest;
+use crate::domain::Granularity;
 use crate::ingest::decode::Detail;
 use crate::ingest::mqtt::MqttStats;
 use crate::store::BucketStore;
 use crate::telemetry::metrics::Metrics;
 
+/// What the HTTP surface needs of the configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub http: Settings,
+    pub ingest: crate::ingest::Settings,
+    pub query: crate::query::Settings,
+    pub granularity: Granularity,
+    /// Readiness reports overload near this bound.
+    pub max_buffered_readings: usize,
+}
+
 /// What every handler shares. Cheap to clone.
 pub struct AppState<S> {
     pub store: Arc<S>,
     pub batcher: BatcherHandle,
-    pub settings: Arc<Settings>,
+    pub settings: Arc<Config>,
     pub metrics: Arc<Metrics>,
     /// Present when MQTT is enabled.
     pub mqtt: Option<Arc<MqttStats>>,
@@ -86,7 +102,7 @@ pub fn router<S: BucketStore>(state: AppState<S>) -> Router {
         )
     };
     let ingest = Router::new()
-        .route("/api/v1/readings", post(ingest::http::post_readings::<S>))
+        .route("/api/v1/readings", post(ingest::post_readings::<S>))
         .route_layer(require(Scope::Ingest));
     let queries = Router::new()
         .route("/api/v1/sensors/{sensor}/average", get(query::average::<S>))

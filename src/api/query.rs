@@ -12,8 +12,9 @@ use tracing::error;
 use super::{ApiError, AppState};
 use crate::auth::Principal;
 use crate::domain::{Agg, MetricName, SensorId};
+use crate::domain::{BucketRead, Values};
 use crate::query::{Grid, Plan};
-use crate::store::{BucketRead, BucketStore, Fetch, StoreError};
+use crate::store::{BucketStore, Fetch, StoreError};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -164,7 +165,7 @@ async fn evaluate<S: BucketStore>(
             metric: &req.metric,
             starts,
             minutes,
-            values: crate::store::Values::None,
+            values: Values::None,
         };
         read.extend(store.fetch(fetch).await.map_err(store_error)?);
     }
@@ -206,7 +207,7 @@ pub async fn average<S: BucketStore>(
     let req = request(&state, &sensor, &params)?;
     let agg = if req.from < req.to {
         let grid = Grid::whole(req.from, req.to);
-        let plan = Plan::new(state.settings.buckets.granularity, req.from, req.to, grid);
+        let plan = Plan::new(state.settings.granularity, req.from, req.to, grid);
         evaluate(state.store.as_ref(), &req, &plan).await?[0]
     } else {
         Agg::default()
@@ -261,7 +262,7 @@ pub async fn series<S: BucketStore>(
         )));
     }
     let aggs = if req.from < req.to {
-        let plan = Plan::new(state.settings.buckets.granularity, req.from, req.to, grid);
+        let plan = Plan::new(state.settings.granularity, req.from, req.to, grid);
         evaluate(state.store.as_ref(), &req, &plan).await?
     } else {
         vec![Agg::default(); grid.points]

@@ -12,10 +12,9 @@ use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 use tracing::{Instrument, debug, error, info_span, warn};
 
-use super::{Batch, Batcher, BatcherLimits, FlushResult, Full, Settled};
+use super::{Batch, Batcher, BatcherLimits, DeadLetter, FlushResult, Full, Outcome, Settled, Sink};
 use crate::domain::{BucketUpdate, Granularity, Reading};
 use crate::shutdown::Shutdown;
-use crate::store::{BucketStore, DeadLetter, Outcome, StoreError};
 use crate::telemetry::metrics::Metrics;
 
 pub use super::NotStored;
@@ -128,7 +127,7 @@ pub struct Drained {
     pub unstored_readings: usize,
 }
 
-pub fn new<S: BucketStore>(
+pub fn new<S: Sink>(
     granularity: Granularity,
     limits: BatcherLimits,
     store: Arc<S>,
@@ -153,7 +152,7 @@ pub fn new<S: BucketStore>(
     )
 }
 
-impl<S: BucketStore> Driver<S> {
+impl<S: Sink> Driver<S> {
     /// Flushes batches as they come due until the shutdown starts, then drains
     /// what is left. Outages are retried until the shutdown deadline.
     pub async fn run(self) -> Drained {
@@ -290,14 +289,14 @@ impl<S: BucketStore> Driver<S> {
         self.metrics.storage_error("poison");
         loop {
             match self.store.dead_letter(&letters).await {
-                Ok(()) => {
+                Outcome::Stored => {
                     error!(readings, buckets = poison.len(), sensor = %batch.items[first.0].update.key.sensor, reason = %first.1,
                         "Storage can never apply these bucket updates; their readings were written to the dead-letter collection.");
                     self.metrics.readings_dead_lettered.inc_by(readings as u64);
                     self.settle(batch, &indexes, Settled::DeadLettered);
                     return 0;
                 }
-                Err(StoreError::Outage(e)) => {
+                Outcome::Outage(e) => {
                     let delay = backoff.next().unwrap_or(RETRY_MAX);
                     warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "Writing dead letters failed; retrying.");
                     tokio::select! {
@@ -305,7 +304,7 @@ impl<S: BucketStore> Driver<S> {
                         _ = self.shared.shutdown.deadline_passed() => break,
                     }
                 }
-                Err(e) => {
+                Outcome::Poison(e) => {
                     error!(error = %e, readings, "The dead-letter collection refused readings too.");
                     break;
                 }
@@ -357,8 +356,8 @@ async fn sleep_until(deadline: Option<Instant>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::batcher::Written;
     use crate::domain::{MetricName, SensorId};
-    use crate::store::{BucketRead, Fetch, Written};
     use std::sync::atomic::AtomicUsize;
 
     /// Records writes; fails the first `failures` of them for an outage, and
@@ -371,7 +370,7 @@ mod tests {
         poison: Mutex<Option<&'static str>>,
     }
 
-    impl BucketStore for Recorder {
+    impl Sink for Recorder {
         async fn write(&self, updates: &[&BucketUpdate]) -> Written {
             if self.failures.load(Ordering::SeqCst) > 0 {
                 self.failures.fetch_sub(1, Ordering::SeqCst);
@@ -400,18 +399,12 @@ mod tests {
                 round_trips: 1,
             }
         }
-        async fn dead_letter(&self, letters: &[DeadLetter<'_>]) -> Result<(), StoreError> {
+        async fn dead_letter(&self, letters: &[DeadLetter<'_>]) -> Outcome {
             self.dead
                 .lock()
                 .expect("lock")
                 .extend(letters.iter().map(|l| l.update.clone()));
-            Ok(())
-        }
-        async fn fetch(&self, _: Fetch<'_>) -> Result<Vec<BucketRead>, StoreError> {
-            Ok(vec![])
-        }
-        async fn ping(&self) -> Result<(), StoreError> {
-            Ok(())
+            Outcome::Stored
         }
     }
 

@@ -6,6 +6,11 @@
 //! waiting for their readings to be stored.
 
 pub mod driver;
+mod settings;
+mod sink;
+
+pub use settings::Settings;
+pub use sink::{DeadLetter, Outcome, Sink, Written};
 
 use std::time::Duration;
 

@@ -4,11 +4,13 @@
 
 mod aggregate;
 mod bucket;
+mod read;
 mod reading;
 
 pub use aggregate::Agg;
 pub use bucket::{BucketKey, BucketKeyRef, BucketUpdate, Granularity, SECOND_FIELDS, field_name};
+pub use read::{BucketRead, Starts, Values};
 pub use reading::{
-    DEFAULT_METRIC, InvalidReading, METRIC_MAX_LEN, MetricName, Reading, SENSOR_MAX_LEN, SensorId,
-    TimeWindow, parse_timestamp_ms, parse_timestamp_str,
+    InvalidReading, METRIC_MAX_LEN, MetricName, Reading, SENSOR_MAX_LEN, SensorId, TimeWindow,
+    parse_timestamp_ms, parse_timestamp_str,
 };

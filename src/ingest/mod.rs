@@ -1,6 +1,9 @@
-//! Ways readings come in. Each ingestor decodes and validates its input with
-//! [`decode`], then hands whole requests to the batcher.
+//! Ways readings come in, apart from HTTP (which [`crate::api`] owns): the
+//! decoder every ingestor shares, and MQTT. Each ingestor decodes and
+//! validates its input with [`decode`], then hands whole messages to the batcher.
 
 pub mod decode;
-pub mod http;
 pub mod mqtt;
+mod settings;
+
+pub use settings::Settings;

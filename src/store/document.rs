@@ -5,7 +5,9 @@ use std::sync::LazyLock;
 
 use mongodb::bson::{Bson, DateTime, Document, RawArrayBuf, RawDocumentBuf, doc, rawdoc};
 
-use super::{BucketRead, DeadLetter, SCHEMA_VERSION, StoreError};
+use super::{SCHEMA_VERSION, StoreError};
+use crate::batcher::DeadLetter;
+use crate::domain::BucketRead;
 use crate::domain::{Agg, BucketKey, BucketUpdate, Granularity, SECOND_FIELDS, field_name};
 
 // Statements are built as raw BSON: appended straight into byte buffers, with

@@ -4,12 +4,15 @@ pub mod command;
 pub mod document;
 pub mod errors;
 pub mod mongo;
+mod settings;
 
 use std::future::Future;
 
-use crate::domain::{Agg, BucketUpdate, MetricName, SensorId};
+use crate::batcher::Sink;
+use crate::domain::{BucketRead, MetricName, SensorId, Starts, Values};
 
 pub use mongo::MongoStore;
+pub use settings::BucketSettings;
 
 /// The current bucket document layout; every bucket written carries it.
 pub const SCHEMA_VERSION: i32 = 1;
@@ -29,41 +32,6 @@ pub enum StoreError {
     Unreadable(String),
 }
 
-/// What became of one bucket update of a write.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Outcome {
-    /// Applied (with the write concern of the URI).
-    Stored,
-    /// Not applied because of an outage; sending it again will succeed later.
-    Outage(String),
-    /// Can never be applied: its readings belong in the dead-letter collection.
-    Poison(String),
-}
-
-/// The result of a write: one outcome per update, in order, and its cost.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Written {
-    pub outcomes: Vec<Outcome>,
-    /// Commands sent to the server (chunks, splits and upsert-race retries).
-    pub round_trips: usize,
-}
-
-/// Readings that can never be stored in their bucket, and why.
-#[derive(Debug, Clone, Copy)]
-pub struct DeadLetter<'a> {
-    pub update: &'a BucketUpdate,
-    pub reason: &'a str,
-}
-
-/// Which buckets of one series to read.
-#[derive(Debug, Clone)]
-pub enum Starts {
-    /// Bucket starts (epoch seconds) in `[from, to)`.
-    Range(i64, i64),
-    /// These bucket starts.
-    Only(Vec<i64>),
-}
-
 /// What to read of each bucket.
 #[derive(Debug, Clone)]
 pub struct Fetch<'a> {
@@ -76,38 +44,8 @@ pub struct Fetch<'a> {
     pub values: Values,
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub enum Values {
-    None,
-    All,
-    Minutes(Vec<u16>),
-}
-
-/// One bucket as read back: its aggregates and whatever parts were asked for.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct BucketRead {
-    /// Epoch seconds.
-    pub start: i64,
-    pub agg: Agg,
-    /// `(minute, aggregates)` for hour buckets when asked for.
-    pub minutes: Vec<(u16, Agg)>,
-    /// `(offset in seconds from start, value)` when asked for.
-    pub values: Vec<(u16, f64)>,
-}
-
-/// Where buckets live. Implementations must make [`BucketStore::write`]
-/// idempotent: applying the same update twice leaves the bucket as once.
-pub trait BucketStore: Send + Sync + 'static {
-    /// Applies one update per bucket, in as few round trips as the server's
-    /// limits allow, and says what became of each.
-    fn write(&self, updates: &[&BucketUpdate]) -> impl Future<Output = Written> + Send;
-
-    /// Keeps readings that can never be stored where an operator finds them.
-    fn dead_letter(
-        &self,
-        letters: &[DeadLetter<'_>],
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
-
+/// Where buckets live: the batcher's [`Sink`] plus the reads queries need.
+pub trait BucketStore: Sink {
     /// Reads buckets of one series, sorted by start.
     fn fetch(
         &self,

@@ -1,5 +1,5 @@
-use hourglass::auth::{Scope, TokenSettings, hash_token};
-use hourglass::config::Settings;
+use hourglass::Settings;
+use hourglass::{Scope, TokenSettings, hash_token};
 use serde_json::json;
 
 use crate::helpers::*;
@@ -146,7 +146,7 @@ async fn a_device_token_writes_and_reads_only_its_own_sensors() {
         body["error"].as_str().expect("error").contains("truck-18"),
         "{body}"
     );
-    let stored = all_values(&app.buckets().await, hourglass::domain::Granularity::Minute);
+    let stored = all_values(&app.buckets().await, hourglass::Granularity::Minute);
     assert_eq!(stored.len(), 2, "nothing of the refused request is stored");
     let range = format!("from={}&to={}", rfc3339(t), rfc3339(t + 60));
     assert_eq!(

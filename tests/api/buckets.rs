@@ -1,7 +1,7 @@
 use std::collections::BTreeMap;
 
 use futures_util::TryStreamExt;
-use hourglass::domain::Granularity;
+use hourglass::Granularity;
 use mongodb::bson::{Document, doc};
 use proptest::prelude::*;
 use serde_json::{Value, json};

@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use hourglass::config::Settings;
+use hourglass::Settings;
 use secrecy::ExposeSecret;
 use serde_json::Value as Json;
 use serde_norway::Value as Yaml;
@@ -134,7 +134,7 @@ fn the_hourglass_service_agrees_with_its_configuration() {
                 .is_some_and(|s| s.contains(&format!("listener {mq_port} ")))),
         "the broker listens on the port hourglass dials"
     );
-    assert_eq!(settings.log.format, hourglass::config::LogFormat::Json);
+    assert_eq!(settings.log.format, hourglass::LogFormat::Json);
     // Prometheus scrapes that address.
     let prom = yaml("config/prometheus.yml");
     let targets: Vec<&str> = prom["scrape_configs"][0]["static_configs"][0]["targets"]

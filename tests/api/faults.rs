@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hourglass::domain::Granularity;
+use hourglass::Granularity;
 use serde_json::Value;
 
 use crate::broker::{Broker, Publisher};

@@ -3,9 +3,9 @@ use std::sync::Once;
 use std::time::Duration;
 
 use futures_util::TryStreamExt;
-use hourglass::config::Settings;
-use hourglass::domain::Granularity;
-use hourglass::startup::Application;
+use hourglass::Application;
+use hourglass::Granularity;
+use hourglass::Settings;
 use mongodb::bson::{Bson, Document, doc};
 use secrecy::SecretString;
 use serde_json::Value;
@@ -48,7 +48,7 @@ pub struct TestApp {
     pub client: reqwest::Client,
     pub db: mongodb::Database,
     pub settings: Settings,
-    pub mqtt: Option<std::sync::Arc<hourglass::ingest::mqtt::MqttStats>>,
+    pub mqtt: Option<std::sync::Arc<hourglass::MqttStats>>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<anyhow::Result<()>>>,
 }

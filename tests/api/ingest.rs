@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use hourglass::domain::Granularity;
+use hourglass::Granularity;
 use mongodb::bson::{DateTime, doc};
 use serde_json::{Value, json};
 

@@ -2,8 +2,8 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use hourglass::config::Settings;
-use hourglass::domain::Granularity;
+use hourglass::Granularity;
+use hourglass::Settings;
 use serde_json::{Value, json};
 
 use crate::broker::{Broker, Publisher};

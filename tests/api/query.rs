@@ -1,6 +1,6 @@
 use std::collections::BTreeMap;
 
-use hourglass::domain::Granularity;
+use hourglass::Granularity;
 use serde_json::{Value, json};
 
 use crate::helpers::*;

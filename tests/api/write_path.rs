@@ -8,7 +8,7 @@ use std::io::Write;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use hourglass::domain::Granularity;
+use hourglass::Granularity;
 use mongodb::bson::{Bson, DateTime, Document, doc};
 use serde_json::{Value, json};
 

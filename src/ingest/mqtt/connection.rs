@@ -15,9 +15,8 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
-use super::{MqttError, Shared, topics::subscription};
+use super::{MqttError, Settings, Shared, topics::subscription};
 use crate::batcher::driver::retry_policy;
-use crate::config::MqttSettings;
 
 /// Requests rumqttc may queue from the client handles (acks, subscribes).
 pub(super) const REQUEST_CAPACITY: usize = 4096;
@@ -36,7 +35,7 @@ fn read(what: &'static str, path: &std::path::Path) -> Result<Vec<u8>, MqttError
 
 /// The client options for `settings`: persistent session, manual acks, TLS
 /// and credentials as configured.
-pub fn mqtt_options(settings: &MqttSettings) -> Result<MqttOptions, MqttError> {
+pub fn mqtt_options(settings: &Settings) -> Result<MqttOptions, MqttError> {
     let (host, port) = settings.host_port()?;
     let mut options = MqttOptions::new(settings.client_id.clone(), host, port);
     options
@@ -198,9 +197,9 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let ca = dir.path().join("ca.pem");
         std::fs::write(&ca, b"ca-bytes").expect("write");
-        let mut s = MqttSettings {
+        let mut s = Settings {
             url: "mqtt://broker:1883".into(),
-            ..MqttSettings::default()
+            ..Settings::default()
         };
         let o = mqtt_options(&s).expect("options");
         assert!(!o.clean_session() && o.manual_acks());

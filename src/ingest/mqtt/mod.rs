@@ -15,6 +15,7 @@
 mod acks;
 mod connection;
 mod processor;
+mod settings;
 mod topics;
 
 use std::sync::Arc;
@@ -25,10 +26,11 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+pub use settings::Settings;
 pub use topics::parse_topic;
 
 use crate::batcher::driver::BatcherHandle;
-use crate::config::{ConfigError, IngestSettings, MqttSettings};
+use crate::settings::Invalid;
 use crate::shutdown::Shutdown;
 use crate::telemetry::metrics::{Metrics, Rejection};
 
@@ -38,8 +40,8 @@ const PUBLISH_QUEUE: usize = 16_384;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MqttError {
-    #[error(transparent)]
-    Config(#[from] ConfigError),
+    #[error("invalid configuration: {0}")]
+    Config(#[from] Invalid),
     #[error("reading {what} {path}: {source}")]
     File {
         what: &'static str,
@@ -79,8 +81,8 @@ impl Unusable {
 }
 
 struct Shared {
-    settings: MqttSettings,
-    ingest: IngestSettings,
+    settings: Settings,
+    ingest: crate::ingest::Settings,
     batcher: BatcherHandle,
     client: AsyncClient,
     stats: Arc<MqttStats>,
@@ -102,8 +104,8 @@ impl MqttIngest {
     /// Connects (in the background: the event loop dials and redials) and
     /// starts consuming until `shutdown`.
     pub fn start(
-        settings: &MqttSettings,
-        ingest: &IngestSettings,
+        settings: &Settings,
+        ingest: &crate::ingest::Settings,
         batcher: BatcherHandle,
         stats: Arc<MqttStats>,
         metrics: Arc<Metrics>,

@@ -18,8 +18,7 @@ use super::topics::parse_topic;
 use super::{Shared, Unusable};
 use crate::batcher::FlushResult;
 use crate::batcher::driver::SubmitError;
-use crate::domain::TimeWindow;
-use crate::ingest::decode::{DecodeContext, DecodeError, decode_payload};
+use crate::ingest::decode::{DecodeError, decode_payload};
 use crate::telemetry::metrics::Source;
 
 /// How long the processor waits before offering to a full batcher again.
@@ -143,14 +142,9 @@ async fn submit(
         )));
     }
     let implied = parse_topic(&settings.topic_prefix, &publish.topic).map_err(Submit::Unusable)?;
-    let ctx = DecodeContext {
-        now: OffsetDateTime::now_utc().unix_timestamp(),
-        window: TimeWindow {
-            max_age: shared.ingest.max_age,
-            max_future: shared.ingest.max_future,
-        },
-        max_readings: shared.ingest.max_readings_per_request,
-    };
+    let ctx = shared
+        .ingest
+        .decode_context(OffsetDateTime::now_utc().unix_timestamp());
     loop {
         let readings = decode_payload(&publish.payload, implied, &ctx).map_err(|e| {
             let (kind, readings) = e.rejection();

@@ -9,11 +9,11 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use tracing::warn;
 
-use super::decode::{DecodeContext, DecodeError, Detail, decode_readings};
-use crate::api::{ApiError, AppState};
+use super::{ApiError, AppState};
 use crate::auth::Principal;
 use crate::batcher::driver::{NotStored, SubmitError};
-use crate::domain::{BucketKey, Granularity, TimeWindow};
+use crate::domain::{BucketKey, Granularity};
+use crate::ingest::decode::{DecodeContext, DecodeError, Detail, decode_readings};
 use crate::store::BucketStore;
 use crate::telemetry::metrics::{Rejection, Source};
 
@@ -96,15 +96,10 @@ pub async fn post_readings<S: BucketStore>(
             ApiError::new(status, e.body_text())
         }
     })?;
-    let ingest = &state.settings.ingest;
-    let ctx = DecodeContext {
-        now: OffsetDateTime::now_utc().unix_timestamp(),
-        window: TimeWindow {
-            max_age: ingest.max_age,
-            max_future: ingest.max_future,
-        },
-        max_readings: ingest.max_readings_per_request,
-    };
+    let ctx = state
+        .settings
+        .ingest
+        .decode_context(OffsetDateTime::now_utc().unix_timestamp());
     let readings = decode_readings(&body, &ctx).inspect_err(|e| {
         let (reason, n) = e.rejection();
         metrics.rejected(Source::Http, reason, n);
@@ -140,7 +135,7 @@ pub async fn post_readings<S: BucketStore>(
             &body,
             &ctx,
             &buckets,
-            state.settings.buckets.granularity,
+            state.settings.granularity,
         )),
         Ok(Ok(Err(NotStored::Shutdown))) | Ok(Err(_)) => Err(ApiError::unavailable(
             "the service stopped before the readings were stored; retry",

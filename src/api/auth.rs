@@ -1,0 +1,53 @@
+//! The HTTP side of [`crate::auth`]: a middleware that authenticates every
+//! request of a route for its scope, and the answers for refusals.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::ApiError;
+use crate::auth::{AuthError, Authenticator, Scope};
+
+/// Middleware state: the authenticator and the scope a route needs.
+#[derive(Clone)]
+pub struct Require {
+    pub auth: Arc<Authenticator>,
+    pub scope: Scope,
+}
+
+impl From<AuthError> for ApiError {
+    fn from(e: AuthError) -> Self {
+        let status = match e {
+            AuthError::NoToken => StatusCode::UNAUTHORIZED,
+            AuthError::Scope { .. } | AuthError::Sensor { .. } => StatusCode::FORBIDDEN,
+        };
+        ApiError::new(status, e.to_string())
+    }
+}
+
+/// 401 without a valid token, 403 without the route's scope; otherwise the
+/// request goes on with its [`crate::auth::Principal`] in the extensions.
+pub async fn authorize(State(require): State<Require>, mut req: Request, next: Next) -> Response {
+    match require
+        .auth
+        .authenticate(req.headers().get(header::AUTHORIZATION), require.scope)
+    {
+        Ok(principal) => {
+            req.extensions_mut().insert(principal);
+            next.run(req).await
+        }
+        Err(e) => {
+            let no_token = e == AuthError::NoToken;
+            let mut response = ApiError::from(e).into_response();
+            if no_token {
+                response
+                    .headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            response
+        }
+    }
+}

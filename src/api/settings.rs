@@ -1,0 +1,62 @@
+//! `[http]`: the listener and the limits of the API.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::settings::{Invalid, at_least_one, invalid, longer_than_zero};
+
+pub const DEFAULT_MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
+pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 256;
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    /// Address to listen on; port 0 picks a free one.
+    pub listen: SocketAddr,
+    pub max_body_bytes: usize,
+    /// How long a synchronous write waits for its flush before answering 503.
+    #[serde(with = "humantime_serde")]
+    pub write_timeout: Duration,
+    /// API requests served at once; more get 503 straight away.
+    pub max_concurrent_requests: usize,
+    /// Longest an API request may take in all, body upload included (503 after).
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            // 127.0.0.1:8080: local only until configured otherwise.
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            write_timeout: DEFAULT_WRITE_TIMEOUT,
+            max_concurrent_requests: DEFAULT_MAX_CONCURRENT_REQUESTS,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+        }
+    }
+}
+
+impl Settings {
+    pub fn validate(&self) -> Result<(), Invalid> {
+        at_least_one(&[
+            ("http.max_body_bytes", self.max_body_bytes),
+            ("http.max_concurrent_requests", self.max_concurrent_requests),
+        ])?;
+        longer_than_zero(&[
+            ("http.write_timeout", self.write_timeout),
+            ("http.request_timeout", self.request_timeout),
+        ])?;
+        if self.request_timeout <= self.write_timeout {
+            return Err(invalid(
+                "http.request_timeout",
+                "must be longer than http.write_timeout, or synchronous writes could never answer",
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,210 @@
+//! `[mqtt]`: the broker, the session, the topics.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use secrecy::SecretString;
+use serde::{Deserialize, Serialize};
+
+use crate::settings::{Invalid, check_file, invalid, serialize_opt_secret};
+
+pub const DEFAULT_CLIENT_ID: &str = "hourglass";
+pub const DEFAULT_TOPIC_PREFIX: &str = "sensors";
+pub const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(30);
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
+pub const DEFAULT_MAX_UNACKED: usize = 1000;
+pub const DEFAULT_RECONNECT_MIN: Duration = Duration::from_millis(100);
+pub const DEFAULT_RECONNECT_MAX: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    pub enabled: bool,
+    /// `mqtt://host:port`, or `mqtts://host:port` for TLS; empty means not configured.
+    pub url: String,
+    pub username: Option<String>,
+    /// Never printed.
+    #[serde(serialize_with = "serialize_opt_secret")]
+    pub password: Option<SecretString>,
+    pub tls: TlsSettings,
+    /// Stable across restarts: the broker keeps this client's session.
+    pub client_id: String,
+    pub topic_prefix: String,
+    /// Subscribe through `$share/{group}/…` so instances split one stream.
+    pub shared_group: Option<String>,
+    /// Unusable messages are republished here with the reason, when set.
+    pub dead_letter_topic: Option<String>,
+    /// Ingest retained messages too. Off: a retained message is a reading
+    /// already delivered once, and would be stored again at every subscribe.
+    pub ingest_retained: bool,
+    #[serde(with = "humantime_serde")]
+    pub keep_alive: Duration,
+    pub max_payload_bytes: usize,
+    /// The broker's in-flight window for this client (Mosquitto's
+    /// `max_inflight_messages`): with half of it waiting, flush at once.
+    pub max_unacked: usize,
+    #[serde(with = "humantime_serde")]
+    pub reconnect_min: Duration,
+    #[serde(with = "humantime_serde")]
+    pub reconnect_max: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            url: String::new(),
+            username: None,
+            password: None,
+            tls: TlsSettings::default(),
+            client_id: DEFAULT_CLIENT_ID.to_owned(),
+            topic_prefix: DEFAULT_TOPIC_PREFIX.to_owned(),
+            shared_group: None,
+            dead_letter_topic: None,
+            ingest_retained: false,
+            keep_alive: DEFAULT_KEEP_ALIVE,
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            max_unacked: DEFAULT_MAX_UNACKED,
+            reconnect_min: DEFAULT_RECONNECT_MIN,
+            reconnect_max: DEFAULT_RECONNECT_MAX,
+        }
+    }
+}
+
+/// TLS to the MQTT broker, used with an `mqtts://` URL.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsSettings {
+    /// PEM file of the certificate authorities to trust (required for mqtts://).
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate and key, for mutual TLS (both or neither).
+    pub client_cert_file: Option<PathBuf>,
+    pub client_key_file: Option<PathBuf>,
+}
+
+impl Settings {
+    /// Whether `url` asks for TLS (`mqtts://`).
+    pub fn uses_tls(&self) -> bool {
+        self.url.starts_with("mqtts://")
+    }
+
+    /// `(host, port)` of `url`.
+    pub fn host_port(&self) -> Result<(String, u16), Invalid> {
+        let url = url::Url::parse(&self.url)
+            .map_err(|e| invalid("mqtt.url", format!("{:?} is not a URL: {e}", self.url)))?;
+        if !matches!(url.scheme(), "mqtt" | "mqtts") {
+            return Err(invalid(
+                "mqtt.url",
+                "must look like mqtt://host:port or mqtts://host:port",
+            ));
+        }
+        let host = url
+            .host_str()
+            .filter(|h| !h.is_empty())
+            .ok_or_else(|| invalid("mqtt.url", "must name a host"))?;
+        let port = url
+            .port()
+            .ok_or_else(|| invalid("mqtt.url", "must name a port: mqtt://host:port"))?;
+        Ok((host.trim_matches(['[', ']']).to_owned(), port))
+    }
+
+    pub fn validate(&self) -> Result<(), Invalid> {
+        if !self.enabled {
+            return Ok(());
+        }
+        if self.url.is_empty() {
+            return Err(invalid(
+                "mqtt.url",
+                "is not set: set it, or mqtt.enabled = false (`make run` starts a local broker and sets it for you)",
+            ));
+        }
+        self.host_port()?;
+        if self.uses_tls() && self.tls.ca_file.is_none() {
+            return Err(invalid(
+                "mqtt.tls.ca_file",
+                "is required for an mqtts:// URL",
+            ));
+        }
+        check_file("mqtt.tls.ca_file", self.tls.ca_file.as_ref())?;
+        check_file(
+            "mqtt.tls.client_cert_file",
+            self.tls.client_cert_file.as_ref(),
+        )?;
+        check_file(
+            "mqtt.tls.client_key_file",
+            self.tls.client_key_file.as_ref(),
+        )?;
+        if self.tls.client_cert_file.is_some() != self.tls.client_key_file.is_some() {
+            return Err(invalid(
+                "mqtt.tls.client_key_file",
+                "and mqtt.tls.client_cert_file go together",
+            ));
+        }
+        if self.password.is_some() && self.username.is_none() {
+            return Err(invalid("mqtt.password", "needs mqtt.username"));
+        }
+        let topic_ok = |t: &str| {
+            !t.is_empty()
+                && !t.starts_with('$')
+                && !t.contains(['+', '#', '\0'])
+                && !t.ends_with('/')
+        };
+        if !topic_ok(&self.topic_prefix) {
+            return Err(invalid(
+                "mqtt.topic_prefix",
+                "must be a topic without wildcards, $ or a trailing /",
+            ));
+        }
+        if self
+            .dead_letter_topic
+            .as_deref()
+            .is_some_and(|t| !topic_ok(t))
+        {
+            return Err(invalid(
+                "mqtt.dead_letter_topic",
+                "must be a topic without wildcards, $ or a trailing /",
+            ));
+        }
+        // The subscription is {prefix}/#, which also matches {prefix} itself.
+        if let Some(topic) = self.dead_letter_topic.as_deref()
+            && (topic == self.topic_prefix || topic.starts_with(&format!("{}/", self.topic_prefix)))
+        {
+            return Err(invalid(
+                "mqtt.dead_letter_topic",
+                format!(
+                    "{topic:?} lies under mqtt.topic_prefix ({:?}): dead letters would be consumed again, for ever",
+                    self.topic_prefix
+                ),
+            ));
+        }
+        if self
+            .shared_group
+            .as_deref()
+            .is_some_and(|g| g.is_empty() || g.contains(['/', '+', '#']))
+        {
+            return Err(invalid(
+                "mqtt.shared_group",
+                "must be a non-empty name without / + #",
+            ));
+        }
+        if self.client_id.is_empty() || self.client_id.len() > 128 {
+            return Err(invalid("mqtt.client_id", "must be 1 to 128 characters"));
+        }
+        if self.max_payload_bytes == 0 || self.max_unacked == 0 {
+            return Err(invalid(
+                "mqtt.max_payload_bytes / mqtt.max_unacked",
+                "must be at least 1",
+            ));
+        }
+        if self.reconnect_min.is_zero() || self.reconnect_min > self.reconnect_max {
+            return Err(invalid(
+                "mqtt.reconnect_min",
+                "must be above zero and at most mqtt.reconnect_max",
+            ));
+        }
+        if self.keep_alive < Duration::from_secs(1) {
+            return Err(invalid("mqtt.keep_alive", "must be at least 1s"));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,137 @@
+//! `[mongodb]`: the server, the collections, TLS.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use mongodb::options::{Tls, TlsOptions};
+use secrecy::{ExposeSecret, SecretString};
+use serde::{Deserialize, Serialize};
+
+use crate::settings::{Invalid, check_file, invalid, serialize_secret};
+
+pub const DEFAULT_DATABASE: &str = "hourglass";
+pub const DEFAULT_COLLECTION: &str = "buckets";
+pub const DEFAULT_DEAD_LETTER_COLLECTION: &str = "rejected";
+pub const DEFAULT_SERVER_SELECTION_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    /// May hold credentials: never printed.
+    #[serde(serialize_with = "serialize_secret")]
+    pub uri: SecretString,
+    pub database: String,
+    pub collection: String,
+    /// Readings storage can never apply (a bucket of the wrong shape) go here.
+    pub dead_letter_collection: String,
+    #[serde(with = "humantime_serde")]
+    pub server_selection_timeout: Duration,
+    pub tls: TlsSettings,
+}
+
+/// TLS to MongoDB (the URI's `tls=true&tlsCAFile=…` options work too).
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsSettings {
+    pub enabled: bool,
+    /// PEM file of the certificate authorities to trust; system roots if unset.
+    pub ca_file: Option<PathBuf>,
+    /// PEM file holding the client certificate and its key, for mutual TLS.
+    pub cert_key_file: Option<PathBuf>,
+    /// Never in production: accepts any server certificate.
+    pub allow_invalid_certificates: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            uri: SecretString::from(""),
+            database: DEFAULT_DATABASE.to_owned(),
+            collection: DEFAULT_COLLECTION.to_owned(),
+            dead_letter_collection: DEFAULT_DEAD_LETTER_COLLECTION.to_owned(),
+            server_selection_timeout: DEFAULT_SERVER_SELECTION_TIMEOUT,
+            tls: TlsSettings::default(),
+        }
+    }
+}
+
+impl Settings {
+    pub fn validate(&self) -> Result<(), Invalid> {
+        let uri = self.uri.expose_secret();
+        if uri.trim().is_empty() {
+            return Err(invalid(
+                "mongodb.uri",
+                "is not set: set it in the config file or HOURGLASS__MONGODB__URI (`make run` starts a local server and sets it for you)",
+            ));
+        }
+        if !uri.starts_with("mongodb://") && !uri.starts_with("mongodb+srv://") {
+            return Err(invalid(
+                "mongodb.uri",
+                "must start with mongodb:// or mongodb+srv://",
+            ));
+        }
+        for (key, name) in [
+            ("mongodb.database", &self.database),
+            ("mongodb.collection", &self.collection),
+            (
+                "mongodb.dead_letter_collection",
+                &self.dead_letter_collection,
+            ),
+        ] {
+            if name.is_empty() || name.contains(['$', '.', '\0', '/', ' ']) {
+                return Err(invalid(key, "must be non-empty without $ . / space or NUL"));
+            }
+        }
+        if self.dead_letter_collection == self.collection {
+            return Err(invalid(
+                "mongodb.dead_letter_collection",
+                "must differ from mongodb.collection",
+            ));
+        }
+        if self.tls.enabled {
+            check_file("mongodb.tls.ca_file", self.tls.ca_file.as_ref())?;
+            check_file("mongodb.tls.cert_key_file", self.tls.cert_key_file.as_ref())?;
+        }
+        Ok(())
+    }
+}
+
+/// The driver's TLS options for `mongodb.tls`, when it is enabled.
+pub fn tls_options(settings: &TlsSettings) -> Option<Tls> {
+    settings.enabled.then(|| {
+        Tls::Enabled(
+            TlsOptions::builder()
+                .ca_file_path(settings.ca_file.clone())
+                .cert_key_file_path(settings.cert_key_file.clone())
+                .allow_invalid_certificates(settings.allow_invalid_certificates.then_some(true))
+                .build(),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tls_settings_become_driver_options() {
+        assert!(
+            tls_options(&TlsSettings::default()).is_none(),
+            "off by default"
+        );
+        let settings = TlsSettings {
+            enabled: true,
+            ca_file: Some(PathBuf::from("/etc/ca.pem")),
+            cert_key_file: Some(PathBuf::from("/etc/client.pem")),
+            allow_invalid_certificates: false,
+        };
+        match tls_options(&settings) {
+            Some(Tls::Enabled(o)) => {
+                assert_eq!(o.ca_file_path, settings.ca_file);
+                assert_eq!(o.cert_key_file_path, settings.cert_key_file);
+                assert_eq!(o.allow_invalid_certificates, None);
+            }
+            other => panic!("expected TLS, got {other:?}"),
+        }
+    }
+}
