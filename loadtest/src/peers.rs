@@ -11,7 +11,7 @@ use futures_util::StreamExt;
 use crate::backfill;
 use crate::ctx::Ctx;
 use crate::dataset::{Dataset, Row, rfc3339};
-use crate::procs::{Proc, dir_bytes, free_port, peak_rss_mib, wait_http};
+use crate::procs::{Proc, dir_bytes, http_url, peak_rss_mib};
 use crate::report::{Plot, Report, Section, f};
 
 const RUNS: usize = 5;
@@ -27,34 +27,33 @@ fn which(bin: &str) -> anyhow::Result<String> {
 }
 
 async fn start_victoria() -> anyhow::Result<Proc> {
-    let port = free_port()?;
     let dir = tempfile::tempdir()?;
     let child = Command::new(which("victoria-metrics")?)
         .arg(format!(
             "-storageDataPath={}",
             dir.path().join("data").display()
         ))
-        .arg(format!("-httpListenAddr=127.0.0.1:{port}"))
+        .arg("-httpListenAddr=127.0.0.1:0")
         .arg("-retentionPeriod=100y")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()?;
-    let proc = Proc {
-        pid: child.id(),
+    let pid = child.id();
+    let mut proc = Proc {
+        pid,
         child,
-        url: format!("http://127.0.0.1:{port}"),
+        url: String::new(),
         dir: Some(dir),
     };
-    wait_http(&format!("{}/health", proc.url), Duration::from_secs(60)).await?;
+    proc.url = http_url(pid, "/health", Duration::from_secs(60)).await?;
     Ok(proc)
 }
 
 async fn start_influx() -> anyhow::Result<Proc> {
-    let (http, rpc) = (free_port()?, free_port()?);
     let dir = tempfile::tempdir()?;
     let d = dir.path().display();
     let config = format!(
-        "reporting-disabled = true\nbind-address = \"127.0.0.1:{rpc}\"\n[meta]\ndir = \"{d}/meta\"\n[data]\ndir = \"{d}/data\"\nwal-dir = \"{d}/wal\"\nquery-log-enabled = false\n[http]\nbind-address = \"127.0.0.1:{http}\"\nlog-enabled = false\n[monitor]\nstore-enabled = false\n"
+        "reporting-disabled = true\nbind-address = \"127.0.0.1:0\"\n[meta]\ndir = \"{d}/meta\"\n[data]\ndir = \"{d}/data\"\nwal-dir = \"{d}/wal\"\nquery-log-enabled = false\n[http]\nbind-address = \"127.0.0.1:0\"\nlog-enabled = false\n[monitor]\nstore-enabled = false\n"
     );
     std::fs::write(dir.path().join("influxdb.conf"), config)?;
     let child = Command::new(which("influxd")?)
@@ -63,13 +62,15 @@ async fn start_influx() -> anyhow::Result<Proc> {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()?;
-    let proc = Proc {
-        pid: child.id(),
+    let pid = child.id();
+    let mut proc = Proc {
+        pid,
         child,
-        url: format!("http://127.0.0.1:{http}"),
+        url: String::new(),
         dir: Some(dir),
     };
-    wait_http(&format!("{}/ping", proc.url), Duration::from_secs(60)).await?;
+    // Two listeners on port 0 (HTTP and RPC): the one that answers /ping.
+    proc.url = http_url(pid, "/ping", Duration::from_secs(60)).await?;
     let r = reqwest::Client::new()
         .post(format!("{}/query?q=CREATE%20DATABASE%20hg", proc.url))
         .send()

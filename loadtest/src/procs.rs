@@ -1,5 +1,6 @@
-//! Processes under test: spawning them on free ports, and what /proc says
-//! about their CPU, memory and disk.
+//! Processes under test: spawning them on port 0 (the bound port read back
+//! from /proc, never bind-then-close), and what /proc says about their CPU,
+//! memory and disk.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -7,36 +8,77 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use procfs::process::{FDTarget, Process};
 
-pub fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+fn process(pid: u32) -> Option<Process> {
+    Process::new(i32::try_from(pid).ok()?).ok()
 }
 
-/// User plus system CPU seconds of a process (Linux clock ticks are 1/100 s).
+/// User plus system CPU seconds of a process, at the kernel's tick rate.
 pub fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the parenthesised command name; utime and stime are 14 and 15.
-    let after = stat.rsplit_once(')').map(|(_, a)| a).unwrap_or_default();
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (ticks(11) + ticks(12)) / 100.0
+    process(pid).and_then(|p| p.stat().ok()).map_or(0.0, |s| {
+        (s.utime + s.stime) as f64 / procfs::ticks_per_second() as f64
+    })
 }
 
 /// Peak resident memory (VmHWM) in MiB.
 pub fn peak_rss_mib(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(0.0, |kib| kib / 1024.0)
+    process(pid)
+        .and_then(|p| p.status().ok())
+        .and_then(|s| s.vmhwm)
+        .map_or(0.0, |kib| kib as f64 / 1024.0)
+}
+
+/// The TCP ports `pid` listens on, from its socket inodes and /proc/net/tcp.
+pub fn listening_ports(pid: u32) -> Vec<u16> {
+    let Some(proc) = process(pid) else {
+        return Vec::new();
+    };
+    let inodes: std::collections::HashSet<u64> = proc
+        .fd()
+        .map(|fds| {
+            fds.flatten()
+                .filter_map(|fd| match fd.target {
+                    FDTarget::Socket(inode) => Some(inode),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let tables = [procfs::net::tcp(), procfs::net::tcp6()];
+    let mut ports: Vec<u16> = tables
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.state == procfs::net::TcpState::Listen && inodes.contains(&e.inode))
+        .map(|e| e.local_address.port())
+        .collect();
+    ports.sort_unstable();
+    ports.dedup();
+    ports
+}
+
+/// The base URL of the HTTP server `pid` started on port 0: the listening
+/// port that answers `probe` with success.
+pub async fn http_url(pid: u32, probe: &str, limit: Duration) -> anyhow::Result<String> {
+    let client = reqwest::Client::new();
+    let start = Instant::now();
+    loop {
+        for port in listening_ports(pid) {
+            let url = format!("http://127.0.0.1:{port}");
+            if let Ok(r) = client.get(format!("{url}{probe}")).send().await
+                && r.status().is_success()
+            {
+                return Ok(url);
+            }
+        }
+        if start.elapsed() > limit {
+            bail!("process {pid} did not answer {probe} on any port within {limit:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 pub fn dir_bytes(path: &Path) -> u64 {
@@ -71,10 +113,9 @@ impl Proc {
     }
 
     fn terminate(&mut self) -> std::process::ExitStatus {
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.pid.to_string())
-            .status();
+        if let Ok(pid) = i32::try_from(self.pid) {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+        }
         self.child
             .wait()
             .unwrap_or_else(|_| std::process::ExitStatus::default())
@@ -86,22 +127,6 @@ impl Drop for Proc {
         if let Ok(None) = self.child.try_wait() {
             self.terminate();
         }
-    }
-}
-
-pub async fn wait_http(url: &str, limit: Duration) -> anyhow::Result<()> {
-    let client = reqwest::Client::new();
-    let start = Instant::now();
-    loop {
-        if let Ok(r) = client.get(url).send().await
-            && r.status().is_success()
-        {
-            return Ok(());
-        }
-        if start.elapsed() > limit {
-            bail!("{url} did not answer within {limit:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -117,13 +142,12 @@ pub struct HourglassSpec {
 }
 
 pub async fn spawn_hourglass(spec: &HourglassSpec) -> anyhow::Result<Proc> {
-    let port = free_port()?;
     let dir = tempfile::tempdir()?;
     let log = std::fs::File::create(dir.path().join("hourglass.log"))?;
     let mut cmd = Command::new(&spec.bin);
     cmd.env("HOURGLASS__MONGODB__URI", &spec.mongodb_uri)
         .env("HOURGLASS__MONGODB__DATABASE", &spec.database)
-        .env("HOURGLASS__HTTP__LISTEN", format!("127.0.0.1:{port}"))
+        .env("HOURGLASS__HTTP__LISTEN", "127.0.0.1:0")
         .env("HOURGLASS__BUCKETS__GRANULARITY", spec.granularity)
         .env("HOURGLASS__LOG__FORMAT", "json")
         .env("HOURGLASS__LOG__LEVEL", "warn")
@@ -155,10 +179,10 @@ pub async fn spawn_hourglass(spec: &HourglassSpec) -> anyhow::Result<Proc> {
         )
     })?;
     let pid = child.id();
-    let proc = Proc {
+    let mut proc = Proc {
         child,
         pid,
-        url: format!("http://127.0.0.1:{port}"),
+        url: String::new(),
         dir: Some(dir),
     };
     let ready = if spec.mqtt_url.is_some() {
@@ -166,28 +190,37 @@ pub async fn spawn_hourglass(spec: &HourglassSpec) -> anyhow::Result<Proc> {
     } else {
         "/health/live"
     };
-    if let Err(e) = wait_http(&format!("{}{ready}", proc.url), Duration::from_secs(60)).await {
-        let log = std::fs::read_to_string(
-            proc.dir
-                .as_ref()
-                .map(|d| d.path().join("hourglass.log"))
-                .unwrap_or_default(),
-        )
-        .unwrap_or_default();
-        bail!("{e}; its log:\n{log}");
+    match http_url(pid, ready, Duration::from_secs(60)).await {
+        Ok(url) => proc.url = url,
+        Err(e) => {
+            let log = std::fs::read_to_string(
+                proc.dir
+                    .as_ref()
+                    .map(|d| d.path().join("hourglass.log"))
+                    .unwrap_or_default(),
+            )
+            .unwrap_or_default();
+            bail!("{e}; its log:\n{log}");
+        }
     }
     Ok(proc)
 }
 
-/// Hourglass' metrics, summed over labels: family name → value.
+/// Hourglass' metrics, summed over labels: family name → value (histograms
+/// count their observations).
 pub async fn scrape(url: &str) -> anyhow::Result<HashMap<String, f64>> {
     let text = reqwest::get(format!("{url}/metrics")).await?.text().await?;
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))?;
     let mut out: HashMap<String, f64> = HashMap::new();
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        if let Some((series, value)) = line.rsplit_once(' ') {
-            let name = series.split('{').next().unwrap_or(series).to_owned();
-            *out.entry(name).or_default() += value.parse::<f64>().unwrap_or(0.0);
-        }
+    for sample in scrape.samples {
+        let value = match sample.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            prometheus_parse::Value::Histogram(buckets) => buckets.last().map_or(0.0, |b| b.count),
+            prometheus_parse::Value::Summary(_) => continue,
+        };
+        *out.entry(sample.metric).or_default() += value;
     }
     Ok(out)
 }

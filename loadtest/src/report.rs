@@ -258,14 +258,24 @@ fn draw(dir: &Path, plot: &Plot) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `(p50, p99, max)` of latencies in milliseconds.
-pub fn percentiles(mut v: Vec<f64>) -> (f64, f64, f64) {
-    if v.is_empty() {
+/// `(p50, p99, max)` of latencies in milliseconds, through an HDR histogram
+/// at microsecond resolution (3 significant digits).
+pub fn percentiles(v: Vec<f64>) -> (f64, f64, f64) {
+    let Ok(mut h) = hdrhistogram::Histogram::<u64>::new(3) else {
+        return (0.0, 0.0, 0.0);
+    };
+    for ms in v {
+        let _ = h.record((ms * 1000.0).max(0.0) as u64);
+    }
+    if h.is_empty() {
         return (0.0, 0.0, 0.0);
     }
-    v.sort_by(f64::total_cmp);
-    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
-    (at(0.5), at(0.99), v[v.len() - 1])
+    let ms = |us: u64| us as f64 / 1000.0;
+    (
+        ms(h.value_at_quantile(0.5)),
+        ms(h.value_at_quantile(0.99)),
+        ms(h.max()),
+    )
 }
 
 pub fn f(x: f64) -> String {
