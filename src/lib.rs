@@ -68,7 +68,7 @@ pub mod pure {
     pub use crate::ingest::decode::{DecodeContext, decode_payload, decode_readings};
     pub use crate::ingest::mqtt::parse_topic;
     pub use crate::query::{Grid, Plan};
-    pub use crate::store::command::{Chunk, Commands, Limits};
+    pub use crate::store::command::{Chunk, Commands, Limits, Target};
     pub use crate::store::document::update_statement;
 }
 

@@ -9,7 +9,7 @@ use futures_util::{StreamExt, TryStreamExt};
 use hourglass::Granularity;
 use hourglass::pure::{
     Batch, Batcher, BatcherSettings, BucketUpdate, Chunk, Commands, Limits, MetricName, Reading,
-    SensorId, Settled,
+    SensorId, Settled, Target,
 };
 use mongodb::bson::{Bson, DateTime, Document, doc};
 use mongodb::{Database, IndexModel};
@@ -275,14 +275,13 @@ async fn direct_updates(ctx: &Ctx, data: &Dataset, batch: usize) -> anyhow::Resu
 /// not applied fails the run.
 async fn write_all(db: &Database, core: &mut Batcher<()>, batch: Batch) -> anyhow::Result<()> {
     let updates: Vec<&BucketUpdate> = batch.items.iter().map(|i| &i.update).collect();
-    let commands = Commands::new(
-        &updates,
-        0..updates.len(),
-        "buckets",
-        None,
-        Granularity::Minute,
-        Limits::default(),
-    );
+    let target = Target {
+        collection: "buckets",
+        write_concern: None,
+        granularity: Granularity::Minute,
+        limits: Limits::default(),
+    };
+    let commands = Commands::new(&updates, 0..updates.len(), target);
     for chunk in commands {
         let Chunk::Command(command) = chunk else {
             anyhow::bail!("a bucket update too large to send");

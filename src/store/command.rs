@@ -55,35 +55,32 @@ pub enum Chunk {
     Oversized { index: usize, bytes: usize },
 }
 
+/// Where and how the commands of a write go.
+#[derive(Debug, Clone, Copy)]
+pub struct Target<'a> {
+    pub collection: &'a str,
+    pub write_concern: Option<&'a RawDocument>,
+    pub granularity: Granularity,
+    pub limits: Limits,
+}
+
 /// Builds the commands for a write, one at a time, so a large batch never
 /// sits in memory as one buffer.
 pub struct Commands<'a, I: Iterator<Item = usize>> {
     updates: &'a [&'a BucketUpdate],
     indexes: I,
-    collection: &'a str,
-    write_concern: Option<&'a RawDocument>,
-    granularity: Granularity,
-    limits: Limits,
+    target: Target<'a>,
     /// A statement built for the previous command that did not fit there.
     carry: Option<(usize, RawDocumentBuf)>,
 }
 
 impl<'a, I: Iterator<Item = usize>> Commands<'a, I> {
-    pub fn new(
-        updates: &'a [&'a BucketUpdate],
-        indexes: I,
-        collection: &'a str,
-        write_concern: Option<&'a RawDocument>,
-        granularity: Granularity,
-        limits: Limits,
-    ) -> Self {
+    /// The commands for `updates[i]`, `i` from `indexes`, in that order.
+    pub fn new(updates: &'a [&'a BucketUpdate], indexes: I, target: Target<'a>) -> Self {
         Self {
             updates,
             indexes,
-            collection,
-            write_concern,
-            granularity,
-            limits,
+            target,
             carry: None,
         }
     }
@@ -95,11 +92,11 @@ impl<'a, I: Iterator<Item = usize>> Commands<'a, I> {
 
     fn envelope(&self, statements: RawArrayBuf) -> RawDocumentBuf {
         let mut body = rawdoc! {
-            "update": self.collection,
+            "update": self.target.collection,
             "updates": statements,
             "ordered": false,
         };
-        if let Some(wc) = self.write_concern {
+        if let Some(wc) = self.target.write_concern {
             body.append_ref("writeConcern", wc);
         }
         body
@@ -110,7 +107,10 @@ impl<'a, I: Iterator<Item = usize>> Commands<'a, I> {
             return Some(carried);
         }
         let i = self.indexes.next()?;
-        Some((i, update_statement(self.updates[i], self.granularity)))
+        Some((
+            i,
+            update_statement(self.updates[i], self.target.granularity),
+        ))
     }
 }
 
@@ -129,12 +129,12 @@ impl<I: Iterator<Item = usize>> Iterator for Commands<'_, I> {
     type Item = Chunk;
 
     fn next(&mut self) -> Option<Chunk> {
-        let budget = self.limits.command_budget();
+        let budget = self.target.limits.command_budget();
         let empty = self.envelope(RawArrayBuf::new()).as_bytes().len();
         let mut statements = RawArrayBuf::new();
         let mut bytes = empty;
         let mut indexes = Vec::new();
-        while indexes.len() < self.limits.max_write_batch_size {
+        while indexes.len() < self.target.limits.max_write_batch_size {
             let Some((i, statement)) = self.next_statement() else {
                 break;
             };
@@ -182,20 +182,28 @@ mod tests {
         }
     }
 
+    fn target(granularity: Granularity, limits: Limits) -> Target<'static> {
+        Target {
+            collection: "b",
+            write_concern: None,
+            granularity,
+            limits,
+        }
+    }
+
     /// Cuts `updates` and checks every command on its encoded bytes.
     fn cut(updates: &[BucketUpdate], limits: Limits) -> Vec<usize> {
         let refs: Vec<&BucketUpdate> = updates.iter().collect();
         let wc = rawdoc! { "w": "majority", "j": true };
         let mut seen = Vec::new();
         let mut sizes = Vec::new();
-        for chunk in Commands::new(
-            &refs,
-            0..refs.len(),
-            "buckets",
-            Some(&wc),
-            Granularity::Hour,
+        let target = Target {
+            collection: "buckets",
+            write_concern: Some(&wc),
+            granularity: Granularity::Hour,
             limits,
-        ) {
+        };
+        for chunk in Commands::new(&refs, 0..refs.len(), target) {
             let Chunk::Command(c) = chunk else {
                 panic!("nothing here is oversized: {chunk:?}")
             };
@@ -262,13 +270,12 @@ mod tests {
             ..Limits::default()
         };
         let refs: Vec<&BucketUpdate> = updates.iter().collect();
-        let counts: Vec<usize> =
-            Commands::new(&refs, 0..25, "b", None, Granularity::Minute, limits)
-                .map(|c| match c {
-                    Chunk::Command(c) => c.indexes.len(),
-                    Chunk::Oversized { .. } => 0,
-                })
-                .collect();
+        let counts: Vec<usize> = Commands::new(&refs, 0..25, target(Granularity::Minute, limits))
+            .map(|c| match c {
+                Chunk::Command(c) => c.indexes.len(),
+                Chunk::Oversized { .. } => 0,
+            })
+            .collect();
         assert_eq!(counts, vec![10, 10, 5]);
     }
 
@@ -285,7 +292,7 @@ mod tests {
             ..Limits::default()
         };
         let chunks: Vec<Chunk> =
-            Commands::new(&refs, 0..3, "b", None, Granularity::Hour, limits).collect();
+            Commands::new(&refs, 0..3, target(Granularity::Hour, limits)).collect();
         assert!(matches!(chunks[0], Chunk::Command(ref c) if c.indexes == vec![0]));
         assert!(matches!(chunks[1], Chunk::Oversized { index: 1, bytes } if bytes > 8 * 1024));
         assert!(matches!(chunks[2], Chunk::Command(ref c) if c.indexes == vec![2]));

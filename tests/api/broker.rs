@@ -166,17 +166,17 @@ impl Publisher {
     }
 
     pub async fn publish(&mut self, topic: &str, payload: impl Into<Vec<u8>>) {
-        self.client
-            .publish(topic, QoS::AtLeastOnce, false, payload.into())
-            .await
-            .expect("queue a publish");
-        self.sent += 1;
+        self.publish_with(topic, payload, false).await;
     }
 
     /// Publishes a retained message: the broker keeps it for later subscribers.
     pub async fn publish_retained(&mut self, topic: &str, payload: impl Into<Vec<u8>>) {
+        self.publish_with(topic, payload, true).await;
+    }
+
+    async fn publish_with(&mut self, topic: &str, payload: impl Into<Vec<u8>>, retain: bool) {
         self.client
-            .publish(topic, QoS::AtLeastOnce, true, payload.into())
+            .publish(topic, QoS::AtLeastOnce, retain, payload.into())
             .await
             .expect("queue a publish");
         self.sent += 1;

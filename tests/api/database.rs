@@ -32,6 +32,13 @@ impl Database {
         db
     }
 
+    /// Test settings with this server as storage.
+    pub fn settings(&self) -> hourglass::Settings {
+        let mut s = crate::helpers::test_settings();
+        s.mongodb.uri = self.uri().into();
+        s
+    }
+
     pub fn uri(&self) -> String {
         format!(
             "mongodb://127.0.0.1:{}/?directConnection=true&serverSelectionTimeoutMS=1000",

@@ -64,8 +64,7 @@ async fn stored_equals(app: &TestApp, model: &Model) {
 async fn a_storage_outage_during_http_and_mqtt_streams_loses_nothing_acknowledged() {
     let mut db = Database::start().await;
     let broker = Broker::start().await;
-    let mut settings = test_settings();
-    settings.mongodb.uri = db.uri().into();
+    let mut settings = db.settings();
     settings.mqtt.enabled = true;
     settings.mqtt.url = broker.url();
     settings.mqtt.client_id = format!("hg-{}", uuid::Uuid::new_v4().simple());

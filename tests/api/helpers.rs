@@ -129,11 +129,20 @@ impl TestApp {
 
     /// Every bucket document, sorted by (sensor, metric, start), without `_id`.
     pub async fn buckets(&self) -> Vec<Document> {
+        self.documents(
+            &self.settings.mongodb.collection,
+            doc! { "sensor": 1, "metric": 1, "start": 1 },
+        )
+        .await
+    }
+
+    /// Every document of `collection` in this app's database, without `_id`.
+    pub async fn documents(&self, collection: &str, sort: Document) -> Vec<Document> {
         self.db
-            .collection::<Document>(&self.settings.mongodb.collection)
+            .collection::<Document>(collection)
             .find(doc! {})
             .projection(doc! { "_id": 0 })
-            .sort(doc! { "sensor": 1, "metric": 1, "start": 1 })
+            .sort(sort)
             .await
             .expect("find")
             .try_collect()

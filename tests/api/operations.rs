@@ -190,8 +190,7 @@ async fn ready(app: &TestApp) -> (u16, Value) {
 #[tokio::test]
 async fn readiness_follows_the_storage_server_down_and_back() {
     let mut db = Database::start().await;
-    let mut settings = test_settings();
-    settings.mongodb.uri = db.uri().into();
+    let settings = db.settings();
     let app = spawn_app_with(settings).await;
     let (status, body) = ready(&app).await;
     assert_eq!(status, 200, "{body}");
@@ -283,8 +282,7 @@ async fn sigterm_stores_every_accepted_reading_and_exits_zero() {
 #[tokio::test]
 async fn shutdown_without_storage_logs_the_unstored_readings_and_exits_nonzero() {
     let mut db = Database::start().await;
-    let mut settings = test_settings();
-    settings.mongodb.uri = db.uri().into();
+    let settings = db.settings();
     let logs = tempfile::tempdir().expect("temp dir");
     let log = logs.path().join("hourglass.log");
     let extra = [

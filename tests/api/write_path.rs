@@ -64,15 +64,8 @@ async fn values_of(app: &TestApp, sensor: &str) -> BTreeMap<(String, String, i64
 }
 
 async fn dead_letters(app: &TestApp) -> Vec<Document> {
-    use futures_util::TryStreamExt;
-    app.db
-        .collection::<Document>(&app.settings.mongodb.dead_letter_collection)
-        .find(doc! {})
+    app.documents(&app.settings.mongodb.dead_letter_collection, doc! {})
         .await
-        .expect("find")
-        .try_collect()
-        .await
-        .expect("dead letters")
 }
 
 /// `(sensor, ts) → value` of every dead-lettered reading.
@@ -96,8 +89,7 @@ fn dead_readings(letters: &[Document]) -> BTreeMap<(String, i64), f64> {
 #[tokio::test]
 async fn outage_codes_during_synchronous_writes_end_with_everything_stored_once() {
     let db = Database::start().await;
-    let mut s = test_settings();
-    s.mongodb.uri = db.uri().into();
+    let mut s = db.settings();
     // After a "node is shutting down" the driver rediscovers the server
     // before it sends again; an outage is waited out, however long.
     s.http.write_timeout = Duration::from_secs(120);
@@ -211,8 +203,7 @@ async fn a_poison_bucket_dead_letters_its_readings_and_the_others_are_stored() {
 #[tokio::test]
 async fn a_command_refused_as_poison_is_split_until_the_statement_is_found() {
     let db = Database::start().await;
-    let mut s = test_settings();
-    s.mongodb.uri = db.uri().into();
+    let s = db.settings();
     let app = spawn_app_with(s).await;
     let t = base_time();
     // BadValue for every update while it is on: each statement ends up alone
@@ -326,8 +317,7 @@ async fn the_worst_case_hour_request_is_stored_in_commands_within_the_limits() {
 #[tokio::test]
 async fn liveness_and_metrics_answer_while_ingest_is_saturated_and_storage_is_down() {
     let mut db = Database::start().await;
-    let mut s = test_settings();
-    s.mongodb.uri = db.uri().into();
+    let mut s = db.settings();
     s.http.max_concurrent_requests = 2;
     s.http.write_timeout = Duration::from_secs(60);
     s.http.request_timeout = Duration::from_secs(61);

@@ -7,7 +7,7 @@ use mongodb::bson::{Bson, Document};
 use super::MongoStore;
 use crate::batcher::{Outcome, Written};
 use crate::domain::BucketUpdate;
-use crate::store::command::{Chunk, Commands};
+use crate::store::command::{Chunk, Commands, Target};
 use crate::store::errors::{self, Class, DUPLICATE_KEY};
 
 /// Times an upsert that lost a race to create its bucket is sent again.
@@ -58,14 +58,13 @@ impl MongoStore {
         // split in halves until the statement that causes it stands alone.
         let mut work = std::collections::VecDeque::from([group]);
         while let Some(group) = work.pop_front() {
-            let mut commands = Commands::new(
-                updates,
-                group.into_iter(),
-                self.buckets.name(),
-                self.write_concern.as_deref(),
-                self.granularity,
-                self.limits,
-            );
+            let target = Target {
+                collection: self.buckets.name(),
+                write_concern: self.write_concern.as_deref(),
+                granularity: self.granularity,
+                limits: self.limits,
+            };
+            let mut commands = Commands::new(updates, group.into_iter(), target);
             while let Some(chunk) = commands.next() {
                 let command = match chunk {
                     Chunk::Oversized { index, bytes } => {
