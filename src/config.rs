@@ -11,7 +11,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 use crate::settings::{Invalid, invalid};
-use crate::{api, auth, batcher, ingest, query, shutdown, store, telemetry};
+use crate::{api, auth, batcher, ingest, journal, query, shutdown, store, telemetry};
 
 pub const ENV_PREFIX: &str = "HOURGLASS__";
 
@@ -29,6 +29,7 @@ pub struct Settings {
     pub http: api::Settings,
     pub ingest: ingest::Settings,
     pub batcher: batcher::Settings,
+    pub journal: journal::Settings,
     pub buckets: store::BucketSettings,
     pub mongodb: store::mongo::Settings,
     pub query: query::Settings,
@@ -72,6 +73,7 @@ impl Settings {
         self.http.validate()?;
         self.ingest.validate()?;
         self.batcher.validate()?;
+        self.journal.validate()?;
         self.query.validate()?;
         self.shutdown.validate()?;
         let per_request = self.ingest.max_readings_per_request;

@@ -16,7 +16,12 @@
 //!   one deadline that every stage follows.
 //! - `domain`: readings, validated names, buckets, aggregates, read plans.
 //! - `batcher`: the pure core (`now` passed in) and its async driver, which
-//!   settles every bucket by its own outcome.
+//!   settles every bucket by its own outcome. It decides when a bucket is
+//!   written: with the open batch, or (journaled readings) once its window
+//!   has ended.
+//! - `journal`: the append-only, checksummed log on local disk that
+//!   acknowledgements wait for (group commit), replayed at start; `Intake`
+//!   is the ingestors' way in.
 //! - `store`: the bucket document format, commands cut to the server's
 //!   limits (`store::command`), errors classed as outage or poison
 //!   (`store::errors`), and the MongoDB store with its dead-letter collection.
@@ -38,6 +43,7 @@ mod batcher;
 mod config;
 mod domain;
 mod ingest;
+mod journal;
 mod query;
 mod settings;
 mod shutdown;
@@ -59,7 +65,7 @@ pub use telemetry::{LogFormat, init as init_logging};
 pub mod pure {
     pub use crate::api::query::{parse_instant, parse_step};
     pub use crate::batcher::{
-        Batch, Batcher, BatcherLimits, Item, Settings as BatcherSettings, Settled,
+        Batch, Batcher, BatcherLimits, Hold, Item, Settings as BatcherSettings, Settled,
     };
     pub use crate::domain::{
         BucketUpdate, METRIC_MAX_LEN, MetricName, Reading, SENSOR_MAX_LEN, SensorId, TimeWindow,
@@ -83,6 +89,7 @@ mod layering {
         "shutdown",
         "domain",
         "batcher",
+        "journal",
         "store",
         "query",
         "auth",

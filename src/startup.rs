@@ -1,6 +1,7 @@
-//! Wires the parts together: [`Application::build`] connects storage, binds the
-//! listener and starts nothing yet; [`Application::run_until_stopped`] serves
-//! until the shutdown future resolves, then drains.
+//! Wires the parts together: [`Application::build`] connects storage, opens
+//! the journal and replays what it holds, and binds the listener;
+//! [`Application::run_until_stopped`] serves until the shutdown future
+//! resolves, then drains.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -12,9 +13,10 @@ use tracing::{error, info, warn};
 
 use crate::api::{self, AppState};
 use crate::auth::Authenticator;
-use crate::batcher::driver::{self, BatcherHandle, Driver};
+use crate::batcher::driver::{self, BatcherHandle};
 use crate::config::Settings;
 use crate::ingest::mqtt::{MqttIngest, MqttStats};
+use crate::journal::{Intake, Journal, JournalTask};
 use crate::shutdown::Shutdown;
 use crate::store::MongoStore;
 use crate::telemetry::metrics::Metrics;
@@ -24,7 +26,8 @@ pub struct Application {
     address: SocketAddr,
     settings: Arc<Settings>,
     batcher: BatcherHandle,
-    driver: Driver<MongoStore>,
+    driver: tokio::task::JoinHandle<driver::Drained>,
+    journal: Option<(Journal, tokio::task::JoinHandle<JournalTask>)>,
     store: Arc<MongoStore>,
     mqtt_stats: Option<Arc<MqttStats>>,
     metrics: Arc<Metrics>,
@@ -36,6 +39,31 @@ pub struct Application {
 /// before the process gives up on it: the deadline plus this is the longest
 /// a shutdown lasts.
 const DEADLINE_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// How often startup looks whether the replay is done.
+const REPLAY_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Waits until what the journal held at start is back in memory (so queries
+/// see it) and whatever of it was due is written, or storage turns out to be
+/// unreachable (then the replay goes on in the background, as after any
+/// outage).
+async fn replay(journal: &Journal, batcher: &BatcherHandle) {
+    let started = tokio::time::Instant::now();
+    loop {
+        if batcher.storage_outage() {
+            warn!("Storage is unavailable; the journal replay goes on in the background.");
+            return;
+        }
+        if journal.caught_up() && !batcher.has_due_now() {
+            break;
+        }
+        tokio::time::sleep(REPLAY_POLL).await;
+    }
+    let ms = started.elapsed().as_millis() as u64;
+    if ms > 100 {
+        info!(elapsed_ms = ms, "Replayed the journal.");
+    }
+}
 
 impl Application {
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
@@ -67,6 +95,21 @@ impl Application {
             metrics.clone(),
             shutdown.clone(),
         );
+        // The driver runs from here on: a replay writes through it.
+        let driver = tokio::spawn(driver.run());
+        let journal = if settings.journal.enabled {
+            let (journal, task) = Journal::open(
+                &settings.journal,
+                batcher.clone(),
+                metrics.clone(),
+                shutdown.clone(),
+            )?;
+            let task = tokio::spawn(task.run());
+            replay(&journal, &batcher).await;
+            Some((journal, task))
+        } else {
+            None
+        };
         let listener = TcpListener::bind(settings.http.listen)
             .await
             .with_context(|| format!("binding http.listen = {}", settings.http.listen))?;
@@ -81,6 +124,7 @@ impl Application {
             settings: Arc::new(settings),
             batcher,
             driver,
+            journal,
             store,
             mqtt_stats,
             metrics,
@@ -114,19 +158,20 @@ impl Application {
             address,
             settings,
             batcher,
-            driver,
+            driver: driver_task,
+            journal,
             store,
             mqtt_stats,
             metrics,
             auth,
             shutdown,
         } = self;
-        let driver_task = tokio::spawn(driver.run());
+        let intake = Intake::new(batcher.clone(), journal.as_ref().map(|(j, _)| j.clone()));
         let mqtt = if let Some(stats) = mqtt_stats.clone() {
             let mqtt = MqttIngest::start(
                 &settings.mqtt,
                 &settings.ingest,
-                batcher.clone(),
+                intake.clone(),
                 stats,
                 metrics.clone(),
                 shutdown.clone(),
@@ -141,6 +186,7 @@ impl Application {
         let state = AppState {
             store,
             batcher: batcher.clone(),
+            intake,
             settings: Arc::new(api::Config {
                 http: settings.http.clone(),
                 ingest: settings.ingest.clone(),
@@ -192,6 +238,13 @@ impl Application {
         if let Some(mqtt) = mqtt {
             // Everything stored has its acknowledgement sent before we disconnect.
             mqtt.finish().await;
+        }
+        if let Some((_, task)) = journal {
+            // Appends already queued are committed; stored segments deleted.
+            match task.await {
+                Ok(task) => task.finish().await,
+                Err(e) => error!(error = %e, "The journal task failed; the next start replays what it holds."),
+            }
         }
         if unstored > 0 {
             error!(

@@ -52,6 +52,8 @@ pub struct Checks {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mqtt: Option<Check>,
     pub capacity: Check,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub journal: Option<Check>,
     pub running: Check,
 }
 
@@ -85,17 +87,36 @@ pub async fn ready<S: BucketStore>(State(state): State<AppState<S>>) -> impl Int
     });
     let limit = state.settings.max_buffered_readings;
     let buffered = state.batcher.buffered();
-    let capacity = if (buffered as f64) < limit as f64 * OVERLOAD_SHARE {
+    let journal = state.intake.journal();
+    // With the journal, memory at its bound only means buckets are written
+    // early, and a storage outage only means the journal grows: neither stops
+    // input. A full journal does.
+    let capacity = if journal.is_some() || (buffered as f64) < limit as f64 * OVERLOAD_SHARE {
         Check::pass()
     } else {
         Check::fail(format!("holding {buffered} of at most {limit} readings"))
     };
+    let journal = journal.map(|j| {
+        if j.is_full() {
+            Check::fail(format!(
+                "the journal is full ({} bytes); input is refused until storage catches up",
+                j.bytes()
+            ))
+        } else {
+            Check::pass()
+        }
+    });
     let running = if state.batcher.is_closed() {
         Check::fail("shutting down")
     } else {
         Check::pass()
     };
-    let ready = storage.ok && mqtt.as_ref().is_none_or(|c| c.ok) && capacity.ok && running.ok;
+    let storage_needed = journal.is_none();
+    let ready = (storage.ok || !storage_needed)
+        && mqtt.as_ref().is_none_or(|c| c.ok)
+        && capacity.ok
+        && journal.as_ref().is_none_or(|c| c.ok)
+        && running.ok;
     let status = if ready {
         StatusCode::OK
     } else {
@@ -109,6 +130,7 @@ pub async fn ready<S: BucketStore>(State(state): State<AppState<S>>) -> impl Int
                 storage,
                 mqtt,
                 capacity,
+                journal,
                 running,
             },
         }),
@@ -118,6 +140,13 @@ pub async fn ready<S: BucketStore>(State(state): State<AppState<S>>) -> impl Int
 pub async fn metrics<S: BucketStore>(State(state): State<AppState<S>>) -> impl IntoResponse {
     let m = &state.metrics;
     m.pending_readings.set(state.batcher.buffered() as i64);
+    if let Some(journal) = state.intake.journal() {
+        let behind = journal.behind_for().unwrap_or_default();
+        let held = state.batcher.oldest_held_age().unwrap_or_default();
+        m.journal_behind_seconds.set(behind.as_secs() as i64);
+        m.journal_oldest_unstored_seconds
+            .set(behind.max(held).as_secs() as i64);
+    }
     if let Some(stats) = &state.mqtt {
         let up =
             stats.connected.load(Ordering::Acquire) && stats.subscribed.load(Ordering::Acquire);

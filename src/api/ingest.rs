@@ -11,18 +11,26 @@ use tracing::warn;
 
 use super::{ApiError, AppState};
 use crate::auth::Principal;
-use crate::batcher::driver::{NotStored, SubmitError};
 use crate::domain::{BucketKey, Granularity};
 use crate::ingest::decode::{DecodeContext, DecodeError, Detail, decode_readings};
+use crate::journal::{IntakeError, NotSafe, Wait};
 use crate::store::BucketStore;
 use crate::telemetry::metrics::{Rejection, Source};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct IngestParams {
-    /// Answer 202 once queued instead of 200 once stored.
+    /// Answer 202 once queued instead of 200 once safe.
     #[serde(rename = "async", default)]
     pub async_: bool,
+    /// `stored`: answer once in MongoDB rather than once in the journal.
+    pub wait: Option<WaitFor>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WaitFor {
+    Stored,
 }
 
 #[derive(Debug, Serialize)]
@@ -53,13 +61,16 @@ impl From<DecodeError> for ApiError {
     }
 }
 
-impl From<SubmitError> for ApiError {
-    fn from(e: SubmitError) -> Self {
+impl From<IntakeError> for ApiError {
+    fn from(e: IntakeError) -> Self {
         match e {
-            SubmitError::Full(_) => {
+            IntakeError::Full(_) | IntakeError::Busy => {
                 ApiError::unavailable("the service is at capacity; retry later")
             }
-            SubmitError::Closed => ApiError::unavailable("the service is shutting down"),
+            IntakeError::JournalFull { .. } => ApiError::unavailable(
+                "the journal is full while storage catches up; retry later",
+            ),
+            IntakeError::Closed => ApiError::unavailable("the service is shutting down"),
         }
     }
 }
@@ -72,6 +83,16 @@ pub async fn post_readings<S: BucketStore>(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<Accepted>), ApiError> {
     let Query(params) = params.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    if params.async_ && params.wait.is_some() {
+        return Err(ApiError::bad_request(
+            "async=true answers before anything is stored; it cannot be combined with wait",
+        ));
+    }
+    let wait = match (params.async_, params.wait) {
+        (true, _) => Wait::Queued,
+        (false, Some(WaitFor::Stored)) => Wait::Stored,
+        (false, None) => Wait::Safe,
+    };
     let metrics = &state.metrics;
     if !is_json(&headers) {
         metrics.rejected(Source::Http, Rejection::ContentType, 1);
@@ -115,29 +136,29 @@ pub async fn post_readings<S: BucketStore>(
         };
         return Ok((status, Json(Accepted { accepted })));
     }
-    let receiver = state
-        .batcher
-        .submit(readings, !params.async_)
-        .inspect_err(|e| {
-            let reason = match e {
-                SubmitError::Full(_) => Rejection::Overloaded,
-                SubmitError::Closed => Rejection::ShuttingDown,
-            };
-            metrics.rejected(Source::Http, reason, accepted);
-        })?;
+    let ack = state.intake.submit(readings, wait).inspect_err(|e| {
+        let reason = match e {
+            IntakeError::Closed => Rejection::ShuttingDown,
+            _ => Rejection::Overloaded,
+        };
+        metrics.rejected(Source::Http, reason, accepted);
+    })?;
     metrics.received(Source::Http, accepted);
-    let Some(receiver) = receiver else {
+    if wait == Wait::Queued {
         return Ok((StatusCode::ACCEPTED, Json(Accepted { accepted })));
-    };
-    match tokio::time::timeout(state.settings.http.write_timeout, receiver).await {
-        Ok(Ok(Ok(()))) => Ok((StatusCode::OK, Json(Accepted { accepted }))),
-        Ok(Ok(Err(NotStored::DeadLettered(buckets)))) => Err(dead_lettered(
+    }
+    match tokio::time::timeout(state.settings.http.write_timeout, ack.safe()).await {
+        Ok(Ok(())) => Ok((StatusCode::OK, Json(Accepted { accepted }))),
+        Ok(Err(NotSafe::DeadLettered(buckets))) => Err(dead_lettered(
             &body,
             &ctx,
             &buckets,
             state.settings.granularity,
         )),
-        Ok(Ok(Err(NotStored::Shutdown))) | Ok(Err(_)) => Err(ApiError::unavailable(
+        Ok(Err(NotSafe::Journal(_))) => Err(ApiError::unavailable(
+            "the readings could not be written to the journal; nothing was stored; retry",
+        )),
+        Ok(Err(NotSafe::Stopped)) => Err(ApiError::unavailable(
             "the service stopped before the readings were stored; retry",
         )),
         Err(_) => {

@@ -31,6 +31,7 @@ use tracing::Span;
 use self::auth::{Require, authorize};
 use crate::auth::{Authenticator, Scope};
 use crate::batcher::driver::BatcherHandle;
+use crate::journal::Intake;
 use crate::domain::Granularity;
 use crate::ingest::decode::Detail;
 use crate::ingest::mqtt::MqttStats;
@@ -52,6 +53,8 @@ pub struct Config {
 pub struct AppState<S> {
     pub store: Arc<S>,
     pub batcher: BatcherHandle,
+    /// Where writes go: the journal, or the batcher when it is off.
+    pub intake: Intake,
     pub settings: Arc<Config>,
     pub metrics: Arc<Metrics>,
     /// Present when MQTT is enabled.
@@ -64,6 +67,7 @@ impl<S> Clone for AppState<S> {
         Self {
             store: self.store.clone(),
             batcher: self.batcher.clone(),
+            intake: self.intake.clone(),
             settings: self.settings.clone(),
             metrics: self.metrics.clone(),
             mqtt: self.mqtt.clone(),

@@ -12,7 +12,7 @@ use tracing::error;
 use super::{ApiError, AppState};
 use crate::auth::Principal;
 use crate::domain::{Agg, MetricName, SensorId};
-use crate::domain::{BucketRead, Values};
+use crate::domain::{BucketRead, Starts, Values};
 use crate::query::{Grid, Plan};
 use crate::store::{BucketStore, Fetch, StoreError};
 
@@ -152,12 +152,22 @@ fn store_error(e: StoreError) -> ApiError {
     }
 }
 
-/// Runs a plan: one read of the whole buckets, one of the edge buckets.
+/// Runs a plan: one read of the whole buckets, one of the edge buckets, and
+/// the readings acknowledged but not yet stored laid over them.
 async fn evaluate<S: BucketStore>(
-    store: &S,
+    state: &AppState<S>,
     req: &Request<'_>,
     plan: &Plan,
 ) -> Result<Vec<Agg>, ApiError> {
+    let store = state.store.as_ref();
+    // Memory first: a bucket written between the two looks is then in both,
+    // never in neither.
+    let unstored = state.batcher.unstored_values(
+        req.sensor.as_str(),
+        req.metric.as_str(),
+        req.from,
+        req.to,
+    );
     let mut read: Vec<BucketRead> = Vec::new();
     if let Some((starts, minutes)) = plan.whole_buckets() {
         let fetch = Fetch {
@@ -179,7 +189,43 @@ async fn evaluate<S: BucketStore>(
         };
         read.extend(store.fetch(fetch).await.map_err(store_error)?);
     }
+    if !unstored.is_empty() {
+        let starts: Vec<i64> = unstored.iter().map(|(start, _)| *start).collect();
+        read.retain(|b| !starts.contains(&b.start));
+        let fetch = Fetch {
+            sensor: &req.sensor,
+            metric: &req.metric,
+            starts: Starts::Only(starts),
+            minutes: false,
+            values: Values::All,
+        };
+        let stored = store.fetch(fetch).await.map_err(store_error)?;
+        read.extend(
+            unstored
+                .into_iter()
+                .map(|(start, values)| overlay(start, stored.iter().find(|b| b.start == start), values)),
+        );
+    }
     Ok(plan.fold(&read))
+}
+
+/// A bucket as stored with the unstored values laid over it (they are newer:
+/// they win per second), aggregates recomputed.
+fn overlay(start: i64, stored: Option<&BucketRead>, newer: Vec<(u16, f64)>) -> BucketRead {
+    let mut values: Vec<(u16, f64)> = stored.map(|b| b.values.clone()).unwrap_or_default();
+    values.retain(|(o, _)| newer.binary_search_by_key(o, |&(n, _)| n).is_err());
+    values.extend(newer);
+    values.sort_by_key(|&(o, _)| o);
+    let mut agg = Agg::default();
+    for &(_, v) in &values {
+        agg.add(v);
+    }
+    BucketRead {
+        start,
+        agg,
+        minutes: Vec::new(),
+        values,
+    }
 }
 
 fn rejected(e: QueryRejection) -> ApiError {
@@ -208,7 +254,7 @@ pub async fn average<S: BucketStore>(
     let agg = if req.from < req.to {
         let grid = Grid::whole(req.from, req.to);
         let plan = Plan::new(state.settings.granularity, req.from, req.to, grid);
-        evaluate(state.store.as_ref(), &req, &plan).await?[0]
+        evaluate(&state, &req, &plan).await?[0]
     } else {
         Agg::default()
     };
@@ -263,7 +309,7 @@ pub async fn series<S: BucketStore>(
     }
     let aggs = if req.from < req.to {
         let plan = Plan::new(state.settings.granularity, req.from, req.to, grid);
-        evaluate(state.store.as_ref(), &req, &plan).await?
+        evaluate(&state, &req, &plan).await?
     } else {
         vec![Agg::default(); grid.points]
     };

@@ -17,7 +17,6 @@ use crate::domain::{BucketUpdate, Granularity, Reading};
 use crate::shutdown::Shutdown;
 use crate::telemetry::metrics::Metrics;
 
-pub use super::NotStored;
 
 const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(5);
@@ -49,6 +48,11 @@ struct Shared {
     shutdown: Shutdown,
     /// The last write round met an outage and is being retried.
     outage: AtomicBool,
+    /// The batch being written: still visible to queries until it is settled.
+    /// Locked only while holding `core`, so a bucket is never in neither.
+    in_flight: Mutex<Option<Arc<Batch>>>,
+    /// Notified whenever settling freed room.
+    room: Notify,
 }
 
 /// The ingestors' side of the batcher: cheap to clone.
@@ -83,6 +87,99 @@ impl BatcherHandle {
             self.shared.wake.notify_one();
         }
         Ok(rx)
+    }
+
+    /// Queues readings that are safe in the journal, held until their buckets
+    /// are due (see [`Batcher::offer_held`]). Taken even while shutting down:
+    /// what the final drain misses stays in the journal.
+    pub fn submit_held(
+        &self,
+        readings: Vec<Reading<'_>>,
+        origin: u64,
+        unix_ms: i64,
+    ) -> Result<(), Full> {
+        let offered = self
+            .core()
+            .offer_held(readings, origin, Instant::now(), unix_ms)?;
+        if offered.wake_driver {
+            self.shared.wake.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Resolves after settling has freed room (or at once, if it did since
+    /// the last call).
+    pub async fn room(&self) {
+        self.shared.room.notified().await;
+    }
+
+    /// Whether something is due now or being written: a replay is done once
+    /// it is not.
+    pub fn has_due_now(&self) -> bool {
+        let core = self.core();
+        core.is_due(Instant::now()) || core.buffered() > core.pending_values()
+    }
+
+    /// How long the oldest held reading has waited for its bucket write.
+    pub fn oldest_held_age(&self) -> Option<Duration> {
+        self.core()
+            .oldest_held_since()
+            .map(|since| since.elapsed())
+    }
+
+    /// See [`Batcher::lowest_unsettled_origin`].
+    pub fn lowest_unsettled_origin(&self) -> Option<u64> {
+        self.core().lowest_unsettled_origin()
+    }
+
+    /// Values of one series not yet known stored, in buckets starting in
+    /// `[from, to)`: the batch being written, overlaid by what is pending.
+    pub fn unstored_values(
+        &self,
+        sensor: &str,
+        metric: &str,
+        from: i64,
+        to: i64,
+    ) -> Vec<(i64, Vec<(u16, f64)>)> {
+        let core = self.core();
+        let pending = core.pending_values_of(sensor, metric, from, to);
+        let in_flight = self
+            .shared
+            .in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        drop(core);
+        let Some(batch) = in_flight else {
+            return pending;
+        };
+        let mut merged: std::collections::BTreeMap<i64, Vec<(u16, f64)>> = batch
+            .items
+            .iter()
+            .map(|i| &i.update)
+            .filter(|u| {
+                u.key.sensor.as_str() == sensor
+                    && u.key.metric.as_str() == metric
+                    && u.key.start >= from
+                    && u.key.start < to
+            })
+            .map(|u| (u.key.start, u.values.clone()))
+            .collect();
+        for (start, values) in pending {
+            let into = merged.entry(start).or_default();
+            // Pending values are newer: they win per second.
+            into.extend(values);
+            into.sort_by_key(|&(o, _)| o);
+            let mut dedup: Vec<(u16, f64)> = Vec::with_capacity(into.len());
+            for (o, v) in into.drain(..) {
+                match dedup.last_mut() {
+                    Some(last) if last.0 == o => last.1 = v,
+                    _ => dedup.push((o, v)),
+                }
+            }
+            *into = dedup;
+        }
+        merged.into_iter().collect()
     }
 
     /// Asks for the open batch to be written now rather than at its deadline:
@@ -139,6 +236,8 @@ pub fn new<S: Sink>(
         wake: Notify::new(),
         shutdown,
         outage: AtomicBool::new(false),
+        in_flight: Mutex::new(None),
+        room: Notify::new(),
     });
     (
         BatcherHandle {
@@ -159,29 +258,18 @@ impl<S: Sink> Driver<S> {
         let shutdown = self.shared.shutdown.clone();
         let mut unstored = 0;
         loop {
-            let deadline = lock(&self.shared).deadline();
+            let deadline = lock(&self.shared).deadline(Instant::now());
             tokio::select! {
                 _ = shutdown.triggered() => break,
                 _ = self.shared.wake.notified() => {}
                 _ = sleep_until(deadline) => {}
             }
-            loop {
-                let batch = {
-                    let mut core = lock(&self.shared);
-                    if core.is_due(Instant::now()) {
-                        core.take()
-                    } else {
-                        None
-                    }
-                };
-                let Some(batch) = batch else { break };
+            while let Some(batch) = self.take(|core| core.take_due(Instant::now())) {
                 unstored += self.flush(batch).await;
             }
         }
         // Nothing new comes in once triggered; what is left goes out now.
-        loop {
-            let last = lock(&self.shared).take();
-            let Some(batch) = last else { break };
+        while let Some(batch) = self.take(Batcher::take_all) {
             unstored += self.flush(batch).await;
         }
         Drained {
@@ -189,9 +277,22 @@ impl<S: Sink> Driver<S> {
         }
     }
 
+    /// Takes a batch and makes it the one in flight, under one lock.
+    fn take(&self, take: impl FnOnce(&mut Batcher<Waiter>) -> Option<Batch>) -> Option<Arc<Batch>> {
+        let mut core = lock(&self.shared);
+        let batch = Arc::new(take(&mut core)?);
+        *self
+            .shared
+            .in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(batch.clone());
+        Some(batch)
+    }
+
     /// Writes one batch; returns how many of its readings were not stored
-    /// anywhere (neither in a bucket nor in the dead-letter collection).
-    async fn flush(&self, batch: Batch) -> usize {
+    /// anywhere (neither in a bucket, nor in the dead-letter collection, nor
+    /// in the journal).
+    async fn flush(&self, batch: Arc<Batch>) -> usize {
         let span = info_span!(
             "flush",
             readings = batch.readings,
@@ -199,7 +300,14 @@ impl<S: Sink> Driver<S> {
             round_trips = tracing::field::Empty,
             attempts = tracing::field::Empty,
         );
-        self.write_with_retries(&batch).instrument(span).await
+        let unstored = self.write_with_retries(&batch).instrument(span).await;
+        let _core = lock(&self.shared);
+        *self
+            .shared
+            .in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = None;
+        unstored
     }
 
     async fn write_with_retries(&self, batch: &Batch) -> usize {
@@ -247,9 +355,17 @@ impl<S: Sink> Driver<S> {
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
                 _ = shutdown.deadline_passed() => {
-                    let readings: usize = retry.iter().map(|&i| batch.items[i].readings).sum();
-                    error!(readings, buckets = retry.len(), error = %reason,
-                        "Gave up storing readings at the shutdown deadline; they were not stored.");
+                    // Journaled readings are not lost: the next start replays them.
+                    let readings: usize = retry.iter().map(|&i| batch.items[i].readings - batch.items[i].journaled()).sum();
+                    let journaled: usize = retry.iter().map(|&i| batch.items[i].journaled()).sum();
+                    if readings > 0 {
+                        error!(readings, buckets = retry.len(), error = %reason,
+                            "Gave up storing readings at the shutdown deadline; they were not stored.");
+                    }
+                    if journaled > 0 {
+                        warn!(readings = journaled, error = %reason,
+                            "Stopping with readings not yet stored; they stay in the journal and are written at the next start.");
+                    }
                     self.settle(batch, &retry, Settled::Unstored);
                     unstored += readings;
                     break;
@@ -317,7 +433,7 @@ impl<S: Sink> Driver<S> {
             "Readings that storage can never apply could not be dead-lettered either; they were not stored."
         );
         self.settle(batch, &indexes, Settled::Unstored);
-        readings
+        readings - indexes.iter().map(|&i| batch.items[i].journaled()).sum::<usize>()
     }
 
     /// Settles `indexes` of `batch` and answers the writers that are done.
@@ -336,9 +452,15 @@ impl<S: Sink> Driver<S> {
         }
         match settled {
             Settled::Stored => self.metrics.readings_stored.inc_by(readings as u64),
-            Settled::Unstored => self.metrics.readings_unstored.inc_by(readings as u64),
+            Settled::Unstored => {
+                let journaled: usize = indexes.iter().map(|&i| batch.items[i].journaled()).sum();
+                self.metrics
+                    .readings_unstored
+                    .inc_by((readings - journaled) as u64);
+            }
             Settled::DeadLettered => {}
         }
+        self.shared.room.notify_one();
         for (waiter, result) in answers {
             // A writer that gave up waiting dropped its receiver: nothing to tell.
             let _ = waiter.send(result);
@@ -356,7 +478,7 @@ async fn sleep_until(deadline: Option<Instant>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batcher::Written;
+    use crate::batcher::{NotStored, Written};
     use crate::domain::{MetricName, SensorId};
     use std::sync::atomic::AtomicUsize;
 
@@ -414,6 +536,10 @@ mod tests {
         max_buffered_readings: 1000,
         max_buckets: 1000,
         max_flush_buckets: 1000,
+        hold: crate::batcher::Hold {
+            grace: Duration::from_secs(10),
+            max_hold: Duration::from_secs(300),
+        },
     };
 
     fn readings_of(sensor: &'static str, n: i64) -> Vec<Reading<'static>> {

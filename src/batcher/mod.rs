@@ -4,6 +4,13 @@
 //! per touched bucket out, with `now` passed in by the caller. The async
 //! [`driver`] owns the timer, the store and shutdown, and answers the writers
 //! waiting for their readings to be stored.
+//!
+//! Readings come in two kinds. *Prompt* readings (the journal is off, or a
+//! writer waits for storage) go out with the open batch at the flush interval.
+//! *Held* readings are already safe in the journal, so their bucket is written
+//! once its window has ended (plus a grace for stragglers), after
+//! `max_hold` at the latest, or earlier when memory runs short: one bucket
+//! write per window instead of one per flush.
 
 pub mod driver;
 mod settings;
@@ -12,6 +19,7 @@ mod sink;
 pub use settings::Settings;
 pub use sink::{DeadLetter, Outcome, Sink, Written};
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use hashbrown::HashMap;
@@ -34,6 +42,17 @@ pub struct BatcherLimits {
     /// Buckets one flush takes at most; the rest follow in the next flush, at
     /// once. A batch that grew during an outage goes out in several.
     pub max_flush_buckets: usize,
+    /// How long held (journaled) readings wait.
+    pub hold: Hold,
+}
+
+/// When a bucket of held readings is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hold {
+    /// After the bucket's window ends, wait this long for late readings.
+    pub grace: Duration,
+    /// A bucket is written at the latest this long after its first held reading.
+    pub max_hold: Duration,
 }
 
 /// The batcher is at a bound: the caller must refuse the input.
@@ -78,6 +97,15 @@ pub struct Item {
     pub tickets: Vec<u64>,
     /// Readings that went into it, overwritten ones included.
     pub readings: usize,
+    /// Of those, readings from the journal, per origin (journal segment).
+    pub origins: Vec<(u64, u32)>,
+}
+
+impl Item {
+    /// Readings that are in the journal: safe even if this write never happens.
+    pub fn journaled(&self) -> usize {
+        self.origins.iter().map(|&(_, n)| n as usize).sum()
+    }
 }
 
 /// A closed batch, ready to be written.
@@ -96,11 +124,41 @@ pub struct Offered {
     pub wake_driver: bool,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Open {
     values: Vec<(u16, f64)>,
     tickets: Vec<u64>,
     readings: usize,
+    /// When the first reading since the bucket's last write arrived.
+    since: Instant,
+    /// Goes out with the open batch: it has readings that are not in the
+    /// journal, or a writer waits on it.
+    prompt: bool,
+    /// When its held readings must be written at the latest.
+    held_due: Option<Instant>,
+    /// Held readings per origin: what settling this bucket frees in the journal.
+    origins: Vec<(u64, u32)>,
+}
+
+impl Open {
+    fn new(since: Instant) -> Self {
+        Self {
+            values: Vec::new(),
+            tickets: Vec::new(),
+            readings: 0,
+            since,
+            prompt: false,
+            held_due: None,
+            origins: Vec::new(),
+        }
+    }
+}
+
+/// How a reading enters the core.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Prompt { ticket: Option<u64> },
+    Held { origin: u64, unix_ms: i64 },
 }
 
 #[derive(Debug)]
@@ -113,7 +171,8 @@ struct Waiting<W> {
 }
 
 /// The pure core: coalesces readings per bucket, last write wins per second,
-/// and answers each writer once every bucket it touched is settled.
+/// decides when each bucket is written, and answers each writer once every
+/// bucket it touched is settled.
 ///
 /// `W` is whatever a writer waits on (a oneshot sender in the service); the core
 /// hands it back with the writer's result.
@@ -123,15 +182,20 @@ pub struct Batcher<W> {
     limits: BatcherLimits,
     pending: HashMap<BucketKey, Open>,
     pending_values: usize,
-    pending_readings: usize,
     in_flight_values: usize,
     in_flight_buckets: usize,
     waiting: HashMap<u64, Waiting<W>>,
     next_ticket: u64,
-    /// When the first reading of the open batch arrived.
+    /// When the first prompt reading of the open batch arrived.
     opened_at: Option<Instant>,
+    /// Prompt readings since the open batch opened.
+    prompt_readings: usize,
     /// Someone waits on the open batch and asked for it not to wait the interval.
     hurried: bool,
+    /// No held bucket is due before this (a lower bound, exact after a take).
+    next_held_due: Option<Instant>,
+    /// Held readings not settled yet, per origin.
+    outstanding: BTreeMap<u64, u64>,
 }
 
 impl<W> Batcher<W> {
@@ -141,13 +205,15 @@ impl<W> Batcher<W> {
             limits,
             pending: HashMap::new(),
             pending_values: 0,
-            pending_readings: 0,
             in_flight_values: 0,
             in_flight_buckets: 0,
             waiting: HashMap::new(),
             next_ticket: 0,
             opened_at: None,
+            prompt_readings: 0,
             hurried: false,
+            next_held_due: None,
+            outstanding: BTreeMap::new(),
         }
     }
 
@@ -170,9 +236,26 @@ impl<W> Batcher<W> {
         self.waiting.len()
     }
 
-    /// Adds all of `readings` or none of them. A `waiter` is answered once
-    /// every bucket these readings touch is settled (so pass one only with
-    /// readings: nothing would ever answer it otherwise).
+    /// The lowest origin with held readings not yet settled: every reading of
+    /// a lower origin that was offered is stored or dead-lettered.
+    pub fn lowest_unsettled_origin(&self) -> Option<u64> {
+        self.outstanding.first_key_value().map(|(&o, _)| o)
+    }
+
+    /// When the oldest held reading not yet settled arrived (pending buckets
+    /// only: in-flight ones are moments from settling). A scan: for metrics.
+    pub fn oldest_held_since(&self) -> Option<Instant> {
+        self.pending
+            .values()
+            .filter(|o| !o.origins.is_empty())
+            .map(|o| o.since)
+            .min()
+    }
+
+    /// Adds all of `readings` or none of them, to go out with the open batch.
+    /// A `waiter` is answered once every bucket these readings touch is
+    /// settled (so pass one only with readings: nothing would ever answer it
+    /// otherwise).
     ///
     /// Refuses when the readings might not fit under the memory bound (the
     /// check counts every reading as a new value, so the bound holds even when
@@ -184,15 +267,7 @@ impl<W> Batcher<W> {
         now: Instant,
     ) -> Result<Offered, Full> {
         let n = readings.len();
-        let limit = self.limits.max_buffered_readings;
-        if self.buffered().saturating_add(n) > limit {
-            return Err(Full {
-                what: "readings",
-                held: self.buffered(),
-                limit,
-            });
-        }
-        self.check_buckets(&readings)?;
+        self.check_room(&readings)?;
         let was_empty = self.opened_at.is_none();
         if n > 0 && was_empty {
             self.opened_at = Some(now);
@@ -203,9 +278,9 @@ impl<W> Batcher<W> {
         });
         let mut buckets = 0;
         for r in readings {
-            buckets += usize::from(self.insert(r, ticket));
+            buckets += usize::from(self.insert(r, Kind::Prompt { ticket }, now));
         }
-        self.pending_readings += n;
+        self.prompt_readings += n;
         if let (Some(waiter), Some(ticket)) = (waiter, ticket)
             && buckets > 0
         {
@@ -219,10 +294,49 @@ impl<W> Batcher<W> {
                 },
             );
         }
-        let full = self.pending_values >= self.limits.max_pending_readings;
+        let full = self.prompt_readings >= self.limits.max_pending_readings;
         Ok(Offered {
             wake_driver: (was_empty && n > 0) || full,
         })
+    }
+
+    /// Adds all of `readings` or none of them, held until their buckets are
+    /// due. `origin` (a journal segment) is what [`Self::lowest_unsettled_origin`]
+    /// reports until they are settled; `unix_ms` is the wall clock now, which
+    /// places the end of each bucket's window.
+    pub fn offer_held(
+        &mut self,
+        readings: Vec<Reading<'_>>,
+        origin: u64,
+        now: Instant,
+        unix_ms: i64,
+    ) -> Result<Offered, Full> {
+        self.check_room(&readings)?;
+        let before = self.next_held_due;
+        let was_pressured = self.pressured();
+        for r in readings {
+            self.insert(r, Kind::Held { origin, unix_ms }, now);
+        }
+        let earlier = match (before, self.next_held_due) {
+            (Some(b), Some(a)) => a < b,
+            (None, Some(_)) => true,
+            _ => false,
+        };
+        Ok(Offered {
+            wake_driver: earlier || (!was_pressured && self.pressured()),
+        })
+    }
+
+    fn check_room(&self, readings: &[Reading<'_>]) -> Result<(), Full> {
+        let limit = self.limits.max_buffered_readings;
+        if self.buffered().saturating_add(readings.len()) > limit {
+            return Err(Full {
+                what: "readings",
+                held: self.buffered(),
+                limit,
+            });
+        }
+        self.check_buckets(readings)
     }
 
     fn key<'r>(&self, r: &'r Reading<'_>) -> BucketKeyRef<'r> {
@@ -257,14 +371,35 @@ impl<W> Batcher<W> {
         Ok(())
     }
 
-    /// Inserts one reading; returns whether `ticket` was newly tied to its bucket.
-    fn insert(&mut self, r: Reading<'_>, ticket: Option<u64>) -> bool {
+    /// When held readings of the bucket starting at `start`, first held at
+    /// `now` (`unix_ms` on the wall clock), must be written.
+    fn held_due(&self, start: i64, now: Instant, unix_ms: i64) -> Instant {
+        let hold = self.limits.hold;
+        let window_end_ms = start
+            .saturating_add(self.granularity.seconds())
+            .saturating_mul(1000);
+        let grace_ms = i64::try_from(hold.grace.as_millis()).unwrap_or(i64::MAX);
+        let wait_ms = window_end_ms
+            .saturating_add(grace_ms)
+            .saturating_sub(unix_ms)
+            .max(0);
+        let wait = Duration::from_millis(wait_ms.unsigned_abs()).min(hold.max_hold);
+        now + wait
+    }
+
+    /// Inserts one reading; returns whether a prompt ticket was newly tied to
+    /// its bucket.
+    fn insert(&mut self, r: Reading<'_>, kind: Kind, now: Instant) -> bool {
         let start = self.granularity.bucket_start(r.ts);
         let offset = self.granularity.offset(r.ts);
         let key = BucketKeyRef {
             sensor: r.sensor.as_str(),
             metric: r.metric.as_str(),
             start,
+        };
+        let due = match kind {
+            Kind::Held { unix_ms, .. } => Some(self.held_due(start, now, unix_ms)),
+            Kind::Prompt { .. } => None,
         };
         let open = match self.pending.get_mut(&key) {
             Some(open) => open,
@@ -275,37 +410,64 @@ impl<W> Batcher<W> {
                     metric: r.metric.into_owned(),
                     start,
                 })
-                .or_default(),
+                .or_insert_with(|| Open::new(now)),
         };
         open.readings += 1;
         let values = &mut open.values;
         // Readings mostly arrive in time order: check the end before searching.
-        match values.last_mut() {
-            Some(last) if last.0 == offset => last.1 = r.value,
+        let added = match values.last_mut() {
+            Some(last) if last.0 == offset => {
+                last.1 = r.value;
+                false
+            }
             Some(last) if last.0 < offset => {
                 values.push((offset, r.value));
-                self.pending_values += 1;
+                true
             }
             None => {
                 values.push((offset, r.value));
-                self.pending_values += 1;
-            }
-            Some(_) => match values.binary_search_by_key(&offset, |&(o, _)| o) {
-                Ok(i) => values[i].1 = r.value,
-                Err(i) => {
-                    values.insert(i, (offset, r.value));
-                    self.pending_values += 1;
-                }
-            },
-        }
-        // Tickets only grow and an offer is applied whole, so this offer's
-        // ticket, if already tied to the bucket, is the last one there.
-        match ticket {
-            Some(t) if open.tickets.last() != Some(&t) => {
-                open.tickets.push(t);
                 true
             }
-            _ => false,
+            Some(_) => match values.binary_search_by_key(&offset, |&(o, _)| o) {
+                Ok(i) => {
+                    values[i].1 = r.value;
+                    false
+                }
+                Err(i) => {
+                    values.insert(i, (offset, r.value));
+                    true
+                }
+            },
+        };
+        self.pending_values += usize::from(added);
+        match kind {
+            Kind::Prompt { ticket } => {
+                open.prompt = true;
+                // Tickets only grow and an offer is applied whole, so this
+                // offer's ticket, if already tied to the bucket, is the last one.
+                match ticket {
+                    Some(t) if open.tickets.last() != Some(&t) => {
+                        open.tickets.push(t);
+                        true
+                    }
+                    _ => false,
+                }
+            }
+            Kind::Held { origin, .. } => {
+                if open.held_due.is_none() {
+                    open.held_due = due;
+                    self.next_held_due = match (self.next_held_due, due) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                }
+                match open.origins.last_mut() {
+                    Some((o, n)) if *o == origin => *n += 1,
+                    _ => open.origins.push((origin, 1)),
+                }
+                *self.outstanding.entry(origin).or_default() += 1;
+                false
+            }
         }
     }
 
@@ -316,46 +478,124 @@ impl<W> Batcher<W> {
         self.hurried
     }
 
-    /// When the open batch must be flushed, if there is one.
-    pub fn deadline(&self) -> Option<Instant> {
-        let opened = self.opened_at?;
-        if self.hurried || self.pending_values >= self.limits.max_pending_readings {
-            Some(opened)
-        } else {
-            Some(opened + self.limits.flush_interval)
+    /// Memory is running short: the oldest buckets go out early.
+    fn pressured(&self) -> bool {
+        !self.pending.is_empty()
+            && (self.buffered().saturating_mul(10) > self.limits.max_buffered_readings * 9
+                || self.buckets().saturating_mul(10) > self.limits.max_buckets * 9)
+    }
+
+    fn batch_due(&self, now: Instant) -> bool {
+        self.opened_at.is_some_and(|opened| {
+            self.hurried
+                || self.prompt_readings >= self.limits.max_pending_readings
+                || opened + self.limits.flush_interval <= now
+        })
+    }
+
+    /// When something must be written next, if anything is pending.
+    pub fn deadline(&self, now: Instant) -> Option<Instant> {
+        if self.pressured() {
+            return Some(now);
+        }
+        let batch = self.opened_at.map(|opened| {
+            if self.hurried || self.prompt_readings >= self.limits.max_pending_readings {
+                opened
+            } else {
+                opened + self.limits.flush_interval
+            }
+        });
+        match (batch, self.next_held_due) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
     }
 
     pub fn is_due(&self, now: Instant) -> bool {
-        self.deadline().is_some_and(|d| d <= now)
+        self.deadline(now).is_some_and(|d| d <= now)
     }
 
-    /// Closes the open batch (whether due or not), at most
-    /// `max_flush_buckets` of it, and counts it as in flight. What is left
-    /// stays due at once.
-    pub fn take(&mut self) -> Option<Batch> {
-        let opened = self.opened_at.take()?;
-        let items: Vec<Item> = if self.pending.len() <= self.limits.max_flush_buckets {
+    /// Under pressure: buckets first held at or before this go out, the oldest
+    /// first, enough of them to bring memory back to 80 % of its bounds.
+    fn pressure_cutoff(&self) -> Option<Instant> {
+        if !self.pressured() {
+            return None;
+        }
+        let mut ages: Vec<(Instant, usize)> = self
+            .pending
+            .values()
+            .map(|o| (o.since, o.values.len()))
+            .collect();
+        ages.sort_unstable_by_key(|&(since, _)| since);
+        let (mut values, mut buckets) = (self.buffered(), self.buckets());
+        let values_goal = self.limits.max_buffered_readings / 10 * 8;
+        let buckets_goal = self.limits.max_buckets / 10 * 8;
+        let mut cutoff = None;
+        for (since, n) in ages {
+            cutoff = Some(since);
+            values = values.saturating_sub(n);
+            buckets = buckets.saturating_sub(1);
+            if values <= values_goal && buckets <= buckets_goal {
+                break;
+            }
+        }
+        cutoff
+    }
+
+    /// Takes what is due at `now` (the open batch's buckets once it is due,
+    /// held buckets whose time has come, and under memory pressure the oldest
+    /// buckets), at most `max_flush_buckets` of it, and counts it as in
+    /// flight. What is left over stays due at once.
+    pub fn take_due(&mut self, now: Instant) -> Option<Batch> {
+        let batch_due = self.batch_due(now);
+        let cutoff = self.pressure_cutoff();
+        self.take_where(batch_due, |open| {
+            (batch_due && open.prompt)
+                || open.held_due.is_some_and(|d| d <= now)
+                || cutoff.is_some_and(|c| open.since <= c)
+        })
+    }
+
+    /// Takes everything pending, due or not (at shutdown, and in tests), at
+    /// most `max_flush_buckets` at a time.
+    pub fn take_all(&mut self) -> Option<Batch> {
+        self.take_where(true, |_| true)
+    }
+
+    fn take_where(&mut self, batch_due: bool, take: impl Fn(&Open) -> bool) -> Option<Batch> {
+        let mut room = self.limits.max_flush_buckets;
+        let mut next_held_due: Option<Instant> = None;
+        let mut prompt_left = false;
+        let items: Vec<Item> = self
+            .pending
+            .extract_if(|_, open| {
+                if room > 0 && take(open) {
+                    room -= 1;
+                    return true;
+                }
+                prompt_left |= open.prompt;
+                if let Some(d) = open.held_due {
+                    next_held_due = Some(next_held_due.map_or(d, |n| n.min(d)));
+                }
+                false
+            })
+            .map(Item::from)
+            .collect();
+        self.next_held_due = next_held_due;
+        if !prompt_left {
+            self.opened_at = None;
             self.hurried = false;
-            self.pending.drain().map(Item::from).collect()
-        } else {
-            // The rest stays open and due at once.
-            self.opened_at = Some(opened);
+            self.prompt_readings = 0;
+        } else if batch_due {
+            // What of the open batch did not fit goes in the next flush, at once.
             self.hurried = true;
-            let mut room = self.limits.max_flush_buckets;
-            self.pending
-                .extract_if(|_, _| {
-                    let take = room > 0;
-                    room = room.saturating_sub(1);
-                    take
-                })
-                .map(Item::from)
-                .collect()
-        };
+        }
+        if items.is_empty() {
+            return None;
+        }
         let values: usize = items.iter().map(|i| i.update.values.len()).sum();
         let readings: usize = items.iter().map(|i| i.readings).sum();
         self.pending_values -= values;
-        self.pending_readings -= readings;
         self.in_flight_values += values;
         self.in_flight_buckets += items.len();
         Some(Batch { items, readings })
@@ -368,6 +608,17 @@ impl<W> Batcher<W> {
             .in_flight_values
             .saturating_sub(item.update.values.len());
         self.in_flight_buckets = self.in_flight_buckets.saturating_sub(1);
+        if settled != Settled::Unstored {
+            // Unstored held readings stay owed: the journal keeps them.
+            for &(origin, n) in &item.origins {
+                if let Some(left) = self.outstanding.get_mut(&origin) {
+                    *left = left.saturating_sub(u64::from(n));
+                    if *left == 0 {
+                        self.outstanding.remove(&origin);
+                    }
+                }
+            }
+        }
         for ticket in &item.tickets {
             let Some(w) = self.waiting.get_mut(ticket) else {
                 continue;
@@ -392,6 +643,48 @@ impl<W> Batcher<W> {
             }
         }
     }
+
+    /// The pending values of one series in buckets starting in `[from, to)`,
+    /// per bucket start: what queries merge over the stored buckets.
+    pub fn pending_values_of(
+        &self,
+        sensor: &str,
+        metric: &str,
+        from: i64,
+        to: i64,
+    ) -> Vec<(i64, Vec<(u16, f64)>)> {
+        let len = self.granularity.seconds();
+        let first = self.granularity.bucket_start(from);
+        let starts = u64::try_from((to - first).max(0) / len).unwrap_or(u64::MAX);
+        let mut out = Vec::new();
+        if starts <= self.pending.len() as u64 {
+            let mut start = first;
+            while start < to {
+                let key = BucketKeyRef {
+                    sensor,
+                    metric,
+                    start,
+                };
+                if let Some(open) = self.pending.get(&key) {
+                    out.push((start, open.values.clone()));
+                }
+                start += len;
+            }
+        } else {
+            out.extend(
+                self.pending
+                    .iter()
+                    .filter(|(k, _)| {
+                        k.sensor.as_str() == sensor
+                            && k.metric.as_str() == metric
+                            && k.start >= first
+                            && k.start < to
+                    })
+                    .map(|(k, open)| (k.start, open.values.clone())),
+            );
+        }
+        out
+    }
 }
 
 impl From<(BucketKey, Open)> for Item {
@@ -403,6 +696,7 @@ impl From<(BucketKey, Open)> for Item {
             },
             tickets: open.tickets,
             readings: open.readings,
+            origins: open.origins,
         }
     }
 }
@@ -420,6 +714,12 @@ mod tests {
         max_buffered_readings: 2000,
         max_buckets: 1000,
         max_flush_buckets: 1000,
+        hold: HOLD,
+    };
+
+    const HOLD: Hold = Hold {
+        grace: Duration::from_secs(10),
+        max_hold: Duration::from_secs(300),
     };
 
     /// Settles every item of `batch` as `settled`; returns the answers.
@@ -451,7 +751,7 @@ mod tests {
             reading("s1", 179, 4.0),
         ];
         b.offer(rs, Some(7), now).expect("room");
-        let batch = b.take().expect("a batch");
+        let batch = b.take_all().expect("a batch");
         assert_eq!(batch.items.len(), 1);
         assert_eq!(batch.items[0].update.key.start, 120);
         assert_eq!(
@@ -459,7 +759,7 @@ mod tests {
             vec![(1, 2.0), (5, 3.0), (59, 4.0)]
         );
         assert_eq!((b.buffered(), batch.readings), (3, 4));
-        assert!(b.take().is_none());
+        assert!(b.take_all().is_none());
         assert_eq!(
             settle_all(&mut b, &batch, Settled::Stored),
             vec![(7, Ok(()))]
@@ -472,7 +772,7 @@ mod tests {
         let mut b: Batcher<()> = Batcher::new(Granularity::Hour, LIMITS);
         b.offer(vec![reading("s", 3600 + 61, 1.0)], None, Instant::now())
             .expect("room");
-        let batch = b.take().expect("a batch");
+        let batch = b.take_all().expect("a batch");
         assert_eq!(batch.items[0].update.key.start, 3600);
         assert_eq!(batch.items[0].update.values, vec![(61, 1.0)]);
     }
@@ -485,7 +785,7 @@ mod tests {
         };
         let mut b: Batcher<()> = Batcher::new(Granularity::Minute, limits);
         let t0 = Instant::now();
-        assert_eq!(b.deadline(), None);
+        assert_eq!(b.deadline(t0), None);
         let o = b.offer(vec![reading("a", 1, 1.0)], None, t0).expect("room");
         assert!(o.wake_driver, "the first reading sets a deadline");
         assert!(!b.is_due(t0 + Duration::from_millis(999)));
@@ -505,7 +805,7 @@ mod tests {
         b.offer(vec![reading("a", 1, 1.0)], None, t0).expect("room");
         assert!(b.hurry());
         assert!(b.is_due(t0));
-        b.take().expect("batch");
+        b.take_all().expect("batch");
         b.offer(vec![reading("a", 2, 1.0)], None, t0).expect("room");
         assert!(!b.is_due(t0), "hurrying applied to the batch that was open");
     }
@@ -525,7 +825,7 @@ mod tests {
             now,
         )
         .expect("room");
-        let batch = b.take().expect("batch");
+        let batch = b.take_all().expect("batch");
         // In-flight values still count against the bound.
         let err = b
             .offer(
@@ -543,7 +843,7 @@ mod tests {
             }
         );
         assert_eq!(b.pending_values(), 0);
-        assert!(b.take().is_none(), "the refused offer left nothing behind");
+        assert!(b.take_all().is_none(), "the refused offer left nothing behind");
         assert_eq!(
             settle_all(&mut b, &batch, Settled::Stored),
             vec![(1, Ok(()))]
@@ -583,7 +883,7 @@ mod tests {
                 limit: 3
             }
         );
-        let batch = b.take().expect("batch");
+        let batch = b.take_all().expect("batch");
         assert_eq!(batch.items.len(), 3, "the refused offer added nothing");
         // In-flight buckets still count until their batch completes.
         assert!(b.offer(vec![reading("d", 1, 1.0)], None, now).is_err());
@@ -606,7 +906,7 @@ mod tests {
             .expect("room");
         b.offer(vec![reading("c", 2, 1.0)], Some("c"), now)
             .expect("room");
-        let batch = b.take().expect("batch");
+        let batch = b.take_all().expect("batch");
         let item = |sensor: &str| {
             batch
                 .items
@@ -645,13 +945,13 @@ mod tests {
             .map(|s| reading(s, 1, 1.0))
             .collect();
         b.offer(five, Some(1), t0).expect("room");
-        let first = b.take().expect("batch");
+        let first = b.take_all().expect("batch");
         assert_eq!(first.items.len(), 2);
         assert!(b.is_due(t0), "the rest is due at once");
-        let second = b.take().expect("batch");
-        let third = b.take().expect("batch");
+        let second = b.take_all().expect("batch");
+        let third = b.take_all().expect("batch");
         assert_eq!((second.items.len(), third.items.len()), (2, 1));
-        assert!(b.take().is_none());
+        assert!(b.take_all().is_none());
         let mut answers = settle_all(&mut b, &first, Settled::Stored);
         answers.extend(settle_all(&mut b, &second, Settled::Stored));
         assert!(answers.is_empty(), "the writer waits for all five buckets");
@@ -716,14 +1016,14 @@ mod tests {
                         let readings: Vec<_> = rs.iter().map(|&(s, ts, v)| reading(sensors[s], ts, f64::from(v))).collect();
                         b.offer(readings, Some(i), now).expect("room");
                     }
-                    None => if let Some(batch) = b.take() {
+                    None => if let Some(batch) = b.take_all() {
                         apply(&mut b, batch, &mut stored, &mut answered);
                     },
                 }
                 prop_assert!(b.buffered() <= LIMITS.max_buffered_readings);
                 prop_assert!(b.buckets() <= LIMITS.max_buckets);
             }
-            while let Some(batch) = b.take() { apply(&mut b, batch, &mut stored, &mut answered); }
+            while let Some(batch) = b.take_all() { apply(&mut b, batch, &mut stored, &mut answered); }
             prop_assert_eq!((b.buffered(), b.buckets(), b.waiting()), (0, 0, 0));
             let expected: StdMap<(String, i64), f64> = model
                 .into_iter()

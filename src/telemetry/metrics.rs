@@ -98,6 +98,13 @@ pub struct Metrics {
     pub http_requests: IntCounterVec,
     pub http_duration: HistogramVec,
     pub query_duration: HistogramVec,
+    pub journal_bytes: IntGauge,
+    pub journal_segments: IntGauge,
+    pub journal_behind_seconds: IntGauge,
+    pub journal_oldest_unstored_seconds: IntGauge,
+    pub journal_fsyncs: IntCounter,
+    pub journal_fsync_duration: Histogram,
+    pub journal_replayed_readings: IntCounter,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
@@ -260,6 +267,42 @@ impl Metrics {
                 "hourglass_query_duration_seconds",
                 "Query latency, by endpoint (average, series).",
                 &["endpoint"],
+            ),
+            journal_bytes: gauge(
+                &r,
+                "hourglass_journal_bytes",
+                "Bytes of journal segments on disk.",
+            ),
+            journal_segments: gauge(
+                &r,
+                "hourglass_journal_segments",
+                "Journal segment files on disk.",
+            ),
+            journal_behind_seconds: gauge(
+                &r,
+                "hourglass_journal_behind_seconds",
+                "While journaled readings wait on disk for room in memory (an outage, or memory at its bound): how long the oldest has waited. 0 when caught up.",
+            ),
+            journal_oldest_unstored_seconds: gauge(
+                &r,
+                "hourglass_journal_oldest_unstored_seconds",
+                "Age of the oldest acknowledged reading not yet stored in MongoDB (held in memory or waiting on disk).",
+            ),
+            journal_fsyncs: counter(
+                &r,
+                "hourglass_journal_fsyncs_total",
+                "Journal commits: one write and one fsync shared by every append queued at the time.",
+            ),
+            journal_fsync_duration: histogram(
+                &r,
+                "hourglass_journal_fsync_duration_seconds",
+                "Time to write and fsync one journal commit.",
+                DURATION_BUCKETS,
+            ),
+            journal_replayed_readings: counter(
+                &r,
+                "hourglass_journal_replayed_readings_total",
+                "Readings replayed from journal segments left by an earlier run.",
             ),
             registry: r,
         };

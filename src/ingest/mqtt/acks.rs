@@ -1,8 +1,8 @@
 //! Acknowledgements: a pure state machine and the task that drives it.
 //!
 //! Messages are acknowledged in arrival order, as MQTT 3.1.1 asks of QoS 1,
-//! and only once settled: their readings stored (or dead-lettered, or the
-//! message found unusable). A message whose connection is gone is not
+//! and only once settled: their readings safe (in the journal, or stored when
+//! it is off), dead-lettered, or the message found unusable. A message whose connection is gone is not
 //! acknowledged: the broker delivers it again on the new connection, and that
 //! copy gets the PUBACK. A message left unstored at shutdown is not
 //! acknowledged either, so the broker delivers it again after the restart.
@@ -14,11 +14,11 @@ use std::sync::atomic::Ordering;
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use rumqttc::{Publish, QoS};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tracing::warn;
 
 use super::Shared;
-use crate::batcher::{FlushResult, NotStored};
+use crate::journal::{Ack, NotSafe};
 
 /// What to do with a settled message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,7 +111,7 @@ pub(super) struct Pending {
     pub epoch: u64,
     /// Resolves when its readings are settled; `None` for a message that is
     /// acknowledged without storing anything (unusable, retained, empty).
-    pub stored: Option<oneshot::Receiver<FlushResult>>,
+    pub stored: Option<Ack>,
 }
 
 /// The acker task: settles messages as their readings are settled and sends
@@ -129,7 +129,7 @@ pub(super) async fn acknowledge(shared: Arc<Shared>, mut pending: mpsc::Receiver
                     let seq = acks.received(p.pkid, p.epoch);
                     match p.stored {
                         None => acks.settle(seq, Settle::Ack),
-                        Some(stored) => waiting.push(async move { (seq, stored.await) }),
+                        Some(stored) => waiting.push(async move { (seq, stored.safe().await) }),
                     }
                 }
                 None => open = false,
@@ -138,8 +138,8 @@ pub(super) async fn acknowledge(shared: Arc<Shared>, mut pending: mpsc::Receiver
                 let settle = match result {
                     // Stored, or in the dead-letter collection: either way
                     // the message is dealt with for good.
-                    Ok(Ok(())) | Ok(Err(NotStored::DeadLettered(_))) => Settle::Ack,
-                    Ok(Err(NotStored::Shutdown)) | Err(_) => Settle::Leave,
+                    Ok(()) | Err(NotSafe::DeadLettered(_)) => Settle::Ack,
+                    Err(NotSafe::Stopped | NotSafe::Journal(_)) => Settle::Leave,
                 };
                 acks.settle(seq, settle);
             }

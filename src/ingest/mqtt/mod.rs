@@ -5,7 +5,7 @@
 //!   when the broker lost the session or refused the subscription, backs off
 //!   after errors, and forwards publishes;
 //! - `processor`: decodes each message (`topics` names its sensor) and
-//!   submits its readings to the batcher, dead-lettering unusable ones;
+//!   submits its readings (to the journal, or the batcher when it is off), dead-lettering unusable ones;
 //! - `acks`: sends each PUBACK, in arrival order, only once the message's
 //!   readings are settled; its bookkeeping is a pure state machine.
 //!
@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 pub use settings::Settings;
 pub use topics::parse_topic;
 
-use crate::batcher::driver::BatcherHandle;
+use crate::journal::Intake;
 use crate::settings::Invalid;
 use crate::shutdown::Shutdown;
 use crate::telemetry::metrics::{Metrics, Rejection};
@@ -83,7 +83,7 @@ impl Unusable {
 struct Shared {
     settings: Settings,
     ingest: crate::ingest::Settings,
-    batcher: BatcherHandle,
+    intake: Intake,
     client: AsyncClient,
     stats: Arc<MqttStats>,
     metrics: Arc<Metrics>,
@@ -106,7 +106,7 @@ impl MqttIngest {
     pub fn start(
         settings: &Settings,
         ingest: &crate::ingest::Settings,
-        batcher: BatcherHandle,
+        intake: Intake,
         stats: Arc<MqttStats>,
         metrics: Arc<Metrics>,
         shutdown: Shutdown,
@@ -117,7 +117,7 @@ impl MqttIngest {
         let shared = Arc::new(Shared {
             settings: settings.clone(),
             ingest: ingest.clone(),
-            batcher,
+            intake,
             client,
             stats,
             metrics,

@@ -1,6 +1,7 @@
 //! The processor: decodes each message and submits its readings to the
-//! batcher (waiting for room when it is full: MQTT pauses, the broker keeps
-//! the backlog), and hands unusable ones to the dead-letter topic.
+//! journal, or to the batcher when the journal is off (waiting for room when
+//! either is full: MQTT pauses, the broker keeps the backlog), and hands
+//! unusable ones to the dead-letter topic.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -9,19 +10,18 @@ use std::time::Duration;
 use rumqttc::{Publish, QoS};
 use serde::Serialize;
 use time::OffsetDateTime;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::warn;
 
 use super::acks::Pending;
 use super::topics::parse_topic;
 use super::{Shared, Unusable};
-use crate::batcher::FlushResult;
-use crate::batcher::driver::SubmitError;
+use crate::journal::{Ack, IntakeError, Wait};
 use crate::ingest::decode::{DecodeError, decode_payload};
 use crate::telemetry::metrics::Source;
 
-/// How long the processor waits before offering to a full batcher again.
+/// How long the processor waits before offering to a full journal or batcher again.
 const FULL_RETRY: Duration = Duration::from_millis(50);
 /// At most one "unusable message" warning per this interval; the rest are counted.
 const DROP_LOG_INTERVAL: Duration = Duration::from_secs(1);
@@ -121,7 +121,7 @@ pub(super) async fn process(
         // Acks wait for the flush: with much of the broker's window waiting,
         // flush now instead of letting the window cap throughput.
         if shared.unacked.load(Ordering::Acquire) >= flush_at {
-            shared.batcher.flush_soon();
+            shared.intake.flush_soon();
         }
     }
 }
@@ -129,7 +129,7 @@ pub(super) async fn process(
 async fn submit(
     shared: &Shared,
     publish: &Publish,
-) -> Result<Option<oneshot::Receiver<FlushResult>>, Submit> {
+) -> Result<Option<Ack>, Submit> {
     let settings = &shared.settings;
     if publish.payload.len() > settings.max_payload_bytes {
         return Err(Submit::Unusable(Unusable::new(
@@ -158,13 +158,13 @@ async fn submit(
             return Ok(None);
         }
         let n = readings.len();
-        match shared.batcher.submit(readings, true) {
-            Ok(stored) => {
+        match shared.intake.submit(readings, Wait::Safe) {
+            Ok(ack) => {
                 shared.metrics.received(Source::Mqtt, n);
-                return Ok(stored);
+                return Ok(Some(ack));
             }
-            Err(SubmitError::Closed) => return Err(Submit::Stopped),
-            Err(SubmitError::Full(_)) => {
+            Err(IntakeError::Closed) => return Err(Submit::Stopped),
+            Err(IntakeError::Full(_) | IntakeError::JournalFull { .. } | IntakeError::Busy) => {
                 // Pause consuming: unacknowledged messages hold the broker's
                 // window, so it stops sending and keeps the backlog.
                 tokio::select! {

@@ -1,0 +1,668 @@
+//! The journal: an append-only, checksummed, fsync'd log on local disk between
+//! the ingestors and the batcher.
+//!
+//! A writer's readings are framed ([`record`]) and handed to the journal task,
+//! which appends whatever has queued up since its last commit and fsyncs once
+//! for all of them (group commit), then answers them: that is the
+//! acknowledgement. Right after the fsync, the same task offers the readings
+//! to the batcher as *held* readings, tagged with their segment; the batcher
+//! writes each bucket when its window ends. When the batcher has no room
+//! (MongoDB is down, or memory is at its bound) the task stops offering and
+//! later reads the backlog back from disk, in order, as room frees up: memory
+//! stays bounded and the disk absorbs the outage until `journal.max_bytes`.
+//!
+//! A segment is deleted once it is read and the batcher reports every reading
+//! from it stored or dead-lettered. On start, [`segments::Segments::open`]
+//! checks every record's checksum, cuts torn tails, and the task replays the
+//! segments that remain; bucket upserts are idempotent, so a replay of
+//! readings already stored changes nothing.
+//!
+//! [`Intake`] is what the ingestors call: it sends readings through the
+//! journal, or straight to the batcher when the journal is off or the writer
+//! asked to wait for storage.
+
+mod record;
+mod segments;
+mod settings;
+
+pub use settings::Settings;
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tracing::{error, info, warn};
+
+use self::record::FRAME_HEADER;
+use self::segments::{ReadRecord, Recovered, Segments};
+use crate::batcher::driver::{BatcherHandle, SubmitError};
+use crate::batcher::{FlushResult, NotStored};
+use crate::domain::{BucketKey, Reading};
+use crate::shutdown::Shutdown;
+use crate::telemetry::metrics::Metrics;
+
+/// Appends waiting for the journal task; beyond it writers get "busy".
+const QUEUE: usize = 4096;
+/// One commit takes at most about this much.
+const MAX_GROUP_BYTES: usize = 16 << 20;
+/// The backlog is read back in chunks of about this much.
+const READ_BYTES: usize = 4 << 20;
+/// How often the task looks for segments to delete and room for the backlog.
+const TICK: Duration = Duration::from_millis(200);
+
+/// Opening the journal failed.
+#[derive(Debug, thiserror::Error)]
+#[error("opening the journal in {dir}: {source}")]
+pub struct OpenError {
+    dir: String,
+    source: std::io::Error,
+}
+
+/// The disk refused a commit: the readings are not journaled.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the journal could not be written: {0}")]
+pub struct JournalError(String);
+
+/// Why readings were refused before anything was done with them.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IntakeError {
+    #[error("the journal is full ({bytes} of {max} bytes)")]
+    JournalFull { bytes: u64, max: u64 },
+    #[error("the journal has {QUEUE} appends waiting")]
+    Busy,
+    #[error(transparent)]
+    Full(#[from] crate::batcher::Full),
+    #[error("the service is shutting down")]
+    Closed,
+}
+
+impl From<SubmitError> for IntakeError {
+    fn from(e: SubmitError) -> Self {
+        match e {
+            SubmitError::Full(full) => Self::Full(full),
+            SubmitError::Closed => Self::Closed,
+        }
+    }
+}
+
+type Committed = oneshot::Sender<Result<(), JournalError>>;
+
+struct Append {
+    frame: Vec<u8>,
+    done: Option<Committed>,
+}
+
+struct Shared {
+    /// Bytes of the segments on disk.
+    disk: AtomicU64,
+    /// Bytes appended but not yet committed.
+    queued: AtomicU64,
+    max_bytes: u64,
+    /// An append was refused for space since the journal last shrank.
+    full: AtomicBool,
+    /// Every journaled reading has been offered to the batcher.
+    caught_up: AtomicBool,
+    /// When the oldest segment not yet read back was started, while behind.
+    behind_since: Mutex<Option<SystemTime>>,
+    shutdown: Shutdown,
+}
+
+/// The writers' side of the journal: cheap to clone.
+#[derive(Clone)]
+pub struct Journal {
+    tx: mpsc::Sender<Append>,
+    shared: Arc<Shared>,
+}
+
+impl Journal {
+    /// Opens the journal in `settings.dir` (recovering what a previous run
+    /// left) and returns the handle and the task that must run for it.
+    pub fn open(
+        settings: &Settings,
+        batcher: BatcherHandle,
+        metrics: Arc<Metrics>,
+        shutdown: Shutdown,
+    ) -> Result<(Journal, JournalTask), OpenError> {
+        let (segments, recovered) =
+            Segments::open(&settings.dir, settings.segment_bytes).map_err(|source| OpenError {
+                dir: settings.dir.display().to_string(),
+                source,
+            })?;
+        report(&recovered, &settings.dir.display().to_string());
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let first = segments.first().unwrap_or(0);
+        let (end, _) = segments.end();
+        let shared = Arc::new(Shared {
+            disk: AtomicU64::new(segments.bytes()),
+            queued: AtomicU64::new(0),
+            max_bytes: settings.max_bytes,
+            full: AtomicBool::new(false),
+            caught_up: AtomicBool::new(false),
+            behind_since: Mutex::new(None),
+            shutdown,
+        });
+        let task = JournalTask {
+            segments: Arc::new(Mutex::new(segments)),
+            rx,
+            shared: shared.clone(),
+            batcher,
+            metrics,
+            consumer: (first, record::HEADER as u64),
+            caught_up: false,
+            staged: VecDeque::new(),
+            replay_before: end,
+        };
+        Ok((Journal { tx, shared }, task))
+    }
+
+    /// Journals `readings`. With `wait`, the receiver resolves once they are
+    /// on disk (fsync'd) and offered to the batcher.
+    pub fn append(
+        &self,
+        readings: &[Reading<'_>],
+        wait: bool,
+    ) -> Result<Option<oneshot::Receiver<Result<(), JournalError>>>, IntakeError> {
+        if self.shared.shutdown.is_triggered() {
+            return Err(IntakeError::Closed);
+        }
+        let frame = record::encode(readings);
+        let len = frame.len() as u64;
+        let bytes = self.bytes();
+        if bytes.saturating_add(len) > self.shared.max_bytes {
+            self.shared.full.store(true, Ordering::Release);
+            return Err(IntakeError::JournalFull {
+                bytes,
+                max: self.shared.max_bytes,
+            });
+        }
+        let (done, rx) = if wait {
+            let (tx, rx) = oneshot::channel();
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+        self.shared.queued.fetch_add(len, Ordering::AcqRel);
+        if let Err(e) = self.tx.try_send(Append { frame, done }) {
+            self.shared.queued.fetch_sub(len, Ordering::AcqRel);
+            return Err(match e {
+                mpsc::error::TrySendError::Full(_) => IntakeError::Busy,
+                mpsc::error::TrySendError::Closed(_) => IntakeError::Closed,
+            });
+        }
+        Ok(rx)
+    }
+
+    /// Bytes on disk plus bytes on their way there.
+    pub fn bytes(&self) -> u64 {
+        self.shared.disk.load(Ordering::Acquire) + self.shared.queued.load(Ordering::Acquire)
+    }
+
+    /// Whether input was refused for space and the journal has not shrunk since.
+    pub fn is_full(&self) -> bool {
+        self.shared.full.load(Ordering::Acquire)
+    }
+
+    /// Whether every journaled reading has been handed to the batcher (so
+    /// queries see them): false during a replay and while behind.
+    pub fn caught_up(&self) -> bool {
+        self.shared.caught_up.load(Ordering::Acquire)
+    }
+
+    /// How long the oldest journaled reading not yet read back has waited,
+    /// if the journal is behind.
+    pub fn behind_for(&self) -> Option<Duration> {
+        let since = *self
+            .shared
+            .behind_since
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        since.and_then(|s| s.elapsed().ok())
+    }
+}
+
+fn report(recovered: &Recovered, dir: &str) {
+    if recovered.segments > 0 {
+        info!(
+            dir,
+            segments = recovered.segments,
+            records = recovered.records,
+            readings = recovered.readings,
+            "Found journaled readings from the previous run; replaying them."
+        );
+    }
+    if recovered.truncated_bytes > 0 || recovered.corrupt_records > 0 {
+        // Never acknowledged: an acknowledgement waits for the fsync that
+        // would have made these records whole. A corrupt record in the middle
+        // (a bad disk) was acknowledged, though: that is a loss.
+        let log = |corrupt: usize| {
+            if corrupt > 0 {
+                error!(
+                    dir,
+                    corrupt_records = corrupt,
+                    truncated_bytes = recovered.truncated_bytes,
+                    "Journal records failed their checksum and were skipped; their readings are lost."
+                );
+            } else {
+                warn!(
+                    dir,
+                    truncated_bytes = recovered.truncated_bytes,
+                    "The journal ended in a torn record (a crash mid-write); cut it off. It was never acknowledged."
+                );
+            }
+        };
+        log(recovered.corrupt_records);
+    }
+}
+
+/// The task that owns the journal's files: commits appends, feeds the
+/// batcher, and deletes segments once their readings are stored.
+pub struct JournalTask {
+    segments: Arc<Mutex<Segments>>,
+    rx: mpsc::Receiver<Append>,
+    shared: Arc<Shared>,
+    batcher: BatcherHandle,
+    metrics: Arc<Metrics>,
+    /// The next record to offer to the batcher: (segment, offset).
+    consumer: (u64, u64),
+    caught_up: bool,
+    /// Records read back from disk, not yet offered.
+    staged: VecDeque<(u64, ReadRecord)>,
+    /// Segments below this were written by an earlier run.
+    replay_before: u64,
+}
+
+fn lock(segments: &Mutex<Segments>) -> MutexGuard<'_, Segments> {
+    segments.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn unix_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+impl JournalTask {
+    /// Commits, feeds and tidies until the shutdown starts; then commits what
+    /// was already queued and returns itself for [`Self::finish`].
+    pub async fn run(mut self) -> Self {
+        let shutdown = self.shared.shutdown.clone();
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        self.feed().await;
+        loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.triggered() => break,
+                Some(first) = self.rx.recv() => self.commit(first).await,
+                _ = self.batcher.room(), if !self.caught_up => self.feed().await,
+                _ = tick.tick() => {
+                    if !self.caught_up {
+                        self.feed().await;
+                    }
+                    self.retire().await;
+                }
+            }
+        }
+        self.rx.close();
+        while let Some(first) = self.rx.recv().await {
+            self.commit(first).await;
+        }
+        self
+    }
+
+    /// After the batcher drained: deletes what is stored and says what is left.
+    pub async fn finish(mut self) {
+        self.retire().await;
+        let bytes = self.shared.disk.load(Ordering::Acquire);
+        let segments = lock(&self.segments).list().len();
+        if self.batcher.lowest_unsettled_origin().is_some() || !self.caught_up {
+            info!(
+                bytes,
+                segments, "Readings not yet stored stay in the journal; the next start writes them."
+            );
+        }
+    }
+
+    async fn commit(&mut self, first: Append) {
+        let mut group = vec![first];
+        let mut size = group[0].frame.len();
+        while size < MAX_GROUP_BYTES {
+            match self.rx.try_recv() {
+                Ok(next) => {
+                    size += next.frame.len();
+                    group.push(next);
+                }
+                Err(_) => break,
+            }
+        }
+        let frames: Vec<u8> = if group.len() == 1 {
+            std::mem::take(&mut group[0].frame)
+        } else {
+            let mut all = Vec::with_capacity(size);
+            for a in &group {
+                all.extend_from_slice(&a.frame);
+            }
+            all
+        };
+        let started = Instant::now();
+        let segments = self.segments.clone();
+        let appended = tokio::task::spawn_blocking(move || {
+            let result = lock(&segments).append(&frames);
+            (frames, result)
+        })
+        .await;
+        self.metrics.journal_fsyncs.inc();
+        self.metrics
+            .journal_fsync_duration
+            .observe(started.elapsed().as_secs_f64());
+        self.shared.queued.fetch_sub(size as u64, Ordering::AcqRel);
+        self.publish();
+        let result = match appended {
+            Ok((frames, result)) => {
+                if group.len() == 1 {
+                    group[0].frame = frames;
+                }
+                result
+            }
+            Err(e) => Err(std::io::Error::other(e.to_string())),
+        };
+        let outcome = match result {
+            Ok((segment, at)) => {
+                self.offer_committed(segment, at, &group);
+                Ok(())
+            }
+            Err(e) => {
+                warn!(error = %e, readings_requests = group.len(),
+                    "Could not write to the journal; the writers were refused and nothing was acknowledged.");
+                Err(JournalError(e.kind().to_string()))
+            }
+        };
+        for a in group {
+            if let Some(done) = a.done {
+                // A writer that stopped waiting has nothing to be told.
+                let _ = done.send(outcome.clone());
+            }
+        }
+    }
+
+    /// Offers freshly committed records to the batcher, if nothing older is
+    /// still waiting; the first that does not fit starts a backlog.
+    fn offer_committed(&mut self, segment: u64, at: u64, group: &[Append]) {
+        if !self.caught_up {
+            return;
+        }
+        let now = unix_ms();
+        let mut offset = at;
+        for a in group {
+            let offered = match record::decode(&a.frame[FRAME_HEADER..]) {
+                Ok(readings) => self.batcher.submit_held(readings, segment, now).is_ok(),
+                // Encoded here a moment ago: this cannot happen.
+                Err(e) => {
+                    error!(error = %e, "A journal record just written does not read back; skipping it.");
+                    true
+                }
+            };
+            if !offered {
+                self.fall_behind(segment, offset);
+                return;
+            }
+            offset += a.frame.len() as u64;
+        }
+        self.consumer = (segment, offset);
+    }
+
+    fn fall_behind(&mut self, segment: u64, offset: u64) {
+        self.consumer = (segment, offset);
+        self.caught_up = false;
+        self.shared.caught_up.store(false, Ordering::Release);
+        let created = lock(&self.segments)
+            .list()
+            .iter()
+            .find(|s| s.id == segment)
+            .map(|s| s.created);
+        *self
+            .shared
+            .behind_since
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = created;
+    }
+
+    /// Reads the backlog back from disk and offers it, in order, until the
+    /// batcher is full or the backlog is gone.
+    async fn feed(&mut self) {
+        loop {
+            while let Some((segment, record)) = self.staged.front() {
+                let (segment, end) = (*segment, record.end);
+                let readings = match &record.payload {
+                    None => {
+                        error!(
+                            segment,
+                            offset = record.offset,
+                            "A journal record failed its checksum when read back; its readings are lost."
+                        );
+                        None
+                    }
+                    Some(payload) => match record::decode(payload) {
+                        Ok(readings) => Some(readings),
+                        Err(e) => {
+                            error!(segment, offset = record.offset, error = %e,
+                                "A journal record does not read back; its readings are lost.");
+                            None
+                        }
+                    },
+                };
+                if let Some(readings) = readings {
+                    let n = readings.len() as u64;
+                    if self
+                        .batcher
+                        .submit_held(readings, segment, unix_ms())
+                        .is_err()
+                    {
+                        // Full: the driver is writing; come back when it made room.
+                        return;
+                    }
+                    if segment < self.replay_before {
+                        self.metrics.journal_replayed_readings.inc_by(n);
+                    }
+                }
+                self.consumer = (segment, end);
+                self.staged.pop_front();
+            }
+            let (segment, offset) = self.consumer;
+            let (end_segment, end_len, len, next) = {
+                let segments = lock(&self.segments);
+                let (end_segment, end_len) = segments.end();
+                (
+                    end_segment,
+                    end_len,
+                    segments.len_of(segment),
+                    segments.next_after(segment),
+                )
+            };
+            if (segment, offset) >= (end_segment, end_len) {
+                self.catch_up();
+                return;
+            }
+            match len {
+                Some(len) if offset < len => {}
+                // Read to its end (or gone): on to the next segment.
+                _ => {
+                    self.consumer = (next.unwrap_or(end_segment), record::HEADER as u64);
+                    continue;
+                }
+            }
+            let segments = self.segments.clone();
+            let read = tokio::task::spawn_blocking(move || {
+                lock(&segments).read(segment, offset, READ_BYTES)
+            })
+            .await;
+            match read {
+                Ok(Ok(records)) if !records.is_empty() => {
+                    self.staged
+                        .extend(records.into_iter().map(|r| (segment, r)));
+                }
+                Ok(Ok(_)) => {
+                    // Nothing whole past this point: the rest was cut off.
+                    self.consumer = (next.unwrap_or(end_segment), record::HEADER as u64);
+                }
+                Ok(Err(e)) => {
+                    error!(segment, error = %e, "Could not read the journal back; retrying.");
+                    return;
+                }
+                Err(e) => {
+                    error!(error = %e, "Reading the journal back failed; retrying.");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn catch_up(&mut self) {
+        if !self.caught_up {
+            self.caught_up = true;
+            self.shared.caught_up.store(true, Ordering::Release);
+            *self
+                .shared
+                .behind_since
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = None;
+        }
+    }
+
+    /// Deletes the segments that are read and whose readings are all settled.
+    async fn retire(&mut self) {
+        let lowest = self.batcher.lowest_unsettled_origin();
+        let consumer = self.consumer.0;
+        let segments = self.segments.clone();
+        let removed = tokio::task::spawn_blocking(move || {
+            let mut segments = lock(&segments);
+            let (end, _) = segments.end();
+            let done: Vec<u64> = segments
+                .list()
+                .iter()
+                .map(|s| s.id)
+                .filter(|&id| id < consumer && id != end && lowest.is_none_or(|l| id < l))
+                .collect();
+            let mut removed = 0;
+            for id in done {
+                match segments.remove(id) {
+                    Ok(()) => removed += 1,
+                    Err(e) => {
+                        warn!(segment = id, error = %e, "Could not delete a journal segment whose readings are stored; will try again.");
+                        break;
+                    }
+                }
+            }
+            removed
+        })
+        .await
+        .unwrap_or(0);
+        if removed > 0 {
+            self.shared.full.store(false, Ordering::Release);
+        }
+        self.publish();
+    }
+
+    fn publish(&self) {
+        let segments = lock(&self.segments);
+        let bytes = segments.bytes();
+        self.shared.disk.store(bytes, Ordering::Release);
+        self.metrics
+            .journal_bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        self.metrics
+            .journal_segments
+            .set(segments.list().len() as i64);
+    }
+}
+
+/// How long a writer waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// Until the readings are queued (`?async=true`).
+    Queued,
+    /// Until they are safe: in the journal, or stored when it is off.
+    Safe,
+    /// Until they are stored in MongoDB (`?wait=stored`).
+    Stored,
+}
+
+/// Where ingestors put readings: through the journal when it is on.
+#[derive(Clone)]
+pub struct Intake {
+    batcher: BatcherHandle,
+    journal: Option<Journal>,
+}
+
+/// What an accepted submission resolves to.
+pub struct Ack(AckInner);
+
+enum AckInner {
+    Now,
+    Stored(oneshot::Receiver<FlushResult>),
+    Journaled(oneshot::Receiver<Result<(), JournalError>>),
+}
+
+/// Why accepted readings were not made safe.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotSafe {
+    /// Storage can never apply these buckets; their readings are dead-lettered.
+    #[error("storage refused {} bucket(s); their readings are in the dead-letter collection", .0.len())]
+    DeadLettered(Vec<BucketKey>),
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    #[error("the service stopped before the readings were safe")]
+    Stopped,
+}
+
+impl Ack {
+    /// Resolves once the readings are as safe as the writer asked.
+    pub async fn safe(self) -> Result<(), NotSafe> {
+        match self.0 {
+            AckInner::Now => Ok(()),
+            AckInner::Stored(rx) => match rx.await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(NotStored::DeadLettered(keys))) => Err(NotSafe::DeadLettered(keys)),
+                Ok(Err(NotStored::Shutdown)) | Err(_) => Err(NotSafe::Stopped),
+            },
+            AckInner::Journaled(rx) => match rx.await {
+                Ok(result) => result.map_err(NotSafe::from),
+                Err(_) => Err(NotSafe::Stopped),
+            },
+        }
+    }
+}
+
+impl Intake {
+    pub fn new(batcher: BatcherHandle, journal: Option<Journal>) -> Self {
+        Self { batcher, journal }
+    }
+
+    pub fn journal(&self) -> Option<&Journal> {
+        self.journal.as_ref()
+    }
+
+    /// Takes all of `readings` or none.
+    pub fn submit(&self, readings: Vec<Reading<'_>>, wait: Wait) -> Result<Ack, IntakeError> {
+        match (&self.journal, wait) {
+            (Some(journal), Wait::Queued | Wait::Safe) => {
+                let rx = journal.append(&readings, wait == Wait::Safe)?;
+                Ok(Ack(rx.map_or(AckInner::Now, AckInner::Journaled)))
+            }
+            _ => {
+                let rx = self.batcher.submit(readings, wait != Wait::Queued)?;
+                Ok(Ack(rx.map_or(AckInner::Now, AckInner::Stored)))
+            }
+        }
+    }
+
+    /// See [`BatcherHandle::flush_soon`]: only prompt readings wait for a flush.
+    pub fn flush_soon(&self) {
+        if self.journal.is_none() {
+            self.batcher.flush_soon();
+        }
+    }
+}

@@ -1,0 +1,340 @@
+//! The journal's bytes: segment headers, checksummed record frames, and the
+//! readings inside a record. Pure: no files here.
+//!
+//! A segment is [`SEGMENT_MAGIC`] followed by frames. A frame is
+//! `len: u32 LE`, `crc: u32 LE` (CRC-32C over the length bytes, then the
+//! payload), `payload: len bytes`. A payload is a version byte, a count, and
+//! per reading `sensor_len: u8, sensor, metric_len: u8, metric, ts: i64 LE,
+//! value: f64 LE bits`.
+
+use crate::domain::{MetricName, Reading, SensorId};
+
+pub const SEGMENT_MAGIC: &[u8; 8] = b"HGJRNL01";
+pub const HEADER: usize = SEGMENT_MAGIC.len();
+pub const FRAME_HEADER: usize = 8;
+const VERSION: u8 = 1;
+/// No record is larger: a length beyond it is corruption, not a record.
+pub const MAX_RECORD: usize = 1 << 30;
+
+/// Why a payload could not be read back.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a journal record is malformed: {0}")]
+pub struct Malformed(pub &'static str);
+
+fn checksum(len: [u8; 4], payload: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(&len), payload)
+}
+
+/// One framed record holding `readings`, ready to append.
+pub fn encode(readings: &[Reading<'_>]) -> Vec<u8> {
+    let size: usize = readings
+        .iter()
+        .map(|r| 18 + r.sensor.as_str().len() + r.metric.as_str().len())
+        .sum();
+    let mut out = Vec::with_capacity(FRAME_HEADER + 5 + size);
+    out.extend_from_slice(&[0; FRAME_HEADER]);
+    out.push(VERSION);
+    out.extend_from_slice(&(readings.len() as u32).to_le_bytes());
+    for r in readings {
+        // Names are validated to at most 128 bytes, so a byte holds the length.
+        for name in [r.sensor.as_str(), r.metric.as_str()] {
+            out.push(name.len() as u8);
+            out.extend_from_slice(name.as_bytes());
+        }
+        out.extend_from_slice(&r.ts.to_le_bytes());
+        out.extend_from_slice(&r.value.to_bits().to_le_bytes());
+    }
+    let len = ((out.len() - FRAME_HEADER) as u32).to_le_bytes();
+    let crc = checksum(len, &out[FRAME_HEADER..]);
+    out[..4].copy_from_slice(&len);
+    out[4..FRAME_HEADER].copy_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// The readings of a record's payload, borrowing their names from it.
+pub fn decode(payload: &[u8]) -> Result<Vec<Reading<'_>>, Malformed> {
+    let mut at = Cursor { buf: payload };
+    if at.take(1)?[0] != VERSION {
+        return Err(Malformed("unknown version"));
+    }
+    let count = u32::from_le_bytes(at.array()?) as usize;
+    // Each reading takes at least 20 bytes: a count beyond that is corruption.
+    if count > payload.len() / 20 + 1 {
+        return Err(Malformed("count beyond the payload"));
+    }
+    let mut out = Vec::with_capacity(count);
+    for _ in 0..count {
+        let sensor = at.name()?;
+        let metric = at.name()?;
+        let ts = i64::from_le_bytes(at.array()?);
+        let value = f64::from_bits(u64::from_le_bytes(at.array()?));
+        out.push(Reading {
+            sensor: SensorId::parse(sensor).map_err(|_| Malformed("sensor"))?,
+            metric: MetricName::parse(metric).map_err(|_| Malformed("metric"))?,
+            ts,
+            value,
+        });
+    }
+    if !at.buf.is_empty() {
+        return Err(Malformed("bytes after the readings"));
+    }
+    Ok(out)
+}
+
+struct Cursor<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], Malformed> {
+        if self.buf.len() < n {
+            return Err(Malformed("truncated"));
+        }
+        let (head, tail) = self.buf.split_at(n);
+        self.buf = tail;
+        Ok(head)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], Malformed> {
+        let mut out = [0; N];
+        out.copy_from_slice(self.take(N)?);
+        Ok(out)
+    }
+
+    fn name(&mut self) -> Result<&'a str, Malformed> {
+        let len = usize::from(self.take(1)?[0]);
+        std::str::from_utf8(self.take(len)?).map_err(|_| Malformed("name is not UTF-8"))
+    }
+}
+
+/// A frame header read from `buf` at `at`: the payload's length, if the
+/// whole frame is there and its checksum matches.
+pub fn frame_at(buf: &[u8], at: usize) -> Frame {
+    let Some(header) = buf.get(at..at + FRAME_HEADER) else {
+        return Frame::Incomplete;
+    };
+    let len_bytes = [header[0], header[1], header[2], header[3]];
+    let len = u32::from_le_bytes(len_bytes) as usize;
+    let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
+    if len > MAX_RECORD {
+        return Frame::Corrupt { len: None };
+    }
+    let Some(payload) = buf.get(at + FRAME_HEADER..at + FRAME_HEADER + len) else {
+        return Frame::Incomplete;
+    };
+    if checksum(len_bytes, payload) == crc {
+        Frame::Valid { len }
+    } else {
+        Frame::Corrupt { len: Some(len) }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Frame {
+    /// A whole frame with a matching checksum; `len` is the payload's.
+    Valid { len: usize },
+    /// The checksum does not match (`len` as written, if plausible).
+    Corrupt { len: Option<usize> },
+    /// The buffer ends inside the frame.
+    Incomplete,
+}
+
+/// What a segment's bytes hold.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Scan {
+    /// `(offset, payload length)` of each intact record.
+    pub records: Vec<(usize, usize)>,
+    /// Corrupt records skipped over (their length was intact and the next
+    /// frame checks out): `(offset, total bytes)`.
+    pub skipped: Vec<(usize, usize)>,
+    /// Where intact data ends: the file is truncated here.
+    pub end: usize,
+    /// Whether the segment header itself is missing or wrong.
+    pub bad_header: bool,
+}
+
+/// Scans a whole segment. A record whose checksum fails is skipped when its
+/// length leads to a valid next frame (one bad record in the middle: the rest
+/// is intact); otherwise the log ends there (a torn or corrupt tail).
+pub fn scan(buf: &[u8]) -> Scan {
+    if buf.len() < HEADER || &buf[..HEADER] != SEGMENT_MAGIC {
+        return Scan {
+            bad_header: true,
+            ..Scan::default()
+        };
+    }
+    let mut scan = Scan {
+        end: HEADER,
+        ..Scan::default()
+    };
+    let mut at = HEADER;
+    while at < buf.len() {
+        match frame_at(buf, at) {
+            Frame::Valid { len } => {
+                scan.records.push((at, len));
+                at += FRAME_HEADER + len;
+            }
+            Frame::Corrupt { len: Some(len) }
+                if matches!(frame_at(buf, at + FRAME_HEADER + len), Frame::Valid { .. }) =>
+            {
+                scan.skipped.push((at, FRAME_HEADER + len));
+                at += FRAME_HEADER + len;
+            }
+            Frame::Corrupt { .. } | Frame::Incomplete => break,
+        }
+        scan.end = at;
+    }
+    scan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn reading(sensor: &str, metric: &str, ts: i64, value: f64) -> Reading<'static> {
+        Reading {
+            sensor: SensorId::parse(sensor.to_owned()).expect("valid"),
+            metric: MetricName::parse(metric.to_owned()).expect("valid"),
+            ts,
+            value,
+        }
+    }
+
+    fn segment(records: &[Vec<Reading<'static>>]) -> (Vec<u8>, Vec<usize>) {
+        let mut buf = SEGMENT_MAGIC.to_vec();
+        let mut offsets = Vec::new();
+        for r in records {
+            offsets.push(buf.len());
+            buf.extend(encode(r));
+        }
+        (buf, offsets)
+    }
+
+    fn payload(buf: &[u8], (at, len): (usize, usize)) -> &[u8] {
+        &buf[at + FRAME_HEADER..at + FRAME_HEADER + len]
+    }
+
+    #[test]
+    fn records_read_back_exactly() {
+        let rs = vec![
+            reading("s-1", "temp", 1_700_000_000, 21.5),
+            reading("x".repeat(128).as_str(), "m", -5, -0.0),
+            reading("a:b.c", "value", i64::MAX, f64::MAX),
+        ];
+        let (buf, _) = segment(std::slice::from_ref(&rs));
+        let scan = scan(&buf);
+        assert_eq!(scan.records.len(), 1);
+        assert_eq!(scan.end, buf.len());
+        let back = decode(payload(&buf, scan.records[0])).expect("decodes");
+        assert_eq!(back, rs);
+        assert_eq!(back[1].value.to_bits(), (-0.0f64).to_bits());
+    }
+
+    #[test]
+    fn a_torn_tail_ends_the_log_at_the_last_whole_record() {
+        let (buf, offsets) = segment(&[
+            vec![reading("a", "m", 1, 1.0)],
+            vec![reading("b", "m", 2, 2.0)],
+            vec![reading("c", "m", 3, 3.0)],
+        ]);
+        for cut in offsets[2] + 1..buf.len() {
+            let s = scan(&buf[..cut]);
+            assert_eq!(s.records.len(), 2, "cut at {cut}");
+            assert_eq!(s.end, offsets[2]);
+            assert!(s.skipped.is_empty());
+        }
+    }
+
+    #[test]
+    fn a_flipped_byte_in_the_middle_loses_that_record_only() {
+        let (mut buf, offsets) = segment(&[
+            vec![reading("a", "m", 1, 1.0)],
+            vec![reading("b", "m", 2, 2.0), reading("b", "m", 3, 2.0)],
+            vec![reading("c", "m", 3, 3.0)],
+        ]);
+        buf[offsets[1] + FRAME_HEADER + 3] ^= 0x40;
+        let s = scan(&buf);
+        assert_eq!(s.records.len(), 2);
+        assert_eq!(s.skipped, vec![(offsets[1], offsets[2] - offsets[1])]);
+        assert_eq!(s.end, buf.len());
+        assert_eq!(
+            decode(payload(&buf, s.records[1])).expect("decodes")[0].sensor.as_str(),
+            "c"
+        );
+    }
+
+    #[test]
+    fn a_flipped_byte_in_the_last_record_ends_the_log_before_it() {
+        let (mut buf, offsets) = segment(&[
+            vec![reading("a", "m", 1, 1.0)],
+            vec![reading("b", "m", 2, 2.0)],
+        ]);
+        let last = buf.len() - 1;
+        buf[last] ^= 1;
+        let s = scan(&buf);
+        assert_eq!((s.records.len(), s.end), (1, offsets[1]));
+    }
+
+    #[test]
+    fn a_corrupt_length_ends_the_log_there() {
+        let (mut buf, offsets) = segment(&[
+            vec![reading("a", "m", 1, 1.0)],
+            vec![reading("b", "m", 2, 2.0)],
+            vec![reading("c", "m", 3, 3.0)],
+        ]);
+        buf[offsets[1]] ^= 0x10;
+        let s = scan(&buf);
+        assert_eq!((s.records.len(), s.end), (1, offsets[1]));
+    }
+
+    #[test]
+    fn a_missing_header_is_reported() {
+        assert!(scan(b"HGJ").bad_header);
+        assert!(scan(b"NOTMAGIC").bad_header);
+        let s = scan(SEGMENT_MAGIC);
+        assert!(!s.bad_header && s.records.is_empty());
+    }
+
+    #[test]
+    fn malformed_payloads_are_errors_not_panics() {
+        assert!(decode(&[]).is_err());
+        assert!(decode(&[2, 0, 0, 0, 0]).is_err());
+        assert!(decode(&[1, 255, 255, 255, 255]).is_err());
+        let mut ok = encode(&[reading("a", "m", 1, 1.0)]);
+        ok.push(0);
+        assert!(decode(&ok[FRAME_HEADER..]).is_err());
+    }
+
+    proptest! {
+        /// Any bytes: scanning never panics, never reads past the end, and
+        /// every record it reports checks out.
+        #[test]
+        fn scanning_arbitrary_bytes_is_safe(tail in prop::collection::vec(any::<u8>(), 0..512)) {
+            let mut buf = SEGMENT_MAGIC.to_vec();
+            buf.extend(tail);
+            let s = scan(&buf);
+            prop_assert!(s.end <= buf.len());
+            for &(at, _) in &s.records {
+                let valid = matches!(frame_at(&buf, at), Frame::Valid { .. });
+                prop_assert!(valid);
+            }
+            for &(at, len) in &s.records {
+                let _ = decode(payload(&buf, (at, len)));
+            }
+        }
+
+        /// Readings survive a round trip whatever their values.
+        #[test]
+        fn any_readings_round_trip(rs in prop::collection::vec((0..3usize, any::<i64>(), any::<f64>()), 0..50)) {
+            let names = ["a", "sensor-7", "z.y:x"];
+            let readings: Vec<_> = rs.iter().map(|&(s, ts, v)| reading(names[s], "m", ts, v)).collect();
+            let frame = encode(&readings);
+            let back = decode(&frame[FRAME_HEADER..]).expect("decodes");
+            prop_assert_eq!(back.len(), readings.len());
+            for (a, b) in back.iter().zip(&readings) {
+                prop_assert_eq!((a.sensor.as_str(), a.ts, a.value.to_bits()), (b.sensor.as_str(), b.ts, b.value.to_bits()));
+            }
+        }
+    }
+}

@@ -1,0 +1,391 @@
+//! Segment files on disk: recovery at start, appends with one fsync per
+//! group, reads for the backlog, and deletion of segments that are done.
+//! Blocking I/O throughout: the journal task calls it from `spawn_blocking`.
+
+use std::collections::VecDeque;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use super::record::{self, FRAME_HEADER, Frame, HEADER, SEGMENT_MAGIC};
+
+/// One segment file.
+#[derive(Debug, Clone)]
+pub struct Segment {
+    pub id: u64,
+    pub len: u64,
+    pub created: SystemTime,
+}
+
+/// What recovery found and did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recovered {
+    pub segments: usize,
+    pub records: usize,
+    pub readings: u64,
+    /// Records whose checksum failed in the middle of a segment.
+    pub corrupt_records: usize,
+    /// Bytes cut off at torn or corrupt tails (never acknowledged: an
+    /// acknowledgement waits for the fsync that would have made them whole).
+    pub truncated_bytes: u64,
+}
+
+/// A record read back for the backlog.
+#[derive(Debug)]
+pub struct ReadRecord {
+    pub offset: u64,
+    /// Offset just past it.
+    pub end: u64,
+    /// `None` when its checksum failed: skip it.
+    pub payload: Option<Vec<u8>>,
+}
+
+#[derive(Debug)]
+pub struct Segments {
+    dir: PathBuf,
+    segment_bytes: u64,
+    /// Oldest first; the last is the one appended to.
+    list: VecDeque<Segment>,
+    /// The last segment, open for appends; `None` after a failed write so the
+    /// next append starts a fresh file.
+    file: Option<File>,
+    _lock: File,
+}
+
+fn segment_path(dir: &Path, id: u64) -> PathBuf {
+    dir.join(format!("{id:020}.log"))
+}
+
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Records in a record's payload, read from its count without decoding.
+fn readings_in(payload: &[u8]) -> u64 {
+    payload
+        .get(1..5)
+        .map_or(0, |c| u64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+}
+
+impl Segments {
+    /// Opens (creating) the journal in `dir`, checks every segment, truncates
+    /// torn tails, and starts a new segment for appends. Fails if another
+    /// process holds the directory.
+    pub fn open(dir: &Path, segment_bytes: u64) -> io::Result<(Self, Recovered)> {
+        fs::create_dir_all(dir)?;
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join("LOCK"))?;
+        lock.try_lock().map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::WouldBlock,
+                "another process uses this journal directory",
+            )
+        })?;
+        let mut ids: Vec<u64> = fs::read_dir(dir)?
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let name = e.file_name();
+                let name = name.to_str()?;
+                let id = name.strip_suffix(".log")?;
+                (id.len() == 20).then(|| id.parse().ok())?
+            })
+            .collect();
+        ids.sort_unstable();
+        let mut recovered = Recovered::default();
+        let mut list = VecDeque::new();
+        for id in ids {
+            let path = segment_path(dir, id);
+            let buf = fs::read(&path)?;
+            let scan = record::scan(&buf);
+            let created = fs::metadata(&path)
+                .and_then(|m| m.modified())
+                .unwrap_or(SystemTime::now());
+            if scan.bad_header {
+                // Created but never written whole: nothing in it was acknowledged.
+                recovered.truncated_bytes += buf.len() as u64;
+                fs::remove_file(&path)?;
+                continue;
+            }
+            if scan.end < buf.len() {
+                recovered.truncated_bytes += (buf.len() - scan.end) as u64;
+                let file = OpenOptions::new().write(true).open(&path)?;
+                file.set_len(scan.end as u64)?;
+                file.sync_all()?;
+            }
+            recovered.segments += 1;
+            recovered.records += scan.records.len();
+            recovered.corrupt_records += scan.skipped.len();
+            recovered.readings += scan
+                .records
+                .iter()
+                .map(|&(at, len)| readings_in(&buf[at + FRAME_HEADER..at + FRAME_HEADER + len]))
+                .sum::<u64>();
+            list.push_back(Segment {
+                id,
+                len: scan.end as u64,
+                created,
+            });
+        }
+        let mut segments = Self {
+            dir: dir.to_owned(),
+            segment_bytes,
+            list,
+            file: None,
+            _lock: lock,
+        };
+        segments.roll()?;
+        Ok((segments, recovered))
+    }
+
+    /// Starts a new segment for appends.
+    fn roll(&mut self) -> io::Result<()> {
+        let id = self.list.back().map_or(1, |s| s.id + 1);
+        let path = segment_path(&self.dir, id);
+        let mut file = OpenOptions::new()
+            .create_new(true)
+            .append(true)
+            .open(&path)?;
+        file.write_all(SEGMENT_MAGIC)?;
+        file.sync_all()?;
+        // The new name must survive a crash too.
+        sync_dir(&self.dir)?;
+        self.list.push_back(Segment {
+            id,
+            len: HEADER as u64,
+            created: SystemTime::now(),
+        });
+        self.file = Some(file);
+        Ok(())
+    }
+
+    /// Appends whole frames and waits for them to reach the disk. Returns the
+    /// segment and offset they start at. After a failure nothing of them
+    /// counts (the next append goes to a new segment).
+    pub fn append(&mut self, frames: &[u8]) -> io::Result<(u64, u64)> {
+        let full = self.list.back().is_none_or(|s| s.len >= self.segment_bytes);
+        if self.file.is_none() || full {
+            self.file = None;
+            self.roll()?;
+        }
+        let (Some(file), Some(current)) = (self.file.as_mut(), self.list.back_mut()) else {
+            return Err(io::Error::other("no segment open for appends"));
+        };
+        let at = current.len;
+        let written = file.write_all(frames).and_then(|()| file.sync_data());
+        if let Err(e) = written {
+            // Best effort: cut the partial frames off. If that fails too, the
+            // checksum finds them at the next start.
+            let _ = file.set_len(at);
+            self.file = None;
+            return Err(e);
+        }
+        current.len += frames.len() as u64;
+        Ok((current.id, at))
+    }
+
+    /// Reads records of segment `id` from `offset`, about `max_bytes` of them
+    /// (at least one whole record), up to the segment's known length.
+    pub fn read(&self, id: u64, offset: u64, max_bytes: usize) -> io::Result<Vec<ReadRecord>> {
+        let Some(seg_len) = self.len_of(id) else {
+            return Ok(Vec::new());
+        };
+        if offset >= seg_len {
+            return Ok(Vec::new());
+        }
+        let mut file = File::open(segment_path(&self.dir, id))?;
+        file.seek(SeekFrom::Start(offset))?;
+        let available = usize::try_from(seg_len - offset).unwrap_or(usize::MAX);
+        let mut buf = vec![0; available.min(max_bytes.max(FRAME_HEADER))];
+        file.read_exact(&mut buf)?;
+        let mut out = Vec::new();
+        let mut at = 0;
+        loop {
+            match record::frame_at(&buf, at) {
+                Frame::Valid { len } => {
+                    out.push(ReadRecord {
+                        offset: offset + at as u64,
+                        end: offset + (at + FRAME_HEADER + len) as u64,
+                        payload: Some(buf[at + FRAME_HEADER..at + FRAME_HEADER + len].to_vec()),
+                    });
+                    at += FRAME_HEADER + len;
+                }
+                Frame::Corrupt { len: Some(len) }
+                    if offset + ((at + FRAME_HEADER + len) as u64) <= seg_len =>
+                {
+                    out.push(ReadRecord {
+                        offset: offset + at as u64,
+                        end: offset + (at + FRAME_HEADER + len) as u64,
+                        payload: None,
+                    });
+                    at += FRAME_HEADER + len;
+                }
+                Frame::Corrupt { .. } => {
+                    // The length itself is bad: nothing after it can be found.
+                    out.push(ReadRecord {
+                        offset: offset + at as u64,
+                        end: seg_len,
+                        payload: None,
+                    });
+                    return Ok(out);
+                }
+                Frame::Incomplete if out.is_empty() && at == 0 => {
+                    // One record larger than the read: read exactly it.
+                    let head = &buf[..FRAME_HEADER.min(buf.len())];
+                    if head.len() < FRAME_HEADER {
+                        return Ok(out);
+                    }
+                    let need = FRAME_HEADER
+                        + u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+                    if need > available {
+                        out.push(ReadRecord {
+                            offset,
+                            end: seg_len,
+                            payload: None,
+                        });
+                        return Ok(out);
+                    }
+                    let mut whole = vec![0; need];
+                    file.seek(SeekFrom::Start(offset))?;
+                    file.read_exact(&mut whole)?;
+                    buf = whole;
+                }
+                Frame::Incomplete => return Ok(out),
+            }
+            if at >= buf.len() {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// Deletes segment `id` (never the one appended to).
+    pub fn remove(&mut self, id: u64) -> io::Result<()> {
+        if self.list.back().is_some_and(|s| s.id == id) {
+            return Ok(());
+        }
+        fs::remove_file(segment_path(&self.dir, id))?;
+        self.list.retain(|s| s.id != id);
+        Ok(())
+    }
+
+    pub fn list(&self) -> &VecDeque<Segment> {
+        &self.list
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.list.iter().map(|s| s.len).sum()
+    }
+
+    /// The end of the log: the segment appended to and its length.
+    pub fn end(&self) -> (u64, u64) {
+        self.list.back().map_or((0, 0), |s| (s.id, s.len))
+    }
+
+    pub fn len_of(&self, id: u64) -> Option<u64> {
+        self.list.iter().find(|s| s.id == id).map(|s| s.len)
+    }
+
+    /// The segment after `id`, if any.
+    pub fn next_after(&self, id: u64) -> Option<u64> {
+        self.list.iter().map(|s| s.id).find(|&s| s > id)
+    }
+
+    pub fn first(&self) -> Option<u64> {
+        self.list.front().map(|s| s.id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{MetricName, Reading, SensorId};
+
+    fn frame(sensor: &str, ts: i64) -> Vec<u8> {
+        record::encode(&[Reading {
+            sensor: SensorId::parse(sensor.to_owned()).expect("valid"),
+            metric: MetricName::default_metric(),
+            ts,
+            value: 1.0,
+        }])
+    }
+
+    #[test]
+    fn appends_survive_a_reopen_and_torn_tails_are_cut() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut segs, rec) = Segments::open(dir.path(), 1 << 20).expect("open");
+        assert_eq!(rec, Recovered::default());
+        let (id, at) = segs.append(&frame("a", 1)).expect("append");
+        assert_eq!(at, HEADER as u64);
+        let mut two = frame("b", 2);
+        two.extend(frame("c", 3));
+        segs.append(&two).expect("append");
+        drop(segs);
+        // A torn write: half a frame at the end.
+        let path = segment_path(dir.path(), id);
+        let mut f = OpenOptions::new().append(true).open(&path).expect("open");
+        f.write_all(&frame("d", 4)[..10]).expect("write");
+        drop(f);
+        let (segs, rec) = Segments::open(dir.path(), 1 << 20).expect("reopen");
+        assert_eq!(
+            (rec.segments, rec.records, rec.readings, rec.truncated_bytes),
+            (1, 3, 3, 10)
+        );
+        let records = segs.read(id, HEADER as u64, 1 << 20).expect("read");
+        assert_eq!(records.len(), 3);
+        assert!(records.iter().all(|r| r.payload.is_some()));
+        assert_eq!(segs.end().0, id + 1, "appends go to a new segment");
+    }
+
+    #[test]
+    fn a_second_process_cannot_open_the_same_journal() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let _first = Segments::open(dir.path(), 1 << 20).expect("open");
+        let second = Segments::open(dir.path(), 1 << 20).expect_err("locked");
+        assert_eq!(second.kind(), io::ErrorKind::WouldBlock);
+    }
+
+    #[test]
+    fn segments_roll_at_their_size_and_old_ones_can_be_removed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut segs, _) = Segments::open(dir.path(), 64).expect("open");
+        let mut ids = Vec::new();
+        for i in 0..5 {
+            ids.push(segs.append(&frame("s", i)).expect("append").0);
+        }
+        assert!(ids.windows(2).all(|w| w[0] <= w[1]), "{ids:?}");
+        assert!(ids[4] >= ids[0] + 2, "rolled more than once: {ids:?}");
+        let before = segs.list().len();
+        let first = segs.first().expect("a segment");
+        segs.remove(first).expect("remove");
+        assert_eq!(segs.list().len(), before - 1);
+        let last = segs.end().0;
+        segs.remove(last).expect("no-op");
+        assert_eq!(segs.end().0, last, "the segment appended to stays");
+    }
+
+    #[test]
+    fn reads_return_whole_records_of_any_size() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut segs, _) = Segments::open(dir.path(), 1 << 20).expect("open");
+        let big: Vec<Reading<'static>> = (0..1000)
+            .map(|i| Reading {
+                sensor: SensorId::parse(format!("sensor-{i}")).expect("valid"),
+                metric: MetricName::default_metric(),
+                ts: i,
+                value: 2.0,
+            })
+            .collect();
+        let (id, at) = segs.append(&record::encode(&big)).expect("append");
+        segs.append(&frame("after", 1)).expect("append");
+        let first = segs.read(id, at, 100).expect("read");
+        assert_eq!(first.len(), 1, "one record larger than the read size");
+        let payload = first[0].payload.as_ref().expect("intact");
+        assert_eq!(record::decode(payload).expect("decodes").len(), 1000);
+        let rest = segs.read(id, first[0].end, 100).expect("read");
+        assert_eq!(rest.len(), 1);
+        assert!(segs.read(id, rest[0].end, 100).expect("read").is_empty());
+    }
+}
