@@ -12,10 +12,15 @@ FROM debian:bookworm-slim
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
- && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin hourglass
+ && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin hourglass \
+ && mkdir -p /var/lib/hourglass/journal \
+ && chown -R hourglass /var/lib/hourglass
 COPY --from=build /src/target/release/hourglass /usr/local/bin/hourglass
 COPY config/docker.toml /etc/hourglass/hourglass.toml
 USER hourglass
+# Acknowledged readings wait here for their bucket writes: mount a volume.
+VOLUME /var/lib/hourglass/journal
+ENV HOURGLASS__JOURNAL__DIR=/var/lib/hourglass/journal
 EXPOSE 8080
 ENTRYPOINT ["/usr/local/bin/hourglass"]
 CMD ["--config", "/etc/hourglass/hourglass.toml"]

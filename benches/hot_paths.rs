@@ -6,7 +6,7 @@ use std::hint::black_box;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use hourglass::Granularity;
 use hourglass::pure::{
-    Batcher, BatcherLimits, BucketUpdate, DecodeContext, TimeWindow, decode_readings,
+    Batcher, BatcherLimits, BucketUpdate, Hold, DecodeContext, TimeWindow, decode_readings,
     update_statement,
 };
 use tokio::time::{Duration, Instant};
@@ -48,13 +48,17 @@ const LIMITS: BatcherLimits = BatcherLimits {
     max_buffered_readings: 1_000_000,
     max_buckets: 1_000_000,
     max_flush_buckets: 1_000_000,
+    hold: Hold {
+        grace: Duration::from_secs(10),
+        max_hold: Duration::from_secs(300),
+    },
 };
 
 fn updates(body: &[u8], g: Granularity) -> Vec<BucketUpdate> {
     let readings = decode_readings(body, &ctx()).expect("valid");
     let mut b: Batcher<()> = Batcher::new(g, LIMITS);
     b.offer(readings, None, Instant::now()).expect("room");
-    b.take()
+    b.take_all()
         .expect("a batch")
         .items
         .into_iter()
@@ -77,7 +81,7 @@ fn benches(c: &mut Criterion) {
             |readings| {
                 let mut batcher: Batcher<()> = Batcher::new(Granularity::Minute, LIMITS);
                 batcher.offer(readings, None, Instant::now()).expect("room");
-                batcher.take().expect("a batch")
+                batcher.take_all().expect("a batch")
             },
             BatchSize::SmallInput,
         )
@@ -99,7 +103,7 @@ fn benches(c: &mut Criterion) {
             let readings = decode_readings(black_box(&body), &ctx()).expect("valid");
             let mut batcher: Batcher<()> = Batcher::new(Granularity::Minute, LIMITS);
             batcher.offer(readings, None, Instant::now()).expect("room");
-            let batch = batcher.take().expect("a batch");
+            let batch = batcher.take_all().expect("a batch");
             batch
                 .items
                 .iter()

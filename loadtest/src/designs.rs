@@ -260,12 +260,12 @@ async fn direct_updates(ctx: &Ctx, data: &Dataset, batch: usize) -> anyhow::Resu
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         // Flushed when full, as Hourglass does under a backfill.
         if core.is_due(now)
-            && let Some(b) = core.take()
+            && let Some(b) = core.take_all()
         {
             write_all(&db, &mut core, b).await?;
         }
     }
-    if let Some(b) = core.take() {
+    if let Some(b) = core.take_all() {
         write_all(&db, &mut core, b).await?;
     }
     Ok(rows.len() as f64 / started.elapsed().as_secs_f64())

@@ -481,8 +481,8 @@ impl<W> Batcher<W> {
     /// Memory is running short: the oldest buckets go out early.
     fn pressured(&self) -> bool {
         !self.pending.is_empty()
-            && (self.buffered().saturating_mul(10) > self.limits.max_buffered_readings * 9
-                || self.buckets().saturating_mul(10) > self.limits.max_buckets * 9)
+            && (self.buffered() > self.limits.max_buffered_readings / 10 * 9
+                || self.buckets() > self.limits.max_buckets / 10 * 9)
     }
 
     fn batch_due(&self, now: Instant) -> bool {

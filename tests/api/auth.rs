@@ -206,6 +206,7 @@ async fn tokens_never_reach_the_logs() {
         .env("HOURGLASS__MONGODB__DATABASE", &settings.mongodb.database)
         .env("HOURGLASS__HTTP__LISTEN", "127.0.0.1:0")
         .env("HOURGLASS__MQTT__ENABLED", "false")
+        .env("HOURGLASS__JOURNAL__DIR", journal_dir())
         .env("HOURGLASS__LOG__FORMAT", "json")
         .env("HOURGLASS__LOG__LEVEL", "debug")
         .env_remove("RUST_LOG")

@@ -108,6 +108,15 @@ fn the_hourglass_service_agrees_with_its_configuration() {
             .any(|v| v.starts_with("./config/docker.toml:")),
         "{volumes:?}"
     );
+    // The journal outlives the container: a named volume at journal.dir.
+    let journal = format!(":{}", settings.journal.dir.display());
+    assert!(
+        settings.journal.enabled
+            && volumes
+                .iter()
+                .any(|v| v.ends_with(&journal) && !v.starts_with('.')),
+        "{volumes:?} vs {journal}"
+    );
     // Storage and broker are services of the stack, on their own ports.
     let (db_host, db_port) = host_port(settings.mongodb.uri.expose_secret());
     assert_eq!((db_host.as_str(), db_port), ("mongo", 27017));

@@ -40,6 +40,24 @@ pub fn test_settings() -> Settings {
     s.http.listen = "127.0.0.1:0".parse().expect("valid address");
     s.batcher.flush_interval = Duration::from_millis(50);
     s.mqtt.enabled = false;
+    // Most tests check what is stored when the answer comes, which is what
+    // the service does with the journal off; the journal tests turn it on.
+    s.journal.enabled = false;
+    s.journal.dir = journal_dir();
+    s
+}
+
+/// A fresh directory for one test's journal.
+pub fn journal_dir() -> std::path::PathBuf {
+    std::env::temp_dir()
+        .join("hourglass-tests")
+        .join(uuid::Uuid::new_v4().simple().to_string())
+}
+
+/// Test settings with the journal on, as shipped.
+pub fn journal_settings() -> Settings {
+    let mut s = test_settings();
+    s.journal.enabled = true;
     s
 }
 
@@ -365,6 +383,11 @@ pub fn spawn_binary(
         .env("HOURGLASS__MQTT__URL", &settings.mqtt.url)
         .env("HOURGLASS__MQTT__CLIENT_ID", &settings.mqtt.client_id)
         .env("HOURGLASS__MQTT__RECONNECT_MAX", "1s")
+        .env(
+            "HOURGLASS__JOURNAL__ENABLED",
+            settings.journal.enabled.to_string(),
+        )
+        .env("HOURGLASS__JOURNAL__DIR", &settings.journal.dir)
         .env("HOURGLASS__LOG__FORMAT", "json")
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
