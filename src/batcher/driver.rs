@@ -100,11 +100,12 @@ impl BatcherHandle {
     ) -> Result<(), Full> {
         let offered = self
             .core()
-            .offer_held(readings, origin, Instant::now(), unix_ms)?;
-        if offered.wake_driver {
+            .offer_held(readings, origin, Instant::now(), unix_ms);
+        // Refused: the driver writes the oldest buckets early to make room.
+        if offered.is_err() || offered.is_ok_and(|o| o.wake_driver) {
             self.shared.wake.notify_one();
         }
-        Ok(())
+        offered.map(|_| ())
     }
 
     /// Resolves after settling has freed room (or at once, if it did since

@@ -196,6 +196,9 @@ pub struct Batcher<W> {
     next_held_due: Option<Instant>,
     /// Held readings not settled yet, per origin.
     outstanding: BTreeMap<u64, u64>,
+    /// The size of the last held offer refused for room: pressure frees
+    /// enough for it.
+    wanted: usize,
 }
 
 impl<W> Batcher<W> {
@@ -214,6 +217,7 @@ impl<W> Batcher<W> {
             hurried: false,
             next_held_due: None,
             outstanding: BTreeMap::new(),
+            wanted: 0,
         }
     }
 
@@ -311,7 +315,11 @@ impl<W> Batcher<W> {
         now: Instant,
         unix_ms: i64,
     ) -> Result<Offered, Full> {
-        self.check_room(&readings)?;
+        if let Err(full) = self.check_room(&readings) {
+            self.wanted = readings.len();
+            return Err(full);
+        }
+        self.wanted = 0;
         let before = self.next_held_due;
         let was_pressured = self.pressured();
         for r in readings {
@@ -481,8 +489,9 @@ impl<W> Batcher<W> {
     /// Memory is running short: the oldest buckets go out early.
     fn pressured(&self) -> bool {
         !self.pending.is_empty()
-            && (self.buffered() > self.limits.max_buffered_readings / 10 * 9
-                || self.buckets() > self.limits.max_buckets / 10 * 9)
+            && (self.buffered().saturating_add(self.wanted)
+                > self.limits.max_buffered_readings / 10 * 9
+                || self.buckets().saturating_add(self.wanted) > self.limits.max_buckets / 10 * 9)
     }
 
     fn batch_due(&self, now: Instant) -> bool {
@@ -528,8 +537,11 @@ impl<W> Batcher<W> {
             .collect();
         ages.sort_unstable_by_key(|&(since, _)| since);
         let (mut values, mut buckets) = (self.buffered(), self.buckets());
-        let values_goal = self.limits.max_buffered_readings / 10 * 8;
-        let buckets_goal = self.limits.max_buckets / 10 * 8;
+        // Room for the refused offer too, if there was one.
+        let values_goal = (self.limits.max_buffered_readings / 10 * 8)
+            .min(self.limits.max_buffered_readings.saturating_sub(self.wanted));
+        let buckets_goal = (self.limits.max_buckets / 10 * 8)
+            .min(self.limits.max_buckets.saturating_sub(self.wanted));
         let mut cutoff = None;
         for (since, n) in ages {
             cutoff = Some(since);
@@ -655,7 +667,8 @@ impl<W> Batcher<W> {
     ) -> Vec<(i64, Vec<(u16, f64)>)> {
         let len = self.granularity.seconds();
         let first = self.granularity.bucket_start(from);
-        let starts = u64::try_from((to - first).max(0) / len).unwrap_or(u64::MAX);
+        let span = (i128::from(to) - i128::from(first)).max(0) / i128::from(len);
+        let starts = u64::try_from(span).unwrap_or(u64::MAX);
         let mut out = Vec::new();
         if starts <= self.pending.len() as u64 {
             let mut start = first;
@@ -957,6 +970,227 @@ mod tests {
         assert!(answers.is_empty(), "the writer waits for all five buckets");
         answers.extend(settle_all(&mut b, &third, Settled::Stored));
         assert_eq!(answers, vec![(1, Ok(()))]);
+    }
+
+    /// A fleet of `series` live series at 1 Hz for `secs` seconds, journaled,
+    /// with the driver looking every second: bucket writes per reading.
+    fn live_fleet_writes_per_reading(g: Granularity, series: usize, secs: i64) -> f64 {
+        let mut b: Batcher<()> = Batcher::new(g, LIMITS_LARGE);
+        let t0 = Instant::now();
+        let unix0 = 1_700_000_000i64; // a whole hour
+        let (mut writes, mut readings) = (0usize, 0usize);
+        for sec in 0..secs {
+            let now = t0 + Duration::from_secs(sec as u64);
+            let rs: Vec<_> = (0..series)
+                .map(|s| reading(&format!("s{s}"), unix0 + sec, 1.0))
+                .collect();
+            readings += rs.len();
+            b.offer_held(rs, 1, now, (unix0 + sec) * 1000)
+                .expect("room");
+            while let Some(batch) = b.take_due(now) {
+                writes += batch.items.len();
+                settle_all(&mut b, &batch, Settled::Stored);
+            }
+        }
+        writes as f64 / readings as f64
+    }
+
+    const LIMITS_LARGE: BatcherLimits = BatcherLimits {
+        max_buffered_readings: 10_000_000,
+        max_buckets: 1_000_000,
+        max_pending_readings: 1_000_000,
+        max_flush_buckets: 1_000_000,
+        ..LIMITS
+    };
+
+    #[test]
+    fn a_live_fleet_writes_a_minute_bucket_about_once_per_minute() {
+        let ratio = live_fleet_writes_per_reading(Granularity::Minute, 50, 3600);
+        assert!(ratio <= 1.0 / 30.0, "{ratio}");
+        // Once per window, plus nothing: 60 readings per write.
+        assert!(ratio <= 1.0 / 59.0, "{ratio}");
+    }
+
+    #[test]
+    fn a_live_fleet_rewrites_an_hour_bucket_at_most_every_max_hold() {
+        let ratio = live_fleet_writes_per_reading(Granularity::Hour, 20, 3 * 3600);
+        assert!(ratio <= 1.0 / 290.0, "{ratio}");
+    }
+
+    #[test]
+    fn held_readings_wait_for_the_window_and_grace_but_late_ones_go_at_once() {
+        let mut b: Batcher<()> = Batcher::new(Granularity::Minute, LIMITS);
+        let t0 = Instant::now();
+        let unix = 1_700_000_050_000i64; // 10 s into a minute
+        b.offer_held(vec![reading("a", 1_700_000_050, 1.0)], 7, t0, unix)
+            .expect("room");
+        // 50 s to the end of the window, then 10 s of grace.
+        assert_eq!(b.deadline(t0), Some(t0 + Duration::from_secs(60)));
+        assert!(b.take_due(t0 + Duration::from_secs(59)).is_none());
+        assert_eq!(b.lowest_unsettled_origin(), Some(7));
+        // A reading for a window long past is due at once.
+        b.offer_held(vec![reading("b", 1_600_000_000, 1.0)], 8, t0, unix)
+            .expect("room");
+        let late = b.take_due(t0).expect("due at once");
+        assert_eq!(late.items.len(), 1);
+        assert_eq!(late.items[0].update.key.sensor.as_str(), "b");
+        settle_all(&mut b, &late, Settled::Stored);
+        assert_eq!(b.lowest_unsettled_origin(), Some(7));
+        let on_time = b.take_due(t0 + Duration::from_secs(60)).expect("due");
+        assert_eq!(on_time.items[0].origins, vec![(7, 1)]);
+        settle_all(&mut b, &on_time, Settled::Stored);
+        assert_eq!(b.lowest_unsettled_origin(), None);
+    }
+
+    #[test]
+    fn unstored_held_readings_stay_owed_to_the_journal() {
+        let mut b: Batcher<()> = Batcher::new(Granularity::Minute, LIMITS);
+        let t0 = Instant::now();
+        b.offer_held(vec![reading("a", 1, 1.0)], 3, t0, 10_000_000)
+            .expect("room");
+        let batch = b.take_all().expect("batch");
+        settle_all(&mut b, &batch, Settled::Unstored);
+        assert_eq!(b.lowest_unsettled_origin(), Some(3));
+        assert_eq!(b.buffered(), 0);
+    }
+
+    #[test]
+    fn queries_see_pending_values_of_their_series_only() {
+        let mut b: Batcher<()> = Batcher::new(Granularity::Minute, LIMITS);
+        let t0 = Instant::now();
+        b.offer_held(
+            vec![
+                reading("a", 60, 1.0),
+                reading("a", 61, 2.0),
+                reading("a", 200, 3.0),
+                reading("b", 60, 9.0),
+            ],
+            1,
+            t0,
+            0,
+        )
+        .expect("room");
+        let mut got = b.pending_values_of("a", "value", 0, 180);
+        got.sort_by_key(|(s, _)| *s);
+        assert_eq!(got, vec![(60, vec![(0, 1.0), (1, 2.0)])]);
+        let mut wide = b.pending_values_of("a", "value", i64::MIN / 2, i64::MAX / 2);
+        wide.sort_by_key(|(s, _)| *s);
+        assert_eq!(wide.len(), 2, "a long range scans instead of probing");
+    }
+
+    proptest! {
+        /// The hold/flush core against a brute-force model: for any arrival
+        /// order, wall clock and memory bound, every journaled reading is
+        /// written exactly once (in some bucket write), the last value per
+        /// second wins, memory never exceeds its bounds, a refused offer is
+        /// always followed by a take that frees room, and every origin is
+        /// released once its readings are settled.
+        #[test]
+        fn held_readings_are_each_written_once_within_the_memory_bound(
+            ops in prop::collection::vec(
+                prop_oneof![
+                    4 => prop::collection::vec((0..4usize, 0..400i64, -5..5i32), 1..12).prop_map(Op::Offer),
+                    2 => (0..30_000u64).prop_map(Op::Advance),
+                    1 => Just(Op::Take),
+                ],
+                1..60,
+            ),
+            max_buffered in 12..60usize,
+            max_buckets in 12..20usize,
+            hour in any::<bool>(),
+            max_flush_buckets in 1..5usize,
+        ) {
+            let g = if hour { Granularity::Hour } else { Granularity::Minute };
+            let limits = BatcherLimits {
+                max_buffered_readings: max_buffered,
+                max_buckets,
+                max_flush_buckets,
+                hold: Hold { grace: Duration::from_secs(2), max_hold: Duration::from_secs(20) },
+                ..LIMITS
+            };
+            let sensors = ["a", "b", "c", "d"];
+            let mut b: Batcher<()> = Batcher::new(g, limits);
+            let t0 = Instant::now();
+            let mut now = t0;
+            let unix0 = 0i64;
+            let mut model: StdMap<(usize, i64), f64> = StdMap::new();
+            let mut stored: StdMap<(String, i64), f64> = StdMap::new();
+            let (mut offered, mut written) = (0usize, 0usize);
+            let mut origin = 0u64;
+            let mut write = |b: &mut Batcher<()>, batch: Batch, stored: &mut StdMap<(String, i64), f64>| {
+                let mut n = 0;
+                for item in &batch.items {
+                    n += item.readings;
+                    assert_eq!(item.journaled(), item.readings);
+                    for &(off, v) in &item.update.values {
+                        stored.insert((item.update.key.sensor.to_string(), item.update.key.start + i64::from(off)), v);
+                    }
+                }
+                settle_all(b, &batch, Settled::Stored);
+                n
+            };
+            for op in ops {
+                match op {
+                    Op::Offer(rs) => {
+                        origin += 1;
+                        let unix_ms = (unix0 + (now - t0).as_secs() as i64) * 1000;
+                        let readings: Vec<_> = rs.iter().map(|&(s, ts, v)| reading(sensors[s], ts, f64::from(v))).collect();
+                        let mut tries = 0;
+                        loop {
+                            match b.offer_held(readings.clone(), origin, now, unix_ms) {
+                                Ok(_) => break,
+                                Err(_) => {
+                                    // Full: the driver must be able to free room now.
+                                    prop_assert!(b.is_due(now), "full but nothing due");
+                                    let batch = b.take_due(now);
+                                    prop_assert!(batch.is_some(), "full but nothing taken");
+                                    if let Some(batch) = batch {
+                                        written += write(&mut b, batch, &mut stored);
+                                    }
+                                    tries += 1;
+                                    prop_assert!(tries < 100);
+                                }
+                            }
+                        }
+                        offered += rs.len();
+                        for &(s, ts, v) in &rs { model.insert((s, ts), f64::from(v)); }
+                    }
+                    Op::Advance(ms) => now += Duration::from_millis(ms),
+                    Op::Take => {
+                        while let Some(batch) = b.take_due(now) {
+                            written += write(&mut b, batch, &mut stored);
+                        }
+                    }
+                }
+                prop_assert!(b.buffered() <= max_buffered);
+                prop_assert!(b.buckets() <= max_buckets);
+                if let Some(d) = b.deadline(now) {
+                    // Nothing is held past its hold: the deadline never
+                    // lies beyond max_hold from now.
+                    prop_assert!(d <= now + Duration::from_secs(20));
+                }
+            }
+            // Everything comes due by itself within max_hold.
+            now += Duration::from_secs(21);
+            while let Some(batch) = b.take_due(now) {
+                written += write(&mut b, batch, &mut stored);
+            }
+            prop_assert_eq!((b.buffered(), b.buckets()), (0, 0));
+            prop_assert_eq!(written, offered, "each reading written exactly once");
+            prop_assert_eq!(b.lowest_unsettled_origin(), None);
+            let expected: StdMap<(String, i64), f64> = model
+                .into_iter()
+                .map(|((s, ts), v)| ((sensors[s].to_owned(), ts), v))
+                .collect();
+            prop_assert_eq!(stored, expected);
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Offer(Vec<(usize, i64, i32)>),
+        Advance(u64),
+        Take,
     }
 
     proptest! {
