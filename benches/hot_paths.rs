@@ -6,7 +6,7 @@ use std::hint::black_box;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use hourglass::Granularity;
 use hourglass::pure::{
-    Batcher, BatcherLimits, BucketUpdate, Hold, DecodeContext, TimeWindow, decode_readings,
+    Batcher, BatcherLimits, BucketUpdate, DecodeContext, Hold, TimeWindow, decode_readings,
     update_statement,
 };
 use tokio::time::{Duration, Instant};

@@ -243,7 +243,9 @@ impl Application {
             // Appends already queued are committed; stored segments deleted.
             match task.await {
                 Ok(task) => task.finish().await,
-                Err(e) => error!(error = %e, "The journal task failed; the next start replays what it holds."),
+                Err(e) => {
+                    error!(error = %e, "The journal task failed; the next start replays what it holds.")
+                }
             }
         }
         if unstored > 0 {

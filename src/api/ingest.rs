@@ -67,9 +67,9 @@ impl From<IntakeError> for ApiError {
             IntakeError::Full(_) | IntakeError::Busy => {
                 ApiError::unavailable("the service is at capacity; retry later")
             }
-            IntakeError::JournalFull { .. } => ApiError::unavailable(
-                "the journal is full while storage catches up; retry later",
-            ),
+            IntakeError::JournalFull { .. } => {
+                ApiError::unavailable("the journal is full while storage catches up; retry later")
+            }
             IntakeError::Closed => ApiError::unavailable("the service is shutting down"),
         }
     }

@@ -31,10 +31,10 @@ use tracing::Span;
 use self::auth::{Require, authorize};
 use crate::auth::{Authenticator, Scope};
 use crate::batcher::driver::BatcherHandle;
-use crate::journal::Intake;
 use crate::domain::Granularity;
 use crate::ingest::decode::Detail;
 use crate::ingest::mqtt::MqttStats;
+use crate::journal::Intake;
 use crate::store::BucketStore;
 use crate::telemetry::metrics::Metrics;
 

@@ -162,12 +162,10 @@ async fn evaluate<S: BucketStore>(
     let store = state.store.as_ref();
     // Memory first: a bucket written between the two looks is then in both,
     // never in neither.
-    let unstored = state.batcher.unstored_values(
-        req.sensor.as_str(),
-        req.metric.as_str(),
-        req.from,
-        req.to,
-    );
+    let unstored =
+        state
+            .batcher
+            .unstored_values(req.sensor.as_str(), req.metric.as_str(), req.from, req.to);
     let mut read: Vec<BucketRead> = Vec::new();
     if let Some((starts, minutes)) = plan.whole_buckets() {
         let fetch = Fetch {
@@ -200,11 +198,9 @@ async fn evaluate<S: BucketStore>(
             values: Values::All,
         };
         let stored = store.fetch(fetch).await.map_err(store_error)?;
-        read.extend(
-            unstored
-                .into_iter()
-                .map(|(start, values)| overlay(start, stored.iter().find(|b| b.start == start), values)),
-        );
+        read.extend(unstored.into_iter().map(|(start, values)| {
+            overlay(start, stored.iter().find(|b| b.start == start), values)
+        }));
     }
     Ok(plan.fold(&read))
 }

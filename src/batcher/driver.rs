@@ -17,7 +17,6 @@ use crate::domain::{BucketUpdate, Granularity, Reading};
 use crate::shutdown::Shutdown;
 use crate::telemetry::metrics::Metrics;
 
-
 const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(5);
 
@@ -123,9 +122,7 @@ impl BatcherHandle {
 
     /// How long the oldest held reading has waited for its bucket write.
     pub fn oldest_held_age(&self) -> Option<Duration> {
-        self.core()
-            .oldest_held_since()
-            .map(|since| since.elapsed())
+        self.core().oldest_held_since().map(|since| since.elapsed())
     }
 
     /// See [`Batcher::lowest_unsettled_origin`].
@@ -434,7 +431,11 @@ impl<S: Sink> Driver<S> {
             "Readings that storage can never apply could not be dead-lettered either; they were not stored."
         );
         self.settle(batch, &indexes, Settled::Unstored);
-        readings - indexes.iter().map(|&i| batch.items[i].journaled()).sum::<usize>()
+        readings
+            - indexes
+                .iter()
+                .map(|&i| batch.items[i].journaled())
+                .sum::<usize>()
     }
 
     /// Settles `indexes` of `batch` and answers the writers that are done.

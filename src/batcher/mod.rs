@@ -538,8 +538,11 @@ impl<W> Batcher<W> {
         ages.sort_unstable_by_key(|&(since, _)| since);
         let (mut values, mut buckets) = (self.buffered(), self.buckets());
         // Room for the refused offer too, if there was one.
-        let values_goal = (self.limits.max_buffered_readings / 10 * 8)
-            .min(self.limits.max_buffered_readings.saturating_sub(self.wanted));
+        let values_goal = (self.limits.max_buffered_readings / 10 * 8).min(
+            self.limits
+                .max_buffered_readings
+                .saturating_sub(self.wanted),
+        );
         let buckets_goal = (self.limits.max_buckets / 10 * 8)
             .min(self.limits.max_buckets.saturating_sub(self.wanted));
         let mut cutoff = None;
@@ -856,7 +859,10 @@ mod tests {
             }
         );
         assert_eq!(b.pending_values(), 0);
-        assert!(b.take_all().is_none(), "the refused offer left nothing behind");
+        assert!(
+            b.take_all().is_none(),
+            "the refused offer left nothing behind"
+        );
         assert_eq!(
             settle_all(&mut b, &batch, Settled::Stored),
             vec![(1, Ok(()))]
@@ -1117,7 +1123,7 @@ mod tests {
             let mut stored: StdMap<(String, i64), f64> = StdMap::new();
             let (mut offered, mut written) = (0usize, 0usize);
             let mut origin = 0u64;
-            let mut write = |b: &mut Batcher<()>, batch: Batch, stored: &mut StdMap<(String, i64), f64>| {
+            let write = |b: &mut Batcher<()>, batch: Batch, stored: &mut StdMap<(String, i64), f64>| {
                 let mut n = 0;
                 for item in &batch.items {
                     n += item.readings;

@@ -315,15 +315,21 @@ impl JournalTask {
 
     /// After the batcher drained: deletes what is stored and says what is left.
     pub async fn finish(mut self) {
+        if self.caught_up && self.batcher.lowest_unsettled_origin().is_none() {
+            // Everything journaled is stored: nothing for the next start.
+            if let Err(e) = lock(&self.segments).clear() {
+                warn!(error = %e, "Could not empty the journal; the next start replays readings that are already stored, which changes nothing.");
+            }
+            self.publish();
+            return;
+        }
         self.retire().await;
         let bytes = self.shared.disk.load(Ordering::Acquire);
         let segments = lock(&self.segments).list().len();
-        if self.batcher.lowest_unsettled_origin().is_some() || !self.caught_up {
-            info!(
-                bytes,
-                segments, "Readings not yet stored stay in the journal; the next start writes them."
-            );
-        }
+        info!(
+            bytes,
+            segments, "Readings not yet stored stay in the journal; the next start writes them."
+        );
     }
 
     async fn commit(&mut self, first: Append) {

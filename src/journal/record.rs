@@ -259,7 +259,9 @@ mod tests {
         assert_eq!(s.skipped, vec![(offsets[1], offsets[2] - offsets[1])]);
         assert_eq!(s.end, buf.len());
         assert_eq!(
-            decode(payload(&buf, s.records[1])).expect("decodes")[0].sensor.as_str(),
+            decode(payload(&buf, s.records[1])).expect("decodes")[0]
+                .sensor
+                .as_str(),
             "c"
         );
     }

@@ -63,9 +63,9 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
 
 /// Records in a record's payload, read from its count without decoding.
 fn readings_in(payload: &[u8]) -> u64 {
-    payload
-        .get(1..5)
-        .map_or(0, |c| u64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+    payload.get(1..5).map_or(0, |c| {
+        u64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+    })
 }
 
 impl Segments {
@@ -269,6 +269,17 @@ impl Segments {
         fs::remove_file(segment_path(&self.dir, id))?;
         self.list.retain(|s| s.id != id);
         Ok(())
+    }
+
+    /// Deletes every segment, the one appended to included: at a clean stop
+    /// with everything stored, so the next start has nothing to replay.
+    pub fn clear(&mut self) -> io::Result<()> {
+        self.file = None;
+        while let Some(s) = self.list.front() {
+            fs::remove_file(segment_path(&self.dir, s.id))?;
+            self.list.pop_front();
+        }
+        sync_dir(&self.dir)
     }
 
     pub fn list(&self) -> &VecDeque<Segment> {

@@ -154,6 +154,28 @@ impl TestApp {
         .await
     }
 
+    /// The buckets, or `None` if storage does not answer.
+    pub async fn buckets_or_none(&self) -> Option<Vec<Document>> {
+        let options = mongodb::options::FindOptions::builder()
+            .max_time(Duration::from_millis(500))
+            .build();
+        let found = tokio::time::timeout(
+            Duration::from_secs(3),
+            self.db
+                .collection::<Document>(&self.settings.mongodb.collection)
+                .find(doc! {})
+                .with_options(options),
+        )
+        .await;
+        match found {
+            Ok(Ok(cursor)) => {
+                use futures_util::TryStreamExt;
+                cursor.try_collect().await.ok()
+            }
+            _ => None,
+        }
+    }
+
     /// Every document of `collection` in this app's database, without `_id`.
     pub async fn documents(&self, collection: &str, sort: Document) -> Vec<Document> {
         self.db

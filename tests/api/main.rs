@@ -10,6 +10,7 @@ mod faults;
 mod helpers;
 mod hostile;
 mod ingest;
+mod journal;
 mod mqtt;
 mod operations;
 mod query;

@@ -308,11 +308,23 @@ async fn publish_stream(p: &mut Publisher, t: i64, range: std::ops::Range<i64>, 
 
 #[tokio::test]
 async fn a_service_killed_mid_stream_loses_nothing_and_counts_nothing_twice() {
+    killed_mid_stream(false).await;
+}
+
+#[tokio::test]
+async fn with_the_journal_a_service_killed_mid_stream_loses_nothing_and_counts_nothing_twice() {
+    killed_mid_stream(true).await;
+}
+
+async fn killed_mid_stream(journal: bool) {
     let broker = Broker::start().await;
-    let settings = mqtt_settings(&broker);
+    let mut settings = mqtt_settings(&broker);
+    settings.journal.enabled = journal;
     // The test reads the database through an in-process app with MQTT off.
     let mut reader_settings = settings.clone();
     reader_settings.mqtt.enabled = false;
+    reader_settings.journal.enabled = false;
+    reader_settings.journal.dir = journal_dir();
     let reader = spawn_app_with(reader_settings).await;
     let logs = tempfile::tempdir().expect("temp dir");
     let extra = [("HOURGLASS__BATCHER__FLUSH_INTERVAL", "200ms")];

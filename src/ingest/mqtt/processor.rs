@@ -17,8 +17,8 @@ use tracing::warn;
 use super::acks::Pending;
 use super::topics::parse_topic;
 use super::{Shared, Unusable};
-use crate::journal::{Ack, IntakeError, Wait};
 use crate::ingest::decode::{DecodeError, decode_payload};
+use crate::journal::{Ack, IntakeError, Wait};
 use crate::telemetry::metrics::Source;
 
 /// How long the processor waits before offering to a full journal or batcher again.
@@ -126,10 +126,7 @@ pub(super) async fn process(
     }
 }
 
-async fn submit(
-    shared: &Shared,
-    publish: &Publish,
-) -> Result<Option<Ack>, Submit> {
+async fn submit(shared: &Shared, publish: &Publish) -> Result<Option<Ack>, Submit> {
     let settings = &shared.settings;
     if publish.payload.len() > settings.max_payload_bytes {
         return Err(Submit::Unusable(Unusable::new(

@@ -1,0 +1,440 @@
+//! The journal, with real processes, files and sockets: acknowledged once
+//! fsync'd, visible to queries at once, kept through SIGKILL, storage outages
+//! and damaged files, and bounded on disk.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hourglass::Granularity;
+use serde_json::{Value, json};
+
+use crate::database::Database;
+use crate::helpers::*;
+
+const WAIT: Duration = Duration::from_secs(120);
+
+type Model = BTreeMap<(String, String, i64), f64>;
+
+fn now() -> i64 {
+    time::OffsetDateTime::now_utc().unix_timestamp()
+}
+
+/// The value of an unlabelled metric in a `/metrics` text.
+async fn metric(address: &str, name: &str) -> f64 {
+    let text = reqwest::get(format!("{address}/metrics"))
+        .await
+        .expect("metrics answer")
+        .text()
+        .await
+        .expect("text");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{name} in {text}"))
+}
+
+fn readings_for(sensor: &str, ts: &[i64], value: impl Fn(i64) -> f64, model: &mut Model) -> Value {
+    Value::Array(
+        ts.iter()
+            .map(|&t| {
+                let v = value(t);
+                model.insert((sensor.to_owned(), "m".into(), t), v);
+                reading(sensor, "m", t, v)
+            })
+            .collect(),
+    )
+}
+
+async fn stored_equals(app: &TestApp, model: &Model) {
+    eventually(WAIT, "every acknowledged reading is stored", || async {
+        all_values(&app.buckets().await, Granularity::Minute) == *model
+    })
+    .await;
+    assert_invariants(&app.buckets().await, Granularity::Minute);
+}
+
+#[tokio::test]
+async fn a_write_is_acknowledged_from_the_journal_and_queried_before_any_bucket_is_written() {
+    let app = spawn_app_with(journal_settings()).await;
+    let t = now() - 5;
+    // A stored value first, then a newer one for the same second that is
+    // only journaled: the query must answer the newer one.
+    let r = app
+        .post_raw(
+            "application/json",
+            serde_json::to_vec(&reading("live", "m", t, 1.0)).expect("json"),
+            "?wait=stored",
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        app.buckets().await.len(),
+        1,
+        "wait=stored answered once stored"
+    );
+    let updates = metric(&app.address, "hourglass_bucket_updates_total").await;
+    let r = app
+        .post_readings(&json!([
+            reading("live", "m", t, 5.0),
+            reading("live", "m", t + 1, 7.0),
+        ]))
+        .await;
+    assert_eq!(r.status(), 200);
+    let from = rfc3339(t - 60);
+    let to = rfc3339(t + 60);
+    let avg = app
+        .get_json(&format!(
+            "/api/v1/sensors/live/average?metric=m&from={from}&to={to}"
+        ))
+        .await;
+    assert_eq!(
+        (avg["count"].as_u64(), avg["sum"].as_f64()),
+        (Some(2), Some(12.0)),
+        "{avg}"
+    );
+    let series = app
+        .get_json(&format!(
+            "/api/v1/sensors/live/series?metric=m&from={from}&to={to}&step=1m"
+        ))
+        .await;
+    let counted: u64 = series["points"]
+        .as_array()
+        .expect("points")
+        .iter()
+        .map(|p| p["count"].as_u64().expect("count"))
+        .sum();
+    assert_eq!(counted, 2, "{series}");
+    // Nothing of the second write was sent to storage: it is held until its
+    // minute ends.
+    assert_eq!(
+        metric(&app.address, "hourglass_bucket_updates_total").await,
+        updates
+    );
+    let stored = all_values(&app.buckets().await, Granularity::Minute);
+    assert_eq!(stored.get(&("live".into(), "m".into(), t)), Some(&1.0));
+    assert_eq!(stored.len(), 1);
+    assert!(metric(&app.address, "hourglass_journal_fsyncs_total").await >= 1.0);
+    // A graceful stop writes what is held.
+    let db = app.db.clone();
+    let collection = app.settings.mongodb.collection.clone();
+    let dir = app.settings.journal.dir.clone();
+    app.stop().await.expect("clean stop");
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .expect("journal dir")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "a clean stop leaves nothing to replay: {left:?}"
+    );
+    let doc = db
+        .collection::<mongodb::bson::Document>(&collection)
+        .find_one(mongodb::bson::doc! {})
+        .await
+        .expect("read")
+        .expect("a bucket");
+    assert_eq!(
+        doc.get_i32("count")
+            .ok()
+            .map(i64::from)
+            .or(doc.get_i64("count").ok()),
+        Some(2),
+        "{doc}"
+    );
+}
+
+#[tokio::test]
+async fn a_sigkill_during_a_synchronous_http_stream_loses_no_acknowledged_reading() {
+    let settings = journal_settings();
+    let reader = spawn_app_with(test_settings_on(&settings)).await;
+    let logs = tempfile::tempdir().expect("temp dir");
+    let log = logs.path().join("first.log");
+    // Held for the whole window: at the kill, acknowledged readings are in
+    // the journal and memory only.
+    let mut first = spawn_binary(&settings, &[], &log);
+    let url = format!("{}/api/v1/readings", binary_address(&log).await);
+    let t0 = now() - 60;
+    let acked: Arc<Mutex<Model>> = Arc::new(Mutex::new(Model::new()));
+    let stream = {
+        let acked = acked.clone();
+        tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            for i in 0..300 {
+                let mut m = Model::new();
+                let b: Vec<Value> = (0..5)
+                    .map(|k| {
+                        let v = f64::from((i * 7 + k) % 13);
+                        m.insert((format!("k{k}"), "m".into(), t0 + i64::from(i)), v);
+                        reading(&format!("k{k}"), "m", t0 + i64::from(i), v)
+                    })
+                    .collect();
+                match client.post(&url).json(&b).send().await {
+                    Ok(r) if r.status() == 200 => acked.lock().expect("lock").extend(m),
+                    Ok(r) => panic!("unexpected {}", r.status()),
+                    Err(_) => return, // the service is gone
+                }
+            }
+        })
+    };
+    let a = acked.clone();
+    eventually(WAIT, "some writes acknowledged", || {
+        let n = a.lock().expect("lock").len();
+        async move { n >= 200 }
+    })
+    .await;
+    first.kill().expect("SIGKILL");
+    first.wait().expect("reaped");
+    stream.await.expect("the stream ends");
+    let acked = acked.lock().expect("lock").clone();
+
+    let log = logs.path().join("second.log");
+    let mut second = spawn_binary(&settings, &[("HOURGLASS__BATCHER__MAX_HOLD", "1s")], &log);
+    let address = binary_address(&log).await;
+    let replayed = metric(&address, "hourglass_journal_replayed_readings_total").await;
+    assert!(
+        replayed >= acked.len() as f64 / 2.0,
+        "the replay shows in the metrics: {replayed} of {} acknowledged",
+        acked.len()
+    );
+    eventually(WAIT, "every acknowledged reading is stored", || async {
+        let stored = all_values(&reader.buckets().await, Granularity::Minute);
+        acked.iter().all(|(k, v)| stored.get(k) == Some(v))
+    })
+    .await;
+    assert_invariants(&reader.buckets().await, Granularity::Minute);
+    assert!(terminate(&mut second).success());
+    reader.stop().await.expect("clean stop");
+}
+
+/// Journal-less settings on the same database: a reader of what is stored.
+fn test_settings_on(settings: &hourglass::Settings) -> hourglass::Settings {
+    let mut s = settings.clone();
+    s.journal.enabled = false;
+    s.journal.dir = journal_dir();
+    s
+}
+
+#[tokio::test]
+async fn a_storage_outage_longer_than_the_write_timeout_still_answers_every_write() {
+    let mut db = Database::start().await;
+    let mut settings = db.settings();
+    settings.journal.enabled = true;
+    settings.http.write_timeout = Duration::from_millis(500);
+    let app = spawn_app_with(settings).await;
+    let t = base_time();
+    let mut model = Model::new();
+    let mut statuses = Vec::new();
+    for i in 0..30 {
+        if i == 5 {
+            db.stop_gracefully();
+        }
+        let ts: Vec<i64> = (0..10).map(|k| t + i * 10 + k).collect();
+        let b = readings_for("outage", &ts, |x| (x % 23) as f64, &mut model);
+        statuses.push(app.post_readings(&b).await.status().as_u16());
+        if (5..25).contains(&i) {
+            // 20 writes over 2 s of outage: four times the write timeout.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if i == 10 {
+            let ready = app.get("/health/ready").await;
+            assert_eq!(
+                ready.status(),
+                200,
+                "with the journal, an outage is not unreadiness"
+            );
+        }
+    }
+    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+    assert!(
+        app.buckets_or_none().await.is_none(),
+        "storage really was down"
+    );
+    db.restart_gracefully().await;
+    stored_equals(&app, &model).await;
+    app.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn a_full_journal_answers_503_and_stores_all_it_acknowledged_once_storage_is_back() {
+    let mut db = Database::start().await;
+    let mut settings = db.settings();
+    settings.journal.enabled = true;
+    settings.journal.segment_bytes = 4096;
+    settings.journal.max_bytes = 8192;
+    let app = spawn_app_with(settings).await;
+    db.stop_gracefully();
+    let t = base_time();
+    let mut model = Model::new();
+    let mut refused = None;
+    for i in 0..200 {
+        let mut m = Model::new();
+        let ts: Vec<i64> = (0..10).map(|k| t + i * 10 + k).collect();
+        let b = readings_for("full", &ts, |x| (x % 11) as f64, &mut m);
+        let r = app.post_readings(&b).await;
+        if r.status() == 503 {
+            refused = Some(r);
+            break;
+        }
+        assert_eq!(r.status(), 200);
+        model.extend(m);
+    }
+    let refused = refused.expect("the journal filled up");
+    assert!(refused.headers().contains_key("retry-after"));
+    let body: Value = refused.json().await.expect("json");
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("journal is full")),
+        "{body}"
+    );
+    let ready = app.get("/health/ready").await;
+    assert_eq!(ready.status(), 503);
+    let ready: Value = ready.json().await.expect("json");
+    assert_eq!(ready["checks"]["journal"]["ok"], false, "{ready}");
+    assert!(
+        model.len() >= 100,
+        "several writes fit first: {}",
+        model.len()
+    );
+
+    db.restart_gracefully().await;
+    stored_equals(&app, &model).await;
+    // Stored segments are deleted and input is taken again.
+    let mut m = Model::new();
+    let b = readings_for("full", &[t - 1], |_| 1.0, &mut m);
+    eventually(WAIT, "input is taken again", || async {
+        app.post_readings(&b).await.status() == 200
+    })
+    .await;
+    model.extend(m);
+    stored_equals(&app, &model).await;
+    app.stop().await.expect("clean stop");
+}
+
+/// The one segment a killed binary left in `dir`, holding `n` records.
+fn segment_file(dir: &Path) -> PathBuf {
+    let mut logs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("journal dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .collect();
+    logs.sort();
+    logs.into_iter()
+        .find(|p| std::fs::metadata(p).expect("meta").len() > 8)
+        .expect("a segment with records")
+}
+
+/// Record offsets of a segment: an 8-byte header, then frames of
+/// `len: u32 LE, crc: u32, payload`.
+fn record_offsets(file: &Path) -> Vec<(u64, u64)> {
+    let mut bytes = Vec::new();
+    std::fs::File::open(file)
+        .expect("open")
+        .read_to_end(&mut bytes)
+        .expect("read");
+    let mut at = 8usize;
+    let mut out = Vec::new();
+    while at + 8 <= bytes.len() {
+        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
+        out.push((at as u64, (8 + len) as u64));
+        at += 8 + len;
+    }
+    out
+}
+
+/// Writes three acknowledged records (sensors a, b, c) with a binary that is
+/// then killed; damages the segment with `damage`; restarts; returns what is
+/// stored and the second run's log.
+async fn damaged_journal(damage: impl FnOnce(&Path, &[(u64, u64)])) -> (Model, String) {
+    let settings = journal_settings();
+    let reader = spawn_app_with(test_settings_on(&settings)).await;
+    let logs = tempfile::tempdir().expect("temp dir");
+    let log = logs.path().join("first.log");
+    let mut first = spawn_binary(&settings, &[], &log);
+    let address = binary_address(&log).await;
+    let client = reqwest::Client::new();
+    let t = now() - 5;
+    for sensor in ["a", "b", "c"] {
+        let r = client
+            .post(format!("{address}/api/v1/readings"))
+            .json(&json!([
+                reading(sensor, "m", t, 1.0),
+                reading(sensor, "m", t + 1, 2.0)
+            ]))
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(r.status(), 200);
+    }
+    first.kill().expect("SIGKILL");
+    first.wait().expect("reaped");
+    assert!(
+        reader.buckets().await.is_empty(),
+        "nothing was written before the kill"
+    );
+    let file = segment_file(&settings.journal.dir);
+    let records = record_offsets(&file);
+    assert_eq!(records.len(), 3, "one record per request");
+    damage(&file, &records);
+
+    let log = logs.path().join("second.log");
+    let mut second = spawn_binary(&settings, &[("HOURGLASS__BATCHER__MAX_HOLD", "1s")], &log);
+    binary_address(&log).await;
+    eventually(WAIT, "the replay is written", || async {
+        all_values(&reader.buckets().await, Granularity::Minute).len() >= 4
+    })
+    .await;
+    // A moment more for anything that should not be there to show up.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stored = all_values(&reader.buckets().await, Granularity::Minute);
+    assert!(terminate(&mut second).success());
+    reader.stop().await.expect("clean stop");
+    (stored, std::fs::read_to_string(&log).expect("log"))
+}
+
+fn sensors(stored: &Model) -> Vec<String> {
+    let mut s: Vec<String> = stored.keys().map(|(s, _, _)| s.clone()).collect();
+    s.dedup();
+    s
+}
+
+#[tokio::test]
+async fn a_torn_last_record_is_cut_off_and_every_whole_record_is_stored() {
+    let (stored, log) = damaged_journal(|file, records| {
+        let (at, len) = records[2];
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(file)
+            .expect("open");
+        // A crash mid-write: half of the last record made it.
+        f.set_len(at + len / 2).expect("truncate");
+    })
+    .await;
+    assert_eq!(sensors(&stored), vec!["a", "b"]);
+    assert!(log.contains("torn record"), "{log}");
+    assert!(log.contains("\"truncated_bytes\""), "{log}");
+}
+
+#[tokio::test]
+async fn a_flipped_byte_loses_that_record_only_and_says_so() {
+    let (stored, log) = damaged_journal(|file, records| {
+        let (at, _) = records[1];
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(file)
+            .expect("open");
+        let mut byte = [0u8; 1];
+        f.seek(SeekFrom::Start(at + 12)).expect("seek");
+        f.read_exact(&mut byte).expect("read");
+        f.seek(SeekFrom::Start(at + 12)).expect("seek");
+        f.write_all(&[byte[0] ^ 0x20]).expect("write");
+    })
+    .await;
+    assert_eq!(sensors(&stored), vec!["a", "c"]);
+    assert!(log.contains("failed their checksum"), "{log}");
+    assert!(log.contains("\"corrupt_records\":1"), "{log}");
+}
