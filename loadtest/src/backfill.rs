@@ -138,7 +138,7 @@ pub async fn run(
     concurrency: usize,
     verify: bool,
 ) -> anyhow::Result<(Report, bool)> {
-    let target = ctx.target("backfill", "minute", false).await?;
+    let target = ctx.target("backfill", "minute", false, false).await?;
     let o = send_all(ctx, &target, data, batch, concurrency).await?;
     let mut report = Report::new("Hourglass backfill");
     report.sections.push(section(

@@ -89,6 +89,7 @@ impl Ctx {
         what: &str,
         granularity: &'static str,
         mqtt: bool,
+        journal: bool,
     ) -> anyhow::Result<Target> {
         if let Some(url) = &self.global.url {
             return Ok(Target {
@@ -113,7 +114,7 @@ impl Ctx {
             } else {
                 None
             },
-            extra: Vec::new(),
+            extra: vec![("HOURGLASS__JOURNAL__ENABLED".into(), journal.to_string())],
         };
         let proc = spawn_hourglass(&spec).await?;
         Ok(Target {

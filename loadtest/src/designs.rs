@@ -157,7 +157,7 @@ async fn bucket_design(
     concurrency: usize,
 ) -> anyhow::Result<(Design, bool)> {
     let target = ctx
-        .target(&format!("design_{granularity}"), granularity, false)
+        .target(&format!("design_{granularity}"), granularity, false, false)
         .await?;
     let o = backfill::send_all(ctx, &target, data, batch, concurrency).await?;
     let client = mongodb::Client::with_uri_str(ctx.mongodb_uri()?).await?;

@@ -39,14 +39,16 @@ pub async fn run(
     batch: usize,
     concurrency: usize,
     verify: bool,
+    journal: bool,
 ) -> anyhow::Result<(Report, bool)> {
     let mqtt = matches!(transport, Transport::Mqtt);
+    let label = format!(
+        "{}{}",
+        format!("{transport:?}").to_lowercase(),
+        if journal { "_journal" } else { "" }
+    );
     let target = ctx
-        .target(
-            &format!("fleet_{}", format!("{transport:?}").to_lowercase()),
-            "minute",
-            mqtt,
-        )
+        .target(&format!("fleet_{label}"), "minute", mqtt, journal)
         .await?;
     // Live sensors: the data starts now.
     data.start = time::OffsetDateTime::now_utc().unix_timestamp();
@@ -161,11 +163,20 @@ pub async fn run(
     }
     bar.finish_and_clear();
     let offered_s = started.elapsed().as_secs_f64();
+    let acked_early = scrape(&target.url)
+        .await
+        .unwrap_or_default()
+        .get("hourglass_readings_stored_total")
+        .copied()
+        .unwrap_or(0.0)
+        - stored0;
     // Let every in-flight request finish.
     let _ = permits.acquire_many(concurrency.max(1) as u32).await?;
     let offered = data.len();
     // Wait (bounded) until everything offered is stored.
-    let deadline = Instant::now() + Duration::from_secs(120);
+    // With the journal, a bucket is written after its minute ends plus the
+    // grace: up to about 70 s after its last reading.
+    let deadline = Instant::now() + Duration::from_secs(240);
     let mut stored = 0.0;
     while Instant::now() < deadline {
         let m = scrape(&target.url).await.unwrap_or_default();
@@ -191,12 +202,20 @@ pub async fn run(
             .get("hourglass_bucket_updates_total")
             .copied()
             .unwrap_or(0.0);
+    let delta =
+        |k: &str| after.get(k).copied().unwrap_or(0.0) - before.get(k).copied().unwrap_or(0.0);
+    let journal_bytes = delta("hourglass_journal_appended_bytes_total");
+    let fsyncs = delta("hourglass_journal_fsyncs_total");
     let (p50, p99, max) = percentiles(latencies.lock().await.clone());
-    let label = format!("{transport:?}").to_lowercase();
     let mut s = Section::new(
         &format!(
-            "Fleet over {label}: {} sensors × {} metrics, every {} s, for {} s",
-            data.args.sensors, data.args.metrics, data.args.interval, data.args.seconds
+            "Fleet over {}, journal {}: {} sensors × {} metrics, every {} s, for {} s",
+            format!("{transport:?}").to_lowercase(),
+            if journal { "on" } else { "off" },
+            data.args.sensors,
+            data.args.metrics,
+            data.args.interval,
+            data.args.seconds
         ),
         &["metric", "value"],
     );
@@ -212,6 +231,24 @@ pub async fn run(
         "stored / offered".into(),
         format!("{} / {}", stored as u64, offered),
     ]);
+    s.row(vec![
+        "stored when the last reading was offered".into(),
+        format!("{} / {}", acked_early as u64, offered),
+    ]);
+    s.row(vec![
+        "last reading offered to all stored (s)".into(),
+        f(all_s - offered_s),
+    ]);
+    if journal {
+        s.row(vec![
+            "journal bytes per reading".into(),
+            f(journal_bytes / offered as f64),
+        ]);
+        s.row(vec![
+            "readings per journal fsync".into(),
+            f(offered as f64 / fsyncs.max(1.0)),
+        ]);
+    }
     s.row(vec![
         if mqtt {
             "broker PUBACK: n/a here (see throughput)".into()
@@ -245,7 +282,7 @@ pub async fn run(
     report.sections.push(s);
     report.plots.push(Plot::Lines {
         file: format!("fleet-{label}-throughput.svg"),
-        title: format!("Fleet over {label}: stored readings over time"),
+        title: format!("Fleet over {label}: readings stored over time"),
         x: "seconds".into(),
         y: "readings stored".into(),
         series: vec![
@@ -268,6 +305,8 @@ pub async fn run(
         "latency_ms": { "p50": p50, "p99": p99, "max": max }, "errors": errors.load(Ordering::Relaxed),
         "service_cpu_s": cpu, "service_cpu_us_per_reading": cpu.map(|c| c / offered as f64 * 1e6),
         "bucket_updates": updates, "writes_per_reading": updates / offered as f64,
+        "journal": journal, "journal_bytes_per_reading": journal_bytes / offered as f64,
+        "journal_fsyncs": fsyncs, "seconds_to_all_stored": all_s - offered_s,
     }));
     let mut ok = errors.load(Ordering::Relaxed) == 0 && stored as u64 == offered;
     if verify {

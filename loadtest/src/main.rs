@@ -42,6 +42,9 @@ enum Cmd {
         /// Skip the final verify.
         #[arg(long)]
         no_verify: bool,
+        /// Answer from MongoDB instead of the journal.
+        #[arg(long)]
+        no_journal: bool,
     },
     /// History uploaded in large batches as fast as the service takes it.
     Backfill {
@@ -125,11 +128,15 @@ async fn all(ctx: &Ctx, scale: f64) -> anyhow::Result<(Report, bool)> {
     ok &= good;
     // 4 000 readings (or messages) a second: enough that per-second fixed costs
     // (a flush, the metrics scrape) do not dominate the per-reading CPU.
+    // Journal off (acknowledged once stored) and on (once journaled), side
+    // by side on the same fleet.
     for transport in [fleet::Transport::Http, fleet::Transport::Mqtt] {
-        let data = Dataset::recent(scaled(2000, 2, 30.0 * scale, 1), 0);
-        let (r, good) = fleet::run(ctx, data, transport, 500, 8, true).await?;
-        report.merge(r);
-        ok &= good;
+        for journal in [false, true] {
+            let data = Dataset::recent(scaled(2000, 2, 30.0 * scale, 1), 0);
+            let (r, good) = fleet::run(ctx, data, transport, 500, 8, true, journal).await?;
+            report.merge(r);
+            ok &= good;
+        }
     }
     report.merge(query::run(ctx, &recent(scaled(20, 2, 3600.0 * scale, 1), 1), 400, 4).await?);
     let designs_data = recent(scaled(20, 2, 3.0 * 3600.0 * scale, 1), 1);
@@ -161,6 +168,7 @@ async fn main() -> anyhow::Result<()> {
             batch,
             concurrency,
             no_verify,
+            no_journal,
         } => (
             "fleet",
             fleet::run(
@@ -170,6 +178,7 @@ async fn main() -> anyhow::Result<()> {
                 batch,
                 concurrency,
                 !no_verify,
+                !no_journal,
             )
             .await?,
         ),

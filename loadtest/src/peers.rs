@@ -254,7 +254,7 @@ pub async fn run(
         .await?,
     );
 
-    let target = ctx.target("peers", "minute", false).await?;
+    let target = ctx.target("peers", "minute", false, false).await?;
     let o = backfill::send_all(ctx, &target, data, batch, concurrency).await?;
     let mongo = mongodb::Client::with_uri_str(ctx.mongodb_uri()?).await?;
     let stats = mongo

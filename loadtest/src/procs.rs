@@ -151,6 +151,7 @@ pub async fn spawn_hourglass(spec: &HourglassSpec) -> anyhow::Result<Proc> {
         .env("HOURGLASS__BUCKETS__GRANULARITY", spec.granularity)
         .env("HOURGLASS__LOG__FORMAT", "json")
         .env("HOURGLASS__LOG__LEVEL", "warn")
+        .env("HOURGLASS__JOURNAL__DIR", dir.path().join("journal"))
         .env(
             "HOURGLASS__MQTT__ENABLED",
             spec.mqtt_url.is_some().to_string(),

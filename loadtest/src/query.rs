@@ -113,7 +113,7 @@ pub async fn run(
     n: usize,
     concurrency: usize,
 ) -> anyhow::Result<Report> {
-    let target = ctx.target("query", "minute", false).await?;
+    let target = ctx.target("query", "minute", false, false).await?;
     if ctx.global.url.is_none() {
         // A fresh instance has nothing to read: load the dataset first.
         crate::backfill::send_all(ctx, &target, data, 5000, 4).await?;

@@ -377,6 +377,7 @@ impl JournalTask {
         };
         let outcome = match result {
             Ok((segment, at)) => {
+                self.metrics.journal_appended_bytes.inc_by(size as u64);
                 self.offer_committed(segment, at, &group);
                 Ok(())
             }

@@ -103,6 +103,7 @@ pub struct Metrics {
     pub journal_behind_seconds: IntGauge,
     pub journal_oldest_unstored_seconds: IntGauge,
     pub journal_fsyncs: IntCounter,
+    pub journal_appended_bytes: IntCounter,
     pub journal_fsync_duration: Histogram,
     pub journal_replayed_readings: IntCounter,
 }
@@ -292,6 +293,11 @@ impl Metrics {
                 &r,
                 "hourglass_journal_fsyncs_total",
                 "Journal commits: one write and one fsync shared by every append queued at the time.",
+            ),
+            journal_appended_bytes: counter(
+                &r,
+                "hourglass_journal_appended_bytes_total",
+                "Bytes appended to the journal.",
             ),
             journal_fsync_duration: histogram(
                 &r,
