@@ -351,6 +351,35 @@ mod tests {
     }
 
     #[test]
+    fn a_full_disk_fails_the_append_and_the_next_one_starts_a_fresh_segment() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut segs, _) = Segments::open(dir.path(), 1 << 20).expect("open");
+        let (before, at) = segs.append(&frame("a", 1)).expect("append");
+        // The kernel's always-full device: every write fails with ENOSPC.
+        segs.file = Some(
+            OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .expect("/dev/full"),
+        );
+        let err = segs.append(&frame("b", 2)).expect_err("disk full");
+        assert_eq!(err.kind(), io::ErrorKind::StorageFull);
+        assert_eq!(
+            segs.len_of(before),
+            Some(at + frame("a", 1).len() as u64),
+            "the failed append counts for nothing"
+        );
+        let (after, _) = segs.append(&frame("c", 3)).expect("append");
+        assert!(after > before, "a fresh segment after the failure");
+        let records: usize = segs
+            .list()
+            .iter()
+            .map(|s| segs.read(s.id, HEADER as u64, 1 << 20).expect("read").len())
+            .sum();
+        assert_eq!(records, 2);
+    }
+
+    #[test]
     fn a_second_process_cannot_open_the_same_journal() {
         let dir = tempfile::tempdir().expect("tempdir");
         let _first = Segments::open(dir.path(), 1 << 20).expect("open");
