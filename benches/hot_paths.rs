@@ -7,7 +7,7 @@ use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_mai
 use hourglass::Granularity;
 use hourglass::pure::{
     Batcher, BatcherLimits, BucketUpdate, DecodeContext, Hold, TimeWindow, decode_readings,
-    update_statement,
+    journal_decode, journal_encode, update_statement,
 };
 use tokio::time::{Duration, Instant};
 
@@ -73,6 +73,32 @@ fn benches(c: &mut Criterion) {
 
     group.bench_function("decode_10k_readings", |b| {
         b.iter(|| decode_readings(black_box(&body), &ctx()).expect("valid"))
+    });
+
+    // What a journaled write adds to the request path: framing with its
+    // CRC-32C, then reading the frame back for the batcher.
+    group.bench_function("journal_encode_10k", |b| {
+        let readings = decode_readings(&body, &ctx()).expect("valid");
+        b.iter(|| journal_encode(black_box(&readings)))
+    });
+    group.bench_function("journal_decode_10k", |b| {
+        let readings = decode_readings(&body, &ctx()).expect("valid");
+        let frame = journal_encode(&readings);
+        b.iter(|| journal_decode(black_box(&frame)).expect("valid"))
+    });
+
+    group.bench_function("batcher_hold_and_take_10k", |b| {
+        b.iter_batched(
+            || decode_readings(&body, &ctx()).expect("valid"),
+            |readings| {
+                let mut batcher: Batcher<()> = Batcher::new(Granularity::Minute, LIMITS);
+                batcher
+                    .offer_held(readings, 1, Instant::now(), 0)
+                    .expect("room");
+                batcher.take_all().expect("a batch")
+            },
+            BatchSize::SmallInput,
+        )
     });
 
     group.bench_function("batcher_absorb_and_take_10k", |b| {

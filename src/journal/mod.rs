@@ -27,6 +27,19 @@ mod settings;
 
 pub use settings::Settings;
 
+/// One framed journal record of `readings` (for the benchmarks).
+pub fn encode_frame(readings: &[Reading<'_>]) -> Vec<u8> {
+    record::encode(readings)
+}
+
+/// The readings of a framed record, checksum verified (for the benchmarks).
+pub fn decode_frame(frame: &[u8]) -> Option<Vec<Reading<'_>>> {
+    let record::Frame::Valid { len } = record::frame_at(frame, 0) else {
+        return None;
+    };
+    record::decode(&frame[FRAME_HEADER..FRAME_HEADER + len]).ok()
+}
+
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
