@@ -213,7 +213,8 @@ impl Journal {
         self.shared.disk.load(Ordering::Acquire) + self.shared.queued.load(Ordering::Acquire)
     }
 
-    /// Whether input was refused for space and the journal has not shrunk since.
+    /// Whether input was refused for space and the journal has not shrunk
+    /// below 90 % since.
     pub fn is_full(&self) -> bool {
         self.shared.full.load(Ordering::Acquire)
     }
@@ -395,7 +396,7 @@ impl JournalTask {
                 Ok(())
             }
             Err(e) => {
-                warn!(error = %e, readings_requests = group.len(),
+                warn!(error = %e, appends = group.len(),
                     "Could not write to the journal; the writers were refused and nothing was acknowledged.");
                 Err(JournalError(e.kind().to_string()))
             }
@@ -556,16 +557,22 @@ impl JournalTask {
     async fn retire(&mut self) {
         let lowest = self.batcher.lowest_unsettled_origin();
         let consumer = self.consumer.0;
-        let segments = self.segments.clone();
-        let removed = tokio::task::spawn_blocking(move || {
-            let mut segments = lock(&segments);
+        let done: Vec<u64> = {
+            let segments = lock(&self.segments);
             let (end, _) = segments.end();
-            let done: Vec<u64> = segments
+            segments
                 .list()
                 .iter()
                 .map(|s| s.id)
                 .filter(|&id| id < consumer && id != end && lowest.is_none_or(|l| id < l))
-                .collect();
+                .collect()
+        };
+        if done.is_empty() {
+            return;
+        }
+        let segments = self.segments.clone();
+        let removed = tokio::task::spawn_blocking(move || {
+            let mut segments = lock(&segments);
             let mut removed = 0;
             for id in done {
                 match segments.remove(id) {
@@ -581,15 +588,18 @@ impl JournalTask {
         .await
         .unwrap_or(0);
         if removed > 0 {
-            self.shared.full.store(false, Ordering::Release);
+            self.publish();
         }
-        self.publish();
     }
 
     fn publish(&self) {
         let segments = lock(&self.segments);
         let bytes = segments.bytes();
         self.shared.disk.store(bytes, Ordering::Release);
+        if bytes < self.shared.max_bytes / 10 * 9 {
+            // Room again (for all but a request nearly the journal's size).
+            self.shared.full.store(false, Ordering::Release);
+        }
         self.metrics
             .journal_bytes
             .set(i64::try_from(bytes).unwrap_or(i64::MAX));

@@ -75,6 +75,14 @@ async fn a_write_is_acknowledged_from_the_journal_and_queried_before_any_bucket_
         "wait=stored answered once stored"
     );
     let updates = metric(&app.address, "hourglass_bucket_updates_total").await;
+    let both = app
+        .post_raw(
+            "application/json",
+            serde_json::to_vec(&reading("live", "m", t, 3.0)).expect("json"),
+            "?async=true&wait=stored",
+        )
+        .await;
+    assert_eq!(both.status(), 400, "async and wait=stored contradict each other");
     let r = app
         .post_readings(&json!([
             reading("live", "m", t, 5.0),
