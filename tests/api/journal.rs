@@ -82,7 +82,11 @@ async fn a_write_is_acknowledged_from_the_journal_and_queried_before_any_bucket_
             "?async=true&wait=stored",
         )
         .await;
-    assert_eq!(both.status(), 400, "async and wait=stored contradict each other");
+    assert_eq!(
+        both.status(),
+        400,
+        "async and wait=stored contradict each other"
+    );
     let r = app
         .post_readings(&json!([
             reading("live", "m", t, 5.0),

@@ -2,7 +2,8 @@
 //!
 //! Messages are acknowledged in arrival order, as MQTT 3.1.1 asks of QoS 1,
 //! and only once settled: their readings safe (in the journal, or stored when
-//! it is off), dead-lettered, or the message found unusable. A message whose connection is gone is not
+//! it is off), dead-lettered, or the message found unusable. A message whose
+//! connection is gone is not
 //! acknowledged: the broker delivers it again on the new connection, and that
 //! copy gets the PUBACK. A message left unstored at shutdown is not
 //! acknowledged either, so the broker delivers it again after the restart.
@@ -114,14 +115,23 @@ pub(super) struct Pending {
     pub stored: Option<Ack>,
 }
 
+/// How soon the acker tries again when rumqttc's request queue is full.
+const QUEUE_FULL_RETRY: std::time::Duration = std::time::Duration::from_millis(5);
+
 /// The acker task: settles messages as their readings are settled and sends
 /// the PUBACKs the core releases. Ends when the processor is gone and every
 /// message has left the queue, or at the shutdown deadline.
+///
+/// It never waits on rumqttc's request queue: the event loop that drains that
+/// queue may itself be waiting for the processor, which may be waiting for
+/// this task. PUBACKs that do not fit wait here (with their connection epoch)
+/// and are tried again shortly, while settling goes on.
 pub(super) async fn acknowledge(shared: Arc<Shared>, mut pending: mpsc::Receiver<Pending>) {
     let mut acks = Acks::default();
     let mut waiting = FuturesUnordered::new();
     let mut open = true;
     let mut out = Vec::new();
+    let mut unsent: VecDeque<(u64, u16)> = VecDeque::new();
     loop {
         tokio::select! {
             next = pending.recv(), if open => match next {
@@ -143,30 +153,45 @@ pub(super) async fn acknowledge(shared: Arc<Shared>, mut pending: mpsc::Receiver
                 };
                 acks.settle(seq, settle);
             }
+            _ = tokio::time::sleep(QUEUE_FULL_RETRY), if !unsent.is_empty() => {}
             _ = shared.shutdown.deadline_passed() => break,
             else => break,
         }
-        let left = acks.ready(shared.epoch.load(Ordering::Acquire), &mut out);
+        let epoch = shared.epoch.load(Ordering::Acquire);
+        let left = acks.ready(epoch, &mut out);
         shared.unacked.fetch_sub(left, Ordering::AcqRel);
-        for pkid in out.drain(..) {
-            let mut ack = Publish::new("", QoS::AtLeastOnce, Vec::new());
-            ack.pkid = pkid;
-            if let Err(e) = shared.client.ack(&ack).await {
-                warn!(error = %e, "Could not queue an MQTT acknowledgement; the broker will deliver the message again.");
-            } else {
-                shared.stats.acked.fetch_add(1, Ordering::Relaxed);
-                shared.metrics.mqtt_acks.inc();
-            }
-        }
-        if !open && acks.is_empty() {
+        unsent.extend(out.drain(..).map(|pkid| (epoch, pkid)));
+        send(&shared, &mut unsent);
+        if !open && acks.is_empty() && unsent.is_empty() {
             break;
         }
     }
-    if !acks.is_empty() {
+    if !acks.is_empty() || !unsent.is_empty() {
         warn!(
-            messages = acks.len(),
+            messages = acks.len() + unsent.len(),
             "Not every MQTT acknowledgement was sent before the shutdown deadline; the broker will deliver those messages again."
         );
+    }
+}
+
+/// Queues as many PUBACKs as rumqttc takes now; the rest wait in `unsent`.
+/// One of a connection that is gone is dropped: the broker delivers its
+/// message again on the new one.
+fn send(shared: &Shared, unsent: &mut VecDeque<(u64, u16)>) {
+    while let Some(&(epoch, pkid)) = unsent.front() {
+        if epoch != shared.epoch.load(Ordering::Acquire) {
+            unsent.pop_front();
+            continue;
+        }
+        let mut ack = Publish::new("", QoS::AtLeastOnce, Vec::new());
+        ack.pkid = pkid;
+        if shared.client.try_ack(&ack).is_err() {
+            // Full (or the event loop is gone at shutdown): try again soon.
+            return;
+        }
+        unsent.pop_front();
+        shared.stats.acked.fetch_add(1, Ordering::Relaxed);
+        shared.metrics.mqtt_acks.inc();
     }
 }
 
