@@ -141,6 +141,8 @@ impl BatcherHandle {
     ) -> Vec<(i64, Vec<(u16, f64)>)> {
         let core = self.core();
         let pending = core.pending_values_of(sensor, metric, from, to);
+        // Buckets that start before `from` still hold seconds inside it.
+        let first = core.granularity().bucket_start(from);
         let in_flight = self
             .shared
             .in_flight
@@ -158,7 +160,7 @@ impl BatcherHandle {
             .filter(|u| {
                 u.key.sensor.as_str() == sensor
                     && u.key.metric.as_str() == metric
-                    && u.key.start >= from
+                    && u.key.start >= first
                     && u.key.start < to
             })
             .map(|u| (u.key.start, u.values.clone()))

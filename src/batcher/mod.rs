@@ -221,6 +221,10 @@ impl<W> Batcher<W> {
         }
     }
 
+    pub fn granularity(&self) -> Granularity {
+        self.granularity
+    }
+
     /// Values held: pending and in flight.
     pub fn buffered(&self) -> usize {
         self.pending_values + self.in_flight_values
