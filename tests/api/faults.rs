@@ -149,36 +149,14 @@ async fn readings_acknowledged_before_a_sigkill_are_all_there_after_a_restart() 
     let url = format!("{}/api/v1/readings", binary_address(&log).await);
 
     let t = base_time();
-    let acked: Arc<Mutex<Model>> = Arc::new(Mutex::new(Model::new()));
-    let stream = {
-        let acked = acked.clone();
-        tokio::spawn(async move {
-            let client = reqwest::Client::new();
-            for i in 0..10_000 {
-                let mut m = Model::new();
-                let b = body("killed", t, i * 5, 5, &mut m);
-                match client.post(&url).json(&b).send().await {
-                    Ok(r) if r.status() == 200 => acked.lock().expect("lock").extend(m),
-                    Ok(r) => panic!("unexpected {}", r.status()),
-                    Err(_) => return, // the service is gone
-                }
-            }
-        })
-    };
-    let a = acked.clone();
-    eventually(WAIT, "some writes acknowledged", || {
-        let n = a.lock().expect("lock").len();
-        async move { n >= 50 }
+    let acked = kill_mid_stream(url, &mut first, 10_000, 50, move |i, m| {
+        body("killed", t, i * 5, 5, m)
     })
     .await;
-    first.kill().expect("SIGKILL");
-    first.wait().expect("reaped");
-    stream.await.expect("the stream ends");
 
     let log = logs.path().join("second.log");
     let mut second = spawn_binary(&settings, &extra, &log);
     binary_address(&log).await;
-    let acked = acked.lock().expect("lock").clone();
     let stored = all_values(&reader.buckets().await, Granularity::Minute);
     for (key, value) in &acked {
         assert_eq!(

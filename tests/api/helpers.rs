@@ -441,6 +441,46 @@ pub async fn binary_address(log: &std::path::Path) -> String {
     format!("http://{}", address.expect("found"))
 }
 
+/// Sends one request per `i` in `0..requests` to `url`, with the body
+/// `body(i, &mut readings)` builds, and keeps the readings of every request
+/// answered 200. Once `at_least` readings are acknowledged, SIGKILLs `child`
+/// (the service behind `url`) and returns what was acknowledged.
+pub async fn kill_mid_stream(
+    url: String,
+    child: &mut std::process::Child,
+    requests: i64,
+    at_least: usize,
+    body: impl Fn(i64, &mut BTreeMap<(String, String, i64), f64>) -> Value + Send + 'static,
+) -> BTreeMap<(String, String, i64), f64> {
+    use std::sync::{Arc, Mutex};
+    let acked = Arc::new(Mutex::new(BTreeMap::new()));
+    let stream = {
+        let acked = acked.clone();
+        tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            for i in 0..requests {
+                let mut m = BTreeMap::new();
+                let b = body(i, &mut m);
+                match client.post(&url).json(&b).send().await {
+                    Ok(r) if r.status() == 200 => acked.lock().expect("lock").extend(m),
+                    Ok(r) => panic!("unexpected {}", r.status()),
+                    Err(_) => return, // the service is gone
+                }
+            }
+        })
+    };
+    let a = acked.clone();
+    eventually(Duration::from_secs(120), "some writes acknowledged", || {
+        let n = a.lock().expect("lock").len();
+        async move { n >= at_least }
+    })
+    .await;
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reaped");
+    stream.await.expect("the stream ends");
+    acked.lock().expect("lock").clone()
+}
+
 /// Sends SIGTERM and waits for the process to exit.
 pub fn terminate(child: &mut std::process::Child) -> std::process::ExitStatus {
     let _ = std::process::Command::new("kill")

@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hourglass::Granularity;
@@ -169,38 +168,18 @@ async fn a_sigkill_during_a_synchronous_http_stream_loses_no_acknowledged_readin
     let mut first = spawn_binary(&settings, &[], &log);
     let url = format!("{}/api/v1/readings", binary_address(&log).await);
     let t0 = now() - 60;
-    let acked: Arc<Mutex<Model>> = Arc::new(Mutex::new(Model::new()));
-    let stream = {
-        let acked = acked.clone();
-        tokio::spawn(async move {
-            let client = reqwest::Client::new();
-            for i in 0..300 {
-                let mut m = Model::new();
-                let b: Vec<Value> = (0..5)
-                    .map(|k| {
-                        let v = f64::from((i * 7 + k) % 13);
-                        m.insert((format!("k{k}"), "m".into(), t0 + i64::from(i)), v);
-                        reading(&format!("k{k}"), "m", t0 + i64::from(i), v)
-                    })
-                    .collect();
-                match client.post(&url).json(&b).send().await {
-                    Ok(r) if r.status() == 200 => acked.lock().expect("lock").extend(m),
-                    Ok(r) => panic!("unexpected {}", r.status()),
-                    Err(_) => return, // the service is gone
-                }
-            }
-        })
-    };
-    let a = acked.clone();
-    eventually(WAIT, "some writes acknowledged", || {
-        let n = a.lock().expect("lock").len();
-        async move { n >= 200 }
+    let acked = kill_mid_stream(url, &mut first, 300, 200, move |i, m| {
+        Value::Array(
+            (0..5)
+                .map(|k| {
+                    let v = ((i * 7 + k) % 13) as f64;
+                    m.insert((format!("k{k}"), "m".into(), t0 + i), v);
+                    reading(&format!("k{k}"), "m", t0 + i, v)
+                })
+                .collect(),
+        )
     })
     .await;
-    first.kill().expect("SIGKILL");
-    first.wait().expect("reaped");
-    stream.await.expect("the stream ends");
-    let acked = acked.lock().expect("lock").clone();
 
     let log = logs.path().join("second.log");
     let mut second = spawn_binary(&settings, &[("HOURGLASS__BATCHER__MAX_HOLD", "1s")], &log);
