@@ -57,7 +57,7 @@ pub use config::{ConfigError, Settings};
 pub use domain::{Agg, Granularity};
 pub use ingest::mqtt::MqttStats;
 pub use shutdown::signal;
-pub use startup::Application;
+pub use startup::{Application, rebuild_rollups};
 pub use telemetry::{LogFormat, init as init_logging};
 
 /// The pure cores behind the service (no I/O, no clock): for the benchmarks,

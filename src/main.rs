@@ -19,6 +19,20 @@ struct Args {
 enum Command {
     /// Prints the SHA-256 of a token read from standard input, for auth.tokens[].sha256.
     HashToken,
+    /// Recomputes rollups and sensor registry entries from the buckets: the
+    /// migration for data written without them, and their repair. Safe while
+    /// the service runs.
+    RebuildRollups {
+        /// Only sensors with this id, or (ending in `*`) this id prefix.
+        #[arg(long)]
+        sensor: Option<String>,
+        /// From this instant (RFC 3339 or epoch ms), widened to its UTC day.
+        #[arg(long)]
+        from: Option<String>,
+        /// Up to this instant, widened to the end of its UTC day.
+        #[arg(long)]
+        to: Option<String>,
+    },
 }
 
 #[tokio::main]
@@ -38,6 +52,20 @@ async fn main() -> anyhow::Result<()> {
     }
     let settings = Settings::load(Some(&args.config))?;
     hourglass::init_logging(&settings.log).context("installing the log subscriber")?;
+    if let Some(Command::RebuildRollups { sensor, from, to }) = args.command {
+        let instant = |name: &str, s: Option<String>| -> anyhow::Result<Option<i64>> {
+            s.map(|s| {
+                hourglass::pure::parse_instant(name, &s)
+                    .map(|ms| ms.div_euclid(1000))
+                    .map_err(|e| anyhow::anyhow!("--{name}: {}", e.message))
+            })
+            .transpose()
+        };
+        let (from, to) = (instant("from", from)?, instant("to", to)?);
+        let days = hourglass::rebuild_rollups(&settings, sensor.as_deref(), from, to).await?;
+        println!("Rebuilt the rollups of {days} days.");
+        return Ok(());
+    }
     let app = Application::build(settings).await?;
     app.run_until_stopped(hourglass::signal()).await
 }

@@ -73,7 +73,7 @@ impl Application {
         store
             .ensure_indexes(settings.buckets.retention)
             .await
-            .context("creating the bucket index (is MongoDB reachable at mongodb.uri?)")?;
+            .context("creating the indexes (is MongoDB reachable at mongodb.uri?)")?;
         store
             .read_limits()
             .await
@@ -197,6 +197,7 @@ impl Application {
             metrics,
             mqtt: mqtt_stats,
             auth,
+            query_permits: Arc::new(tokio::sync::Semaphore::new(settings.query.max_concurrency)),
         };
         let app = api::router(state);
         info!(%address, granularity = ?settings.buckets.granularity, "Hourglass is listening.");
@@ -258,4 +259,32 @@ impl Application {
         info!("Hourglass stopped; every accepted reading was stored.");
         Ok(())
     }
+}
+
+/// `hourglass rebuild-rollups`: recomputes the rollups and registry entries
+/// of the buckets in `[from, to)` (epoch seconds; all when not given) for
+/// sensor `sensor` or, ending in `*`, the sensors with that id prefix. The migration for data written
+/// before rollups, and the repair after a rollup could not be written.
+pub async fn rebuild_rollups(
+    settings: &Settings,
+    sensor: Option<&str>,
+    from: Option<i64>,
+    to: Option<i64>,
+) -> anyhow::Result<i64> {
+    let sensor = sensor.unwrap_or("*");
+    let (prefix, exact) = match sensor.strip_suffix('*') {
+        Some(prefix) => (prefix, false),
+        None => (sensor, true),
+    };
+    let store = MongoStore::connect(&settings.mongodb, settings.buckets.granularity)
+        .await
+        .context("connecting to MongoDB")?;
+    store
+        .ensure_indexes(settings.buckets.retention)
+        .await
+        .context("creating the indexes (is MongoDB reachable at mongodb.uri?)")?;
+    store
+        .rebuild_rollups(prefix, exact, from, to)
+        .await
+        .context("rebuilding the rollups")
 }

@@ -57,10 +57,12 @@ pub struct Checks {
     pub running: Check,
 }
 
+#[utoipa::path(get, path = "/health/live", responses((status = 200, description = "The process runs")))]
 pub async fn live() -> Json<serde_json::Value> {
     Json(serde_json::json!({ "live": true }))
 }
 
+#[utoipa::path(get, path = "/health/ready", responses((status = 200, description = "Ready"), (status = 503, description = "Not ready, with the failing checks")))]
 pub async fn ready<S: BucketStore>(State(state): State<AppState<S>>) -> impl IntoResponse {
     let storage = match tokio::time::timeout(STORAGE_PING_TIMEOUT, state.store.ping()).await {
         // The server answers pings but refuses writes (authorization, a
@@ -137,6 +139,7 @@ pub async fn ready<S: BucketStore>(State(state): State<AppState<S>>) -> impl Int
     )
 }
 
+#[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
 pub async fn metrics<S: BucketStore>(State(state): State<AppState<S>>) -> impl IntoResponse {
     let m = &state.metrics;
     m.pending_readings.set(state.batcher.buffered() as i64);

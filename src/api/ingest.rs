@@ -75,6 +75,11 @@ impl From<IntakeError> for ApiError {
     }
 }
 
+#[utoipa::path(post, path = "/api/v1/readings",
+    params(("wait" = Option<String>, Query, description = "stored: answer once in MongoDB"), ("async" = Option<bool>, Query)),
+    request_body(content = Object, description = "A reading {sensor, metric?, ts, value} or an array of them", content_type = "application/json"),
+    responses((status = 200, description = "Accepted (journaled, or stored)"), (status = 400, description = "A reading is invalid; nothing was taken"),
+        (status = 503, description = "At a bound; retry after Retry-After")))]
 pub async fn post_readings<S: BucketStore>(
     State(state): State<AppState<S>>,
     Extension(principal): Extension<Principal>,

@@ -4,6 +4,8 @@
 mod auth;
 pub mod health;
 mod ingest;
+pub mod openapi;
+mod params;
 pub mod query;
 mod settings;
 
@@ -19,7 +21,7 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use serde::Serialize;
 use tokio::time::Instant;
 use tower::ServiceBuilder;
@@ -60,6 +62,8 @@ pub struct AppState<S> {
     /// Present when MQTT is enabled.
     pub mqtt: Option<Arc<MqttStats>>,
     pub auth: Arc<Authenticator>,
+    /// Queries running at once (`query.max_concurrency`), apart from ingest.
+    pub query_permits: Arc<tokio::sync::Semaphore>,
 }
 
 impl<S> Clone for AppState<S> {
@@ -72,6 +76,7 @@ impl<S> Clone for AppState<S> {
             metrics: self.metrics.clone(),
             mqtt: self.mqtt.clone(),
             auth: self.auth.clone(),
+            query_permits: self.query_permits.clone(),
         }
     }
 }
@@ -107,10 +112,15 @@ pub fn router<S: BucketStore>(state: AppState<S>) -> Router {
     };
     let ingest = Router::new()
         .route("/api/v1/readings", post(ingest::post_readings::<S>))
+        .route("/api/v1/sensors/{sensor}/labels", put(query::put_labels::<S>))
         .route_layer(require(Scope::Ingest));
     let queries = Router::new()
+        .route("/api/v1/sensors", get(query::list_sensors::<S>))
         .route("/api/v1/sensors/{sensor}/average", get(query::average::<S>))
         .route("/api/v1/sensors/{sensor}/series", get(query::series::<S>))
+        .route("/api/v1/sensors/{sensor}/latest", get(query::latest::<S>))
+        .route("/api/v1/average", get(query::group_average::<S>))
+        .route("/api/v1/series", get(query::group_series::<S>))
         .route_layer(require(Scope::Query));
     let http = &state.settings.http;
     // The API shares one concurrency limit (a request beyond it is shed with
@@ -140,6 +150,7 @@ pub fn router<S: BucketStore>(state: AppState<S>) -> Router {
     // ingest is saturated.
     Router::new()
         .merge(api)
+        .route("/api/v1/openapi.json", get(openapi::document))
         .route("/health/live", get(health::live))
         .route("/health/ready", get(health::ready::<S>))
         .route("/metrics", get(health::metrics::<S>))

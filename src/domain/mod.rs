@@ -4,12 +4,14 @@
 
 mod aggregate;
 mod bucket;
+mod labels;
 mod read;
 mod reading;
 
 pub use aggregate::Agg;
 pub use bucket::{BucketKey, BucketKeyRef, BucketUpdate, Granularity, SECOND_FIELDS, field_name};
-pub use read::{BucketRead, Starts, Values};
+pub use labels::{Labels, valid_label_name};
+pub use read::{BucketRead, Level, Period, Starts, Values};
 pub use reading::{
     InvalidReading, METRIC_MAX_LEN, MetricName, Reading, SENSOR_MAX_LEN, SensorId, TimeWindow,
     parse_timestamp_ms, parse_timestamp_str,

@@ -1,14 +1,61 @@
-//! What the query planner asks of stored buckets, and what comes back: plain
-//! data, so the planner depends on the vocabulary and not on storage.
+//! What the query planner asks of stored documents, and what comes back:
+//! plain data, so the planner depends on the vocabulary and not on storage.
 
-use super::Agg;
+use super::{Agg, Granularity};
 
-/// Which buckets of one series to read.
+/// The length of a rollup document (see `store::rollup`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Period {
+    Hour,
+    Day,
+}
+
+impl Period {
+    pub const fn seconds(self) -> i64 {
+        match self {
+            Period::Hour => 3600,
+            Period::Day => 86_400,
+        }
+    }
+
+    /// The value of a rollup's `period` field.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Period::Hour => "hour",
+            Period::Day => "day",
+        }
+    }
+
+    /// The length of one sub-period `s.<n>`: minutes of an hour, hours of a day.
+    pub const fn slot_seconds(self) -> i64 {
+        match self {
+            Period::Hour => 60,
+            Period::Day => 3600,
+        }
+    }
+
+    /// The rollup levels kept for a bucket granularity, finest first.
+    pub const fn levels(granularity: Granularity) -> &'static [Period] {
+        match granularity {
+            Granularity::Minute => &[Period::Hour, Period::Day],
+            Granularity::Hour => &[Period::Day],
+        }
+    }
+}
+
+/// Which documents a read goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    Buckets,
+    Rollups(Period),
+}
+
+/// Which documents of one series to read, by start.
 #[derive(Debug, Clone)]
 pub enum Starts {
-    /// Bucket starts (epoch seconds) in `[from, to)`.
+    /// Starts (epoch seconds) in `[from, to)`.
     Range(i64, i64),
-    /// These bucket starts.
+    /// These starts.
     Only(Vec<i64>),
 }
 
@@ -20,14 +67,15 @@ pub enum Values {
     Minutes(Vec<u16>),
 }
 
-/// One bucket as read back: its aggregates and whatever parts were asked for.
+/// One document as read back: its aggregates and whatever parts were asked for.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct BucketRead {
     /// Epoch seconds.
     pub start: i64,
     pub agg: Agg,
-    /// `(minute, aggregates)` for hour buckets when asked for.
-    pub minutes: Vec<(u16, Agg)>,
-    /// `(offset in seconds from start, value)` when asked for.
+    /// `(sub-period, aggregates)` when asked for: minutes of an hour bucket or
+    /// hour rollup, hours of a day rollup.
+    pub slots: Vec<(u16, Agg)>,
+    /// `(offset in seconds from start, value)` of a bucket when asked for.
     pub values: Vec<(u16, f64)>,
 }

@@ -39,6 +39,11 @@ static HOUR_TOTALS: LazyLock<RawDocumentBuf> = LazyLock::new(|| {
     }}
 });
 
+/// `n + 1`: every write of a bucket counts, so rollups can tell a newer
+/// figure from an older one (see `rollup`).
+static WRITE_COUNTER: LazyLock<RawDocumentBuf> =
+    LazyLock::new(|| rawdoc! { "$add": [ { "$ifNull": ["$n", 0] }, 1 ] });
+
 pub fn start_date(start: i64) -> DateTime {
     DateTime::from_millis(start.saturating_mul(1000))
 }
@@ -92,6 +97,7 @@ pub fn update_pipeline(update: &BucketUpdate, granularity: Granularity) -> RawAr
             pipeline.push(rawdoc! { "$set": {
                 "v": { "$mergeObjects": [ { "$ifNull": ["$v", {}] }, { "$literal": new } ] },
                 "schema_version": SCHEMA_VERSION,
+                "n": WRITE_COUNTER.clone(),
             }});
             pipeline.push(MINUTE_TOTALS.clone());
         }
@@ -113,6 +119,7 @@ pub fn update_pipeline(update: &BucketUpdate, granularity: Granularity) -> RawAr
             pipeline.push(rawdoc! { "$set": {
                 "v": { "$mergeObjects": [ { "$ifNull": ["$v", {}] }, v ] },
                 "schema_version": SCHEMA_VERSION,
+                "n": WRITE_COUNTER.clone(),
             }});
             pipeline.push(
                 rawdoc! { "$set": { "m": { "$mergeObjects": [ { "$ifNull": ["$m", {}] }, m ] } } },
@@ -221,14 +228,15 @@ pub fn read_bucket(doc: &Document, granularity: Granularity) -> Result<BucketRea
         agg: aggregates(doc)?,
         ..BucketRead::default()
     };
-    if let Ok(m) = doc.get_document("m") {
+    // Sub-periods: `m` of an hour bucket, `s` of a rollup.
+    if let Ok(m) = doc.get_document("m").or_else(|_| doc.get_document("s")) {
         for minute in m.keys() {
             let entry = m
                 .get_document(minute)
                 .map_err(|e| StoreError::Unreadable(format!("m.{minute}: {e}")))?;
-            read.minutes.push((small_key(minute)?, aggregates(entry)?));
+            read.slots.push((small_key(minute)?, aggregates(entry)?));
         }
-        read.minutes.sort_by_key(|&(minute, _)| minute);
+        read.slots.sort_by_key(|&(minute, _)| minute);
     }
     if let Ok(v) = doc.get_document("v") {
         match granularity {
@@ -357,6 +365,6 @@ mod tests {
         assert_eq!(r.start, 3600);
         assert_eq!(r.agg.count, 2);
         assert_eq!(r.values, vec![(61, 1.0), (62, 2.0)]);
-        assert_eq!(r.minutes.len(), 1);
+        assert_eq!(r.slots.len(), 1);
     }
 }

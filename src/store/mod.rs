@@ -4,14 +4,19 @@ pub mod command;
 pub mod document;
 pub mod errors;
 pub mod mongo;
+pub mod registry;
+pub mod rollup;
 mod settings;
 
 use std::future::Future;
+use std::time::Duration;
 
 use crate::batcher::Sink;
-use crate::domain::{BucketRead, MetricName, SensorId, Starts, Values};
+use crate::domain::{BucketRead, Level, Starts, Values};
 
 pub use mongo::MongoStore;
+pub use crate::domain::Labels;
+pub use registry::{SensorInfo, SensorQuery};
 pub use settings::BucketSettings;
 
 /// The current bucket document layout; every bucket written carries it.
@@ -32,26 +37,55 @@ pub enum StoreError {
     Unreadable(String),
 }
 
-/// What to read of each bucket.
+/// What to read of one series' documents at one level.
 #[derive(Debug, Clone)]
 pub struct Fetch<'a> {
-    pub sensor: &'a SensorId<'a>,
-    pub metric: &'a MetricName<'a>,
+    pub sensor: &'a str,
+    pub metric: &'a str,
+    pub level: Level,
     pub starts: Starts,
-    /// Read the per-minute aggregates `m` (hour buckets).
-    pub minutes: bool,
-    /// Read the raw values: `None`, all of them, or (hour buckets) these minutes'.
+    /// Read the sub-period aggregates (`m` of hour buckets, `s` of rollups).
+    pub slots: bool,
+    /// Read a bucket's raw values: `None`, all of them, or (hour buckets) these minutes'.
     pub values: Values,
+    /// The server gives up on the read after this long (`maxTimeMS`).
+    pub max_time: Duration,
 }
 
 /// Where buckets live: the batcher's [`Sink`] plus the reads queries need.
 pub trait BucketStore: Sink {
-    /// Reads buckets of one series, sorted by start.
-    fn fetch(
+    /// Streams the documents of one series to `each`, sorted by start, never
+    /// collecting them; answers how many were read.
+    fn fetch<F: FnMut(BucketRead) + Send>(
         &self,
         fetch: Fetch<'_>,
-    ) -> impl Future<Output = Result<Vec<BucketRead>, StoreError>> + Send;
+        each: F,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// Checks that the server answers.
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Streams registered sensors in id order (after `query.after`, under
+    /// `query.prefix`, with `query.labels`) to `keep`, until it has kept `limit`.
+    fn sensors<F: FnMut(&SensorInfo) -> bool + Send>(
+        &self,
+        query: SensorQuery<'_>,
+        limit: usize,
+        keep: F,
+    ) -> impl Future<Output = Result<Vec<SensorInfo>, StoreError>> + Send;
+
+    /// Replaces a sensor's labels (registering it if unknown).
+    fn set_labels(
+        &self,
+        sensor: &str,
+        labels: &Labels,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The newest stored reading of a series, found from its newest bucket.
+    fn latest(
+        &self,
+        sensor: &str,
+        metric: &str,
+        max_time: Duration,
+    ) -> impl Future<Output = Result<Option<(i64, f64)>, StoreError>> + Send;
 }

@@ -98,6 +98,7 @@ pub struct Metrics {
     pub http_requests: IntCounterVec,
     pub http_duration: HistogramVec,
     pub query_duration: HistogramVec,
+    pub query_documents: HistogramVec,
     pub journal_bytes: IntGauge,
     pub journal_segments: IntGauge,
     pub journal_behind_seconds: IntGauge,
@@ -143,8 +144,18 @@ fn histogram(registry: &Registry, name: &str, help: &str, buckets: &[f64]) -> Hi
 }
 
 fn histogram_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> HistogramVec {
+    histogram_vec_with(registry, name, help, labels, DURATION_BUCKETS.to_vec())
+}
+
+fn histogram_vec_with(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+    buckets: Vec<f64>,
+) -> HistogramVec {
     let h = HistogramVec::new(
-        HistogramOpts::new(name, help).buckets(DURATION_BUCKETS.to_vec()),
+        HistogramOpts::new(name, help).buckets(buckets),
         labels,
     )
     .unwrap_or_else(|e| panic!("metric {name}: {e}"));
@@ -266,8 +277,15 @@ impl Metrics {
             query_duration: histogram_vec(
                 &r,
                 "hourglass_query_duration_seconds",
-                "Query latency, by endpoint (average, series).",
+                "Query latency, by endpoint (average, series, group_average, group_series, latest, sensors).",
                 &["endpoint"],
+            ),
+            query_documents: histogram_vec_with(
+                &r,
+                "hourglass_query_documents_read",
+                "Documents (buckets and rollups) one query read, by endpoint.",
+                &["endpoint"],
+                (0..18).map(|i| f64::from(1u32 << i)).collect(),
             ),
             journal_bytes: gauge(
                 &r,

@@ -9,7 +9,7 @@ use mongodb::bson::doc;
 use mongodb::options::IndexOptions;
 use tracing::info;
 
-use super::{BUCKET_INDEX, MongoStore, RETENTION_INDEX, classify};
+use super::{BUCKET_INDEX, MongoStore, RETENTION_INDEX, ROLLUP_INDEX, classify};
 use crate::store::StoreError;
 
 impl MongoStore {
@@ -26,12 +26,46 @@ impl MongoStore {
             )
             .build();
         self.buckets.create_index(index).await.map_err(classify)?;
-        self.ensure_retention(retention).await
+        // Rollups recompute what a flush touched, found by bucket start.
+        let by_start = IndexModel::builder()
+            .keys(doc! { "start": 1, "sensor": 1 })
+            .options(IndexOptions::builder().name("start_sensor".to_owned()).build())
+            .build();
+        self.buckets.create_index(by_start).await.map_err(classify)?;
+        let rollup = IndexModel::builder()
+            .keys(doc! { "sensor": 1, "metric": 1, "period": 1, "start": 1 })
+            .options(
+                IndexOptions::builder()
+                    .unique(true)
+                    .name(ROLLUP_INDEX.to_owned())
+                    .build(),
+            )
+            .build();
+        self.rollups.create_index(rollup).await.map_err(classify)?;
+        let by_start = IndexModel::builder()
+            .keys(doc! { "period": 1, "start": 1, "sensor": 1 })
+            .options(IndexOptions::builder().name("period_start_sensor".to_owned()).build())
+            .build();
+        self.rollups.create_index(by_start).await.map_err(classify)?;
+        let registry = IndexModel::builder()
+            .keys(doc! { "metrics": 1, "_id": 1 })
+            .options(IndexOptions::builder().name("metrics_id".to_owned()).build())
+            .build();
+        self.sensors.create_index(registry).await.map_err(classify)?;
+        self.ensure_retention(&self.buckets, retention).await?;
+        // A day's rollup outlives its first bucket by a day, so that it is
+        // never gone while buckets it sums are still kept.
+        let rollup_retention = retention.map(|d| d + Duration::from_secs(86_400));
+        self.ensure_retention(&self.rollups, rollup_retention).await
     }
 
-    async fn ensure_retention(&self, retention: Option<Duration>) -> Result<(), StoreError> {
+    async fn ensure_retention(
+        &self,
+        collection: &mongodb::Collection<mongodb::bson::Document>,
+        retention: Option<Duration>,
+    ) -> Result<(), StoreError> {
         let mut current = None;
-        let mut cursor = self.buckets.list_indexes().await.map_err(classify)?;
+        let mut cursor = collection.list_indexes().await.map_err(classify)?;
         while let Some(index) = cursor.try_next().await.map_err(classify)? {
             let options = index.options.unwrap_or_default();
             if options.name.as_deref() == Some(RETENTION_INDEX) {
@@ -42,22 +76,23 @@ impl MongoStore {
         match (current, wanted) {
             (None, None) => {}
             (Some(_), None) => {
-                self.buckets
+                collection
                     .drop_index(RETENTION_INDEX)
                     .await
                     .map_err(classify)?;
-                info!("Retention is off: dropped the TTL index; buckets are kept.");
+                info!(collection = collection.name(), "Retention is off: dropped the TTL index; documents are kept.");
             }
             (Some(now), Some(want)) if now == want => {}
             (Some(now), Some(want)) => {
                 self.db
                     .run_command(doc! {
-                        "collMod": self.buckets.name(),
+                        "collMod": collection.name(),
                         "index": { "name": RETENTION_INDEX, "expireAfterSeconds": want.as_secs() as i64 },
                     })
                     .await
                     .map_err(classify)?;
                 info!(
+                    collection = collection.name(),
                     from_s = now.as_secs(),
                     to_s = want.as_secs(),
                     "Changed bucket retention."
@@ -73,8 +108,9 @@ impl MongoStore {
                             .build(),
                     )
                     .build();
-                self.buckets.create_index(index).await.map_err(classify)?;
+                collection.create_index(index).await.map_err(classify)?;
                 info!(
+                    collection = collection.name(),
                     retention_s = want.as_secs(),
                     "Created the TTL index for bucket retention."
                 );

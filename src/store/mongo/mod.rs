@@ -1,29 +1,38 @@
 //! [`BucketStore`] on MongoDB (any server ≥ 7 speaking its wire protocol).
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
 use futures_util::TryStreamExt;
 use mongodb::bson::{Bson, Document, RawDocumentBuf, doc};
 use mongodb::options::ClientOptions;
 use mongodb::{Client, Collection, Database};
 use secrecy::ExposeSecret;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::command::Limits;
 use super::document::{dead_letter_document, read_bucket, start_date};
 use super::errors::{self, Class};
-use super::{BucketStore, Fetch, StoreError};
+use super::{BucketStore, Fetch, Labels, SensorInfo, SensorQuery, StoreError};
 use crate::batcher::{DeadLetter, Outcome, Sink, Written};
-use crate::domain::{BucketRead, Starts, Values};
+use crate::domain::{BucketRead, Level, Starts, Values};
 use crate::domain::{BucketUpdate, Granularity, field_name};
 
 /// The unique index on a bucket's identity. Its prefix `(sensor, metric)` plus
 /// the range on `start` also serves every query, so it is the only index.
 mod indexes;
+mod registry;
+mod rollups;
 mod settings;
 mod write;
 
 pub use settings::{Settings, tls_options};
 
 pub const BUCKET_INDEX: &str = "sensor_metric_start";
+
+/// The unique index on a rollup's identity; it also serves every rollup read.
+pub const ROLLUP_INDEX: &str = "sensor_metric_period_start";
 
 /// The TTL index that implements `buckets.retention`.
 pub const RETENTION_INDEX: &str = "start_ttl";
@@ -33,6 +42,10 @@ pub struct MongoStore {
     db: Database,
     buckets: Collection<Document>,
     dead_letters: Collection<Document>,
+    rollups: Collection<Document>,
+    sensors: Collection<Document>,
+    /// Series the registry knows, and the newest hour it was told of.
+    known: Arc<Mutex<HashMap<(String, String), i64>>>,
     granularity: Granularity,
     limits: Limits,
     /// The URI's write concern, encoded once for every command.
@@ -85,10 +98,15 @@ impl MongoStore {
         let db = client.database(&settings.database);
         let buckets = db.collection::<Document>(&settings.collection);
         let dead_letters = db.collection::<Document>(&settings.dead_letter_collection);
+        let rollups = db.collection::<Document>(&settings.rollup_collection);
+        let sensors = db.collection::<Document>(&settings.sensor_collection);
         Ok(Self {
             db,
             buckets,
             dead_letters,
+            rollups,
+            sensors,
+            known: Arc::default(),
             granularity,
             limits: Limits::default(),
             write_concern,
@@ -122,7 +140,40 @@ impl MongoStore {
 
 impl Sink for MongoStore {
     async fn write(&self, updates: &[&BucketUpdate]) -> Written {
-        self.write_updates(updates).await
+        let mut written = self.write_updates(updates).await;
+        let stored: Vec<&BucketUpdate> = updates
+            .iter()
+            .zip(&written.outcomes)
+            .filter(|(_, o)| matches!(o, Outcome::Stored))
+            .map(|(u, _)| *u)
+            .collect();
+        // Rollups and registry follow the buckets before the batch counts as
+        // stored: while a batch is in flight, queries read its buckets, not
+        // rollups that may not include it yet.
+        let after = match self.roll_up(&stored).await {
+            Ok(n) => {
+                written.round_trips += n;
+                self.register(&stored).await
+            }
+            Err(e) => Err(e),
+        };
+        match after {
+            Ok(n) => written.round_trips += n,
+            // Buckets and rollups are idempotent: the whole batch goes again.
+            Err(StoreError::Outage(message)) => {
+                for o in &mut written.outcomes {
+                    if matches!(o, Outcome::Stored) {
+                        *o = Outcome::Outage(message.clone());
+                    }
+                }
+            }
+            // The readings are stored in their buckets; only a summary lags.
+            Err(e) => warn!(
+                error = %e,
+                "The rollups or the sensor registry could not be updated after a flush; the buckets are stored. Run `hourglass rebuild-rollups` over the affected days."
+            ),
+        }
+        written
     }
 
     async fn dead_letter(&self, letters: &[DeadLetter<'_>]) -> Outcome {
@@ -148,24 +199,38 @@ impl Sink for MongoStore {
 }
 
 impl BucketStore for MongoStore {
-    async fn fetch(&self, fetch: Fetch<'_>) -> Result<Vec<BucketRead>, StoreError> {
+    async fn fetch<F: FnMut(BucketRead) + Send>(
+        &self,
+        fetch: Fetch<'_>,
+        mut each: F,
+    ) -> Result<u64, StoreError> {
         let start = match &fetch.starts {
             Starts::Range(from, to) => doc! { "$gte": start_date(*from), "$lt": start_date(*to) },
             Starts::Only(starts) => {
                 doc! { "$in": starts.iter().map(|&s| Bson::DateTime(start_date(s))).collect::<Vec<_>>() }
             }
         };
-        let filter = doc! {
-            "sensor": fetch.sensor.as_str(),
-            "metric": fetch.metric.as_str(),
-            "start": start,
+        let mut filter = doc! { "sensor": fetch.sensor, "metric": fetch.metric };
+        let collection = match fetch.level {
+            Level::Buckets => &self.buckets,
+            Level::Rollups(period) => {
+                filter.insert("period", period.name());
+                &self.rollups
+            }
         };
+        filter.insert("start", start);
         let mut projection = doc! {
             "_id": 0, "start": 1, "schema_version": 1,
             "count": 1, "sum": 1, "min": 1, "max": 1,
         };
-        if fetch.minutes {
-            projection.insert("m", 1);
+        if fetch.slots {
+            projection.insert(
+                match fetch.level {
+                    Level::Buckets => "m",
+                    Level::Rollups(_) => "s",
+                },
+                1,
+            );
         }
         match &fetch.values {
             Values::None => {}
@@ -178,18 +243,19 @@ impl BucketStore for MongoStore {
                 }
             }
         }
-        let mut cursor = self
-            .buckets
+        let mut cursor = collection
             .find(filter)
             .projection(projection)
             .sort(doc! { "start": 1 })
+            .max_time(fetch.max_time)
             .await
             .map_err(classify)?;
-        let mut out = Vec::new();
+        let mut read = 0;
         while let Some(doc) = cursor.try_next().await.map_err(classify)? {
-            out.push(read_bucket(&doc, self.granularity)?);
+            each(read_bucket(&doc, self.granularity)?);
+            read += 1;
         }
-        Ok(out)
+        Ok(read)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
@@ -198,5 +264,42 @@ impl BucketStore for MongoStore {
             .await
             .map(|_| ())
             .map_err(classify)
+    }
+
+    async fn sensors<F: FnMut(&SensorInfo) -> bool + Send>(
+        &self,
+        query: SensorQuery<'_>,
+        limit: usize,
+        keep: F,
+    ) -> Result<Vec<SensorInfo>, StoreError> {
+        self.list_sensors(query, limit, keep).await
+    }
+
+    async fn set_labels(&self, sensor: &str, labels: &Labels) -> Result<(), StoreError> {
+        self.put_labels(sensor, labels).await
+    }
+
+    async fn latest(
+        &self,
+        sensor: &str,
+        metric: &str,
+        max_time: Duration,
+    ) -> Result<Option<(i64, f64)>, StoreError> {
+        let newest = self
+            .buckets
+            .find_one(doc! { "sensor": sensor, "metric": metric })
+            .projection(doc! { "_id": 0, "start": 1, "schema_version": 1, "count": 1, "sum": 1, "min": 1, "max": 1, "v": 1 })
+            .sort(doc! { "start": -1 })
+            .max_time(max_time)
+            .await
+            .map_err(classify)?;
+        let Some(doc) = newest else {
+            return Ok(None);
+        };
+        let read = read_bucket(&doc, self.granularity)?;
+        Ok(read
+            .values
+            .last()
+            .map(|&(offset, value)| (read.start + i64::from(offset), value)))
     }
 }

@@ -12,6 +12,8 @@ use crate::settings::{Invalid, check_file, invalid, serialize_secret};
 pub const DEFAULT_DATABASE: &str = "hourglass";
 pub const DEFAULT_COLLECTION: &str = "buckets";
 pub const DEFAULT_DEAD_LETTER_COLLECTION: &str = "rejected";
+pub const DEFAULT_ROLLUP_COLLECTION: &str = "rollups";
+pub const DEFAULT_SENSOR_COLLECTION: &str = "sensors";
 pub const DEFAULT_SERVER_SELECTION_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -24,6 +26,10 @@ pub struct Settings {
     pub collection: String,
     /// Readings storage can never apply (a bucket of the wrong shape) go here.
     pub dead_letter_collection: String,
+    /// Hour and day summaries of the buckets (see `store::rollup`).
+    pub rollup_collection: String,
+    /// The sensor registry: metrics, labels, last seen.
+    pub sensor_collection: String,
     #[serde(with = "humantime_serde")]
     pub server_selection_timeout: Duration,
     pub tls: TlsSettings,
@@ -49,6 +55,8 @@ impl Default for Settings {
             database: DEFAULT_DATABASE.to_owned(),
             collection: DEFAULT_COLLECTION.to_owned(),
             dead_letter_collection: DEFAULT_DEAD_LETTER_COLLECTION.to_owned(),
+            rollup_collection: DEFAULT_ROLLUP_COLLECTION.to_owned(),
+            sensor_collection: DEFAULT_SENSOR_COLLECTION.to_owned(),
             server_selection_timeout: DEFAULT_SERVER_SELECTION_TIMEOUT,
             tls: TlsSettings::default(),
         }
@@ -77,16 +85,23 @@ impl Settings {
                 "mongodb.dead_letter_collection",
                 &self.dead_letter_collection,
             ),
+            ("mongodb.rollup_collection", &self.rollup_collection),
+            ("mongodb.sensor_collection", &self.sensor_collection),
         ] {
             if name.is_empty() || name.contains(['$', '.', '\0', '/', ' ']) {
                 return Err(invalid(key, "must be non-empty without $ . / space or NUL"));
             }
         }
-        if self.dead_letter_collection == self.collection {
-            return Err(invalid(
-                "mongodb.dead_letter_collection",
-                "must differ from mongodb.collection",
-            ));
+        let mut seen = vec![self.collection.as_str()];
+        for (key, name) in [
+            ("mongodb.dead_letter_collection", &self.dead_letter_collection),
+            ("mongodb.rollup_collection", &self.rollup_collection),
+            ("mongodb.sensor_collection", &self.sensor_collection),
+        ] {
+            if seen.contains(&name.as_str()) {
+                return Err(invalid(key, "must differ from the other collections"));
+            }
+            seen.push(name);
         }
         if self.tls.enabled {
             check_file("mongodb.tls.ca_file", self.tls.ca_file.as_ref())?;

@@ -1,0 +1,62 @@
+//! Answers range queries exactly from buckets and their rollups.
+//!
+//! - [`grid`]: the points of a result, fixed or calendar steps in a time zone.
+//! - [`plan`]: which documents at which level answer a range (pure).
+//! - [`engine`]: runs a plan for one sensor or a group, over the store and
+//!   the readings acknowledged but not yet stored.
+
+pub mod engine;
+pub mod grid;
+pub mod plan;
+
+pub use engine::{Evaluation, Question, Series, evaluate, latest};
+pub use grid::{Calendar, Grid, GridError};
+pub use plan::Plan;
+
+use std::time::Duration;
+
+/// `[query]`: how much one query may ask for and take.
+#[derive(Debug, Clone, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    #[serde(with = "humantime_serde")]
+    pub max_range: Duration,
+    pub max_points: usize,
+    /// Sensors one group query may cover.
+    pub max_series: usize,
+    /// A query answers 503 after this long; the server is told the same
+    /// (`maxTimeMS`), so it stops working on it too.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Queries running at once, apart from ingest; more wait (within the timeout).
+    pub max_concurrency: usize,
+}
+
+pub const DEFAULT_MAX_RANGE: Duration = Duration::from_secs(400 * 24 * 3600);
+pub const DEFAULT_MAX_POINTS: usize = 10_000;
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            max_range: DEFAULT_MAX_RANGE,
+            max_points: DEFAULT_MAX_POINTS,
+            max_series: 1000,
+            timeout: Duration::from_secs(10),
+            max_concurrency: 16,
+        }
+    }
+}
+
+impl Settings {
+    pub fn validate(&self) -> Result<(), crate::settings::Invalid> {
+        crate::settings::at_least_one(&[
+            ("query.max_points", self.max_points),
+            ("query.max_series", self.max_series),
+            ("query.max_concurrency", self.max_concurrency),
+        ])?;
+        crate::settings::longer_than_zero(&[
+            ("query.max_range", self.max_range),
+            ("query.timeout", self.timeout),
+        ])
+    }
+}

@@ -1,0 +1,98 @@
+//! The sensor registry on MongoDB (see `store::registry`).
+
+use futures_util::TryStreamExt;
+use mongodb::bson::{Bson, Document, doc};
+
+use super::{MongoStore, classify};
+use crate::domain::{BucketUpdate, Labels};
+use crate::store::StoreError;
+use crate::store::registry::{self, SensorInfo, SensorQuery};
+
+/// Past this many known series the cache starts over: it only saves round trips.
+const CACHE_LIMIT: usize = 1_000_000;
+
+impl MongoStore {
+    /// Tells the registry about series and hours it has not seen; in the
+    /// steady state every series is known and this sends nothing.
+    pub(super) async fn register(&self, stored: &[&BucketUpdate]) -> Result<usize, StoreError> {
+        let news = {
+            let known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+            registry::news(stored.iter().copied(), self.granularity, |s, m| {
+                known.get(&(s.to_owned(), m.to_owned())).copied()
+            })
+        };
+        if news.is_empty() {
+            return Ok(0);
+        }
+        let statements = registry::statements(&news);
+        let mut commands = 0;
+        // A few hundred bytes a statement: 10 000 stay far below the limits.
+        for chunk in statements.chunks(10_000) {
+            let reply = self
+                .db
+                .run_command(doc! {
+                    "update": self.sensors.name(),
+                    "updates": chunk.iter().cloned().map(Bson::Document).collect::<Vec<_>>(),
+                    "ordered": false,
+                })
+                .await
+                .map_err(classify)?;
+            commands += 1;
+            if let Ok(errors) = reply.get_array("writeErrors") {
+                if !errors.is_empty() {
+                    return Err(StoreError::Poison(format!(
+                        "the sensor registry refused {} updates",
+                        errors.len()
+                    )));
+                }
+            }
+        }
+        let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        if known.len() > CACHE_LIMIT {
+            known.clear();
+        }
+        for ((s, m), hour) in news {
+            let e = known.entry((s.to_owned(), m.to_owned())).or_insert(hour);
+            *e = (*e).max(hour);
+        }
+        Ok(commands)
+    }
+
+    pub(super) async fn list_sensors<F: FnMut(&SensorInfo) -> bool + Send>(
+        &self,
+        query: SensorQuery<'_>,
+        limit: usize,
+        mut keep: F,
+    ) -> Result<Vec<SensorInfo>, StoreError> {
+        let mut cursor = self
+            .sensors
+            .find(registry::filter(&query))
+            .sort(doc! { "_id": 1 })
+            .await
+            .map_err(classify)?;
+        let mut out = Vec::new();
+        while out.len() < limit {
+            let Some(d) = cursor.try_next().await.map_err(classify)? else {
+                break;
+            };
+            let info = registry::read(&d)?;
+            if keep(&info) {
+                out.push(info);
+            }
+        }
+        Ok(out)
+    }
+
+    pub(super) async fn put_labels(&self, sensor: &str, labels: &Labels) -> Result<(), StoreError> {
+        let labels: Document = labels.iter().map(|(k, v)| (k.to_owned(), Bson::from(v))).collect();
+        self.sensors
+            .update_one(
+                doc! { "_id": sensor },
+                doc! { "$set": { "labels": labels }, "$setOnInsert": { "metrics": [] } },
+            )
+            .upsert(true)
+            .await
+            .map(|_| ())
+            .map_err(classify)
+    }
+}

@@ -1,0 +1,321 @@
+//! Rollups, MongoDB's computed pattern: one summary document per (sensor,
+//! metric, period) for hours and days, each holding the count, sum, min and
+//! max of every sub-period under `s.<n>` (minutes of an hour, hours of a
+//! day) and their totals, so a long range is answered from a few documents.
+//!
+//! Rollups are never maintained by adding deltas. After each flush, one
+//! aggregation per level recomputes the sub-periods the flush touched from
+//! their source (buckets, then hour rollups) and `$merge`s them in, so a
+//! rollup is always what its buckets say, whatever overwrites, duplicates or
+//! other instances did. Every source carries a write counter `n` (buckets
+//! count their writes; a rollup's `n` is the sum of its sub-periods'), and a
+//! sub-period is only replaced by one computed from at least as many writes:
+//! a slow instance that read a bucket before a newer write cannot overwrite
+//! the newer figure. `hourglass rebuild-rollups` recomputes whole periods
+//! from the buckets with the same stages and replaces them.
+//!
+//! Pure: this builds pipelines; `mongo::rollups` runs them.
+
+use std::collections::BTreeSet;
+
+use mongodb::bson::{Bson, Document, doc};
+
+use super::document::start_date;
+use crate::domain::{BucketUpdate, Granularity, Period};
+
+/// The aggregation expression of a source document's sub-period number.
+fn slot_of_start(level: Period) -> Document {
+    match level {
+        Period::Hour => doc! { "$toString": { "$minute": "$start" } },
+        Period::Day => doc! { "$toString": { "$hour": "$start" } },
+    }
+}
+
+/// Where a rollup level reads from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Buckets,
+    Rollups(Period),
+}
+
+impl Source {
+    /// The source of a level: the buckets, or the level below.
+    pub fn of(level: Period, granularity: Granularity) -> Self {
+        match (level, granularity) {
+            (Period::Day, Granularity::Minute) => Source::Rollups(Period::Hour),
+            _ => Source::Buckets,
+        }
+    }
+}
+
+/// At or below this many sensors in a flush, the recomputation also filters
+/// on them: a few late readings then re-read only their own sensors' sources.
+pub const NARROW_SENSORS: usize = 64;
+
+/// At most this many source starts in one aggregation, so that its command
+/// stays far below the server's size limit (13 bytes a start).
+pub const STARTS_PER_AGGREGATION: usize = 10_000;
+
+/// What a flush touched at one level's source: the distinct source starts
+/// and, when few, the sensors.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Touched {
+    pub starts: Vec<i64>,
+    pub sensors: Option<Vec<String>>,
+}
+
+impl Touched {
+    /// The bucket starts and sensors of a flush's stored updates.
+    pub fn of_updates<'a>(updates: impl IntoIterator<Item = &'a BucketUpdate>) -> Self {
+        let mut starts = BTreeSet::new();
+        let mut sensors = BTreeSet::new();
+        for u in updates {
+            starts.insert(u.key.start);
+            if sensors.len() <= NARROW_SENSORS {
+                sensors.insert(u.key.sensor.as_str().to_owned());
+            }
+        }
+        Self {
+            starts: starts.into_iter().collect(),
+            sensors: (sensors.len() <= NARROW_SENSORS).then(|| sensors.into_iter().collect()),
+        }
+    }
+
+    /// The same sensors at the next level up: the periods of `level` that hold
+    /// these starts.
+    pub fn lifted(&self, level: Period) -> Self {
+        let len = level.seconds();
+        let starts: BTreeSet<i64> = self
+            .starts
+            .iter()
+            .map(|&s| s - s.rem_euclid(len))
+            .collect();
+        Self {
+            starts: starts.into_iter().collect(),
+            sensors: self.sensors.clone(),
+        }
+    }
+}
+
+/// `{count, sum, min, max, n}` of a rollup, recomputed from its `s`.
+fn totals_stage() -> Document {
+    let of_slots = |field: &str| {
+        doc! { "$map": { "input": { "$objectToArray": "$s" }, "in": format!("$$this.v.{field}") } }
+    };
+    doc! { "$set": {
+        "count": { "$sum": of_slots("count") },
+        "sum": { "$sum": of_slots("sum") },
+        "min": { "$min": of_slots("min") },
+        "max": { "$max": of_slots("max") },
+        "n": { "$sum": of_slots("n") },
+    }}
+}
+
+/// The `$merge` pipeline of a flush: each sub-period of the incoming document
+/// (`$$new`) replaces the stored one unless the stored one counts more writes.
+fn merge_slots() -> Vec<Document> {
+    let previous = doc! { "$arrayElemAt": [
+        { "$filter": { "input": "$$cur", "as": "o", "cond": { "$eq": ["$$o.k", "$$x.k"] } } },
+        0,
+    ]};
+    let kept = doc! { "$filter": {
+        "input": "$$cur", "as": "o",
+        "cond": { "$not": [ { "$in": ["$$o.k", { "$map": { "input": "$$inc", "as": "i", "in": "$$i.k" } }] } ] },
+    }};
+    let merged = doc! { "$map": {
+        "input": "$$inc", "as": "x",
+        "in": { "k": "$$x.k", "v": { "$let": {
+            "vars": { "prev": previous },
+            "in": { "$cond": [
+                { "$gte": ["$$x.v.n", { "$ifNull": ["$$prev.v.n", -1] }] },
+                "$$x.v",
+                "$$prev.v",
+            ]},
+        }}},
+    }};
+    vec![
+        doc! { "$set": { "s": { "$let": {
+            "vars": {
+                "cur": { "$objectToArray": { "$ifNull": ["$s", {}] } },
+                "inc": { "$objectToArray": "$$new.s" },
+            },
+            "in": { "$arrayToObject": { "$concatArrays": [kept, merged] } },
+        }}}},
+        totals_stage(),
+    ]
+}
+
+/// How a recomputed rollup meets the stored one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// After a flush: the touched sub-periods merge in, newest writes winning.
+    Merge,
+    /// A rebuild of whole periods: the recomputation replaces the document.
+    Replace,
+}
+
+/// The aggregation (run on the level's source collection) that recomputes
+/// the `level` rollups of the sources matched by `filter`.
+pub fn pipeline(
+    level: Period,
+    source: Source,
+    filter: Document,
+    into: &str,
+    mode: Mode,
+) -> Vec<Document> {
+    let mut filter = filter;
+    if let Source::Rollups(p) = source {
+        filter.insert("period", p.name());
+    }
+    let counter = match source {
+        Source::Buckets => Bson::Document(doc! { "$ifNull": ["$n", 0] }),
+        Source::Rollups(_) => Bson::String("$n".into()),
+    };
+    let when_matched = match mode {
+        Mode::Merge => Bson::Array(merge_slots().into_iter().map(Bson::Document).collect()),
+        Mode::Replace => Bson::String("replace".into()),
+    };
+    vec![
+        doc! { "$match": filter },
+        doc! { "$project": {
+            "_id": 0, "sensor": 1, "metric": 1,
+            "start": { "$dateTrunc": { "date": "$start", "unit": level.name() } },
+            "k": slot_of_start(level),
+            "v": { "count": "$count", "sum": "$sum", "min": "$min", "max": "$max", "n": counter },
+        }},
+        doc! { "$group": {
+            "_id": { "sensor": "$sensor", "metric": "$metric", "start": "$start" },
+            "slots": { "$push": { "k": "$k", "v": "$v" } },
+        }},
+        doc! { "$project": {
+            "_id": 0,
+            "sensor": "$_id.sensor",
+            "metric": "$_id.metric",
+            "period": level.name(),
+            "start": "$_id.start",
+            "s": { "$arrayToObject": "$slots" },
+            "schema_version": super::SCHEMA_VERSION,
+        }},
+        totals_stage(),
+        doc! { "$merge": {
+            "into": into,
+            "on": ["sensor", "metric", "period", "start"],
+            "whenMatched": when_matched,
+            "whenNotMatched": "insert",
+        }},
+    ]
+}
+
+/// The filters of a flush's recomputation at one level: the touched source
+/// starts (and sensors, when few), cut to bounded commands.
+pub fn flush_filters(touched: &Touched) -> Vec<Document> {
+    touched
+        .starts
+        .chunks(STARTS_PER_AGGREGATION)
+        .map(|starts| {
+            let mut f = doc! {
+                "start": { "$in": starts.iter().map(|&s| Bson::DateTime(start_date(s))).collect::<Vec<_>>() },
+            };
+            if let Some(sensors) = &touched.sensors {
+                f.insert("sensor", doc! { "$in": sensors.clone() });
+            }
+            f
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{BucketKey, MetricName, SENSOR_MAX_LEN, SensorId};
+
+    fn update(sensor: &str, start: i64) -> BucketUpdate {
+        BucketUpdate {
+            key: BucketKey {
+                sensor: SensorId::parse(sensor.to_owned())
+                    .expect("valid")
+                    .into_owned(),
+                metric: MetricName::default_metric(),
+                start,
+            },
+            values: vec![(0, 1.0)],
+        }
+    }
+
+    #[test]
+    fn a_flush_of_few_sensors_filters_on_them_and_many_do_not() {
+        let few: Vec<_> = (0..3).map(|i| update(&format!("s{i}"), 60 * i)).collect();
+        let t = Touched::of_updates(&few);
+        assert_eq!(t.starts, vec![0, 60, 120]);
+        assert_eq!(t.sensors.as_ref().map(Vec::len), Some(3));
+        let many: Vec<_> = (0..=NARROW_SENSORS)
+            .map(|i| update(&format!("s{i}"), 60))
+            .collect();
+        let t = Touched::of_updates(&many);
+        assert_eq!(t.starts, vec![60]);
+        assert_eq!(t.sensors, None);
+        assert_eq!(
+            Touched {
+                starts: vec![60, 3599, 3600 * 24],
+                sensors: None
+            }
+            .lifted(Period::Day)
+            .starts,
+            vec![0, 86_400]
+        );
+    }
+
+    #[test]
+    fn the_largest_recomputation_stays_far_below_the_command_limit() {
+        let touched = Touched {
+            starts: (0..STARTS_PER_AGGREGATION as i64 * 2)
+                .map(|i| i * 60)
+                .collect(),
+            sensors: Some(
+                (0..NARROW_SENSORS)
+                    .map(|i| format!("{i:0>width$}", width = SENSOR_MAX_LEN))
+                    .collect(),
+            ),
+        };
+        let filters = flush_filters(&touched);
+        assert_eq!(filters.len(), 2);
+        for f in filters {
+            let p = pipeline(
+                Period::Hour,
+                Source::Buckets,
+                f,
+                "rollups",
+                Mode::Merge,
+            );
+            let body = doc! { "aggregate": "buckets", "pipeline": p, "cursor": {} };
+            let bytes = mongodb::bson::to_vec(&body).expect("encodes").len();
+            assert!(bytes < 1024 * 1024, "{bytes} bytes");
+        }
+    }
+
+    #[test]
+    fn day_rollups_read_hour_rollups_only_with_minute_buckets() {
+        assert_eq!(
+            Source::of(Period::Day, Granularity::Minute),
+            Source::Rollups(Period::Hour)
+        );
+        assert_eq!(Source::of(Period::Day, Granularity::Hour), Source::Buckets);
+        let p = pipeline(
+            Period::Day,
+            Source::Rollups(Period::Hour),
+            doc! {},
+            "rollups",
+            Mode::Replace,
+        );
+        assert_eq!(
+            p[0].get_document("$match").expect("match"),
+            &doc! { "period": "hour" }
+        );
+        assert_eq!(
+            p[5].get_document("$merge")
+                .expect("merge")
+                .get_str("whenMatched"),
+            Ok("replace")
+        );
+    }
+}
