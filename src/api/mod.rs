@@ -112,7 +112,10 @@ pub fn router<S: BucketStore>(state: AppState<S>) -> Router {
     };
     let ingest = Router::new()
         .route("/api/v1/readings", post(ingest::post_readings::<S>))
-        .route("/api/v1/sensors/{sensor}/labels", put(query::put_labels::<S>))
+        .route(
+            "/api/v1/sensors/{sensor}/labels",
+            put(query::put_labels::<S>),
+        )
         .route_layer(require(Scope::Ingest));
     let queries = Router::new()
         .route("/api/v1/sensors", get(query::list_sensors::<S>))

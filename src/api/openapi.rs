@@ -9,7 +9,10 @@ use super::{health, ingest, query};
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "Hourglass", description = "IoT time-series ingestion into MongoDB buckets."),
+    info(
+        title = "Hourglass",
+        description = "IoT time-series ingestion into MongoDB buckets."
+    ),
     paths(
         ingest::post_readings,
         query::put_labels,

@@ -23,7 +23,9 @@ impl Params {
                     )));
                 }
                 if out.labels.iter().any(|(n, _)| n == name) {
-                    return Err(ApiError::bad_request(format!("label.{name} is given twice")));
+                    return Err(ApiError::bad_request(format!(
+                        "label.{name} is given twice"
+                    )));
                 }
                 out.labels.push((name.to_owned(), value.into_owned()));
                 continue;
@@ -90,10 +92,7 @@ mod tests {
             "label.__name__=x",
             "label.a-b=x",
         ] {
-            assert!(
-                Params::parse(Some(raw), &["from"], true).is_err(),
-                "{raw}"
-            );
+            assert!(Params::parse(Some(raw), &["from"], true).is_err(), "{raw}");
         }
         assert!(Params::parse(Some("label.site=a"), &["from"], false).is_err());
     }

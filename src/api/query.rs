@@ -325,7 +325,9 @@ async fn admit<S>(state: &AppState<S>) -> Result<Admitted<'_>, ApiError> {
     let permit = tokio::time::timeout_at(deadline, state.query_permits.acquire())
         .await
         .map_err(|_| {
-            ApiError::unavailable("too many queries are running; retry later (query.max_concurrency)")
+            ApiError::unavailable(
+                "too many queries are running; retry later (query.max_concurrency)",
+            )
         })?
         .map_err(|_| ApiError::unavailable("the service is stopping"))?;
     Ok(Admitted {
@@ -385,9 +387,17 @@ async fn evaluate<S: BucketStore>(
         granularity: state.settings.granularity,
         max_time: admitted.max_time(),
     };
-    let work = crate::query::evaluate(state.store.as_ref(), &state.batcher, q, grid, series, groups);
-    let Evaluation { points, documents } =
-        admitted.within(async { work.await.map_err(store_error) }).await?;
+    let work = crate::query::evaluate(
+        state.store.as_ref(),
+        &state.batcher,
+        q,
+        grid,
+        series,
+        groups,
+    );
+    let Evaluation { points, documents } = admitted
+        .within(async { work.await.map_err(store_error) })
+        .await?;
     admitted.done(state, endpoint, documents);
     for p in &points {
         check_finite(p)?;
@@ -466,7 +476,16 @@ pub async fn average<S: BucketStore>(
         sensor: &sensor,
         group: 0,
     }];
-    let points = evaluate(&state, "average", &metric, &r, Grid::whole(r.from, r.to), &series, 1).await?;
+    let points = evaluate(
+        &state,
+        "average",
+        &metric,
+        &r,
+        Grid::whole(r.from, r.to),
+        &series,
+        1,
+    )
+    .await?;
     Ok(Json(AverageResponse {
         sensor,
         metric: metric.to_string(),
@@ -480,9 +499,9 @@ fn points_of(grid: &Grid, aggs: &[Agg], tz: Option<&TimeZone>) -> Result<Vec<Poi
     aggs.iter()
         .enumerate()
         .map(|(i, a)| {
-            let start = grid
-                .start(i)
-                .ok_or_else(|| ApiError::bad_request("the range lies beyond the representable times"))?;
+            let start = grid.start(i).ok_or_else(|| {
+                ApiError::bad_request("the range lies beyond the representable times")
+            })?;
             Ok(Point::new(Some(format_start(start, tz)?), a))
         })
         .collect()
@@ -554,9 +573,7 @@ impl GroupBy {
                 .strip_prefix("label.")
                 .filter(|n| crate::domain::valid_label_name(n))
                 .map(|n| GroupBy::Label(n.to_owned()))
-                .ok_or_else(|| {
-                    ApiError::bad_request("group_by must be sensor or label.<name>")
-                }),
+                .ok_or_else(|| ApiError::bad_request("group_by must be sensor or label.<name>")),
         }
     }
 
@@ -582,9 +599,9 @@ async fn members<S: BucketStore>(
 ) -> Result<Vec<SensorInfo>, ApiError> {
     let glob = params.get("sensor").unwrap_or("*");
     if glob.is_empty()
-        || !glob.bytes().all(|b| {
-            b.is_ascii_alphanumeric() || b"_.:-*?".contains(&b)
-        })
+        || !glob
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.:-*?".contains(&b))
     {
         return Err(ApiError::bad_request(
             "sensor must be a sensor id or a glob of one (* and ?)",
@@ -608,7 +625,9 @@ async fn members<S: BucketStore>(
     let work = state.store.sensors(query, max + 1, |s| {
         pattern.matches(&s.sensor) && principal.may_access(&s.sensor)
     });
-    let found = admitted.within(async { work.await.map_err(store_error) }).await?;
+    let found = admitted
+        .within(async { work.await.map_err(store_error) })
+        .await?;
     admitted.done(state, "members", found.len() as u64);
     if found.len() > max {
         return Err(ApiError::bad_request(format!(
@@ -665,8 +684,21 @@ async fn group_query<S: BucketStore>(
             group,
         });
     }
-    let endpoint = if with_step { "group_series" } else { "group_average" };
-    let aggs = evaluate(&state, endpoint, &metric, &r, grid.clone(), &series, keys.len()).await?;
+    let endpoint = if with_step {
+        "group_series"
+    } else {
+        "group_average"
+    };
+    let aggs = evaluate(
+        &state,
+        endpoint,
+        &metric,
+        &r,
+        grid.clone(),
+        &series,
+        keys.len(),
+    )
+    .await?;
     let mut groups = Vec::with_capacity(keys.len());
     for ((group, sensors), points) in keys.into_iter().zip(sizes).zip(aggs) {
         groups.push(if with_step {
@@ -770,7 +802,9 @@ pub async fn latest<S: BucketStore>(
         metric.as_str(),
         admitted.max_time(),
     );
-    let found = admitted.within(async { work.await.map_err(store_error) }).await?;
+    let found = admitted
+        .within(async { work.await.map_err(store_error) })
+        .await?;
     admitted.done(&state, "latest", 1);
     let (ts, value) = found.ok_or_else(|| {
         ApiError::new(
@@ -798,7 +832,11 @@ pub async fn list_sensors<S: BucketStore>(
     Extension(principal): Extension<Principal>,
     RawQuery(raw): RawQuery,
 ) -> Result<Json<SensorList>, ApiError> {
-    let params = Params::parse(raw.as_deref(), &["prefix", "limit", "after", "metric"], true)?;
+    let params = Params::parse(
+        raw.as_deref(),
+        &["prefix", "limit", "after", "metric"],
+        true,
+    )?;
     let limit = match params.get("limit") {
         None => DEFAULT_PAGE,
         Some(l) => l
@@ -821,7 +859,9 @@ pub async fn list_sensors<S: BucketStore>(
     let work = state
         .store
         .sensors(query, limit, |s| principal.may_access(&s.sensor));
-    let found = admitted.within(async { work.await.map_err(store_error) }).await?;
+    let found = admitted
+        .within(async { work.await.map_err(store_error) })
+        .await?;
     admitted.done(&state, "sensors", found.len() as u64);
     let next = (found.len() == limit)
         .then(|| found.last().map(|s| s.sensor.clone()))
@@ -860,7 +900,9 @@ pub async fn put_labels<S: BucketStore>(
     let labels = Labels::parse(labels).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let admitted = admit(&state).await?;
     let work = state.store.set_labels(&sensor, &labels);
-    admitted.within(async { work.await.map_err(store_error) }).await?;
+    admitted
+        .within(async { work.await.map_err(store_error) })
+        .await?;
     admitted.done(&state, "labels", 1);
     Ok(StatusCode::NO_CONTENT)
 }
@@ -884,7 +926,10 @@ mod tests {
     #[test]
     fn point_starts_never_overflow() {
         assert!(format_start(i64::MAX / 1000 + 1, None).is_err());
-        assert_eq!(format_start(60, None).ok().as_deref(), Some("1970-01-01T00:01:00Z"));
+        assert_eq!(
+            format_start(60, None).ok().as_deref(),
+            Some("1970-01-01T00:01:00Z")
+        );
         let berlin = TimeZone::get("Europe/Berlin").expect("bundled");
         assert_eq!(
             format_start(1_774_738_800, Some(&berlin)).ok().as_deref(),
@@ -911,7 +956,10 @@ mod tests {
         assert_eq!(parse_step("2d").ok(), Some(Step::Fixed(2 * 86400)));
         assert_eq!(parse_step("1d").ok(), Some(Step::Calendar(Calendar::Day)));
         assert_eq!(parse_step("1w").ok(), Some(Step::Calendar(Calendar::Week)));
-        assert_eq!(parse_step("1mo").ok(), Some(Step::Calendar(Calendar::Month)));
+        assert_eq!(
+            parse_step("1mo").ok(),
+            Some(Step::Calendar(Calendar::Month))
+        );
         for bad in ["", "0m", "30s", "90s", "1.5m", "m", "-1m", "1 fortnight"] {
             assert!(parse_step(bad).is_err(), "{bad:?}");
         }

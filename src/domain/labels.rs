@@ -90,7 +90,10 @@ mod tests {
             "ü",
             &"a".repeat(LABEL_NAME_MAX_LEN + 1),
         ] {
-            assert!(matches!(one(bad, "v"), Err(InvalidLabels::Name(_))), "{bad}");
+            assert!(
+                matches!(one(bad, "v"), Err(InvalidLabels::Name(_))),
+                "{bad}"
+            );
         }
     }
 
@@ -102,9 +105,6 @@ mod tests {
             assert!(matches!(one("site", bad), Err(InvalidLabels::Value(_))));
         }
         let many = (0..=MAX_LABELS).map(|i| (format!("l{i}"), "v".to_owned()));
-        assert_eq!(
-            Labels::parse(many.collect()),
-            Err(InvalidLabels::TooMany)
-        );
+        assert_eq!(Labels::parse(many.collect()), Err(InvalidLabels::TooMany));
     }
 }

@@ -7,8 +7,8 @@ use std::time::Duration;
 use futures_util::TryStreamExt;
 use futures_util::stream::FuturesUnordered;
 
-use super::{Grid, Plan};
 use super::plan::Role;
+use super::{Grid, Plan};
 use crate::batcher::driver::BatcherHandle;
 use crate::domain::{Agg, BucketRead, Granularity};
 use crate::store::{BucketStore, Fetch, StoreError};
@@ -72,7 +72,9 @@ pub async fn evaluate<S: BucketStore>(
             let Some((s, unstored)) = inputs.next() else {
                 break;
             };
-            running.push(one_sensor(store, q, &plan, &reads, s.sensor, s.group, unstored));
+            running.push(one_sensor(
+                store, q, &plan, &reads, s.sensor, s.group, unstored,
+            ));
         }
         let Some((group, agg, documents)) = running.try_next().await? else {
             break;
@@ -155,7 +157,11 @@ pub async fn latest<S: BucketStore>(
     let unstored = batcher
         .unstored_values(sensor, metric, from, i64::MAX / 2)
         .into_iter()
-        .flat_map(|(start, values)| values.into_iter().map(move |(o, v)| (start + i64::from(o), v)))
+        .flat_map(|(start, values)| {
+            values
+                .into_iter()
+                .map(move |(o, v)| (start + i64::from(o), v))
+        })
         .max_by_key(|&(ts, _)| ts);
     Ok(match (stored, unstored) {
         (Some(s), Some(u)) if u.0 >= s.0 => Some(u),

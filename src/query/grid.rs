@@ -117,9 +117,10 @@ impl Grid {
     /// The start of point `i`, epoch seconds, if representable.
     pub fn start(&self, i: usize) -> Option<i64> {
         match self {
-            Grid::Uniform { origin, step, .. } => {
-                i64::try_from(i).ok()?.checked_mul(*step)?.checked_add(*origin)
-            }
+            Grid::Uniform { origin, step, .. } => i64::try_from(i)
+                .ok()?
+                .checked_mul(*step)?
+                .checked_add(*origin),
             Grid::Bounds(b) => b.get(i).copied(),
         }
     }
@@ -204,7 +205,9 @@ mod tests {
             100,
         )
         .expect("grid");
-        let Grid::Bounds(b) = &g else { panic!("calendar") };
+        let Grid::Bounds(b) = &g else {
+            panic!("calendar")
+        };
         assert_eq!(b[0], ts("2026-03-27T23:00:00Z"), "midnight at +01:00");
         assert_eq!(b[2] - b[1], 23 * 3600, "29 March has 23 hours");
         let g = Grid::calendar(
@@ -215,8 +218,13 @@ mod tests {
             100,
         )
         .expect("grid");
-        let Grid::Bounds(b) = &g else { panic!("calendar") };
-        assert_eq!(b, &vec![ts("2026-10-24T22:00:00Z"), ts("2026-10-25T23:00:00Z")]);
+        let Grid::Bounds(b) = &g else {
+            panic!("calendar")
+        };
+        assert_eq!(
+            b,
+            &vec![ts("2026-10-24T22:00:00Z"), ts("2026-10-25T23:00:00Z")]
+        );
         assert_eq!(b[1] - b[0], 25 * 3600, "25 October has 25 hours");
     }
 

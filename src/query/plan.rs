@@ -329,7 +329,14 @@ mod tests {
             };
             for (&ts, &v) in data {
                 for &p in Period::levels(g) {
-                    put(Level::Rollups(p), p.seconds(), p.slot_seconds(), ts, v, false);
+                    put(
+                        Level::Rollups(p),
+                        p.seconds(),
+                        p.slot_seconds(),
+                        ts,
+                        v,
+                        false,
+                    );
                 }
                 let slot = if g == Granularity::Hour { 60 } else { 0 };
                 put(Level::Buckets, g.seconds(), slot, ts, v, true);
@@ -512,7 +519,9 @@ mod tests {
 
     /// A reading every 10 s for `days` days.
     fn dense(from: i64, days: i64) -> BTreeMap<i64, f64> {
-        (0..days * DAY / 10).map(|i| (from + i * 10, (i % 17) as f64)).collect()
+        (0..days * DAY / 10)
+            .map(|i| (from + i * 10, (i % 17) as f64))
+            .collect()
     }
 
     #[test]

@@ -14,8 +14,8 @@ use std::time::Duration;
 use crate::batcher::Sink;
 use crate::domain::{BucketRead, Level, Starts, Values};
 
-pub use mongo::MongoStore;
 pub use crate::domain::Labels;
+pub use mongo::MongoStore;
 pub use registry::{SensorInfo, SensorQuery};
 pub use settings::BucketSettings;
 

@@ -85,11 +85,7 @@ impl Touched {
     /// these starts.
     pub fn lifted(&self, level: Period) -> Self {
         let len = level.seconds();
-        let starts: BTreeSet<i64> = self
-            .starts
-            .iter()
-            .map(|&s| s - s.rem_euclid(len))
-            .collect();
+        let starts: BTreeSet<i64> = self.starts.iter().map(|&s| s - s.rem_euclid(len)).collect();
         Self {
             starts: starts.into_iter().collect(),
             sensors: self.sensors.clone(),
@@ -194,7 +190,7 @@ pub fn pipeline(
             "period": level.name(),
             "start": "$_id.start",
             "s": { "$arrayToObject": "$slots" },
-            "schema_version": super::SCHEMA_VERSION,
+            "schema_version": { "$literal": super::SCHEMA_VERSION },
         }},
         totals_stage(),
         doc! { "$merge": {
@@ -280,13 +276,7 @@ mod tests {
         let filters = flush_filters(&touched);
         assert_eq!(filters.len(), 2);
         for f in filters {
-            let p = pipeline(
-                Period::Hour,
-                Source::Buckets,
-                f,
-                "rollups",
-                Mode::Merge,
-            );
+            let p = pipeline(Period::Hour, Source::Buckets, f, "rollups", Mode::Merge);
             let body = doc! { "aggregate": "buckets", "pipeline": p, "cursor": {} };
             let bytes = mongodb::bson::to_vec(&body).expect("encodes").len();
             assert!(bytes < 1024 * 1024, "{bytes} bytes");

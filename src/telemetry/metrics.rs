@@ -154,11 +154,8 @@ fn histogram_vec_with(
     labels: &[&str],
     buckets: Vec<f64>,
 ) -> HistogramVec {
-    let h = HistogramVec::new(
-        HistogramOpts::new(name, help).buckets(buckets),
-        labels,
-    )
-    .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+    let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels)
+        .unwrap_or_else(|e| panic!("metric {name}: {e}"));
     registry
         .register(Box::new(h.clone()))
         .unwrap_or_else(|e| panic!("metric {name}: {e}"));

@@ -145,13 +145,19 @@ impl TestApp {
         r.json().await.expect("a JSON body")
     }
 
-    /// Every bucket document, sorted by (sensor, metric, start), without `_id`.
+    /// Every bucket document, sorted by (sensor, metric, start), without `_id`
+    /// and the write counter `n` (which counts retries; rollups use it).
     pub async fn buckets(&self) -> Vec<Document> {
-        self.documents(
-            &self.settings.mongodb.collection,
-            doc! { "sensor": 1, "metric": 1, "start": 1 },
-        )
-        .await
+        let mut docs = self
+            .documents(
+                &self.settings.mongodb.collection,
+                doc! { "sensor": 1, "metric": 1, "start": 1 },
+            )
+            .await;
+        for d in &mut docs {
+            d.remove("n");
+        }
+        docs
     }
 
     /// The buckets, or `None` if storage does not answer.

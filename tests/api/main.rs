@@ -6,6 +6,7 @@ mod broker;
 mod buckets;
 mod database;
 mod deployment;
+mod engine;
 mod faults;
 mod helpers;
 mod hostile;

@@ -29,9 +29,16 @@ impl MongoStore {
         // Rollups recompute what a flush touched, found by bucket start.
         let by_start = IndexModel::builder()
             .keys(doc! { "start": 1, "sensor": 1 })
-            .options(IndexOptions::builder().name("start_sensor".to_owned()).build())
+            .options(
+                IndexOptions::builder()
+                    .name("start_sensor".to_owned())
+                    .build(),
+            )
             .build();
-        self.buckets.create_index(by_start).await.map_err(classify)?;
+        self.buckets
+            .create_index(by_start)
+            .await
+            .map_err(classify)?;
         let rollup = IndexModel::builder()
             .keys(doc! { "sensor": 1, "metric": 1, "period": 1, "start": 1 })
             .options(
@@ -44,14 +51,28 @@ impl MongoStore {
         self.rollups.create_index(rollup).await.map_err(classify)?;
         let by_start = IndexModel::builder()
             .keys(doc! { "period": 1, "start": 1, "sensor": 1 })
-            .options(IndexOptions::builder().name("period_start_sensor".to_owned()).build())
+            .options(
+                IndexOptions::builder()
+                    .name("period_start_sensor".to_owned())
+                    .build(),
+            )
             .build();
-        self.rollups.create_index(by_start).await.map_err(classify)?;
+        self.rollups
+            .create_index(by_start)
+            .await
+            .map_err(classify)?;
         let registry = IndexModel::builder()
             .keys(doc! { "metrics": 1, "_id": 1 })
-            .options(IndexOptions::builder().name("metrics_id".to_owned()).build())
+            .options(
+                IndexOptions::builder()
+                    .name("metrics_id".to_owned())
+                    .build(),
+            )
             .build();
-        self.sensors.create_index(registry).await.map_err(classify)?;
+        self.sensors
+            .create_index(registry)
+            .await
+            .map_err(classify)?;
         self.ensure_retention(&self.buckets, retention).await?;
         // A day's rollup outlives its first bucket by a day, so that it is
         // never gone while buckets it sums are still kept.
@@ -80,7 +101,10 @@ impl MongoStore {
                     .drop_index(RETENTION_INDEX)
                     .await
                     .map_err(classify)?;
-                info!(collection = collection.name(), "Retention is off: dropped the TTL index; documents are kept.");
+                info!(
+                    collection = collection.name(),
+                    "Retention is off: dropped the TTL index; documents are kept."
+                );
             }
             (Some(now), Some(want)) if now == want => {}
             (Some(now), Some(want)) => {

@@ -84,7 +84,10 @@ impl MongoStore {
     }
 
     pub(super) async fn put_labels(&self, sensor: &str, labels: &Labels) -> Result<(), StoreError> {
-        let labels: Document = labels.iter().map(|(k, v)| (k.to_owned(), Bson::from(v))).collect();
+        let labels: Document = labels
+            .iter()
+            .map(|(k, v)| (k.to_owned(), Bson::from(v)))
+            .collect();
         self.sensors
             .update_one(
                 doc! { "_id": sensor },

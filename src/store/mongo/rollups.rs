@@ -42,13 +42,7 @@ impl MongoStore {
         for &level in Period::levels(self.granularity) {
             let source = Source::of(level, self.granularity);
             for filter in flush_filters(&touched) {
-                let stages = pipeline(
-                    level,
-                    source,
-                    filter,
-                    self.rollups.name(),
-                    Mode::Merge,
-                );
+                let stages = pipeline(level, source, filter, self.rollups.name(), Mode::Merge);
                 self.run(source, stages).await?;
                 commands += 1;
             }
@@ -126,8 +120,11 @@ impl MongoStore {
                 );
                 self.run(source, stages).await?;
             }
-            self.run(Source::Buckets, registry_pipeline(filter, self.sensors.name()))
-                .await?;
+            self.run(
+                Source::Buckets,
+                registry_pipeline(filter, self.sensors.name()),
+            )
+            .await?;
             info!(
                 from = window,
                 to = end,

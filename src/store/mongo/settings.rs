@@ -94,7 +94,10 @@ impl Settings {
         }
         let mut seen = vec![self.collection.as_str()];
         for (key, name) in [
-            ("mongodb.dead_letter_collection", &self.dead_letter_collection),
+            (
+                "mongodb.dead_letter_collection",
+                &self.dead_letter_collection,
+            ),
             ("mongodb.rollup_collection", &self.rollup_collection),
             ("mongodb.sensor_collection", &self.sensor_collection),
         ] {
