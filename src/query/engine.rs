@@ -27,6 +27,9 @@ pub struct Evaluation {
     pub documents: u64,
 }
 
+/// A sensor's buckets with readings not yet stored: `(start, values)`.
+type Unstored = Vec<(i64, Vec<(u16, f64)>)>;
+
 /// Sensors read at once within one query.
 const SENSORS_IN_PARALLEL: usize = 4;
 
@@ -50,7 +53,7 @@ pub async fn evaluate<S: BucketStore>(
 ) -> Result<Evaluation, StoreError> {
     // Memory first: a bucket written between the two looks is then in both,
     // never in neither.
-    let unstored: Vec<Vec<(i64, Vec<(u16, f64)>)>> = series
+    let unstored: Vec<Unstored> = series
         .iter()
         .map(|s| batcher.unstored_values(s.sensor, q.metric, q.from, q.to))
         .collect();
@@ -94,7 +97,7 @@ async fn one_sensor<S: BucketStore>(
     reads: &[super::plan::PlannedRead],
     sensor: &str,
     group: usize,
-    unstored: Vec<(i64, Vec<(u16, f64)>)>,
+    unstored: Unstored,
 ) -> Result<(usize, Vec<Agg>, u64), StoreError> {
     let mut points = vec![Agg::default(); plan.grid().points()];
     let mut documents = 0;

@@ -278,10 +278,11 @@ impl Plan {
     }
 
     fn add_value(&self, ts: i64, value: f64, points: &mut [Agg]) {
-        if ts >= self.from && ts < self.to {
-            if let Some(p) = self.grid.point(ts) {
-                points[p].add(value);
-            }
+        if ts >= self.from
+            && ts < self.to
+            && let Some(p) = self.grid.point(ts)
+        {
+            points[p].add(value);
         }
     }
 }
@@ -297,7 +298,6 @@ mod tests {
     /// The documents a store would hold for raw seconds: buckets with their
     /// values and minute aggregates, and every rollup level.
     struct Model {
-        g: Granularity,
         docs: BTreeMap<(Level, i64), BucketRead>,
     }
 
@@ -341,7 +341,7 @@ mod tests {
                 let slot = if g == Granularity::Hour { 60 } else { 0 };
                 put(Level::Buckets, g.seconds(), slot, ts, v, true);
             }
-            Self { g, docs }
+            Self { docs }
         }
 
         /// Answers a planned read as the store would: matching starts, only

@@ -42,11 +42,11 @@ pub fn filter(q: &SensorQuery<'_>) -> Document {
         id.insert("$gte", q.prefix);
         id.insert("$lt", format!("{}\u{7f}", q.prefix));
     }
-    if let Some(after) = q.after {
-        if after >= q.prefix {
-            id.insert("$gt", after);
-            id.remove("$gte");
-        }
+    if let Some(after) = q.after
+        && after >= q.prefix
+    {
+        id.insert("$gt", after);
+        id.remove("$gte");
     }
     let mut f = doc! {};
     if !id.is_empty() {

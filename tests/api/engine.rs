@@ -56,6 +56,9 @@ fn number(d: &Document, key: &str) -> f64 {
     }
 }
 
+/// (sensor, metric, period, start, sub-period) of a rollup slot.
+type SlotKey = (String, String, String, i64, i64);
+
 /// Every rollup equals the sums of the buckets it covers, sub-period by
 /// sub-period: the computed pattern's invariant, checked on the documents.
 async fn assert_rollups_match_buckets(app: &TestApp, g: Granularity) {
@@ -67,7 +70,7 @@ async fn assert_rollups_match_buckets(app: &TestApp, g: Granularity) {
         Granularity::Minute => &[("hour", 3600, 60), ("day", 86_400, 3600)],
         Granularity::Hour => &[("day", 86_400, 3600)],
     };
-    let mut want: BTreeMap<(String, String, String, i64, i64), (u64, f64)> = BTreeMap::new();
+    let mut want: BTreeMap<SlotKey, (u64, f64)> = BTreeMap::new();
     for ((sensor, metric, t), v) in &values {
         for &(name, len, slot) in periods {
             let start = t - t.rem_euclid(len);
@@ -79,7 +82,7 @@ async fn assert_rollups_match_buckets(app: &TestApp, g: Granularity) {
             e.1 += v;
         }
     }
-    let mut got: BTreeMap<(String, String, String, i64, i64), (u64, f64)> = BTreeMap::new();
+    let mut got: BTreeMap<SlotKey, (u64, f64)> = BTreeMap::new();
     for r in &rollups {
         let start = r.get_datetime("start").expect("start").timestamp_millis() / 1000;
         for (k, slot) in r.get_document("s").expect("s") {
@@ -128,9 +131,9 @@ async fn rollups_stay_exact_under_overwrites_late_readings_and_two_instances() {
         }
         // Overwrite a few seconds written in the previous round.
         for &(at, _) in writes.iter().step_by(7).take(40) {
-            if model.contains_key(&at) {
+            if let Some(old) = model.get_mut(&at) {
                 let v = 1000.0 + round as f64;
-                model.insert(at, v);
+                *old = v;
                 batch.push(reading("r1", "temp", at, v));
             }
         }

@@ -38,13 +38,13 @@ impl MongoStore {
                 .await
                 .map_err(classify)?;
             commands += 1;
-            if let Ok(errors) = reply.get_array("writeErrors") {
-                if !errors.is_empty() {
-                    return Err(StoreError::Poison(format!(
-                        "the sensor registry refused {} updates",
-                        errors.len()
-                    )));
-                }
+            if let Ok(errors) = reply.get_array("writeErrors")
+                && !errors.is_empty()
+            {
+                return Err(StoreError::Poison(format!(
+                    "the sensor registry refused {} updates",
+                    errors.len()
+                )));
             }
         }
         let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
