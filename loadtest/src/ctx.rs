@@ -91,6 +91,19 @@ impl Ctx {
         mqtt: bool,
         journal: bool,
     ) -> anyhow::Result<Target> {
+        self.target_with(what, granularity, mqtt, journal, Vec::new())
+            .await
+    }
+
+    /// [`Ctx::target`] with further `HOURGLASS__…` settings.
+    pub async fn target_with(
+        &self,
+        what: &str,
+        granularity: &'static str,
+        mqtt: bool,
+        journal: bool,
+        mut extra: Vec<(String, String)>,
+    ) -> anyhow::Result<Target> {
         if let Some(url) = &self.global.url {
             return Ok(Target {
                 url: url.clone(),
@@ -114,7 +127,10 @@ impl Ctx {
             } else {
                 None
             },
-            extra: vec![("HOURGLASS__JOURNAL__ENABLED".into(), journal.to_string())],
+            extra: {
+                extra.push(("HOURGLASS__JOURNAL__ENABLED".into(), journal.to_string()));
+                extra
+            },
         };
         let proc = spawn_hourglass(&spec).await?;
         Ok(Target {

@@ -8,6 +8,7 @@ mod fleet;
 mod peers;
 mod procs;
 mod query;
+mod ranges;
 mod report;
 mod verify;
 
@@ -68,6 +69,15 @@ enum Cmd {
         queries: usize,
         #[arg(long, default_value_t = 4)]
         concurrency: usize,
+    },
+    /// Query cost as the range grows (1, 7, 60, 400 days) and group queries.
+    Ranges {
+        /// Days of minute data of the long series.
+        #[arg(long, default_value_t = 400)]
+        days: u32,
+        /// Times each query runs.
+        #[arg(long, default_value_t = 20)]
+        repeats: usize,
     },
     /// Compares the database with the dataset the generator knows.
     Verify {
@@ -210,6 +220,7 @@ async fn main() -> anyhow::Result<()> {
                 true,
             ),
         ),
+        Cmd::Ranges { days, repeats } => ("ranges", ranges::run(&ctx, days, repeats).await?),
         Cmd::Verify {
             data,
             start,

@@ -12,15 +12,19 @@ use serde_json::{Value, json};
 use crate::database::Database;
 use crate::helpers::*;
 
-/// Settings that accept readings up to 400 days old (the longest range).
+/// Settings that accept readings up to 400 days old (the longest range),
+/// with room for requests that each touch hundreds of buckets on a slow,
+/// shared test server.
 fn long_settings(g: Granularity) -> hourglass::Settings {
     let mut s = settings_with(g);
     s.ingest.max_age = Duration::from_secs(400 * 86_400);
+    s.http.write_timeout = Duration::from_secs(120);
+    s.http.request_timeout = Duration::from_secs(150);
     s
 }
 
 async fn post_all(app: &TestApp, readings: &[Value]) {
-    for chunk in readings.chunks(5000) {
+    for chunk in readings.chunks(250) {
         let r = app.post_readings(&Value::Array(chunk.to_vec())).await;
         assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
     }
