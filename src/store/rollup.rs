@@ -52,9 +52,11 @@ impl Source {
 /// on them: a few late readings then re-read only their own sensors' sources.
 pub const NARROW_SENSORS: usize = 64;
 
-/// At most this many source starts in one aggregation, so that its command
-/// stays far below the server's size limit (13 bytes a start).
-pub const STARTS_PER_AGGREGATION: usize = 10_000;
+/// Touched starts closer than this are recomputed as one range: a few extra
+/// sources read, one aggregation fewer. Ranges, not `$in` lists of starts,
+/// because every server answers a range from the index at the cost of what
+/// it returns.
+pub const MERGE_GAP: i64 = 3600;
 
 /// What a flush touched at one level's source: the distinct source starts
 /// and, when few, the sensors.
@@ -202,15 +204,20 @@ pub fn pipeline(
     ]
 }
 
-/// The filters of a flush's recomputation at one level: the touched source
-/// starts (and sensors, when few), cut to bounded commands.
+/// The filters of a flush's recomputation at one level: one per run of
+/// touched source starts (and the sensors, when few).
 pub fn flush_filters(touched: &Touched) -> Vec<Document> {
-    touched
-        .starts
-        .chunks(STARTS_PER_AGGREGATION)
-        .map(|starts| {
+    let mut runs: Vec<(i64, i64)> = Vec::new();
+    for &s in &touched.starts {
+        match runs.last_mut() {
+            Some((_, last)) if s - *last <= MERGE_GAP => *last = s,
+            _ => runs.push((s, s)),
+        }
+    }
+    runs.into_iter()
+        .map(|(first, last)| {
             let mut f = doc! {
-                "start": { "$in": starts.iter().map(|&s| Bson::DateTime(start_date(s))).collect::<Vec<_>>() },
+                "start": { "$gte": start_date(first), "$lte": start_date(last) },
             };
             if let Some(sensors) = &touched.sensors {
                 f.insert("sensor", doc! { "$in": sensors.clone() });
@@ -262,11 +269,9 @@ mod tests {
     }
 
     #[test]
-    fn the_largest_recomputation_stays_far_below_the_command_limit() {
+    fn touched_starts_become_ranges_and_the_largest_command_stays_small() {
         let touched = Touched {
-            starts: (0..STARTS_PER_AGGREGATION as i64 * 2)
-                .map(|i| i * 60)
-                .collect(),
+            starts: vec![0, 60, 120, 3720, 3720 + 3601, 86_400 * 3],
             sensors: Some(
                 (0..NARROW_SENSORS)
                     .map(|i| format!("{i:0>width$}", width = SENSOR_MAX_LEN))
@@ -274,12 +279,20 @@ mod tests {
             ),
         };
         let filters = flush_filters(&touched);
-        assert_eq!(filters.len(), 2);
+        let ranges: Vec<(i64, i64)> = filters
+            .iter()
+            .map(|f| {
+                let r = f.get_document("start").expect("start");
+                let at = |k: &str| r.get_datetime(k).expect("date").timestamp_millis() / 1000;
+                (at("$gte"), at("$lte"))
+            })
+            .collect();
+        assert_eq!(ranges, vec![(0, 3720), (7321, 7321), (259_200, 259_200)]);
         for f in filters {
             let p = pipeline(Period::Hour, Source::Buckets, f, "rollups", Mode::Merge);
             let body = doc! { "aggregate": "buckets", "pipeline": p, "cursor": {} };
             let bytes = mongodb::bson::to_vec(&body).expect("encodes").len();
-            assert!(bytes < 1024 * 1024, "{bytes} bytes");
+            assert!(bytes < 64 * 1024, "{bytes} bytes");
         }
     }
 
