@@ -15,7 +15,11 @@ use crate::report::{Report, Section, f, percentiles};
 const DOCS_SUM: &str = "hourglass_query_documents_read_sum";
 
 /// Runs `path` `n` times in a row; latencies (ms) and documents read per query.
-async fn measure(url: &str, path: &str, n: usize) -> anyhow::Result<(Vec<f64>, f64, serde_json::Value)> {
+async fn measure(
+    url: &str,
+    path: &str,
+    n: usize,
+) -> anyhow::Result<(Vec<f64>, f64, serde_json::Value)> {
     let client = reqwest::Client::new();
     let before = scrape(url).await?.get(DOCS_SUM).copied().unwrap_or(0.0);
     let mut ms = Vec::with_capacity(n);
@@ -74,7 +78,9 @@ pub async fn run(ctx: &Ctx, days: u32, repeats: usize) -> anyhow::Result<(Report
     let metric = Dataset::metric(0);
     let end = long.end() - 7;
     let mut s = Section::new(
-        &format!("Query cost by range: one series of minute data over {days} days (written in {backfill_s:.0} s)"),
+        &format!(
+            "Query cost by range: one series of minute data over {days} days (written in {backfill_s:.0} s)"
+        ),
         &["query", "n", "p50 ms", "p99 ms", "documents read", "exact"],
     );
     let mut ok = true;
@@ -96,7 +102,8 @@ pub async fn run(ctx: &Ctx, days: u32, repeats: usize) -> anyhow::Result<(Report
                 want_sum += v;
             }
         }
-        let exact = got["count"].as_u64() == Some(want_count) && got["sum"].as_f64() == Some(want_sum);
+        let exact =
+            got["count"].as_u64() == Some(want_count) && got["sum"].as_f64() == Some(want_sum);
         ok &= exact;
         let (p50, p99, _) = percentiles(ms.clone());
         let ratio = match base {
@@ -123,7 +130,11 @@ pub async fn run(ctx: &Ctx, days: u32, repeats: usize) -> anyhow::Result<(Report
     for (name, path) in [
         (
             "group average 6h, 100 sensors",
-            format!("/api/v1/average?metric={metric}&sensor=lt-000*&from={}&to={}", rfc3339(fend - 6 * 3600), rfc3339(fend)),
+            format!(
+                "/api/v1/average?metric={metric}&sensor=lt-000*&from={}&to={}",
+                rfc3339(fend - 6 * 3600),
+                rfc3339(fend)
+            ),
         ),
         (
             "group series 6h / 1h by sensor, 100 sensors",
@@ -136,7 +147,14 @@ pub async fn run(ctx: &Ctx, days: u32, repeats: usize) -> anyhow::Result<(Report
     ] {
         let (ms, docs, _) = measure(&target.url, &path, repeats).await?;
         let (p50, p99, _) = percentiles(ms.clone());
-        s.row(vec![name.into(), ms.len().to_string(), f(p50), f(p99), f(docs), "-".into()]);
+        s.row(vec![
+            name.into(),
+            ms.len().to_string(),
+            f(p50),
+            f(p99),
+            f(docs),
+            "-".into(),
+        ]);
         json.insert(
             name.into(),
             serde_json::json!({ "p50_ms": p50, "p99_ms": p99, "documents": docs }),
