@@ -48,6 +48,20 @@ pub async fn run(ctx: &Ctx, days: u32, repeats: usize) -> anyhow::Result<(Report
             )],
         )
         .await?;
+    // The fleet for group queries goes first: its sensor 0 is the long
+    // series' sensor, whose last hours the long series then overwrites, so
+    // the long series' truth stays the dataset's.
+    let fleet = Dataset::recent(
+        DatasetArgs {
+            sensors: 101,
+            metrics: 1,
+            seconds: 6 * 3600,
+            interval: 60,
+            seed: 9,
+        },
+        3600,
+    );
+    crate::backfill::send_all(ctx, &target, &fleet, 5000, 2).await?;
     let long = Dataset::recent(
         DatasetArgs {
             sensors: 1,
@@ -61,18 +75,6 @@ pub async fn run(ctx: &Ctx, days: u32, repeats: usize) -> anyhow::Result<(Report
     let started = Instant::now();
     crate::backfill::send_all(ctx, &target, &long, 5000, 2).await?;
     let backfill_s = started.elapsed().as_secs_f64();
-    // The fleet for group queries: other sensor names than the long series'.
-    let fleet = Dataset::recent(
-        DatasetArgs {
-            sensors: 101,
-            metrics: 1,
-            seconds: 6 * 3600,
-            interval: 60,
-            seed: 9,
-        },
-        3600,
-    );
-    crate::backfill::send_all(ctx, &target, &fleet, 5000, 2).await?;
 
     let sensor = Dataset::sensor(0);
     let metric = Dataset::metric(0);
