@@ -110,12 +110,12 @@ start_mosquitto() {
 
 # The benchmark peers (loadtest `peers`): VictoriaMetrics and InfluxDB 1.x from apt.
 ensure_peers() {
-  if [[ -x /usr/bin/victoria-metrics && -x /usr/bin/influxd ]]; then return 0; fi
-  log "Installing VictoriaMetrics and InfluxDB from apt (first run only)."
+  if [[ -x /usr/bin/victoria-metrics && -x /usr/bin/influxd && -x /usr/bin/prometheus && -x /usr/bin/promtool ]]; then return 0; fi
+  log "Installing VictoriaMetrics, InfluxDB and Prometheus from apt (first run only)."
   local sudo=""
   [[ $(id -u) -ne 0 ]] && sudo="sudo"
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq victoria-metrics influxdb >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq victoria-metrics influxdb prometheus >/dev/null
   # Any system service they start listens on its own port; the loadtest
   # starts private instances on free ports.
 }

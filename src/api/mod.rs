@@ -6,6 +6,7 @@ pub mod health;
 mod ingest;
 pub mod openapi;
 mod params;
+pub mod prom;
 pub mod query;
 mod settings;
 
@@ -124,6 +125,7 @@ pub fn router<S: BucketStore>(state: AppState<S>) -> Router {
         .route("/api/v1/sensors/{sensor}/latest", get(query::latest::<S>))
         .route("/api/v1/average", get(query::group_average::<S>))
         .route("/api/v1/series", get(query::group_series::<S>))
+        .merge(prom::routes::<S>())
         .route_layer(require(Scope::Query));
     let http = &state.settings.http;
     // The API shares one concurrency limit (a request beyond it is shed with

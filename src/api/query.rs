@@ -313,13 +313,13 @@ fn timed_out() -> ApiError {
 
 /// A query let in under the query concurrency limit, with its deadline
 /// (`query.timeout`, counted from arrival).
-struct Admitted<'a> {
+pub(super) struct Admitted<'a> {
     _permit: tokio::sync::SemaphorePermit<'a>,
     started: Instant,
-    deadline: Instant,
+    pub(super) deadline: Instant,
 }
 
-async fn admit<S>(state: &AppState<S>) -> Result<Admitted<'_>, ApiError> {
+pub(super) async fn admit<S>(state: &AppState<S>) -> Result<Admitted<'_>, ApiError> {
     let started = Instant::now();
     let deadline = started + state.settings.query.timeout;
     let permit = tokio::time::timeout_at(deadline, state.query_permits.acquire())
@@ -338,9 +338,14 @@ async fn admit<S>(state: &AppState<S>) -> Result<Admitted<'_>, ApiError> {
 }
 
 impl Admitted<'_> {
+    /// A deadline nearer than `query.timeout` (a client's own timeout).
+    pub(super) fn shorten(&mut self, timeout: Duration) {
+        self.deadline = self.deadline.min(self.started + timeout);
+    }
+
     /// What is left for the server (`maxTimeMS`), so it gives up no later
     /// than the route does.
-    fn max_time(&self) -> Duration {
+    pub(super) fn max_time(&self) -> Duration {
         self.deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1))
@@ -356,7 +361,7 @@ impl Admitted<'_> {
     }
 
     /// Records the query's latency and the documents it read.
-    fn done<S>(self, state: &AppState<S>, endpoint: &str, documents: u64) {
+    pub(super) fn done<S>(self, state: &AppState<S>, endpoint: &str, documents: u64) {
         let m = &state.metrics;
         m.query_duration
             .with_label_values(&[endpoint])

@@ -4,10 +4,12 @@
 //! - [`plan`]: which documents at which level answer a range (pure).
 //! - [`engine`]: runs a plan for one sensor or a group, over the store and
 //!   the readings acknowledged but not yet stored.
+//! - [`promql`]: the PromQL subset dashboards use, over the same engine.
 
 pub mod engine;
 pub mod grid;
 pub mod plan;
+pub mod promql;
 
 pub use engine::{Evaluation, Question, Series, evaluate, latest};
 pub use grid::{Calendar, Grid, GridError};
@@ -22,8 +24,11 @@ pub struct Settings {
     #[serde(with = "humantime_serde")]
     pub max_range: Duration,
     pub max_points: usize,
-    /// Sensors one group query may cover.
+    /// Sensors one group query may cover; series one PromQL query may select.
     pub max_series: usize,
+    /// Entries in one Prometheus listing (series, labels, label values);
+    /// more are left out with a warning.
+    pub max_listed: usize,
     /// A query answers 503 after this long; the server is told the same
     /// (`maxTimeMS`), so it stops working on it too.
     #[serde(with = "humantime_serde")]
@@ -41,6 +46,7 @@ impl Default for Settings {
             max_range: DEFAULT_MAX_RANGE,
             max_points: DEFAULT_MAX_POINTS,
             max_series: 1000,
+            max_listed: 10_000,
             timeout: Duration::from_secs(10),
             max_concurrency: 16,
         }
@@ -52,6 +58,7 @@ impl Settings {
         crate::settings::at_least_one(&[
             ("query.max_points", self.max_points),
             ("query.max_series", self.max_series),
+            ("query.max_listed", self.max_listed),
             ("query.max_concurrency", self.max_concurrency),
         ])?;
         crate::settings::longer_than_zero(&[

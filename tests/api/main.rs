@@ -14,5 +14,6 @@ mod ingest;
 mod journal;
 mod mqtt;
 mod operations;
+mod prom;
 mod query;
 mod write_path;

@@ -1,0 +1,605 @@
+//! The Prometheus-compatible API against Prometheus itself: the same samples
+//! loaded into a real Prometheus (`promtool tsdb create-blocks-from
+//! openmetrics`) and written to Hourglass, then many generated queries sent
+//! to both and every value and timestamp compared. Plus `promtool` against
+//! Hourglass, the listings Grafana uses, and the provisioned dashboard.
+//!
+//! Prometheus 2.42 (Debian's) includes a window's left end, Prometheus 3
+//! and Hourglass do not: samples never fall on a whole minute and every
+//! window starts on one, so that one difference never shows.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::helpers::*;
+
+const SENSORS: [(&str, &str, &str); 3] =
+    [("s-a", "x", "t1"), ("s-b", "x", "t2"), ("s-c", "y", "t1")];
+const METRICS: [&str; 2] = ["temp", "hum"];
+
+/// A deterministic generator (SplitMix64): the same queries every run.
+struct Gen(u64);
+
+impl Gen {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
+        &xs[self.below(xs.len() as u64) as usize]
+    }
+}
+
+/// `(sensor, metric, ts, value)`: every 20–60 s, never on a whole minute,
+/// values multiples of 1/8 (sums are exact in any order).
+fn samples(base: i64, seconds: i64, seed: u64) -> Vec<(&'static str, &'static str, i64, f64)> {
+    let mut g = Gen(seed);
+    let mut out = Vec::new();
+    for (sensor, _, _) in SENSORS {
+        for metric in METRICS {
+            let mut ts = base + 1 + g.below(30) as i64;
+            while ts < base + seconds {
+                if ts % 60 != 0 {
+                    let v = (g.below(1601) as f64 - 800.0) / 8.0;
+                    out.push((sensor, metric, ts, v));
+                }
+                ts += 20 + g.below(41) as i64;
+            }
+        }
+    }
+    out.sort_by_key(|&(s, m, ts, _)| (ts, s, m));
+    out
+}
+
+/// A private Prometheus holding exactly `samples`, stopped on drop.
+struct Prometheus {
+    child: Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        terminate(&mut self.child);
+    }
+}
+
+fn binary(name: &str) -> PathBuf {
+    let var = format!("{}_BIN", name.to_uppercase());
+    std::env::var_os(&var)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(format!("/usr/bin/{name}")))
+}
+
+fn run(cmd: &mut Command, what: &str) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what} could not start ({e}); `make test` installs it"));
+    assert!(
+        out.status.success(),
+        "{what} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs `cmd` off the test's runtime thread: the service under test answers
+/// on that thread while the command waits for it.
+async fn run_off_thread(mut cmd: Command, what: &'static str) -> String {
+    tokio::task::spawn_blocking(move || run(&mut cmd, what))
+        .await
+        .expect("the command's thread")
+}
+
+async fn prometheus_with(samples: &[(&str, &str, i64, f64)]) -> Prometheus {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let mut text = String::new();
+    for m in METRICS {
+        text.push_str(&format!("# TYPE {m} gauge\n"));
+        for &(sensor, metric, ts, v) in samples.iter().filter(|s| s.1 == m) {
+            let (_, site, kind) = SENSORS.iter().find(|s| s.0 == sensor).expect("known");
+            text.push_str(&format!(
+                "{metric}{{sensor=\"{sensor}\",site=\"{site}\",type=\"{kind}\"}} {v} {ts}\n"
+            ));
+        }
+    }
+    text.push_str("# EOF\n");
+    let input = dir.path().join("samples.om");
+    std::fs::write(&input, text).expect("write samples");
+    let data = dir.path().join("data");
+    run(
+        Command::new(binary("promtool"))
+            .args(["tsdb", "create-blocks-from", "openmetrics", "-q"])
+            .arg(&input)
+            .arg(&data),
+        "promtool tsdb create-blocks-from openmetrics",
+    );
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(&config, "global: {}\n").expect("write config");
+    let port = free_port();
+    let log = std::fs::File::create(dir.path().join("prometheus.log")).expect("log");
+    let child = Command::new(binary("prometheus"))
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!("--storage.tsdb.path={}", data.display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .arg("--storage.tsdb.retention.time=3650d")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("prometheus starts; `make test` installs it");
+    let url = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::new();
+    eventually(Duration::from_secs(60), "Prometheus is ready", || {
+        let r = client.get(format!("{url}/-/ready")).send();
+        async move { r.await.is_ok_and(|r| r.status() == 200) }
+    })
+    .await;
+    Prometheus {
+        child,
+        url,
+        _dir: dir,
+    }
+}
+
+/// Hourglass with the same samples, flushed and registered with labels.
+async fn hourglass_with(samples: &[(&str, &str, i64, f64)]) -> TestApp {
+    let mut s = test_settings();
+    s.ingest.max_age = Duration::from_secs(2 * 86_400);
+    let app = spawn_app_with(s).await;
+    for chunk in samples.chunks(500) {
+        let body: Vec<Value> = chunk
+            .iter()
+            .map(|&(sensor, metric, ts, v)| reading(sensor, metric, ts, v))
+            .collect();
+        let r = app.post_readings(&Value::Array(body)).await;
+        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+    }
+    for (sensor, site, kind) in SENSORS {
+        let r = app
+            .client
+            .put(format!("{}/api/v1/sensors/{sensor}/labels", app.address))
+            .json(&json!({"site": site, "type": kind}))
+            .send()
+            .await
+            .expect("PUT labels");
+        assert!(
+            r.status().is_success(),
+            "{}",
+            r.text().await.unwrap_or_default()
+        );
+    }
+    eventually(
+        Duration::from_secs(60),
+        "every series is registered",
+        || {
+            let get = app.get_json("/prometheus/api/v1/series?match[]={__name__=~\".%2B\"}");
+            async move {
+                let body = get.await;
+                if std::env::var_os("TEST_LOG").is_some() {
+                    eprintln!("{body}");
+                }
+                body["data"].as_array().is_some_and(|a| a.len() == 6)
+            }
+        },
+    )
+    .await;
+    app
+}
+
+/// Result type and, per label set, the points `(ts, value)`.
+type Normal = (String, BTreeMap<String, Vec<(f64, f64)>>);
+
+fn normalize(body: &Value) -> Result<Normal, String> {
+    if body["status"] != "success" {
+        return Err(body["errorType"].as_str().unwrap_or("?").to_owned());
+    }
+    let data = &body["data"];
+    let kind = data["resultType"].as_str().expect("resultType").to_owned();
+    let point = |p: &Value| -> (f64, f64) {
+        (
+            p[0].as_f64().expect("a timestamp"),
+            p[1].as_str()
+                .expect("a value string")
+                .parse()
+                .expect("a number"),
+        )
+    };
+    let mut out = BTreeMap::new();
+    match kind.as_str() {
+        "scalar" => {
+            out.insert(String::new(), vec![point(&data["result"])]);
+        }
+        _ => {
+            for s in data["result"].as_array().expect("result") {
+                let points = match s.get("values") {
+                    Some(v) => v.as_array().expect("values").iter().map(point).collect(),
+                    None => vec![point(&s["value"])],
+                };
+                out.insert(s["metric"].to_string(), points);
+            }
+        }
+    }
+    Ok((kind, out))
+}
+
+/// Averages may differ in the last bits: Prometheus 2.42 averages by an
+/// incremental mean, Hourglass (as Prometheus 3) by sum / count.
+fn same(query: &str, a: f64, b: f64) -> bool {
+    a == b || (query.contains("avg") && (a - b).abs() <= 1e-12 * a.abs().max(b.abs()))
+}
+
+/// Compares, and answers whether Prometheus' answer held any sample.
+fn compare(query: &str, what: &str, got: &Value, want: &Value) -> bool {
+    let (g, w) = (normalize(got), normalize(want));
+    match (&g, &w) {
+        (Ok((gk, gs)), Ok((wk, ws))) => {
+            assert_eq!(gk, wk, "{what} {query}: result types\n{got}\n{want}");
+            assert_eq!(
+                gs.keys().collect::<Vec<_>>(),
+                ws.keys().collect::<Vec<_>>(),
+                "{what} {query}: series\n{got}\n{want}"
+            );
+            for (k, gp) in gs {
+                let wp = &ws[k];
+                assert_eq!(
+                    gp.len(),
+                    wp.len(),
+                    "{what} {query} {k}: points\n{got}\n{want}"
+                );
+                for (a, b) in gp.iter().zip(wp) {
+                    assert_eq!(a.0, b.0, "{what} {query} {k}: timestamps\n{got}\n{want}");
+                    assert!(
+                        same(query, a.1, b.1),
+                        "{what} {query} {k} at {}: {} vs Prometheus {}",
+                        a.0,
+                        a.1,
+                        b.1
+                    );
+                }
+            }
+        }
+        (Err(a), Err(b)) => assert_eq!(a, b, "{what} {query}: error types"),
+        _ => panic!("{what} {query}: Hourglass {got}\nPrometheus {want}"),
+    }
+    w.is_ok_and(|(_, series)| !series.is_empty())
+}
+
+fn generate(g: &mut Gen) -> String {
+    let selector = *g.pick(&[
+        "temp",
+        "hum",
+        r#"temp{sensor="s-a"}"#,
+        r#"temp{site="x"}"#,
+        r#"{__name__=~"temp|hum",sensor!="s-b"}"#,
+        r#"hum{site!~"y"}"#,
+        r#"temp{type=~"t.*"}"#,
+        r#"{__name__="hum"}"#,
+    ]);
+    let range = *g.pick(&["1m", "2m", "5m", "10m", "15m", "1h"]);
+    let offset = if g.below(5) == 0 { " offset 5m" } else { "" };
+    let inner = match g.below(7) {
+        0 => format!("{selector}{offset}"),
+        k => {
+            let f = [
+                "avg_over_time",
+                "sum_over_time",
+                "min_over_time",
+                "max_over_time",
+                "count_over_time",
+                "last_over_time",
+            ][k as usize - 1];
+            format!("{f}({selector}[{range}]{offset})")
+        }
+    };
+    let aggregated = match g.below(7) {
+        0 => format!("avg by (site) ({inner})"),
+        1 => format!("sum({inner})"),
+        2 => format!("min without (sensor) ({inner})"),
+        3 => format!("max by (type) ({inner})"),
+        4 => format!("count({inner})"),
+        _ => inner,
+    };
+    match g.below(6) {
+        0 => format!("{aggregated} * 1.8 + 32"),
+        1 => format!("2 * ({aggregated})"),
+        2 => format!("-{aggregated}"),
+        _ => aggregated,
+    }
+}
+
+async fn get(client: &reqwest::Client, url: &str, query: &[(&str, String)]) -> Value {
+    let mut form = url::form_urlencoded::Serializer::new(String::new());
+    for (k, v) in query {
+        form.append_pair(k, v);
+    }
+    client
+        .get(format!("{url}?{}", form.finish()))
+        .send()
+        .await
+        .expect("a request")
+        .json()
+        .await
+        .expect("a JSON body")
+}
+
+#[tokio::test]
+async fn promql_answers_equal_prometheus_on_the_same_samples() {
+    let now = jiff::Timestamp::now().as_second();
+    let base = now - now.rem_euclid(60) - 4 * 3600;
+    let data = samples(base, 3 * 3600, 42);
+    let prom = prometheus_with(&data).await;
+    let app = hourglass_with(&data).await;
+    let client = reqwest::Client::new();
+    let mut g = Gen(7);
+    let mut with_samples = 0;
+    for i in 0..120 {
+        let query = generate(&mut g);
+        let hg = format!("{}/prometheus/api/v1", app.address);
+        let pr = format!("{}/api/v1", prom.url);
+        if i % 3 == 0 {
+            let t = (base + 60 * g.below(200) as i64).to_string();
+            let params = [("query", query.clone()), ("time", t)];
+            let got = get(&client, &format!("{hg}/query"), &params).await;
+            let want = get(&client, &format!("{pr}/query"), &params).await;
+            with_samples += usize::from(compare(&query, "instant", &got, &want));
+        } else {
+            let start = base + 60 * g.below(200) as i64;
+            let end = start + 60 * (5 + g.below(90) as i64);
+            let step = *g.pick(&[60, 120, 300, 900]);
+            let params = [
+                ("query", query.clone()),
+                ("start", start.to_string()),
+                ("end", end.to_string()),
+                ("step", step.to_string()),
+            ];
+            let got = get(&client, &format!("{hg}/query_range"), &params).await;
+            let want = get(&client, &format!("{pr}/query_range"), &params).await;
+            with_samples += usize::from(compare(&query, "range", &got, &want));
+        }
+    }
+    // The comparison means something only if most answers hold samples.
+    assert!(
+        with_samples >= 90,
+        "only {with_samples} of 120 answers held samples"
+    );
+    // Literals, and the listings Grafana's query builder uses.
+    for query in ["1 + 1", "2 ^ 10 % 7", "-(3 * 0.5)"] {
+        let params = [("query", query.to_owned()), ("time", base.to_string())];
+        let got = get(
+            &client,
+            &format!("{}/prometheus/api/v1/query", app.address),
+            &params,
+        )
+        .await;
+        let want = get(&client, &format!("{}/api/v1/query", prom.url), &params).await;
+        compare(query, "instant", &got, &want);
+    }
+    for path in [
+        "labels",
+        "label/site/values",
+        "label/__name__/values",
+        "label/sensor/values",
+    ] {
+        let got = app.get_json(&format!("/prometheus/api/v1/{path}")).await;
+        let want = get(&client, &format!("{}/api/v1/{path}", prom.url), &[]).await;
+        assert_eq!(got["data"], want["data"], "{path}");
+    }
+    let sel = [("match[]", r#"temp{site="x"}"#.to_owned())];
+    let got = get(
+        &client,
+        &format!("{}/prometheus/api/v1/series", app.address),
+        &sel,
+    )
+    .await;
+    let want = get(&client, &format!("{}/api/v1/series", prom.url), &sel).await;
+    assert_eq!(got["data"], want["data"]);
+    app.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn promtool_queries_hourglass() {
+    let now = jiff::Timestamp::now().as_second();
+    let base = now - now.rem_euclid(60) - 4 * 3600;
+    let data = samples(base, 1800, 3);
+    let app = hourglass_with(&data).await;
+    let url = format!("{}/prometheus", app.address);
+    let promtool = || Command::new(binary("promtool"));
+    let mut cmd = promtool();
+    cmd.args(["query", "instant", "--time"])
+        .arg((base + 1800).to_string())
+        .arg(&url)
+        .arg(r#"last_over_time(temp{sensor="s-a"}[1h])"#);
+    let out = run_off_thread(cmd, "promtool query instant").await;
+    let last = data
+        .iter()
+        .rfind(|s| s.0 == "s-a" && s.1 == "temp")
+        .expect("samples");
+    assert!(out.contains(&format!("=> {} @[", last.3)), "{out}");
+    let mut cmd = promtool();
+    cmd.args(["query", "range", "--start"])
+        .arg(base.to_string())
+        .arg("--end")
+        .arg((base + 1800).to_string())
+        .args(["--step", "5m"])
+        .arg(&url)
+        .arg("count_over_time(hum[5m])");
+    let out = run_off_thread(cmd, "promtool query range").await;
+    assert_eq!(
+        out.lines().filter(|l| l.contains("sensor=")).count(),
+        3,
+        "{out}"
+    );
+    let mut cmd = promtool();
+    cmd.args(["query", "labels"]).arg(&url).arg("site");
+    let out = run_off_thread(cmd, "promtool query labels").await;
+    assert_eq!(
+        out.split_whitespace().collect::<Vec<_>>(),
+        ["x", "y"],
+        "{out}"
+    );
+    let mut cmd = promtool();
+    cmd.args(["query", "series", "--match", "temp"]).arg(&url);
+    let out = run_off_thread(cmd, "promtool query series").await;
+    assert_eq!(out.lines().count(), 3, "{out}");
+    app.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn unsupported_promql_and_limits_are_clear_bad_data_errors() {
+    let mut s = test_settings();
+    s.query.max_points = 100;
+    let app = spawn_app_with(s).await;
+    for (query, extra, needle) in [
+        ("rate(temp[5m])", "", "function rate"),
+        ("temp > 3", "", "operator >"),
+        ("temp{", "", "parse error"),
+        ("temp", "&start=0&end=100000&step=1", "query.max_points"),
+        ("temp", "&start=100&end=0&step=1", "before start"),
+        ("temp", "&start=0&end=100&step=0", "positive"),
+        ("temp", "&start=zero&end=100&step=1", "\"start\""),
+    ] {
+        let path = format!(
+            "/prometheus/api/v1/query_range?query={}{}",
+            url_encode(query),
+            if extra.is_empty() {
+                "&start=0&end=60&step=15"
+            } else {
+                extra
+            }
+        );
+        let r = app.get(&path).await;
+        assert_eq!(r.status(), 400, "{query} {extra}");
+        let body: Value = r.json().await.expect("json");
+        assert_eq!(body["status"], "error");
+        assert_eq!(body["errorType"], "bad_data");
+        let msg = body["error"].as_str().expect("error");
+        assert!(msg.contains(needle), "{query}: {msg}");
+    }
+    let body = app.get_json("/prometheus/api/v1/status/buildinfo").await;
+    assert!(body["data"]["version"].is_string());
+    let r = app.get("/prometheus/api/v1/series").await;
+    assert_eq!(r.status(), 400);
+    app.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn metric_names_that_are_not_identifiers_are_reachable_by_name_matcher() {
+    let mut s = test_settings();
+    s.ingest.max_age = Duration::from_secs(86_400);
+    let app = spawn_app_with(s).await;
+    let now = jiff::Timestamp::now().as_second();
+    let t = now - now.rem_euclid(60) - 120;
+    let r = app
+        .post_readings(&json!([reading("dev-1", "power-kw", t + 1, 2.5)]))
+        .await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+    eventually(Duration::from_secs(30), "registered", || {
+        let get = app.get_json("/prometheus/api/v1/label/__name__/values");
+        async move { get.await["data"] == json!(["power-kw"]) }
+    })
+    .await;
+    let q = url_encode(r#"max_over_time({__name__="power-kw"}[5m])"#);
+    let body = app
+        .get_json(&format!(
+            "/prometheus/api/v1/query?query={q}&time={}",
+            t + 60
+        ))
+        .await;
+    assert_eq!(
+        body["data"]["result"],
+        json!([{"metric": {"sensor": "dev-1"}, "value": [t + 60, "2.5"]}])
+    );
+    // Form bodies, as Grafana posts them.
+    let r = app
+        .client
+        .post(format!("{}/prometheus/api/v1/query", app.address))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!(
+            "query={}&time={}",
+            url_encode(r#"{__name__="power-kw"}"#),
+            t + 60
+        ))
+        .send()
+        .await
+        .expect("POST");
+    let body: Value = r.json().await.expect("json");
+    assert_eq!(body["data"]["result"][0]["value"][1], "2.5", "{body}");
+    app.stop().await.expect("stops");
+}
+
+fn url_encode(s: &str) -> String {
+    url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
+/// Every query of the provisioned Grafana dashboard parses and is answered.
+#[tokio::test]
+async fn the_provisioned_dashboard_queries_are_answered() {
+    let now = jiff::Timestamp::now().as_second();
+    let base = now - now.rem_euclid(60) - 4 * 3600;
+    let data = samples(base, 1800, 5);
+    let app = hourglass_with(&data).await;
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/grafana/dashboards/sensors.json");
+    let dashboard: Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("the dashboard"))
+            .expect("json");
+    let mut queries = Vec::new();
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            queries.push(target["expr"].as_str().expect("expr").to_owned());
+        }
+    }
+    assert!(queries.len() >= 3, "{queries:?}");
+    for v in dashboard["templating"]["list"]
+        .as_array()
+        .expect("variables")
+    {
+        let q = v["query"]["query"]
+            .as_str()
+            .or(v["query"].as_str())
+            .unwrap_or_default();
+        assert!(q.starts_with("label_values("), "{q}");
+        let label = q.trim_start_matches("label_values(").trim_end_matches(')');
+        let body = app
+            .get_json(&format!("/prometheus/api/v1/label/{label}/values"))
+            .await;
+        assert!(!body["data"].as_array().expect("values").is_empty(), "{q}");
+    }
+    for q in queries {
+        // Grafana's variables, as Grafana would fill them in.
+        let q = q
+            .replace("$metric", "temp")
+            .replace("$sensor", "s-a")
+            .replace("$__interval", "1m")
+            .replace("$__rate_interval", "1m")
+            .replace("$__range", "30m");
+        let path = format!(
+            "/prometheus/api/v1/query_range?query={}&start={}&end={}&step=60",
+            url_encode(&q),
+            base,
+            base + 1800
+        );
+        let body = app.get_json(&path).await;
+        assert_eq!(body["status"], "success", "{q}: {body}");
+        assert!(
+            !body["data"]["result"]
+                .as_array()
+                .expect("result")
+                .is_empty(),
+            "{q}: {body}"
+        );
+    }
+    app.stop().await.expect("stops");
+}
