@@ -7,6 +7,7 @@ mod designs;
 mod fleet;
 mod peers;
 mod procs;
+mod promql;
 mod query;
 mod ranges;
 mod report;
@@ -77,6 +78,17 @@ enum Cmd {
         days: u32,
         /// Times each query runs.
         #[arg(long, default_value_t = 20)]
+        repeats: usize,
+    },
+    /// The same PromQL against Hourglass, Prometheus and VictoriaMetrics on the same samples.
+    Promql {
+        #[arg(long, default_value_t = 100)]
+        sensors: u32,
+        /// Days of data: one reading per 15 minutes, the last day one per minute.
+        #[arg(long, default_value_t = 30)]
+        days: u32,
+        /// Times each query runs on each system.
+        #[arg(long, default_value_t = 5)]
         repeats: usize,
     },
     /// Compares the database with the dataset the generator knows.
@@ -221,6 +233,11 @@ async fn main() -> anyhow::Result<()> {
             ),
         ),
         Cmd::Ranges { days, repeats } => ("ranges", ranges::run(&ctx, days, repeats).await?),
+        Cmd::Promql {
+            sensors,
+            days,
+            repeats,
+        } => ("promql", promql::run(&ctx, sensors, days, repeats).await?),
         Cmd::Verify {
             data,
             start,

@@ -16,17 +16,17 @@ use crate::report::{Plot, Report, Section, f};
 
 const RUNS: usize = 5;
 
-fn which(bin: &str) -> anyhow::Result<String> {
+pub(crate) fn which(bin: &str) -> anyhow::Result<String> {
     for dir in ["/usr/bin", "/usr/local/bin", "/usr/sbin"] {
         let p = format!("{dir}/{bin}");
         if Path::new(&p).exists() {
             return Ok(p);
         }
     }
-    anyhow::bail!("{bin} is not installed (apt-get install victoria-metrics influxdb)")
+    anyhow::bail!("{bin} is not installed (apt-get install victoria-metrics influxdb prometheus)")
 }
 
-async fn start_victoria() -> anyhow::Result<Proc> {
+pub(crate) async fn start_victoria() -> anyhow::Result<Proc> {
     let dir = tempfile::tempdir()?;
     let child = Command::new(which("victoria-metrics")?)
         .arg(format!(
@@ -80,7 +80,7 @@ async fn start_influx() -> anyhow::Result<Proc> {
 }
 
 /// Sends every reading as line protocol; returns the seconds it took.
-async fn send_lines(
+pub(crate) async fn send_lines(
     ctx: &Ctx,
     url: &str,
     data: &Dataset,
