@@ -562,6 +562,34 @@ async fn the_provisioned_dashboard_queries_are_answered() {
         }
     }
     assert!(queries.len() >= 3, "{queries:?}");
+    // Its panels use the provisioned Hourglass data source, which points at
+    // the service's /prometheus.
+    let sources: serde_norway::Value = serde_norway::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("config/grafana/provisioning/datasources/prometheus.yml"),
+        )
+        .expect("the data sources"),
+    )
+    .expect("yaml");
+    let hourglass = sources["datasources"]
+        .as_sequence()
+        .expect("a list")
+        .iter()
+        .find(|d| d["uid"].as_str() == Some("hourglass"))
+        .expect("the Hourglass data source");
+    assert_eq!(hourglass["type"].as_str(), Some("prometheus"));
+    assert_eq!(
+        hourglass["url"].as_str(),
+        Some("http://hourglass:8080/prometheus")
+    );
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        assert_eq!(
+            panel["datasource"]["uid"], "hourglass",
+            "{}",
+            panel["title"]
+        );
+    }
     for v in dashboard["templating"]["list"]
         .as_array()
         .expect("variables")
