@@ -79,6 +79,9 @@ enum Cmd {
         /// Times each query runs.
         #[arg(long, default_value_t = 20)]
         repeats: usize,
+        /// Sensors of the fleet the group queries cover (`lt-000*`: at most 100).
+        #[arg(long, default_value_t = 100)]
+        fleet_sensors: u32,
     },
     /// The same PromQL against Hourglass, Prometheus and VictoriaMetrics on the same samples.
     Promql {
@@ -232,7 +235,14 @@ async fn main() -> anyhow::Result<()> {
                 true,
             ),
         ),
-        Cmd::Ranges { days, repeats } => ("ranges", ranges::run(&ctx, days, repeats).await?),
+        Cmd::Ranges {
+            days,
+            repeats,
+            fleet_sensors,
+        } => (
+            "ranges",
+            ranges::run(&ctx, days, repeats, fleet_sensors).await?,
+        ),
         Cmd::Promql {
             sensors,
             days,

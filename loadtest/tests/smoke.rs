@@ -118,6 +118,33 @@ fn peers_runs_victoria_metrics_and_influxdb_next_to_hourglass() {
 }
 
 #[test]
+fn ranges_answer_long_averages_exactly() {
+    let args = [
+        "ranges",
+        "--days",
+        "1",
+        "--repeats",
+        "1",
+        "--fleet-sensors",
+        "3",
+    ];
+    let r: serde_json::Value = serde_json::from_str(&loadtest(&args)).expect("json");
+    assert_eq!(r["data"]["ranges"]["average_1d"]["exact"], true, "{r}");
+}
+
+#[test]
+fn promql_answers_like_prometheus_next_to_victoria_metrics() {
+    let args = ["promql", "--sensors", "2", "--days", "2", "--repeats", "1"];
+    let r: serde_json::Value = serde_json::from_str(&loadtest(&args)).expect("json");
+    let rows = r["data"]["promql"].as_object().expect("rows");
+    assert_eq!(rows.len(), 4, "{r}");
+    assert!(
+        rows.values().all(|q| q["same_as_prometheus"] == true),
+        "{r}"
+    );
+}
+
+#[test]
 fn verify_finds_a_dataset_that_was_never_sent() {
     let out = Command::new(env!("CARGO_BIN_EXE_hourglass-loadtest"))
         .args([
