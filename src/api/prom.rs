@@ -374,6 +374,7 @@ async fn evaluate<S: BucketStore>(
         batcher: &state.batcher,
         granularity: state.settings.granularity,
         max_series: state.settings.query.max_series,
+        max_range_ms: i64::try_from(state.settings.query.max_range.as_millis()).unwrap_or(i64::MAX),
         max_time: admitted.max_time(),
         may_access: &may_access,
     };
@@ -425,14 +426,14 @@ pub async fn range<S: BucketStore>(
         ));
     }
     let q = &state.settings.query;
-    let points = (end - start) / step + 1;
-    if points > q.max_points as i64 {
+    let points = (i128::from(end) - i128::from(start)) / i128::from(step) + 1;
+    if points > q.max_points as i128 {
         return Err(Failure::bad_data(format!(
             "exceeded maximum resolution of {} points per timeseries (query.max_points). Try decreasing the query resolution (?step=XX)",
             q.max_points
         )));
     }
-    if u128::from((end - start).unsigned_abs()) > q.max_range.as_millis() {
+    if (i128::from(end) - i128::from(start)).unsigned_abs() > q.max_range.as_millis() {
         return Err(Failure::bad_data(format!(
             "the range from start to end is longer than {} (query.max_range)",
             humantime::format_duration(q.max_range)
@@ -524,11 +525,9 @@ async fn listed<S: BucketStore>(
                 .map_err(PromError::from)?;
         }
         for matchers in &sets {
-            match promql::select(state.store.as_ref(), matchers, limit, &may_access).await {
-                Ok(found) => out.extend(found.into_iter().map(|f| f.labels)),
-                Err(PromError::BadData(_)) => truncated = true,
-                Err(e) => return Err(e),
-            }
+            let found = promql::select(state.store.as_ref(), matchers, limit, &may_access).await?;
+            truncated |= found.len() > limit;
+            out.extend(found.into_iter().map(|f| f.labels));
         }
         if out.len() > limit {
             truncated = true;

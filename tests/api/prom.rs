@@ -470,6 +470,7 @@ async fn unsupported_promql_and_limits_are_clear_bad_data_errors() {
         ("temp", "&start=100&end=0&step=1", "before start"),
         ("temp", "&start=0&end=100&step=0", "positive"),
         ("temp", "&start=zero&end=100&step=1", "\"start\""),
+        ("avg_over_time(temp[1000y])", "", "query.max_range"),
     ] {
         let path = format!(
             "/prometheus/api/v1/query_range?query={}{}",
@@ -537,6 +538,52 @@ async fn metric_names_that_are_not_identifiers_are_reachable_by_name_matcher() {
         .expect("POST");
     let body: Value = r.json().await.expect("json");
     assert_eq!(body["data"]["result"][0]["value"][1], "2.5", "{body}");
+    app.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn too_many_series_is_a_clear_error_and_listings_say_when_they_are_cut() {
+    let mut s = test_settings();
+    s.ingest.max_age = Duration::from_secs(86_400);
+    s.query.max_series = 2;
+    let app = spawn_app_with(s).await;
+    let now = jiff::Timestamp::now().as_second();
+    let t = now - now.rem_euclid(60) - 120;
+    let body: Vec<Value> = ["d-1", "d-2", "d-3"]
+        .iter()
+        .map(|d| reading(d, "temp", t + 1, 1.0))
+        .collect();
+    let r = app.post_readings(&Value::Array(body)).await;
+    assert_eq!(r.status(), 200);
+    eventually(Duration::from_secs(30), "registered", || {
+        let get = app.get_json("/prometheus/api/v1/label/sensor/values");
+        async move { get.await["data"].as_array().is_some_and(|a| a.len() == 3) }
+    })
+    .await;
+    let r = app
+        .get(&format!(
+            "/prometheus/api/v1/query?query=temp&time={}",
+            t + 60
+        ))
+        .await;
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().await.expect("json");
+    assert_eq!(body["errorType"], "bad_data");
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("query.max_series")),
+        "{body}"
+    );
+    let body = app
+        .get_json("/prometheus/api/v1/query?query=temp%7Bsensor%21%3D%22d-3%22%7D&time=0")
+        .await;
+    assert_eq!(body["status"], "success", "two series are within the limit");
+    let body = app
+        .get_json("/prometheus/api/v1/series?match[]=temp&limit=2")
+        .await;
+    assert_eq!(body["data"].as_array().map(Vec::len), Some(2), "{body}");
+    assert_eq!(body["warnings"][0], "results truncated due to limit");
     app.stop().await.expect("stops");
 }
 

@@ -44,6 +44,8 @@ pub struct Context<'a, S> {
     pub batcher: &'a BatcherHandle,
     pub granularity: Granularity,
     pub max_series: usize,
+    /// How far back from its first step a query may read (`query.max_range`).
+    pub max_range_ms: i64,
     pub max_time: Duration,
     /// Whether the caller may read this sensor (a device token's patterns).
     pub may_access: &'a (dyn Fn(&str) -> bool + Sync),
@@ -81,7 +83,8 @@ pub fn matches(matchers: &[Matcher], labels: &LabelSet) -> bool {
 }
 
 /// The series `matchers` select, found through the registry with the
-/// equality matchers pushed down; at most `max` or an error naming the limit.
+/// equality matchers pushed down: at most `max + 1`, so the caller can tell
+/// when there are more than `max`.
 pub async fn select<S: BucketStore>(
     store: &S,
     matchers: &[Matcher],
@@ -131,11 +134,7 @@ pub async fn select<S: BucketStore>(
             found.len() > before
         })
         .await?;
-    if found.len() > max {
-        return Err(PromError::BadData(format!(
-            "the query selects more than {max} series (query.max_series); narrow its label matchers"
-        )));
-    }
+    found.truncate(max.saturating_add(1));
     Ok(found)
 }
 
@@ -146,18 +145,33 @@ pub async fn evaluate<S: BucketStore>(
     steps: Steps,
 ) -> Result<Outcome, PromError> {
     let (node, leaves) = compile(query)?;
+    let span = steps
+        .at(steps.n.saturating_sub(1))
+        .saturating_sub(steps.start_ms);
+    for leaf in &leaves {
+        let reach = span
+            .saturating_add(leaf.range_ms)
+            .saturating_add(leaf.offset_ms.saturating_abs());
+        if reach > ctx.max_range_ms {
+            return Err(PromError::BadData(format!(
+                "the query reaches further than query.max_range ({} s) with its range and offset",
+                ctx.max_range_ms / 1000
+            )));
+        }
+    }
     let mut documents = 0;
     let mut selected = 0;
     let mut data = Vec::with_capacity(leaves.len());
     for leaf in &leaves {
-        let found = select(
-            ctx.store,
-            &leaf.matchers,
-            ctx.max_series - selected.min(ctx.max_series),
-            ctx.may_access,
-        )
-        .await?;
+        let left = ctx.max_series.saturating_sub(selected);
+        let found = select(ctx.store, &leaf.matchers, left, ctx.may_access).await?;
         selected += found.len();
+        if selected > ctx.max_series {
+            return Err(PromError::BadData(format!(
+                "the query selects more than {} series (query.max_series); narrow its label matchers",
+                ctx.max_series
+            )));
+        }
         let (series, docs) = read_leaf(ctx, leaf, &found, &steps).await?;
         documents += docs;
         data.push(series);

@@ -19,7 +19,8 @@ impl Steps {
         let n = if end_ms < start_ms {
             0
         } else {
-            usize::try_from((end_ms - start_ms) / step_ms).map_or(usize::MAX, |k| k + 1)
+            usize::try_from((i128::from(end_ms) - i128::from(start_ms)) / i128::from(step_ms))
+                .map_or(usize::MAX, |k| k.saturating_add(1))
         };
         Self {
             start_ms,
@@ -29,7 +30,8 @@ impl Steps {
     }
 
     pub fn at(&self, k: usize) -> i64 {
-        self.start_ms + self.step_ms * k as i64
+        self.start_ms
+            .saturating_add(self.step_ms.saturating_mul(k as i64))
     }
 }
 
@@ -46,7 +48,7 @@ pub struct Windows {
 /// `s` with `s·1000 > t − range` and `s·1000 <= t`.
 pub fn seconds_of(t_ms: i64, range_ms: i64) -> (i64, i64) {
     (
-        (t_ms - range_ms).div_euclid(1000) + 1,
+        t_ms.saturating_sub(range_ms).div_euclid(1000) + 1,
         t_ms.div_euclid(1000) + 1,
     )
 }
@@ -55,7 +57,7 @@ impl Windows {
     /// The windows of `range_ms` ending at every step, moved back by `offset_ms`.
     pub fn new(steps: &Steps, range_ms: i64, offset_ms: i64) -> Self {
         let ends: Vec<(i64, i64)> = (0..steps.n)
-            .map(|k| seconds_of(steps.at(k) - offset_ms, range_ms))
+            .map(|k| seconds_of(steps.at(k).saturating_sub(offset_ms), range_ms))
             .collect();
         let mut bounds: Vec<i64> = ends.iter().flat_map(|&(a, b)| [a, b]).collect();
         bounds.sort_unstable();
