@@ -82,17 +82,26 @@ enum Cmd {
         /// Sensors of the fleet the group queries cover (`lt-000*`: at most 100).
         #[arg(long, default_value_t = 100)]
         fleet_sensors: u32,
+        /// Seconds between readings of the long series.
+        #[arg(long, default_value_t = 60)]
+        interval: u32,
     },
     /// The same PromQL against Hourglass, Prometheus and VictoriaMetrics on the same samples.
     Promql {
         #[arg(long, default_value_t = 100)]
         sensors: u32,
-        /// Days of data: one reading per 15 minutes, the last day one per minute.
+        /// Days of data: one reading per --sparse-interval, the last day one per --dense-interval.
         #[arg(long, default_value_t = 30)]
         days: u32,
         /// Times each query runs on each system.
         #[arg(long, default_value_t = 5)]
         repeats: usize,
+        /// Seconds between readings before the last day.
+        #[arg(long, default_value_t = 900)]
+        sparse_interval: u32,
+        /// Seconds between readings in the last day.
+        #[arg(long, default_value_t = 60)]
+        dense_interval: u32,
     },
     /// Compares the database with the dataset the generator knows.
     Verify {
@@ -239,15 +248,28 @@ async fn main() -> anyhow::Result<()> {
             days,
             repeats,
             fleet_sensors,
+            interval,
         } => (
             "ranges",
-            ranges::run(&ctx, days, repeats, fleet_sensors).await?,
+            ranges::run(&ctx, days, repeats, fleet_sensors, interval).await?,
         ),
         Cmd::Promql {
             sensors,
             days,
             repeats,
-        } => ("promql", promql::run(&ctx, sensors, days, repeats).await?),
+            sparse_interval,
+            dense_interval,
+        } => (
+            "promql",
+            promql::run(
+                &ctx,
+                sensors,
+                days,
+                repeats,
+                (sparse_interval, dense_interval),
+            )
+            .await?,
+        ),
         Cmd::Verify {
             data,
             start,

@@ -4,8 +4,8 @@
 //! Reports latency (and Hourglass' documents read), and checks Hourglass'
 //! answers against Prometheus'.
 //!
-//! The data: `--days − 1` days at one reading per 15 minutes, then one day
-//! at one per minute (the 24-hour queries read minute data).
+//! The data: `--days − 1` days at one reading per `--sparse-interval`
+//! (15 minutes), then one day at one per `--dense-interval` (a minute).
 
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
@@ -126,7 +126,9 @@ pub async fn run(
     sensors: u32,
     days: u32,
     repeats: usize,
+    intervals: (u32, u32),
 ) -> anyhow::Result<(Report, bool)> {
+    let (sparse_interval, dense_interval) = intervals;
     let days = days.max(2);
     let now = time::OffsetDateTime::now_utc().unix_timestamp();
     let end = now - now.rem_euclid(3600) - 3600;
@@ -136,7 +138,7 @@ pub async fn run(
             sensors,
             metrics: 1,
             seconds: (days - 1) * 86_400,
-            interval: 900,
+            interval: sparse_interval,
             seed: 11,
         },
         minute_start - i64::from(days - 1) * 86_400,
@@ -146,7 +148,7 @@ pub async fn run(
             sensors,
             metrics: 1,
             seconds: 86_400,
-            interval: 60,
+            interval: dense_interval,
             seed: 12,
         },
         minute_start,

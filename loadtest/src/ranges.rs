@@ -40,6 +40,7 @@ pub async fn run(
     days: u32,
     repeats: usize,
     fleet_sensors: u32,
+    interval: u32,
 ) -> anyhow::Result<(Report, bool)> {
     let target = ctx
         .target_with(
@@ -80,7 +81,7 @@ pub async fn run(
             sensors: 1,
             metrics: 1,
             seconds: days * 86_400,
-            interval: 60,
+            interval,
             seed: 7,
         },
         3600,
@@ -94,7 +95,7 @@ pub async fn run(
     let end = long.end() - 7;
     let mut s = Section::new(
         &format!(
-            "Query cost by range: one series of minute data over {days} days (written in {backfill_s:.0} s)"
+            "Query cost by range: one series, a reading every {interval} s over {days} days (written in {backfill_s:.0} s)"
         ),
         &["query", "n", "p50 ms", "p99 ms", "documents read", "exact"],
     );
