@@ -10,7 +10,7 @@ use futures_util::stream::FuturesUnordered;
 use super::plan::Role;
 use super::{Grid, Plan};
 use crate::batcher::driver::BatcherHandle;
-use crate::domain::{Agg, BucketRead, Granularity, Level, Starts, Values};
+use crate::domain::{Agg, BucketRead, Granularity};
 use crate::store::{BucketStore, Fetch, StoreError};
 
 /// One sensor of a query and the group it adds to.
@@ -144,86 +144,6 @@ fn overlay(stored: Option<&BucketRead>, newer: &[(u16, f64)]) -> Vec<(u16, f64)>
     values.extend_from_slice(newer);
     values.sort_by_key(|&(o, _)| o);
     values
-}
-
-/// Bucket starts listed rather than read as one range above this many.
-const MAX_LISTED_STARTS: usize = 10_000;
-
-/// The newest reading in each cell of `windows` (stored, or not yet: those
-/// win per second), for `last_over_time` and bare selectors. Reads only the
-/// buckets the windows touch, as a list when they are sparse.
-pub async fn newest_per_cell<S: BucketStore>(
-    store: &S,
-    batcher: &BatcherHandle,
-    q: Question<'_>,
-    grid: &Grid,
-    sensor: &str,
-    windows: &crate::query::promql::Windows,
-) -> Result<(Vec<Option<(i64, f64)>>, u64), StoreError> {
-    let len = q.granularity.seconds();
-    let mut cells: Vec<Option<(i64, f64)>> = vec![None; grid.points()];
-    let mut keep = |ts: i64, v: f64| {
-        if ts >= q.from
-            && ts < q.to
-            && let Some(p) = grid.point(ts)
-            && cells[p].is_none_or(|(t, _)| t <= ts)
-        {
-            cells[p] = Some((ts, v));
-        }
-    };
-    let unstored = batcher.unstored_values(sensor, q.metric, q.from, q.to);
-    // The buckets the windows touch (windows come sorted by start).
-    let mut starts: Vec<i64> = Vec::new();
-    for &(a, b) in &windows.spans {
-        if a >= b {
-            continue;
-        }
-        let (from, to) = (windows.bounds[a], windows.bounds[b]);
-        let mut s = from - from.rem_euclid(len);
-        if let Some(&last) = starts.last() {
-            s = s.max(last + len);
-        }
-        while s < to && starts.len() <= MAX_LISTED_STARTS {
-            starts.push(s);
-            s += len;
-        }
-    }
-    let first = q.from - q.from.rem_euclid(len);
-    let all = (q.to - first + len - 1) / len;
-    let which = if starts.len() > MAX_LISTED_STARTS || starts.len() as i64 * 2 > all {
-        Starts::Range(first, q.to)
-    } else {
-        Starts::Only(starts)
-    };
-    let fetch = Fetch {
-        sensor,
-        metric: q.metric,
-        level: Level::Buckets,
-        starts: which,
-        slots: false,
-        values: Values::All,
-        max_time: q.max_time,
-    };
-    let documents = store
-        .fetch(fetch, |b| {
-            let newer = unstored
-                .iter()
-                .find(|(s, _)| *s == b.start)
-                .map(|(_, v)| v.as_slice())
-                .unwrap_or_default();
-            for &(o, v) in &b.values {
-                if newer.binary_search_by_key(&o, |&(n, _)| n).is_err() {
-                    keep(b.start + i64::from(o), v);
-                }
-            }
-        })
-        .await?;
-    for (start, values) in &unstored {
-        for &(o, v) in values {
-            keep(start + i64::from(o), v);
-        }
-    }
-    Ok((cells, documents))
 }
 
 /// The newest reading of a series: the newest stored one, or a newer one

@@ -23,8 +23,8 @@ pub use window::{Steps, Windows};
 use super::engine::{self, Question};
 use super::{Grid, Series as Member};
 use crate::batcher::driver::BatcherHandle;
-use crate::domain::{Agg, Granularity};
-use crate::store::{BucketStore, SensorInfo, SensorQuery, StoreError};
+use crate::domain::{Agg, Granularity, Level, Starts, Values};
+use crate::store::{BucketStore, Fetch, SensorInfo, SensorQuery, StoreError};
 
 /// Prometheus' error classes.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -212,8 +212,7 @@ async fn read_leaf<S: BucketStore>(
         for f in found {
             let q = question(ctx, &f.metric, from, to);
             let (cells, docs) =
-                engine::newest_per_cell(ctx.store, ctx.batcher, q, &grid, &f.sensor, &windows)
-                    .await?;
+                newest_per_cell(ctx.store, ctx.batcher, q, &grid, &f.sensor, &windows).await?;
             documents += docs;
             let values = windows
                 .last(&cells)
@@ -265,6 +264,86 @@ async fn read_leaf<S: BucketStore>(
         }
     }
     Ok((out, documents))
+}
+
+/// Bucket starts listed rather than read as one range above this many.
+const MAX_LISTED_STARTS: usize = 10_000;
+
+/// The newest reading in each cell of `windows` (stored, or not yet: those
+/// win per second), for `last_over_time` and bare selectors. Reads only the
+/// buckets the windows touch, as a list when they are sparse.
+async fn newest_per_cell<S: BucketStore>(
+    store: &S,
+    batcher: &BatcherHandle,
+    q: Question<'_>,
+    grid: &Grid,
+    sensor: &str,
+    windows: &Windows,
+) -> Result<(Vec<Option<(i64, f64)>>, u64), StoreError> {
+    let len = q.granularity.seconds();
+    let mut cells: Vec<Option<(i64, f64)>> = vec![None; grid.points()];
+    let mut keep = |ts: i64, v: f64| {
+        if ts >= q.from
+            && ts < q.to
+            && let Some(p) = grid.point(ts)
+            && cells[p].is_none_or(|(t, _)| t <= ts)
+        {
+            cells[p] = Some((ts, v));
+        }
+    };
+    let unstored = batcher.unstored_values(sensor, q.metric, q.from, q.to);
+    // The buckets the windows touch (windows come sorted by start).
+    let mut starts: Vec<i64> = Vec::new();
+    for &(a, b) in &windows.spans {
+        if a >= b {
+            continue;
+        }
+        let (from, to) = (windows.bounds[a], windows.bounds[b]);
+        let mut s = from - from.rem_euclid(len);
+        if let Some(&last) = starts.last() {
+            s = s.max(last + len);
+        }
+        while s < to && starts.len() <= MAX_LISTED_STARTS {
+            starts.push(s);
+            s += len;
+        }
+    }
+    let first = q.from - q.from.rem_euclid(len);
+    let all = (q.to - first + len - 1) / len;
+    let which = if starts.len() > MAX_LISTED_STARTS || starts.len() as i64 * 2 > all {
+        Starts::Range(first, q.to)
+    } else {
+        Starts::Only(starts)
+    };
+    let fetch = Fetch {
+        sensor,
+        metric: q.metric,
+        level: Level::Buckets,
+        starts: which,
+        slots: false,
+        values: Values::All,
+        max_time: q.max_time,
+    };
+    let documents = store
+        .fetch(fetch, |b| {
+            let newer = unstored
+                .iter()
+                .find(|(s, _)| *s == b.start)
+                .map(|(_, v)| v.as_slice())
+                .unwrap_or_default();
+            for &(o, v) in &b.values {
+                if newer.binary_search_by_key(&o, |&(n, _)| n).is_err() {
+                    keep(b.start + i64::from(o), v);
+                }
+            }
+        })
+        .await?;
+    for (start, values) in &unstored {
+        for &(o, v) in values {
+            keep(start + i64::from(o), v);
+        }
+    }
+    Ok((cells, documents))
 }
 
 fn question<'a, S>(ctx: &Context<'_, S>, metric: &'a str, from: i64, to: i64) -> Question<'a> {
