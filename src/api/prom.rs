@@ -24,7 +24,7 @@ use tracing::error;
 use super::AppState;
 use super::query::{Admitted, admit};
 use crate::auth::Principal;
-use crate::query::promql::{self, Context, LabelSet, NAME, PromError, Steps, Value, format_value};
+use crate::query::promql::{self, Context, LabelSet, PromError, Steps, Value, format_value};
 use crate::store::{BucketStore, SensorQuery, StoreError};
 
 /// The routes, relative to the data source URL `…/prometheus`.
@@ -501,7 +501,8 @@ async fn listed<S: BucketStore>(
         if sets.is_empty() {
             state
                 .store
-                .sensors(SensorQuery::default(), usize::MAX, |info| {
+                // Keeping a sensor ends the scan: only once the limit is hit.
+                .sensors(SensorQuery::default(), 1, |info| {
                     if !may_access(&info.sensor) {
                         return false;
                     }
@@ -510,14 +511,7 @@ async fn listed<S: BucketStore>(
                             truncated = true;
                             return true;
                         }
-                        let mut l: LabelSet = info
-                            .labels
-                            .iter()
-                            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                            .collect();
-                        l.insert(NAME.into(), m.clone());
-                        l.insert("sensor".into(), info.sensor.clone());
-                        out.insert(l);
+                        out.insert(promql::labels_of(info, m));
                     }
                     false
                 })
@@ -570,10 +564,11 @@ pub async fn labels<S: BucketStore>(
         .iter()
         .flat_map(|l| l.keys().map(String::as_str))
         .collect();
+    let cut = truncated || names.len() > limit;
     let names: Vec<&str> = names.into_iter().take(limit).collect();
     Ok(with_warning(
         serde_json::Value::from(names).to_string(),
-        truncated,
+        cut,
     ))
 }
 
@@ -591,10 +586,11 @@ pub async fn label_values<S: BucketStore>(
         .iter()
         .filter_map(|l| l.get(&name).map(String::as_str))
         .collect();
+    let cut = truncated || values.len() > limit;
     let values: Vec<&str> = values.into_iter().take(limit).collect();
     Ok(with_warning(
         serde_json::Value::from(values).to_string(),
-        truncated,
+        cut,
     ))
 }
 

@@ -584,6 +584,13 @@ async fn too_many_series_is_a_clear_error_and_listings_say_when_they_are_cut() {
         .await;
     assert_eq!(body["data"].as_array().map(Vec::len), Some(2), "{body}");
     assert_eq!(body["warnings"][0], "results truncated due to limit");
+    let body = app
+        .get_json("/prometheus/api/v1/label/sensor/values?limit=2")
+        .await;
+    assert_eq!(body["data"], json!(["d-1", "d-2"]), "{body}");
+    assert_eq!(body["warnings"][0], "results truncated due to limit");
+    let body = app.get_json("/prometheus/api/v1/label/sensor/values").await;
+    assert!(body.get("warnings").is_none(), "{body}");
     app.stop().await.expect("stops");
 }
 

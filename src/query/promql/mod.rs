@@ -64,7 +64,8 @@ pub struct Found {
     pub labels: LabelSet,
 }
 
-fn labels_of(info: &SensorInfo, metric: &str) -> LabelSet {
+/// A series' labels: the sensor's, its id as `sensor`, the metric as `__name__`.
+pub fn labels_of(info: &SensorInfo, metric: &str) -> LabelSet {
     let mut l: LabelSet = info
         .labels
         .iter()
