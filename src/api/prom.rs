@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use promql_parser::label::Matcher;
 use promql_parser::parser::Expr;
-use tracing::error;
+use tracing::warn;
 
 use super::AppState;
 use super::query::{Admitted, admit};
@@ -113,7 +113,7 @@ impl From<PromError> for Failure {
                     }
                     _ => {}
                 }
-                error!(error = %e, "A PromQL query could not read its documents.");
+                warn!(error = %e, "A PromQL query could not read its documents.");
                 Self {
                     status: StatusCode::UNPROCESSABLE_ENTITY,
                     kind: "execution",

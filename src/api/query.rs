@@ -13,7 +13,7 @@ use serde::Serialize;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 use tokio::time::Instant;
-use tracing::error;
+use tracing::warn;
 use wildmatch::WildMatch;
 
 use super::params::Params;
@@ -293,7 +293,7 @@ fn series_grid<S>(
 }
 
 fn store_error(e: StoreError) -> ApiError {
-    error!(error = %e, "A query could not read its documents.");
+    warn!(error = %e, "A query could not read its documents.");
     match e {
         StoreError::Outage(_) => ApiError::unavailable("storage is unavailable; retry later"),
         StoreError::Poison(m) if m.contains("MaxTimeMSExpired") || m.contains("code 50") => {
@@ -433,7 +433,7 @@ fn csv_response(rows: impl FnOnce(&mut csv::Writer<Vec<u8>>) -> csv::Result<()>)
     match rows(&mut w).and_then(|()| w.into_inner().map_err(|e| e.into_error().into())) {
         Ok(body) => ([(header::CONTENT_TYPE, "text/csv; charset=utf-8")], body).into_response(),
         Err(e) => {
-            error!(error = %e, "A CSV answer could not be written.");
+            warn!(error = %e, "A CSV answer could not be written.");
             ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the query failed").into_response()
         }
     }
