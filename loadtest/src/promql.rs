@@ -69,6 +69,17 @@ fn encode(s: &str) -> String {
     url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }
 
+/// [`timed`], with a failure reported as a missing figure rather than ending the run.
+async fn timed_or_nan(client: &reqwest::Client, url: &str, n: usize) -> (f64, serde_json::Value) {
+    match timed(client, url, n).await {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("A query failed: {e:#}");
+            (f64::NAN, serde_json::Value::Null)
+        }
+    }
+}
+
 /// Median latency (ms) of `n` runs of one range query, and its last answer.
 async fn timed(
     client: &reqwest::Client,
@@ -172,6 +183,8 @@ pub async fn run(
                 // the same readings again.
                 ("HOURGLASS__HTTP__REQUEST_TIMEOUT".into(), "600s".into()),
                 ("HOURGLASS__HTTP__WRITE_TIMEOUT".into(), "590s".into()),
+                // The figure is the latency, however long it is on the stand-in.
+                ("HOURGLASS__QUERY__TIMEOUT".into(), "300s".into()),
             ],
         )
         .await?;
@@ -255,12 +268,12 @@ pub async fn run(
             .get(DOCS_SUM)
             .copied()
             .unwrap_or(0.0);
-        let (h_ms, h) = timed(
+        let (h_ms, h) = timed_or_nan(
             &client,
             &format!("{}/prometheus/api/v1/query_range?{}", target.url, args(hq)),
             repeats,
         )
-        .await?;
+        .await;
         let after = scrape(&target.url)
             .await?
             .get(DOCS_SUM)
@@ -273,12 +286,12 @@ pub async fn run(
             repeats,
         )
         .await?;
-        let (v_ms, _) = timed(
+        let (v_ms, _) = timed_or_nan(
             &client,
             &format!("{}/api/v1/query_range?{}", vm.url, args(pq)),
             repeats,
         )
-        .await?;
+        .await;
         let same = agree(&h, &p);
         if !same && std::env::var_os("LOADTEST_DEBUG").is_some() {
             eprintln!("{name}\nHourglass: {h}\nPrometheus: {p}");

@@ -59,6 +59,8 @@ pub async fn run(
                 // the same readings again.
                 ("HOURGLASS__HTTP__REQUEST_TIMEOUT".into(), "600s".into()),
                 ("HOURGLASS__HTTP__WRITE_TIMEOUT".into(), "590s".into()),
+                // The figure is the latency, however long it is on the stand-in.
+                ("HOURGLASS__QUERY__TIMEOUT".into(), "300s".into()),
             ],
         )
         .await?;
