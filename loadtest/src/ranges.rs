@@ -65,8 +65,8 @@ pub async fn run(
         )
         .await?;
     // The fleet for group queries goes first: its sensor 0 is the long
-    // series' sensor, whose last hours the long series then overwrites, so
-    // the long series' truth stays the dataset's.
+    // series' sensor, whose last hours the long series then overwrites
+    // where both have a reading (the truth below does the same).
     let fleet = Dataset::recent(
         DatasetArgs {
             sensors: fleet_sensors + 1,
@@ -92,6 +92,12 @@ pub async fn run(
     crate::backfill::send_all(ctx, &target, &long, 5000, 2).await?;
     let backfill_s = started.elapsed().as_secs_f64();
 
+    let truth: std::collections::BTreeMap<i64, f64> = fleet
+        .rows()
+        .filter(|r| r.0 == 0)
+        .chain(long.rows())
+        .map(|(_, _, ts, v)| (ts, v))
+        .collect();
     let sensor = Dataset::sensor(0);
     let metric = Dataset::metric(0);
     let end = long.end() - 7;
@@ -112,13 +118,12 @@ pub async fn run(
             rfc3339(end)
         );
         let (ms, docs, got) = measure(&target.url, &path, repeats).await?;
-        // The dataset's truth (values are multiples of 1/8: sums are exact).
+        // The truth (values are multiples of 1/8: sums are exact): the
+        // long series over the fleet's sensor 0 where both have a second.
         let (mut want_count, mut want_sum) = (0u64, 0.0);
-        for (_, _, ts, v) in long.rows() {
-            if ts >= from && ts < end {
-                want_count += 1;
-                want_sum += v;
-            }
+        for (_, v) in truth.range(from..end) {
+            want_count += 1;
+            want_sum += v;
         }
         let exact =
             got["count"].as_u64() == Some(want_count) && got["sum"].as_f64() == Some(want_sum);
