@@ -156,3 +156,21 @@ impl Ctx {
         bar
     }
 }
+
+/// Settings for a service loaded with long history on the stand-in server:
+/// readings up to `max_age_days` old, and room for slow flushes and queries.
+pub fn long_running(max_age_days: u32) -> Vec<(String, String)> {
+    vec![
+        (
+            "HOURGLASS__INGEST__MAX_AGE".into(),
+            format!("{max_age_days}d"),
+        ),
+        // Acknowledgements wait for storage (the journal is off), and the
+        // stand-in takes tens of seconds per flush here: a request must
+        // outlive its flush, or every retry writes the same readings again.
+        ("HOURGLASS__HTTP__REQUEST_TIMEOUT".into(), "600s".into()),
+        ("HOURGLASS__HTTP__WRITE_TIMEOUT".into(), "590s".into()),
+        // The figure is the latency, however long it is on the stand-in.
+        ("HOURGLASS__QUERY__TIMEOUT".into(), "300s".into()),
+    ]
+}

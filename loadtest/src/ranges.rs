@@ -48,20 +48,7 @@ pub async fn run(
             "minute",
             false,
             false,
-            vec![
-                (
-                    "HOURGLASS__INGEST__MAX_AGE".into(),
-                    format!("{}d", days + 2),
-                ),
-                // Acknowledgements wait for storage (the journal is off), and
-                // the stand-in server takes tens of seconds per flush here:
-                // a request must outlive its flush, or every retry writes
-                // the same readings again.
-                ("HOURGLASS__HTTP__REQUEST_TIMEOUT".into(), "600s".into()),
-                ("HOURGLASS__HTTP__WRITE_TIMEOUT".into(), "590s".into()),
-                // The figure is the latency, however long it is on the stand-in.
-                ("HOURGLASS__QUERY__TIMEOUT".into(), "300s".into()),
-            ],
+            crate::ctx::long_running(days + 2),
         )
         .await?;
     // The fleet for group queries goes first: its sensor 0 is the long

@@ -550,6 +550,25 @@ fn listing_limit<S>(state: &AppState<S>) -> usize {
     state.settings.query.max_listed
 }
 
+/// A sorted list of names from every listed series, at most `limit=`.
+async fn names_of<S: BucketStore>(
+    state: &AppState<S>,
+    principal: &Principal,
+    form: &Form,
+    pick: impl Fn(&LabelSet) -> Vec<&str>,
+) -> Result<Response, Failure> {
+    check_times(form)?;
+    let limit = limit_of(form, listing_limit(state))?;
+    let (sets, truncated) = listed(state, principal, form, listing_limit(state)).await?;
+    let names: BTreeSet<&str> = sets.iter().flat_map(&pick).collect();
+    let cut = truncated || names.len() > limit;
+    let names: Vec<&str> = names.into_iter().take(limit).collect();
+    Ok(with_warning(
+        serde_json::Value::from(names).to_string(),
+        cut,
+    ))
+}
+
 pub async fn labels<S: BucketStore>(
     State(state): State<AppState<S>>,
     Extension(principal): Extension<Principal>,
@@ -557,19 +576,10 @@ pub async fn labels<S: BucketStore>(
     body: Bytes,
 ) -> Result<Response, Failure> {
     let form = Form::new(raw.as_deref(), &body);
-    check_times(&form)?;
-    let limit = limit_of(&form, listing_limit(&state))?;
-    let (sets, truncated) = listed(&state, &principal, &form, listing_limit(&state)).await?;
-    let names: BTreeSet<&str> = sets
-        .iter()
-        .flat_map(|l| l.keys().map(String::as_str))
-        .collect();
-    let cut = truncated || names.len() > limit;
-    let names: Vec<&str> = names.into_iter().take(limit).collect();
-    Ok(with_warning(
-        serde_json::Value::from(names).to_string(),
-        cut,
-    ))
+    names_of(&state, &principal, &form, |l| {
+        l.keys().map(String::as_str).collect()
+    })
+    .await
 }
 
 pub async fn label_values<S: BucketStore>(
@@ -579,19 +589,10 @@ pub async fn label_values<S: BucketStore>(
     RawQuery(raw): RawQuery,
 ) -> Result<Response, Failure> {
     let form = Form::new(raw.as_deref(), &[]);
-    check_times(&form)?;
-    let limit = limit_of(&form, listing_limit(&state))?;
-    let (sets, truncated) = listed(&state, &principal, &form, listing_limit(&state)).await?;
-    let values: BTreeSet<&str> = sets
-        .iter()
-        .filter_map(|l| l.get(&name).map(String::as_str))
-        .collect();
-    let cut = truncated || values.len() > limit;
-    let values: Vec<&str> = values.into_iter().take(limit).collect();
-    Ok(with_warning(
-        serde_json::Value::from(values).to_string(),
-        cut,
-    ))
+    names_of(&state, &principal, &form, |l| {
+        l.get(&name).map(String::as_str).into_iter().collect()
+    })
+    .await
 }
 
 pub async fn series<S: BucketStore>(
