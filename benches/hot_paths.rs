@@ -3,11 +3,12 @@
 
 use std::hint::black_box;
 
+use bumpalo::Bump;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use hourglass::Granularity;
 use hourglass::pure::{
-    Batcher, BatcherLimits, BucketUpdate, DecodeContext, Hold, TimeWindow, decode_readings,
-    journal_decode, journal_encode, update_statement,
+    Batcher, BatcherLimits, BucketUpdate, DecodeContext, Hold, Precision, TimeWindow,
+    decode_line_protocol, decode_readings, journal_decode, journal_encode, update_statement,
 };
 use tokio::time::{Duration, Instant};
 
@@ -29,6 +30,23 @@ fn body() -> Vec<u8> {
         }
     }
     format!("[{}]", items.join(",")).into_bytes()
+}
+
+/// The same 10 000 readings as line protocol: one line per sensor and
+/// second with both metrics as fields (Telegraf's shape), nanoseconds.
+fn line_protocol_body() -> Vec<u8> {
+    let mut out = String::new();
+    for second in 0..50 {
+        for sensor in 0..100 {
+            let ts = (NOW - 3600 + second) * 1_000_000_000;
+            let v = (sensor * 7 + second) % 113;
+            out.push_str(&format!(
+                "truck,sensor=truck-{sensor:04},site=s{} m0={v}.5,m1={v}.5 {ts}\n",
+                sensor % 4
+            ));
+        }
+    }
+    out.into_bytes()
 }
 
 fn ctx() -> DecodeContext {
@@ -73,6 +91,25 @@ fn benches(c: &mut Criterion) {
 
     group.bench_function("decode_10k_readings", |b| {
         b.iter(|| decode_readings(black_box(&body), &ctx()).expect("valid"))
+    });
+
+    // Line protocol: parse, map onto sensors, metrics and labels, validate.
+    let lines = line_protocol_body();
+    let tags = ["sensor".to_owned()];
+    group.bench_function("decode_10k_line_protocol", |b| {
+        b.iter(|| {
+            let arena = Bump::new();
+            let d = decode_line_protocol(
+                black_box(&lines),
+                Precision::Nanoseconds,
+                &ctx(),
+                &tags,
+                &arena,
+            )
+            .expect("in bounds");
+            assert_eq!(d.readings.len(), READINGS);
+            d.readings.len()
+        })
     });
 
     // What a journaled write adds to the request path: framing with its

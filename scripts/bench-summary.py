@@ -14,4 +14,7 @@ if not rows:
     sys.exit("no criterion results under " + str(root))
 print(f"{'benchmark':<34} {'ms / 10k':>10} {'ns / reading':>13} {'M readings/s':>13}")
 for name, ms, per, mps in rows:
-    print(f"{name:<34} {ms:>10.3f} {per:>13.1f} {mps:>13.2f}")
+    if per is None:
+        print(f"{name:<34} {ms:>10.3f} {'-':>13} {'-':>13}")
+    else:
+        print(f"{name:<34} {ms:>10.3f} {per:>13.1f} {mps:>13.2f}")

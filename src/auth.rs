@@ -190,8 +190,18 @@ impl Authenticator {
         authorization: Option<&HeaderValue>,
         scope: Scope,
     ) -> Result<Principal, AuthError> {
+        self.authenticate_token(authorization.and_then(presented_token).as_deref(), scope)
+    }
+
+    /// Who presents `token` (from wherever the request carried it), if they
+    /// may use a route needing `scope`.
+    pub fn authenticate_token(
+        self: &Arc<Self>,
+        token: Option<&str>,
+        scope: Scope,
+    ) -> Result<Principal, AuthError> {
         let token = if self.enabled {
-            Some(self.identify(authorization).ok_or(AuthError::NoToken)?)
+            Some(self.identify(token).ok_or(AuthError::NoToken)?)
         } else {
             None
         };
@@ -208,14 +218,9 @@ impl Authenticator {
         Ok(principal)
     }
 
-    /// The token index matching `Authorization: Bearer <token>`, if any.
-    fn identify(&self, authorization: Option<&HeaderValue>) -> Option<usize> {
-        let value = authorization?.to_str().ok()?;
-        let (scheme, token) = value.split_once(' ')?;
-        if !scheme.eq_ignore_ascii_case("bearer") {
-            return None;
-        }
-        let presented: [u8; 32] = Sha256::digest(token.trim().as_bytes()).into();
+    /// The index of the token matching `token`, if any.
+    fn identify(&self, token: Option<&str>) -> Option<usize> {
+        let presented: [u8; 32] = Sha256::digest(token?.trim().as_bytes()).into();
         // Compare against every token, without stopping at a match, so the
         // time taken says nothing about which hash matched or how closely.
         let mut found = None;
@@ -226,6 +231,28 @@ impl Authenticator {
         }
         found
     }
+}
+
+/// The token of an `Authorization` header: `Bearer <token>`, `Token <token>`
+/// (InfluxDB's clients), or `Basic` with the token as the password (any user
+/// name: InfluxDB 1.x clients and Telegraf's username/password settings).
+pub fn presented_token(authorization: &HeaderValue) -> Option<String> {
+    use base64::Engine as _;
+    let value = authorization.to_str().ok()?;
+    let (scheme, rest) = value.split_once(' ')?;
+    if scheme.eq_ignore_ascii_case("bearer") || scheme.eq_ignore_ascii_case("token") {
+        return Some(rest.trim().to_owned());
+    }
+    if scheme.eq_ignore_ascii_case("basic") {
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(rest.trim())
+            .ok()?;
+        let decoded = String::from_utf8(decoded).ok()?;
+        return decoded
+            .split_once(':')
+            .map(|(_, password)| password.to_owned());
+    }
+    None
 }
 
 #[cfg(test)]
@@ -254,10 +281,11 @@ mod tests {
 
     fn principal(auth: &Arc<Authenticator>, header: &str) -> Option<Principal> {
         let value = HeaderValue::from_str(header).ok()?;
-        auth.identify(Some(&value)).map(|token| Principal {
-            auth: auth.clone(),
-            token: Some(token),
-        })
+        auth.identify(presented_token(&value).as_deref())
+            .map(|token| Principal {
+                auth: auth.clone(),
+                token: Some(token),
+            })
     }
 
     #[test]
@@ -281,6 +309,38 @@ mod tests {
             assert!(principal(&auth, bad).is_none(), "{bad:?}");
         }
         assert!(auth.identify(None).is_none());
+    }
+
+    #[test]
+    fn influx_clients_present_tokens_as_token_or_basic_password() {
+        use base64::Engine as _;
+        let auth = Arc::new(settings().build().expect("valid"));
+        let basic = |s: &str| {
+            format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(s)
+            )
+        };
+        for good in [
+            "Token q-secret",
+            "token  q-secret ",
+            &basic("telegraf:q-secret"),
+            &basic(":q-secret"),
+        ] {
+            assert_eq!(
+                principal(&auth, good).map(|p| p.name().to_owned()),
+                Some("dashboard".into()),
+                "{good:?}"
+            );
+        }
+        for bad in [
+            basic("q-secret"),
+            basic("q-secret:x"),
+            "Basic !!".into(),
+            "Digest q-secret".into(),
+        ] {
+            assert!(principal(&auth, &bad).is_none(), "{bad:?}");
+        }
     }
 
     #[test]

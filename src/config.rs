@@ -33,6 +33,7 @@ pub struct Settings {
     pub buckets: store::BucketSettings,
     pub mongodb: store::mongo::Settings,
     pub query: query::Settings,
+    pub line_protocol: ingest::line_protocol::Settings,
     pub mqtt: ingest::mqtt::Settings,
     pub auth: auth::Settings,
     pub log: telemetry::Settings,
@@ -72,6 +73,7 @@ impl Settings {
         self.mongodb.validate()?;
         self.http.validate()?;
         self.ingest.validate()?;
+        self.line_protocol.validate()?;
         self.batcher.validate()?;
         self.journal.validate()?;
         self.query.validate()?;

@@ -27,10 +27,13 @@
 //!   (`store::errors`), and the MongoDB store with its dead-letter collection.
 //! - `query`: the pure planner over buckets.
 //! - `auth`: bearer tokens, scopes and per-device sensor patterns.
-//! - `ingest`: the shared decoder, and MQTT (connection, topics, processor,
-//!   and acknowledgements as a pure state machine).
+//! - `ingest`: the shared JSON decoder, InfluxDB line protocol (a parser
+//!   that borrows everything, the mapping onto sensors, metrics and labels,
+//!   and the background writer of labels), and MQTT (connection, topics,
+//!   processor, and acknowledgements as a pure state machine).
 //! - `api`: everything HTTP: routes, limits, auth middleware, the write and
-//!   query handlers, health and metrics.
+//!   query handlers (JSON, InfluxDB's write API, the Prometheus query API),
+//!   health and metrics.
 //! - `config`: assembles, loads and validates the settings tree.
 //! - `startup`: `Application` wires it all, serves, and shuts down in order.
 
@@ -72,6 +75,12 @@ pub mod pure {
         parse_timestamp_ms, parse_timestamp_str,
     };
     pub use crate::ingest::decode::{DecodeContext, decode_payload, decode_readings};
+    pub use crate::ingest::line_protocol::parse::{
+        FieldValue, Kind, Line, Lines, ParseError, Text, parse_line,
+    };
+    pub use crate::ingest::line_protocol::{
+        Decoded as LineProtocolDecoded, Precision, decode as decode_line_protocol,
+    };
     pub use crate::ingest::mqtt::parse_topic;
     pub use crate::journal::{decode_frame as journal_decode, encode_frame as journal_encode};
     pub use crate::query::{Calendar, Grid, Plan};

@@ -15,7 +15,8 @@ use crate::api::{self, AppState};
 use crate::auth::Authenticator;
 use crate::batcher::driver::{self, BatcherHandle};
 use crate::config::Settings;
-use crate::ingest::mqtt::{MqttIngest, MqttStats};
+use crate::ingest::line_protocol::LabelSync;
+use crate::ingest::mqtt::{LineProtocol, MqttIngest, MqttStats};
 use crate::journal::{Intake, Journal, JournalTask};
 use crate::shutdown::Shutdown;
 use crate::store::MongoStore;
@@ -167,10 +168,16 @@ impl Application {
             shutdown,
         } = self;
         let intake = Intake::new(batcher.clone(), journal.as_ref().map(|(j, _)| j.clone()));
+        let (labels, label_writer) = LabelSync::new();
+        tokio::spawn(label_writer.run(store.clone(), shutdown.clone()));
         let mqtt = if let Some(stats) = mqtt_stats.clone() {
             let mqtt = MqttIngest::start(
                 &settings.mqtt,
                 &settings.ingest,
+                LineProtocol {
+                    settings: settings.line_protocol.clone(),
+                    labels: labels.clone(),
+                },
                 intake.clone(),
                 stats,
                 metrics.clone(),
@@ -184,12 +191,14 @@ impl Application {
         };
 
         let state = AppState {
+            labels,
             store,
             batcher: batcher.clone(),
             intake,
             settings: Arc::new(api::Config {
                 http: settings.http.clone(),
                 ingest: settings.ingest.clone(),
+                line_protocol: settings.line_protocol.clone(),
                 query: settings.query.clone(),
                 granularity: settings.buckets.granularity,
                 max_buffered_readings: settings.batcher.max_buffered_readings,

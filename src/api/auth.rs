@@ -9,13 +9,15 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::ApiError;
-use crate::auth::{AuthError, Authenticator, Scope};
+use crate::auth::{AuthError, Authenticator, Scope, presented_token};
 
 /// Middleware state: the authenticator and the scope a route needs.
 #[derive(Clone)]
 pub struct Require {
     pub auth: Arc<Authenticator>,
     pub scope: Scope,
+    /// Also take the token from the query's `p` (InfluxDB 1.x's `u`/`p`).
+    pub query_password: bool,
 }
 
 impl From<AuthError> for ApiError {
@@ -31,9 +33,20 @@ impl From<AuthError> for ApiError {
 /// 401 without a valid token, 403 without the route's scope; otherwise the
 /// request goes on with its [`crate::auth::Principal`] in the extensions.
 pub async fn authorize(State(require): State<Require>, mut req: Request, next: Next) -> Response {
+    let mut token = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(presented_token);
+    if token.is_none() && require.query_password {
+        token = req.uri().query().and_then(|q| {
+            url::form_urlencoded::parse(q.as_bytes())
+                .find(|(k, _)| k == "p")
+                .map(|(_, v)| v.into_owned())
+        });
+    }
     match require
         .auth
-        .authenticate(req.headers().get(header::AUTHORIZATION), require.scope)
+        .authenticate_token(token.as_deref(), require.scope)
     {
         Ok(principal) => {
             req.extensions_mut().insert(principal);

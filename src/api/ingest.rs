@@ -11,7 +11,7 @@ use tracing::warn;
 
 use super::{ApiError, AppState};
 use crate::auth::Principal;
-use crate::domain::{BucketKey, Granularity};
+use crate::domain::{BucketKey, Granularity, Reading};
 use crate::ingest::decode::{DecodeContext, DecodeError, Detail, decode_readings};
 use crate::journal::{IntakeError, NotSafe, Wait};
 use crate::store::BucketStore;
@@ -141,6 +141,39 @@ pub async fn post_readings<S: BucketStore>(
         };
         return Ok((status, Json(Accepted { accepted })));
     }
+    match submit(&state, readings, wait).await? {
+        Outcome::Queued => Ok((StatusCode::ACCEPTED, Json(Accepted { accepted }))),
+        Outcome::Safe => Ok((StatusCode::OK, Json(Accepted { accepted }))),
+        Outcome::DeadLettered(buckets) => Err(dead_lettered(
+            &body,
+            &ctx,
+            &buckets,
+            state.settings.granularity,
+        )),
+    }
+}
+
+/// What became of readings handed to the intake.
+pub(super) enum Outcome {
+    /// Queued, not waited for (`Wait::Queued`).
+    Queued,
+    /// Journaled, or stored (as `wait` asked).
+    Safe,
+    /// Storage can never apply these buckets: their readings are in the
+    /// dead-letter collection, the others stored.
+    DeadLettered(Vec<BucketKey>),
+}
+
+/// Hands decoded readings to the intake and waits as `wait` says, within
+/// `http.write_timeout`. Every refusal is a 503: storage problems are never
+/// the client's fault.
+pub(super) async fn submit<S: BucketStore>(
+    state: &AppState<S>,
+    readings: Vec<Reading<'_>>,
+    wait: Wait,
+) -> Result<Outcome, ApiError> {
+    let metrics = &state.metrics;
+    let accepted = readings.len();
     let ack = state.intake.submit(readings, wait).inspect_err(|e| {
         let reason = match e {
             IntakeError::Closed => Rejection::ShuttingDown,
@@ -150,16 +183,11 @@ pub async fn post_readings<S: BucketStore>(
     })?;
     metrics.received(Source::Http, accepted);
     if wait == Wait::Queued {
-        return Ok((StatusCode::ACCEPTED, Json(Accepted { accepted })));
+        return Ok(Outcome::Queued);
     }
     match tokio::time::timeout(state.settings.http.write_timeout, ack.safe()).await {
-        Ok(Ok(())) => Ok((StatusCode::OK, Json(Accepted { accepted }))),
-        Ok(Err(NotSafe::DeadLettered(buckets))) => Err(dead_lettered(
-            &body,
-            &ctx,
-            &buckets,
-            state.settings.granularity,
-        )),
+        Ok(Ok(())) => Ok(Outcome::Safe),
+        Ok(Err(NotSafe::DeadLettered(buckets))) => Ok(Outcome::DeadLettered(buckets)),
         Ok(Err(NotSafe::Journal(_))) => Err(ApiError::unavailable(
             "the readings could not be written to the journal; nothing was stored; retry",
         )),

@@ -3,6 +3,7 @@
 
 mod auth;
 pub mod health;
+mod influx;
 mod ingest;
 pub mod openapi;
 mod params;
@@ -27,6 +28,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 use tower::ServiceBuilder;
 use tower::limit::GlobalConcurrencyLimitLayer;
+use tower_http::decompression::RequestDecompressionLayer;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 use tracing::Span;
@@ -36,6 +38,7 @@ use crate::auth::{Authenticator, Scope};
 use crate::batcher::driver::BatcherHandle;
 use crate::domain::Granularity;
 use crate::ingest::decode::Detail;
+use crate::ingest::line_protocol::LabelSync;
 use crate::ingest::mqtt::MqttStats;
 use crate::journal::Intake;
 use crate::store::BucketStore;
@@ -46,6 +49,7 @@ use crate::telemetry::metrics::Metrics;
 pub struct Config {
     pub http: Settings,
     pub ingest: crate::ingest::Settings,
+    pub line_protocol: crate::ingest::line_protocol::Settings,
     pub query: crate::query::Settings,
     pub granularity: Granularity,
     /// Readiness reports overload near this bound.
@@ -65,6 +69,8 @@ pub struct AppState<S> {
     pub auth: Arc<Authenticator>,
     /// Queries running at once (`query.max_concurrency`), apart from ingest.
     pub query_permits: Arc<tokio::sync::Semaphore>,
+    /// Line-protocol tags on their way to the sensor registry.
+    pub labels: Arc<LabelSync>,
 }
 
 impl<S> Clone for AppState<S> {
@@ -78,6 +84,7 @@ impl<S> Clone for AppState<S> {
             mqtt: self.mqtt.clone(),
             auth: self.auth.clone(),
             query_permits: self.query_permits.clone(),
+            labels: self.labels.clone(),
         }
     }
 }
@@ -102,15 +109,17 @@ pub fn router<S: BucketStore>(state: AppState<S>) -> Router {
             span.record("duration_ms", latency.as_secs_f64() * 1000.0);
             tracing::debug!("Answered an HTTP request.");
         });
-    let require = |scope| {
+    let require_from = |scope, query_password| {
         middleware::from_fn_with_state(
             Require {
                 auth: state.auth.clone(),
                 scope,
+                query_password,
             },
             authorize,
         )
     };
+    let require = |scope| require_from(scope, false);
     let ingest = Router::new()
         .route("/api/v1/readings", post(ingest::post_readings::<S>))
         .route(
@@ -118,6 +127,14 @@ pub fn router<S: BucketStore>(state: AppState<S>) -> Router {
             put(query::put_labels::<S>),
         )
         .route_layer(require(Scope::Ingest));
+    // InfluxDB's write API. Its 1.x clients may send the token as `p`; bodies
+    // may be gzipped, and the body limit counts decompressed bytes.
+    let influx = Router::new()
+        .route("/write", post(influx::write_v1::<S>))
+        .route("/api/v2/write", post(influx::write_v2::<S>))
+        .route("/query", get(influx::query).post(influx::query))
+        .layer(RequestDecompressionLayer::new())
+        .route_layer(require_from(Scope::Ingest, true));
     let queries = Router::new()
         .route("/api/v1/sensors", get(query::list_sensors::<S>))
         .route("/api/v1/sensors/{sensor}/average", get(query::average::<S>))
@@ -147,6 +164,7 @@ pub fn router<S: BucketStore>(state: AppState<S>) -> Router {
         ));
     let api = Router::new()
         .merge(ingest)
+        .merge(influx)
         .merge(queries)
         .layer(axum::extract::DefaultBodyLimit::max(http.max_body_bytes))
         .route_layer(limits);
@@ -156,6 +174,7 @@ pub fn router<S: BucketStore>(state: AppState<S>) -> Router {
     Router::new()
         .merge(api)
         .route("/api/v1/openapi.json", get(openapi::document))
+        .route("/ping", get(influx::ping))
         .route("/health/live", get(health::live))
         .route("/health/ready", get(health::ready::<S>))
         .route("/metrics", get(health::metrics::<S>))

@@ -32,7 +32,7 @@ pub fn valid_label_name(name: &str) -> bool {
         && b.iter().all(|&c| c.is_ascii_alphanumeric() || c == b'_')
 }
 
-fn valid_label_value(value: &str) -> bool {
+pub fn valid_label_value(value: &str) -> bool {
     !value.is_empty() && value.len() <= LABEL_VALUE_MAX_LEN && !value.chars().any(char::is_control)
 }
 

@@ -10,7 +10,7 @@ mod reading;
 
 pub use aggregate::Agg;
 pub use bucket::{BucketKey, BucketKeyRef, BucketUpdate, Granularity, SECOND_FIELDS, field_name};
-pub use labels::{Labels, valid_label_name};
+pub use labels::{InvalidLabels, Labels, MAX_LABELS, valid_label_name, valid_label_value};
 pub use read::{BucketRead, Level, Period, Starts, Values};
 pub use reading::{
     InvalidReading, METRIC_MAX_LEN, MetricName, Reading, SENSOR_MAX_LEN, SensorId, TimeWindow,

@@ -3,6 +3,7 @@
 //! validates its input with [`decode`], then hands whole messages to the batcher.
 
 pub mod decode;
+pub mod line_protocol;
 pub mod mqtt;
 mod settings;
 

@@ -81,6 +81,15 @@ pub trait BucketStore: Sink {
         labels: &Labels,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// Adds `labels` to a sensor's (registering it if unknown), keeping the
+    /// ones it has: unless the union would pass [`crate::domain::MAX_LABELS`],
+    /// then nothing changes. Answers whether the sensor now has them all.
+    fn merge_labels(
+        &self,
+        sensor: &str,
+        labels: &[(String, String)],
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
     /// The newest stored reading of a series, found from its newest bucket.
     fn latest(
         &self,

@@ -9,7 +9,7 @@ use mongodb::bson::{Bson, Document, doc};
 
 use super::StoreError;
 use super::document::start_date;
-use crate::domain::{BucketUpdate, Granularity, Labels};
+use crate::domain::{BucketUpdate, Granularity, Labels, MAX_LABELS};
 
 /// A registered sensor.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -91,6 +91,21 @@ pub fn read(d: &Document) -> Result<SensorInfo, StoreError> {
         labels,
         last_seen,
     })
+}
+
+/// The update adding `added` (label names are plain identifiers, so safe as
+/// keys) to a sensor's labels, unless the union would pass [`MAX_LABELS`].
+pub fn merge_labels(added: Document) -> Vec<Document> {
+    let merged =
+        doc! { "$mergeObjects": [ { "$ifNull": ["$labels", {}] }, { "$literal": added } ] };
+    vec![doc! { "$set": {
+        "labels": { "$cond": [
+            { "$lte": [ { "$size": { "$objectToArray": merged.clone() } }, MAX_LABELS as i64 ] },
+            merged,
+            { "$ifNull": ["$labels", {}] },
+        ] },
+        "metrics": { "$ifNull": ["$metrics", []] },
+    } }]
 }
 
 /// Metrics per statement: keeps every statement small.

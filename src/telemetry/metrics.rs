@@ -85,6 +85,7 @@ pub struct Metrics {
     pub readings_unstored: IntCounter,
     pub readings_dead_lettered: IntCounter,
     pub mqtt_skipped_retained: IntCounter,
+    pub line_protocol_strings: IntCounter,
     pub bucket_updates: IntCounter,
     pub write_round_trips: IntCounter,
     pub flush_duration: Histogram,
@@ -243,6 +244,11 @@ impl Metrics {
                 &r,
                 "hourglass_mqtt_retained_skipped_total",
                 "Retained MQTT messages not ingested (mqtt.ingest_retained = false).",
+            ),
+            line_protocol_strings: counter(
+                &r,
+                "hourglass_line_protocol_string_fields_skipped_total",
+                "String fields of line protocol, which carry no reading and are skipped.",
             ),
             mqtt_connected: gauge(
                 &r,

@@ -9,13 +9,15 @@ use std::time::Duration;
 
 use backon::BackoffBuilder;
 use rumqttc::{
-    ConnectReturnCode, Event, EventLoop, MqttOptions, Packet, Publish, QoS, SubscribeReasonCode,
+    ConnectReturnCode, Event, EventLoop, MqttOptions, Packet, Publish, QoS, SubscribeFilter,
+    SubscribeReasonCode,
 };
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
-use super::{MqttError, Settings, Shared, topics::subscription};
+use super::topics::{shared_filter, subscription};
+use super::{MqttError, Settings, Shared};
 use crate::batcher::driver::retry_policy;
 
 /// Requests rumqttc may queue from the client handles (acks, subscribes).
@@ -85,9 +87,16 @@ async fn sleep_until(at: Option<Instant>) {
 
 fn subscribe(shared: &Shared) {
     let settings = &shared.settings;
-    let topic = subscription(&settings.topic_prefix, settings.shared_group.as_deref());
-    if let Err(e) = shared.client.try_subscribe(topic.clone(), QoS::AtLeastOnce) {
-        error!(error = %e, topic, "Could not queue the MQTT subscription.");
+    let group = settings.shared_group.as_deref();
+    let mut topics = vec![subscription(&settings.topic_prefix, group)];
+    if let Some(filter) = settings.line_protocol() {
+        topics.push(shared_filter(filter, group));
+    }
+    let filters = topics
+        .iter()
+        .map(|t| SubscribeFilter::new(t.clone(), QoS::AtLeastOnce));
+    if let Err(e) = shared.client.try_subscribe_many(filters) {
+        error!(error = %e, ?topics, "Could not queue the MQTT subscription.");
     }
 }
 

@@ -4,7 +4,8 @@
 //! - `connection`: the **event loop** polls the connection, re-subscribes
 //!   when the broker lost the session or refused the subscription, backs off
 //!   after errors, and forwards publishes;
-//! - `processor`: decodes each message (`topics` names its sensor) and
+//! - `processor`: decodes each message (JSON, where `topics` names its sensor,
+//!   or line protocol on `mqtt.line_protocol_topic`) and
 //!   submits its readings (to the journal, or the batcher when it is off), dead-lettering unusable ones;
 //! - `acks`: sends each PUBACK, in arrival order, only once the message's
 //!   readings are settled; its bookkeeping is a pure state machine.
@@ -29,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 pub use settings::Settings;
 pub use topics::parse_topic;
 
+use crate::ingest::line_protocol::LabelSync;
 use crate::journal::Intake;
 use crate::settings::Invalid;
 use crate::shutdown::Shutdown;
@@ -62,6 +64,12 @@ pub struct MqttStats {
     pub unusable: AtomicU64,
 }
 
+/// What line-protocol messages (on `mqtt.line_protocol_topic`) need.
+pub struct LineProtocol {
+    pub settings: crate::ingest::line_protocol::Settings,
+    pub labels: Arc<LabelSync>,
+}
+
 /// Why a message could not be used, and how it counts.
 #[derive(Debug, Clone)]
 pub struct Unusable {
@@ -83,6 +91,7 @@ impl Unusable {
 struct Shared {
     settings: Settings,
     ingest: crate::ingest::Settings,
+    line_protocol: LineProtocol,
     intake: Intake,
     client: AsyncClient,
     stats: Arc<MqttStats>,
@@ -106,6 +115,7 @@ impl MqttIngest {
     pub fn start(
         settings: &Settings,
         ingest: &crate::ingest::Settings,
+        line_protocol: LineProtocol,
         intake: Intake,
         stats: Arc<MqttStats>,
         metrics: Arc<Metrics>,
@@ -117,6 +127,7 @@ impl MqttIngest {
         let shared = Arc::new(Shared {
             settings: settings.clone(),
             ingest: ingest.clone(),
+            line_protocol,
             intake,
             client,
             stats,

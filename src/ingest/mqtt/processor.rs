@@ -17,8 +17,13 @@ use tracing::warn;
 use super::acks::Pending;
 use super::topics::parse_topic;
 use super::{Shared, Unusable};
-use crate::ingest::decode::{DecodeError, decode_payload};
+use bumpalo::Bump;
+
+use crate::domain::Reading;
+use crate::ingest::decode::{DecodeContext, DecodeError, decode_payload};
+use crate::ingest::line_protocol::{Precision, decode};
 use crate::journal::{Ack, IntakeError, Wait};
+use crate::telemetry::metrics::Rejection;
 use crate::telemetry::metrics::Source;
 
 /// How long the processor waits before offering to a full journal or batcher again.
@@ -61,9 +66,14 @@ struct DeadLetter<'a> {
 }
 
 enum Submit {
-    Unusable(Unusable),
+    /// Nothing of the message was taken (the second part is always `None`
+    /// here; it lets one match arm settle both cases).
+    Unusable(Unusable, Option<Ack>),
     Stopped,
 }
+
+/// A message's readings, submitted, and what of it was refused.
+type Submitted = (Option<Ack>, Option<Unusable>);
 
 pub(super) async fn process(
     shared: Arc<Shared>,
@@ -92,13 +102,15 @@ pub(super) async fn process(
             None
         } else {
             match submit(&shared, &publish).await {
-                Ok(stored) => stored,
-                Err(Submit::Unusable(u)) => {
+                Ok((stored, None)) => stored,
+                // Line protocol: the valid lines are stored, the message
+                // (with the refused lines' numbers) dead-lettered.
+                Ok((stored, Some(u))) | Err(Submit::Unusable(u, stored)) => {
                     shared.stats.unusable.fetch_add(1, Ordering::Relaxed);
                     shared.metrics.rejected(Source::Mqtt, u.kind, u.readings);
                     drops.log(&publish.topic, &u.reason);
                     dead_letter(&shared, &publish, &u.reason).await;
-                    None
+                    stored
                 }
                 // Shutting down: leave this message (and the rest) to the broker.
                 Err(Submit::Stopped) => break,
@@ -126,11 +138,12 @@ pub(super) async fn process(
     }
 }
 
-async fn submit(shared: &Shared, publish: &Publish) -> Result<Option<Ack>, Submit> {
+async fn submit(shared: &Shared, publish: &Publish) -> Result<Submitted, Submit> {
     let settings = &shared.settings;
+    let unusable = |u| Submit::Unusable(u, None);
     if publish.payload.len() > settings.max_payload_bytes {
-        return Err(Submit::Unusable(Unusable::new(
-            crate::telemetry::metrics::Rejection::TooLarge,
+        return Err(unusable(Unusable::new(
+            Rejection::TooLarge,
             format!(
                 "payload of {} bytes is over mqtt.max_payload_bytes ({})",
                 publish.payload.len(),
@@ -138,27 +151,44 @@ async fn submit(shared: &Shared, publish: &Publish) -> Result<Option<Ack>, Submi
             ),
         )));
     }
-    let implied = parse_topic(&settings.topic_prefix, &publish.topic).map_err(Submit::Unusable)?;
-    let ctx = shared
-        .ingest
-        .decode_context(OffsetDateTime::now_utc().unix_timestamp());
+    let line_protocol = settings
+        .line_protocol()
+        .is_some_and(|filter| rumqttc::matches(&publish.topic, filter));
+    let implied = if line_protocol {
+        None
+    } else {
+        Some(parse_topic(&settings.topic_prefix, &publish.topic).map_err(unusable)?)
+    };
     loop {
-        let readings = decode_payload(&publish.payload, implied, &ctx).map_err(|e| {
-            let (kind, readings) = e.rejection();
-            Submit::Unusable(Unusable {
-                reason: describe(&e),
-                kind,
-                readings,
-            })
-        })?;
+        let ctx = shared
+            .ingest
+            .decode_context(OffsetDateTime::now_utc().unix_timestamp());
+        let arena = Bump::new();
+        let (readings, refused) = match implied {
+            Some(implied) => {
+                let readings = decode_payload(&publish.payload, implied, &ctx).map_err(|e| {
+                    let (kind, readings) = e.rejection();
+                    unusable(Unusable {
+                        reason: describe(&e),
+                        kind,
+                        readings,
+                    })
+                })?;
+                (readings, None)
+            }
+            None => line_protocol_readings(shared, &publish.payload, &ctx, &arena)?,
+        };
         if readings.is_empty() {
-            return Ok(None);
+            return match refused {
+                Some(u) => Err(unusable(u)),
+                None => Ok((None, None)),
+            };
         }
         let n = readings.len();
         match shared.intake.submit(readings, Wait::Safe) {
             Ok(ack) => {
                 shared.metrics.received(Source::Mqtt, n);
-                return Ok(Some(ack));
+                return Ok((Some(ack), refused));
             }
             Err(IntakeError::Closed) => return Err(Submit::Stopped),
             Err(IntakeError::Full(_) | IntakeError::JournalFull { .. } | IntakeError::Busy) => {
@@ -171,6 +201,36 @@ async fn submit(shared: &Shared, publish: &Publish) -> Result<Option<Ack>, Submi
             }
         }
     }
+}
+
+/// A line-protocol payload's readings (timestamps in nanoseconds, as
+/// Telegraf sends them), its tags offered as labels, and its refused lines.
+fn line_protocol_readings<'a>(
+    shared: &Shared,
+    payload: &'a [u8],
+    ctx: &DecodeContext,
+    arena: &'a Bump,
+) -> Result<(Vec<Reading<'a>>, Option<Unusable>), Submit> {
+    let lp = &shared.line_protocol;
+    let decoded = decode(
+        payload,
+        Precision::Nanoseconds,
+        ctx,
+        &lp.settings.sensor_tags,
+        arena,
+    )
+    .map_err(|e| Submit::Unusable(Unusable::new(Rejection::TooLarge, e.to_string()), None))?;
+    lp.labels.offer(&decoded.labels);
+    shared
+        .metrics
+        .line_protocol_strings
+        .inc_by(decoded.strings as u64);
+    let refused = (decoded.refused > 0).then(|| Unusable {
+        reason: decoded.partial_write_message(),
+        kind: Rejection::Invalid,
+        readings: decoded.refused,
+    });
+    Ok((decoded.readings, refused))
 }
 
 fn describe(e: &DecodeError) -> String {

@@ -10,6 +10,7 @@ use crate::settings::{Invalid, check_file, invalid, serialize_opt_secret};
 
 pub const DEFAULT_CLIENT_ID: &str = "hourglass";
 pub const DEFAULT_TOPIC_PREFIX: &str = "sensors";
+pub const DEFAULT_LINE_PROTOCOL_TOPIC: &str = "telegraf/#";
 pub const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
 pub const DEFAULT_MAX_UNACKED: usize = 1000;
@@ -32,6 +33,9 @@ pub struct Settings {
     pub topic_prefix: String,
     /// Subscribe through `$share/{group}/…` so instances split one stream.
     pub shared_group: Option<String>,
+    /// A topic filter whose messages are InfluxDB line protocol (Telegraf's
+    /// `outputs.mqtt`); empty subscribes to none.
+    pub line_protocol_topic: String,
     /// Unusable messages are republished here with the reason, when set.
     pub dead_letter_topic: Option<String>,
     /// Ingest retained messages too. Off: a retained message is a reading
@@ -60,6 +64,7 @@ impl Default for Settings {
             client_id: DEFAULT_CLIENT_ID.to_owned(),
             topic_prefix: DEFAULT_TOPIC_PREFIX.to_owned(),
             shared_group: None,
+            line_protocol_topic: DEFAULT_LINE_PROTOCOL_TOPIC.to_owned(),
             dead_letter_topic: None,
             ingest_retained: false,
             keep_alive: DEFAULT_KEEP_ALIVE,
@@ -106,6 +111,11 @@ impl Settings {
             .port()
             .ok_or_else(|| invalid("mqtt.url", "must name a port: mqtt://host:port"))?;
         Ok((host.trim_matches(['[', ']']).to_owned(), port))
+    }
+
+    /// The line-protocol topic filter, if any.
+    pub fn line_protocol(&self) -> Option<&str> {
+        Some(self.line_protocol_topic.as_str()).filter(|t| !t.is_empty())
     }
 
     pub fn validate(&self) -> Result<(), Invalid> {
@@ -176,6 +186,37 @@ impl Settings {
                     self.topic_prefix
                 ),
             ));
+        }
+        if let Some(filter) = self.line_protocol() {
+            if filter.starts_with('$') || !rumqttc::valid_filter(filter) {
+                return Err(invalid(
+                    "mqtt.line_protocol_topic",
+                    "must be a valid topic filter (+ and # as whole levels, no leading $)",
+                ));
+            }
+            // A message matching both subscriptions would be delivered twice.
+            let probe = format!("{}/probe/probe", self.topic_prefix);
+            if rumqttc::matches(&probe, filter)
+                || filter.starts_with(&format!("{}/", self.topic_prefix))
+            {
+                return Err(invalid(
+                    "mqtt.line_protocol_topic",
+                    format!(
+                        "{filter:?} overlaps mqtt.topic_prefix ({:?})",
+                        self.topic_prefix
+                    ),
+                ));
+            }
+            if let Some(topic) = self.dead_letter_topic.as_deref()
+                && rumqttc::matches(topic, filter)
+            {
+                return Err(invalid(
+                    "mqtt.dead_letter_topic",
+                    format!(
+                        "{topic:?} matches mqtt.line_protocol_topic: dead letters would be consumed again, for ever"
+                    ),
+                ));
+            }
         }
         if self
             .shared_group

@@ -32,10 +32,14 @@ pub fn parse_topic<'a>(prefix: &str, topic: &'a str) -> Result<Implied<'a>, Unus
 
 /// The subscription filter: `{prefix}/#`, through `$share/{group}/` when set.
 pub fn subscription(prefix: &str, shared_group: Option<&str>) -> String {
-    let topic = format!("{prefix}/#");
+    shared_filter(&format!("{prefix}/#"), shared_group)
+}
+
+/// `filter`, through `$share/{group}/` when set.
+pub fn shared_filter(filter: &str, shared_group: Option<&str>) -> String {
     match shared_group {
-        Some(group) => format!("$share/{group}/{topic}"),
-        None => topic,
+        Some(group) => format!("$share/{group}/{filter}"),
+        None => filter.to_owned(),
     }
 }
 

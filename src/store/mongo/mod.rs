@@ -298,6 +298,14 @@ impl BucketStore for MongoStore {
         self.put_labels(sensor, labels).await
     }
 
+    async fn merge_labels(
+        &self,
+        sensor: &str,
+        labels: &[(String, String)],
+    ) -> Result<bool, StoreError> {
+        self.add_labels(sensor, labels).await
+    }
+
     async fn latest(
         &self,
         sensor: &str,

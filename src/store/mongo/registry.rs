@@ -2,6 +2,7 @@
 
 use futures_util::TryStreamExt;
 use mongodb::bson::{Bson, Document, doc};
+use mongodb::options::ReturnDocument;
 
 use super::{MongoStore, classify};
 use crate::domain::{BucketUpdate, Labels};
@@ -97,5 +98,28 @@ impl MongoStore {
             .await
             .map(|_| ())
             .map_err(classify)
+    }
+
+    pub(super) async fn add_labels(
+        &self,
+        sensor: &str,
+        labels: &[(String, String)],
+    ) -> Result<bool, StoreError> {
+        let added: Document = labels
+            .iter()
+            .map(|(k, v)| (k.clone(), Bson::from(v.as_str())))
+            .collect();
+        let after = self
+            .sensors
+            .find_one_and_update(doc! { "_id": sensor }, registry::merge_labels(added))
+            .upsert(true)
+            .return_document(ReturnDocument::After)
+            .projection(doc! { "labels": 1 })
+            .await
+            .map_err(classify)?;
+        let now = after.as_ref().and_then(|d| d.get_document("labels").ok());
+        Ok(labels
+            .iter()
+            .all(|(k, v)| now.and_then(|l| l.get_str(k).ok()) == Some(v.as_str())))
     }
 }

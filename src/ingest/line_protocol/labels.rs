@@ -1,0 +1,117 @@
+//! Tags become sensor labels in the background: a line's readings never wait
+//! for the registry. A cache of what the registry holds keeps the steady
+//! state free of writes; only a tag set not seen before costs one update.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use hashbrown::HashMap;
+use tokio::sync::mpsc;
+use tracing::warn;
+
+use super::SensorLabels;
+use crate::shutdown::Shutdown;
+use crate::store::BucketStore;
+
+/// Updates waiting for the registry; past this, offers are dropped and made
+/// again by the next line that carries the same tags.
+const QUEUE: usize = 1024;
+/// Past this many sensors the cache starts over: it only saves writes.
+const CACHE_LIMIT: usize = 100_000;
+
+type Update = (String, Vec<(String, String)>);
+
+/// The ingestors' side: offers tag sets, sends only those the registry lacks.
+pub struct LabelSync {
+    known: Mutex<HashMap<String, BTreeMap<String, String>>>,
+    queue: mpsc::Sender<Update>,
+}
+
+/// The writer's side: drives updates into the store.
+pub struct LabelWriter {
+    sync: Arc<LabelSync>,
+    updates: mpsc::Receiver<Update>,
+}
+
+impl LabelSync {
+    pub fn new() -> (Arc<Self>, LabelWriter) {
+        let (queue, updates) = mpsc::channel(QUEUE);
+        let sync = Arc::new(Self {
+            known: Mutex::new(HashMap::new()),
+            queue,
+        });
+        let writer = LabelWriter {
+            sync: sync.clone(),
+            updates,
+        };
+        (sync, writer)
+    }
+
+    fn holds(&self, sensor: &str, labels: &[(impl AsRef<str>, impl AsRef<str>)]) -> bool {
+        let known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        known.get(sensor).is_some_and(|have| {
+            labels
+                .iter()
+                .all(|(k, v)| have.get(k.as_ref()).map(String::as_str) == Some(v.as_ref()))
+        })
+    }
+
+    /// Queues the sets the registry is not known to hold.
+    pub fn offer(&self, sets: &[SensorLabels<'_>]) {
+        for set in sets {
+            if set.labels.is_empty() || self.holds(set.sensor, &set.labels) {
+                continue;
+            }
+            let labels = set
+                .labels
+                .iter()
+                .map(|(k, v)| (k.clone().into_owned(), v.clone().into_owned()))
+                .collect();
+            // Full: the same tags come with the sensor's next line.
+            let _ = self.queue.try_send((set.sensor.to_owned(), labels));
+        }
+    }
+
+    fn learn(&self, sensor: String, labels: Vec<(String, String)>) {
+        let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        if known.len() >= CACHE_LIMIT && !known.contains_key(&sensor) {
+            known.clear();
+        }
+        known.entry(sensor).or_default().extend(labels);
+    }
+}
+
+impl LabelWriter {
+    /// Writes queued tag sets until shutdown.
+    pub async fn run<S: BucketStore>(mut self, store: Arc<S>, shutdown: Shutdown) {
+        loop {
+            let (sensor, labels) = tokio::select! {
+                _ = shutdown.triggered() => return,
+                next = self.updates.recv() => match next {
+                    Some(next) => next,
+                    None => return,
+                },
+            };
+            // Offered twice before the first was written.
+            if self.sync.holds(&sensor, &labels) {
+                continue;
+            }
+            match store.merge_labels(&sensor, &labels).await {
+                Ok(true) => self.sync.learn(sensor, labels),
+                Ok(false) => {
+                    warn!(
+                        sensor,
+                        "A sensor's line-protocol tags would give it more than the allowed number of labels; they were not added."
+                    );
+                    // Remembered anyway, so that every line does not retry.
+                    self.sync.learn(sensor, labels);
+                }
+                Err(e) => warn!(
+                    sensor,
+                    error = %e,
+                    "Could not add line-protocol tags to the sensor registry; the sensor's next line offers them again."
+                ),
+            }
+        }
+    }
+}

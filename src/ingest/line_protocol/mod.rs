@@ -1,0 +1,716 @@
+//! InfluxDB line protocol → validated [`Reading`]s and sensor labels.
+//!
+//! The mapping: the sensor is the value of the first tag named in
+//! `line_protocol.sensor_tags` that a line has; its other tags are the
+//! sensor's labels. Each numeric field is a reading of metric `<measurement>`
+//! when the field key is `value`, else `<measurement>_<field>`; integers are
+//! numbers, booleans 1 and 0, string fields are skipped (and counted).
+//!
+//! Unlike JSON, a body is taken line by line: a line that cannot be parsed or
+//! validated is refused with its number and reason, and the others are kept
+//! (InfluxDB's partial write, which Telegraf expects).
+
+pub mod labels;
+pub mod parse;
+mod settings;
+
+use std::borrow::Cow;
+use std::fmt::Write as _;
+
+use bumpalo::Bump;
+use hashbrown::HashMap;
+
+pub use self::labels::LabelSync;
+use self::parse::{FieldValue, Kind, Line, Lines, ParseError, parse_line};
+pub use self::settings::Settings;
+use super::decode::DecodeContext;
+use crate::domain::{
+    InvalidLabels, InvalidReading, MAX_LABELS, MetricName, Reading, SensorId, valid_label_name,
+    valid_label_value,
+};
+
+/// How many refused lines an answer lists at most.
+pub const MAX_DETAILS: usize = 100;
+
+/// The unit of the timestamps in a body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    Nanoseconds,
+    Microseconds,
+    Milliseconds,
+    Seconds,
+    Minutes,
+    Hours,
+}
+
+impl Precision {
+    /// InfluxDB 1.x's `precision`: `ns|n|u|µ|ms|s|m|h`.
+    pub fn v1(s: &str) -> Option<Self> {
+        Some(match s {
+            "ns" | "n" => Self::Nanoseconds,
+            "u" | "µ" | "us" => Self::Microseconds,
+            "ms" => Self::Milliseconds,
+            "s" => Self::Seconds,
+            "m" => Self::Minutes,
+            "h" => Self::Hours,
+            _ => return None,
+        })
+    }
+
+    /// InfluxDB 2.x's `precision`: `ns|us|ms|s`.
+    pub fn v2(s: &str) -> Option<Self> {
+        Some(match s {
+            "ns" => Self::Nanoseconds,
+            "us" => Self::Microseconds,
+            "ms" => Self::Milliseconds,
+            "s" => Self::Seconds,
+            _ => return None,
+        })
+    }
+
+    /// A timestamp in this unit as whole epoch seconds, rounding down.
+    pub fn to_seconds(self, ts: i64) -> Option<i64> {
+        match self {
+            Self::Nanoseconds => Some(ts.div_euclid(1_000_000_000)),
+            Self::Microseconds => Some(ts.div_euclid(1_000_000)),
+            Self::Milliseconds => Some(ts.div_euclid(1_000)),
+            Self::Seconds => Some(ts),
+            Self::Minutes => ts.checked_mul(60),
+            Self::Hours => ts.checked_mul(3600),
+        }
+    }
+}
+
+/// A refused line: its number (from 1) and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LineError {
+    pub line: usize,
+    pub reason: String,
+}
+
+/// The labels one sensor's lines carry (each distinct tag set once per body).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SensorLabels<'a> {
+    pub sensor: &'a str,
+    pub labels: Vec<(Cow<'a, str>, Cow<'a, str>)>,
+}
+
+/// What a body decodes to.
+#[derive(Debug, Default)]
+pub struct Decoded<'a> {
+    pub readings: Vec<Reading<'a>>,
+    pub labels: Vec<SensorLabels<'a>>,
+    /// The first [`MAX_DETAILS`] refused lines.
+    pub errors: Vec<LineError>,
+    /// How many lines were refused in all.
+    pub refused: usize,
+    /// Lines taken (those with only string fields included).
+    pub lines: usize,
+    /// String fields skipped.
+    pub strings: usize,
+}
+
+impl Decoded<'_> {
+    /// InfluxDB's partial-write message: the refused lines and reasons.
+    pub fn partial_write_message(&self) -> String {
+        let mut m = format!(
+            "partial write: {} of {} lines refused",
+            self.refused,
+            self.refused + self.lines
+        );
+        for e in &self.errors {
+            let _ = write!(m, "; line {}: {}", e.line, e.reason);
+        }
+        if self.refused > self.errors.len() {
+            let _ = write!(m, "; and {} more", self.refused - self.errors.len());
+        }
+        m.push_str("; the other lines were stored");
+        m
+    }
+}
+
+/// More readings than a request may hold: nothing is taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("more than {max} readings in one request")]
+pub struct TooMany {
+    pub max: usize,
+}
+
+/// Why a line was refused, beyond the syntax.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+enum Refusal {
+    #[error(transparent)]
+    Syntax(#[from] ParseError),
+    #[error("no sensor tag: the line needs one of the tags {0}")]
+    NoSensor(String),
+    #[error("tag {tag:?}: {reason}")]
+    Sensor { tag: String, reason: InvalidReading },
+    #[error("{0}")]
+    Labels(String),
+    #[error("field {field:?}: the metric {metric:?}: {reason}")]
+    Metric {
+        field: String,
+        metric: String,
+        reason: InvalidReading,
+    },
+    #[error("field {0:?}: value must be a finite number")]
+    Value(String),
+    #[error("timestamp: {0}")]
+    Timestamp(InvalidReading),
+    #[error("the timestamp is out of range for its precision")]
+    Range,
+}
+
+/// Per body: the metric names and tag sets met so far, so each distinct one
+/// is built and checked once.
+struct Seen<'a> {
+    arena: &'a Bump,
+    metrics: HashMap<(&'a str, &'a str), Option<MetricName<'a>>>,
+    /// `(sensor, tag section)` → `None` when valid, else why not.
+    tag_sets: HashMap<(&'a str, &'a str), Option<String>>,
+    scratch: String,
+}
+
+impl<'a> Seen<'a> {
+    /// The metric of field `field` of measurement `measurement` (both raw).
+    fn metric(&mut self, measurement: &'a str, field: &'a str) -> Option<MetricName<'a>> {
+        if let Some(m) = self.metrics.get(&(measurement, field)) {
+            return m.clone();
+        }
+        let name: &'a str = if field == "value" {
+            measurement
+        } else {
+            self.scratch.clear();
+            self.scratch.push_str(measurement);
+            self.scratch.push('_');
+            self.scratch.push_str(field);
+            self.arena.alloc_str(&self.scratch)
+        };
+        let metric = MetricName::parse(name).ok();
+        self.metrics.insert((measurement, field), metric.clone());
+        metric
+    }
+}
+
+/// Decodes a line-protocol body received in `ctx`, with timestamps in
+/// `precision`. Names built from two parts live in `arena`.
+pub fn decode<'a>(
+    body: &'a [u8],
+    precision: Precision,
+    ctx: &DecodeContext,
+    sensor_tags: &[String],
+    arena: &'a Bump,
+) -> Result<Decoded<'a>, TooMany> {
+    let mut out = Decoded::default();
+    let mut line = Line::default();
+    let mut seen = Seen {
+        arena,
+        metrics: HashMap::new(),
+        tag_sets: HashMap::new(),
+        scratch: String::new(),
+    };
+    for (number, bytes) in Lines::new(body) {
+        let before = out.readings.len();
+        let strings = out.strings;
+        match decode_line(
+            bytes,
+            &mut line,
+            precision,
+            ctx,
+            sensor_tags,
+            &mut seen,
+            &mut out,
+        ) {
+            Ok(()) => {
+                out.lines += 1;
+                if out.readings.len() > ctx.max_readings {
+                    return Err(TooMany {
+                        max: ctx.max_readings,
+                    });
+                }
+            }
+            Err(refusal) => {
+                out.readings.truncate(before);
+                out.strings = strings;
+                out.refused += 1;
+                if out.errors.len() < MAX_DETAILS {
+                    out.errors.push(LineError {
+                        line: number,
+                        reason: refusal.to_string(),
+                    });
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn decode_line<'a>(
+    bytes: &'a [u8],
+    line: &mut Line<'a>,
+    precision: Precision,
+    ctx: &DecodeContext,
+    sensor_tags: &[String],
+    seen: &mut Seen<'a>,
+    out: &mut Decoded<'a>,
+) -> Result<(), Refusal> {
+    parse_line(bytes, line)?;
+    let Some(position) = sensor_tags
+        .iter()
+        .find_map(|name| line.tags.iter().position(|(k, _)| k.raw() == name))
+    else {
+        return Err(Refusal::NoSensor(sensor_tags.join(", ")));
+    };
+    let (key, value) = line.tags[position];
+    let sensor = SensorId::parse(value.unescape(Kind::Key)).map_err(|reason| Refusal::Sensor {
+        tag: key.raw().to_owned(),
+        reason,
+    })?;
+    if line.tags.len() > 1 {
+        // A valid sensor id has no escapes: the raw value is the id.
+        let set = (value.raw(), line.tag_section);
+        let verdict = match seen.tag_sets.get(&set) {
+            Some(v) => v.clone(),
+            None => {
+                let verdict = check_labels(line, position).err();
+                if verdict.is_none() {
+                    out.labels.push(SensorLabels {
+                        sensor: set.0,
+                        labels: line
+                            .tags
+                            .iter()
+                            .enumerate()
+                            .filter(|&(i, _)| i != position)
+                            .map(|(_, (k, v))| (k.unescape(Kind::Key), v.unescape(Kind::Key)))
+                            .collect(),
+                    });
+                }
+                seen.tag_sets.insert(set, verdict.clone());
+                verdict
+            }
+        };
+        if let Some(reason) = verdict {
+            return Err(Refusal::Labels(reason));
+        }
+    }
+    let ts = match line.timestamp {
+        Some(ts) => {
+            let ts = precision.to_seconds(ts).ok_or(Refusal::Range)?;
+            ctx.window.check(ts, ctx.now).map_err(Refusal::Timestamp)?
+        }
+        None => ctx.now,
+    };
+    let measurement = line.measurement.map_or("", |m| m.raw());
+    for &(key, field) in &line.fields {
+        let value = match field {
+            FieldValue::Float(v) => v,
+            FieldValue::Integer(v) => v as f64,
+            FieldValue::Unsigned(v) => v as f64,
+            FieldValue::Boolean(v) => f64::from(u8::from(v)),
+            FieldValue::String(_) => {
+                out.strings += 1;
+                continue;
+            }
+        };
+        let metric = seen.metric(measurement, key.raw()).ok_or_else(|| {
+            let name = if key.raw() == "value" {
+                measurement.to_owned()
+            } else {
+                format!("{measurement}_{}", key.raw())
+            };
+            Refusal::Metric {
+                field: key.unescape(Kind::Key).into_owned(),
+                metric: name,
+                reason: InvalidReading::Metric,
+            }
+        })?;
+        let value = Reading::check_value(value)
+            .map_err(|_| Refusal::Value(key.unescape(Kind::Key).into_owned()))?;
+        out.readings.push(Reading {
+            sensor: sensor.clone(),
+            metric,
+            ts,
+            value,
+        });
+    }
+    Ok(())
+}
+
+/// The tags other than the sensor's, as labels: Prometheus-style names, bounded.
+fn check_labels(line: &Line<'_>, sensor: usize) -> Result<(), String> {
+    if line.tags.len() - 1 > MAX_LABELS {
+        return Err(format!(
+            "{} (tags besides the sensor's)",
+            InvalidLabels::TooMany
+        ));
+    }
+    for (i, (k, v)) in line.tags.iter().enumerate() {
+        if i == sensor {
+            continue;
+        }
+        let name = k.unescape(Kind::Key);
+        if !valid_label_name(&name) {
+            return Err(InvalidLabels::Name(name.into_owned()).to_string());
+        }
+        if line.tags[..i]
+            .iter()
+            .any(|(other, _)| other.raw() == k.raw())
+        {
+            return Err(format!("tag {name:?} is repeated"));
+        }
+        if !valid_label_value(&v.unescape(Kind::Key)) {
+            return Err(InvalidLabels::Value(name.into_owned()).to_string());
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::domain::TimeWindow;
+
+    const NOW: i64 = 1_700_000_000;
+
+    fn ctx(max_readings: usize) -> DecodeContext {
+        DecodeContext {
+            now: NOW,
+            window: TimeWindow {
+                max_age: Duration::from_secs(30 * 86400),
+                max_future: Duration::from_secs(300),
+            },
+            max_readings,
+        }
+    }
+
+    fn tags() -> Vec<String> {
+        Settings::default().sensor_tags
+    }
+
+    fn run(body: &str, precision: Precision) -> Vec<(String, String, i64, f64)> {
+        let arena = Bump::new();
+        let d = decode(body.as_bytes(), precision, &ctx(100), &tags(), &arena).expect("in bounds");
+        assert_eq!(d.errors, [], "{body}");
+        d.readings
+            .iter()
+            .map(|r| (r.sensor.to_string(), r.metric.to_string(), r.ts, r.value))
+            .collect()
+    }
+
+    fn row(sensor: &str, metric: &str, ts: i64, value: f64) -> (String, String, i64, f64) {
+        (sensor.into(), metric.into(), ts, value)
+    }
+
+    #[test]
+    fn the_documented_mapping_holds() {
+        assert_eq!(
+            run(
+                "temperature,sensor=x value=21.5 1700000000000000000",
+                Precision::Nanoseconds
+            ),
+            [row("x", "temperature", NOW, 21.5)]
+        );
+        let body = "cpu,cpu=cpu0,host=h1 usage_idle=98.5,usage_user=2i,up=true,busy=F,note=\"hi\",n=7u 1699999999\n";
+        assert_eq!(
+            run(body, Precision::Seconds),
+            [
+                row("h1", "cpu_usage_idle", NOW - 1, 98.5),
+                row("h1", "cpu_usage_user", NOW - 1, 2.0),
+                row("h1", "cpu_up", NOW - 1, 1.0),
+                row("h1", "cpu_busy", NOW - 1, 0.0),
+                row("h1", "cpu_n", NOW - 1, 7.0),
+            ]
+        );
+        let arena = Bump::new();
+        let d = decode(
+            body.as_bytes(),
+            Precision::Seconds,
+            &ctx(100),
+            &tags(),
+            &arena,
+        )
+        .expect("ok");
+        assert_eq!(d.strings, 1);
+        assert_eq!(
+            d.labels,
+            [SensorLabels {
+                sensor: "h1",
+                labels: vec![("cpu".into(), "cpu0".into())]
+            }]
+        );
+        // The first sensor tag in the configured order wins; the others are labels.
+        assert_eq!(
+            run("m,host=h,device=d,sensor=s value=1", Precision::Seconds),
+            [row("s", "m", NOW, 1.0)]
+        );
+        assert_eq!(
+            run("m,host=h,device=d value=1", Precision::Seconds)[0].0,
+            "d"
+        );
+    }
+
+    #[test]
+    fn every_precision_gives_whole_seconds() {
+        for (precision, ts) in [
+            (Precision::Nanoseconds, 1_699_999_999_999_999_999_i64),
+            (Precision::Microseconds, 1_699_999_999_999_999),
+            (Precision::Milliseconds, 1_699_999_999_999),
+            (Precision::Seconds, 1_699_999_999),
+        ] {
+            assert_eq!(
+                run(&format!("m,sensor=s value=1 {ts}"), precision)[0].2,
+                NOW - 1,
+                "{precision:?}"
+            );
+        }
+        assert_eq!(
+            run("m,sensor=s value=1 28333333", Precision::Minutes)[0].2,
+            28_333_333 * 60
+        );
+        assert_eq!(
+            run("m,sensor=s value=1 472222", Precision::Hours)[0].2,
+            472_222 * 3600
+        );
+        assert_eq!(run("m,sensor=s value=1", Precision::Nanoseconds)[0].2, NOW);
+        for (v1, want) in [
+            ("n", Precision::Nanoseconds),
+            ("u", Precision::Microseconds),
+            ("µ", Precision::Microseconds),
+            ("h", Precision::Hours),
+        ] {
+            assert_eq!(Precision::v1(v1), Some(want));
+        }
+        assert_eq!(Precision::v2("m"), None);
+        assert_eq!(Precision::v2("us"), Some(Precision::Microseconds));
+        assert_eq!(Precision::Hours.to_seconds(i64::MAX), None);
+    }
+
+    #[test]
+    fn refused_lines_are_named_and_the_others_kept() {
+        let body = "m,sensor=a value=1\nm value=2\nm,sensor=b v=abc\n\nm,sensor=c value=3 1\nm,sensor=b%x value=4\nm,sensor=d,bad-tag=1 value=5\nm,sensor=e value=6,x=1e999\nm,sensor=f value=7\nm.x,sensor=g v=1\n";
+        let arena = Bump::new();
+        let d = decode(
+            body.as_bytes(),
+            Precision::Seconds,
+            &ctx(100),
+            &tags(),
+            &arena,
+        )
+        .expect("ok");
+        let sensors: Vec<_> = d.readings.iter().map(|r| r.sensor.as_str()).collect();
+        assert_eq!(sensors, ["a", "f"]);
+        let lines: Vec<_> = d.errors.iter().map(|e| e.line).collect();
+        assert_eq!(lines, [2, 3, 5, 6, 7, 8, 10]);
+        assert_eq!((d.refused, d.lines), (7, 2));
+        let reasons: Vec<_> = d.errors.iter().map(|e| e.reason.as_str()).collect();
+        assert!(
+            reasons[0]
+                .contains("no sensor tag: the line needs one of the tags sensor, device, host"),
+            "{reasons:?}"
+        );
+        assert!(reasons[1].contains("invalid value \"abc\""), "{reasons:?}");
+        assert!(reasons[2].contains("in the past"), "{reasons:?}");
+        assert!(reasons[3].starts_with("tag \"sensor\""), "{reasons:?}");
+        assert!(reasons[4].contains("bad-tag"), "{reasons:?}");
+        assert!(reasons[5].contains("finite"), "{reasons:?}");
+        assert!(reasons[6].contains("m.x_v"), "{reasons:?}");
+        let message = d.partial_write_message();
+        assert!(
+            message.starts_with("partial write: 7 of 9 lines refused; line 2: "),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_request_over_the_reading_limit_is_refused_whole() {
+        let arena = Bump::new();
+        let body = "m,sensor=a x=1,y=2\nm,sensor=a x=1,y=2\n";
+        assert!(
+            decode(
+                body.as_bytes(),
+                Precision::Seconds,
+                &ctx(4),
+                &tags(),
+                &arena
+            )
+            .is_ok()
+        );
+        assert_eq!(
+            decode(
+                body.as_bytes(),
+                Precision::Seconds,
+                &ctx(3),
+                &tags(),
+                &arena
+            )
+            .err(),
+            Some(TooMany { max: 3 })
+        );
+    }
+
+    #[test]
+    fn labels_are_validated_and_each_tag_set_reported_once() {
+        let body = "m,sensor=a,site=Berlin\\ Mitte value=1\nn,sensor=a,site=Berlin\\ Mitte value=2\nm,sensor=a,site=x,site=y value=3\n";
+        let arena = Bump::new();
+        let d = decode(
+            body.as_bytes(),
+            Precision::Seconds,
+            &ctx(100),
+            &tags(),
+            &arena,
+        )
+        .expect("ok");
+        assert_eq!(d.readings.len(), 2);
+        assert_eq!(
+            d.labels,
+            [SensorLabels {
+                sensor: "a",
+                labels: vec![("site".into(), "Berlin Mitte".into())]
+            }]
+        );
+        assert!(d.errors[0].reason.contains("repeated"));
+        let many: String = (0..=MAX_LABELS).map(|i| format!(",l{i}=v")).collect();
+        let body = format!("m,sensor=a{many} value=1");
+        let d = decode(
+            body.as_bytes(),
+            Precision::Seconds,
+            &ctx(100),
+            &tags(),
+            &arena,
+        )
+        .expect("ok");
+        assert_eq!(d.refused, 1);
+    }
+
+    // --- The parser against InfluxData's crate, on generated lines. ---
+
+    /// Characters that need escaping, and a few that do not. No backslash:
+    /// `a\\,b` reads differently in InfluxDB's Go parser (which this one
+    /// follows: a backslash escapes the next byte) and in the crate.
+    fn ident(first: &'static str) -> impl Strategy<Value = String> {
+        (
+            proptest::sample::select(first.chars().collect::<Vec<_>>()),
+            proptest::collection::vec(
+                proptest::sample::select("ab9_-.:,= \"é".chars().collect::<Vec<_>>()),
+                0..6,
+            ),
+        )
+            .prop_map(|(c, rest)| std::iter::once(c).chain(rest).collect())
+    }
+
+    fn escape(s: &str, chars: &[char]) -> String {
+        let mut out = String::new();
+        for c in s.chars() {
+            if chars.contains(&c) {
+                out.push('\\');
+            }
+            out.push(c);
+        }
+        out
+    }
+
+    #[derive(Debug, Clone)]
+    enum Gen {
+        Float(f64),
+        Int(i64),
+        UInt(u64),
+        Bool(bool),
+        Str(String),
+    }
+
+    fn value() -> impl Strategy<Value = Gen> {
+        prop_oneof![
+            (-1e12f64..1e12).prop_map(Gen::Float),
+            any::<i64>().prop_map(Gen::Int),
+            any::<u64>().prop_map(Gen::UInt),
+            any::<bool>().prop_map(Gen::Bool),
+            "[a-z \"\\\\,=\n]{0,8}".prop_map(Gen::Str),
+        ]
+    }
+
+    type GenLine = (
+        String,
+        Vec<(String, String)>,
+        Vec<(String, Gen)>,
+        Option<i64>,
+    );
+
+    fn line() -> impl Strategy<Value = GenLine> {
+        (
+            ident("mx"),
+            proptest::collection::vec((ident("tk"), ident("vw")), 0..4),
+            proptest::collection::vec((ident("fg"), value()), 1..4),
+            proptest::option::of(any::<i64>()),
+        )
+    }
+
+    fn render((m, tags, fields, ts): &GenLine) -> String {
+        let mut s = escape(m, &[',', ' ']);
+        for (k, v) in tags {
+            s.push(',');
+            s.push_str(&escape(k, &[',', '=', ' ']));
+            s.push('=');
+            s.push_str(&escape(v, &[',', '=', ' ']));
+        }
+        s.push(' ');
+        for (i, (k, v)) in fields.iter().enumerate() {
+            if i > 0 {
+                s.push(',');
+            }
+            s.push_str(&escape(k, &[',', '=', ' ']));
+            s.push('=');
+            match v {
+                Gen::Float(x) => s.push_str(&format!("{x:?}")),
+                Gen::Int(x) => s.push_str(&format!("{x}i")),
+                Gen::UInt(x) => s.push_str(&format!("{x}u")),
+                Gen::Bool(x) => s.push_str(&x.to_string()),
+                Gen::Str(x) => s.push_str(&format!("\"{}\"", escape(x, &['"', '\\']))),
+            }
+        }
+        if let Some(ts) = ts {
+            s.push_str(&format!(" {ts}"));
+        }
+        s
+    }
+
+    proptest! {
+        #[test]
+        fn the_parser_reads_what_influxdatas_parser_reads(lines in proptest::collection::vec(line(), 1..5)) {
+            use influxdb_line_protocol as oracle;
+            let body: String = lines.iter().map(|l| render(l) + "\n").collect();
+            let theirs: Vec<_> = oracle::parse_lines(&body).collect::<Result<_, _>>()
+                .map_err(|e| TestCaseError::reject(format!("oracle refused: {e}")))?;
+            let mut line = Line::default();
+            let mut n = 0;
+            for ((_, bytes), expected) in Lines::new(body.as_bytes()).zip(&theirs) {
+                n += 1;
+                parse_line(bytes, &mut line).map_err(|e| TestCaseError::fail(format!("{e}: {body:?}")))?;
+                let measurement = line.measurement.map(|m| m.unescape(Kind::Measurement).into_owned());
+                prop_assert_eq!(measurement.as_deref(), Some(expected.series.measurement.as_str()));
+                let tags: Vec<_> = line.tags.iter().map(|(k, v)| (k.unescape(Kind::Key).into_owned(), v.unescape(Kind::Key).into_owned())).collect();
+                let want: Vec<_> = expected.series.tag_set.iter().flatten().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+                prop_assert_eq!(tags, want);
+                prop_assert_eq!(line.fields.len(), expected.field_set.len());
+                for ((k, v), (ek, ev)) in line.fields.iter().zip(&expected.field_set) {
+                    let key = k.unescape(Kind::Key).into_owned();
+                    prop_assert_eq!(key.as_str(), ek.as_str());
+                    let same = match (v, ev) {
+                        (FieldValue::Float(a), oracle::FieldValue::F64(b)) => a == b,
+                        (FieldValue::Integer(a), oracle::FieldValue::I64(b)) => a == b,
+                        (FieldValue::Unsigned(a), oracle::FieldValue::U64(b)) => a == b,
+                        (FieldValue::Boolean(a), oracle::FieldValue::Boolean(b)) => a == b,
+                        (FieldValue::String(a), oracle::FieldValue::String(b)) => a.unescape(Kind::String) == b.as_str(),
+                        _ => false,
+                    };
+                    prop_assert!(same, "{:?} vs {:?} in {:?}", v, ev, body);
+                }
+                prop_assert_eq!(line.timestamp, expected.timestamp);
+            }
+            prop_assert_eq!(n, theirs.len());
+        }
+    }
+}
