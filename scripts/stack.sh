@@ -120,6 +120,21 @@ ensure_peers() {
   # starts private instances on free ports.
 }
 
+# The official InfluxDB client libraries (v2 `influxdb-client`, v1 `influxdb`)
+# in .venv, for the line-protocol tests; exports HOURGLASS_TEST_PYTHON.
+INFLUX_CLIENTS="influxdb-client==1.50.0 influxdb==5.3.2"
+ensure_influx_clients() {
+  ensure_secantus
+  local stamp="$VENV/.influx-clients-${INFLUX_CLIENTS//[ =]/_}"
+  if [[ ! -f "$stamp" ]]; then
+    log "Installing the InfluxDB client libraries into $VENV (first run only)."
+    # shellcheck disable=SC2086
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check $INFLUX_CLIENTS
+    touch "$stamp"
+  fi
+  export HOURGLASS_TEST_PYTHON="$VENV/bin/python"
+}
+
 stack_stop() {
   local pid
   for pid in "${STACK_PIDS[@]}"; do

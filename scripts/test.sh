@@ -7,6 +7,7 @@ source scripts/stack.sh
 start_mongo
 start_mosquitto
 ensure_peers
+ensure_influx_clients
 # Bins first: the loadtest smoke tests spawn target/debug/hourglass.
 cargo build --workspace --bins
 cargo test --workspace --all-targets "$@" || status=$?

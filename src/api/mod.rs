@@ -129,12 +129,15 @@ pub fn router<S: BucketStore>(state: AppState<S>) -> Router {
         .route_layer(require(Scope::Ingest));
     // InfluxDB's write API. Its 1.x clients may send the token as `p`; bodies
     // may be gzipped, and the body limit counts decompressed bytes.
-    let influx = Router::new()
+    let influx_v1 = Router::new()
         .route("/write", post(influx::write_v1::<S>))
-        .route("/api/v2/write", post(influx::write_v2::<S>))
         .route("/query", get(influx::query).post(influx::query))
-        .layer(RequestDecompressionLayer::new())
         .route_layer(require_from(Scope::Ingest, true));
+    let influx = Router::new()
+        .route("/api/v2/write", post(influx::write_v2::<S>))
+        .route_layer(require(Scope::Ingest))
+        .merge(influx_v1)
+        .layer(RequestDecompressionLayer::new());
     let queries = Router::new()
         .route("/api/v1/sensors", get(query::list_sensors::<S>))
         .route("/api/v1/sensors/{sensor}/average", get(query::average::<S>))

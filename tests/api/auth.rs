@@ -4,11 +4,11 @@ use serde_json::json;
 
 use crate::helpers::*;
 
-const DASHBOARD: &str = "dashboard-3f9a1c";
-const TRUCK: &str = "truck17-77b2e0";
-const INGESTER: &str = "gateway-0c1d2e";
+pub const DASHBOARD: &str = "dashboard-3f9a1c";
+pub const TRUCK: &str = "truck17-77b2e0";
+pub const INGESTER: &str = "gateway-0c1d2e";
 
-fn secured() -> Settings {
+pub fn secured() -> Settings {
     let mut s = test_settings();
     s.auth.enabled = true;
     s.auth.tokens = vec![

@@ -10,6 +10,7 @@ mod engine;
 mod faults;
 mod helpers;
 mod hostile;
+mod influx;
 mod ingest;
 mod journal;
 mod mqtt;

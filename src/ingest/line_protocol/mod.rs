@@ -313,10 +313,14 @@ fn decode_line<'a>(
             }
         };
         let metric = seen.metric(measurement, key.raw()).ok_or_else(|| {
+            let measurement = line
+                .measurement
+                .map(|m| m.unescape(Kind::Measurement))
+                .unwrap_or_default();
             let name = if key.raw() == "value" {
-                measurement.to_owned()
+                measurement.into_owned()
             } else {
-                format!("{measurement}_{}", key.raw())
+                format!("{measurement}_{}", key.unescape(Kind::Key))
             };
             Refusal::Metric {
                 field: key.unescape(Kind::Key).into_owned(),
