@@ -139,6 +139,9 @@ struct Peer {
     disk_bytes: f64,
     avg_ms: f64,
     series_ms: f64,
+    /// Hourglass only: the 1-hour average's answer (readings and sum), the
+    /// same whichever format loaded it.
+    avg_answer: Option<(u64, f64)>,
 }
 
 /// Loads a line-protocol server with the dataset and measures it, then stops it.
@@ -170,9 +173,85 @@ async fn line_peer(
         disk_bytes: server.dir.as_ref().map_or(0, |d| dir_bytes(d.path())) as f64,
         avg_ms: median_ms(&client, &queries[0]).await?,
         series_ms: median_ms(&client, &queries[1]).await?,
+        avg_answer: None,
     };
     server.stop();
     Ok(peer)
+}
+
+#[derive(Clone, Copy)]
+enum Format {
+    Json,
+    LineProtocol,
+}
+
+fn as_f64(d: &mongodb::bson::Document, key: &str) -> f64 {
+    d.get_i64(key)
+        .map(|x| x as f64)
+        .or_else(|_| d.get_i32(key).map(f64::from))
+        .or_else(|_| d.get_f64(key))
+        .unwrap_or(0.0)
+}
+
+/// A fresh Hourglass (journal off, so an answer means stored) loaded with the
+/// dataset in `format`, measured like the peers.
+async fn hourglass_peer(
+    ctx: &Ctx,
+    format: Format,
+    data: &Dataset,
+    batch: usize,
+    concurrency: usize,
+    (from1, from24, end): (i64, i64, i64),
+) -> anyhow::Result<Peer> {
+    let client = reqwest::Client::new();
+    let (what, name) = match format {
+        Format::Json => ("peers", "Hourglass, JSON (service only)"),
+        Format::LineProtocol => ("peers-lp", "Hourglass, line protocol (service only)"),
+    };
+    let target = ctx.target(what, "minute", false, false).await?;
+    let (readings_per_s, cpu_s) = match format {
+        Format::Json => {
+            let o = backfill::send_all(ctx, &target, data, batch, concurrency).await?;
+            (o.readings as f64 / o.seconds, o.service_cpu.unwrap_or(0.0))
+        }
+        Format::LineProtocol => {
+            let cpu0 = target.cpu();
+            let url = format!("{}/write?precision=s", target.url);
+            let secs = send_lines(ctx, &url, data, batch, concurrency).await?;
+            let cpu = cpu0.zip(target.cpu()).map_or(0.0, |(a, b)| b - a);
+            (data.len() as f64 / secs, cpu)
+        }
+    };
+    let mongo = mongodb::Client::with_uri_str(ctx.mongodb_uri()?).await?;
+    let stats = mongo
+        .database(&target.database)
+        .run_command(mongodb::bson::doc! { "collStats": "buckets" })
+        .await?;
+    let (s, m) = (Dataset::sensor(0), Dataset::metric(0));
+    let avg = format!(
+        "{}/api/v1/sensors/{s}/average?metric={m}&from={}&to={}",
+        target.url,
+        rfc3339(from1),
+        rfc3339(end)
+    );
+    let series = format!(
+        "{}/api/v1/sensors/{s}/series?metric={m}&from={}&to={}&step=1h",
+        target.url,
+        rfc3339(from24),
+        rfc3339(end)
+    );
+    let answer: serde_json::Value = client.get(&avg).send().await?.json().await?;
+    let avg_answer = answer["count"].as_u64().zip(answer["sum"].as_f64());
+    Ok(Peer {
+        avg_answer,
+        name,
+        readings_per_s,
+        cpu_s,
+        rss_mib: target.proc.as_ref().map_or(0.0, |p| peak_rss_mib(p.pid)),
+        disk_bytes: as_f64(&stats, "size") + as_f64(&stats, "totalIndexSize"),
+        avg_ms: median_ms(&client, &avg).await?,
+        series_ms: median_ms(&client, &series).await?,
+    })
 }
 
 pub async fn run(
@@ -181,7 +260,6 @@ pub async fn run(
     batch: usize,
     concurrency: usize,
 ) -> anyhow::Result<Report> {
-    let client = reqwest::Client::new();
     let (end, n) = (data.end(), data.len() as f64);
     let (from24, from1) = (end - 86_400, end - 3600);
     let mut peers = Vec::new();
@@ -254,45 +332,29 @@ pub async fn run(
         .await?,
     );
 
-    let target = ctx.target("peers", "minute", false, false).await?;
-    let o = backfill::send_all(ctx, &target, data, batch, concurrency).await?;
-    let mongo = mongodb::Client::with_uri_str(ctx.mongodb_uri()?).await?;
-    let stats = mongo
-        .database(&target.database)
-        .run_command(mongodb::bson::doc! { "collStats": "buckets" })
-        .await?;
-    let bytes = stats
-        .get_i64("size")
-        .map(|x| x as f64)
-        .or_else(|_| stats.get_i32("size").map(f64::from))
-        .unwrap_or(0.0)
-        + stats
-            .get_i64("totalIndexSize")
-            .map(|x| x as f64)
-            .or_else(|_| stats.get_i32("totalIndexSize").map(f64::from))
-            .unwrap_or(0.0);
-    let (s, m) = (Dataset::sensor(0), Dataset::metric(0));
-    let avg = format!(
-        "{}/api/v1/sensors/{s}/average?metric={m}&from={}&to={}",
-        target.url,
-        rfc3339(from1),
-        rfc3339(end)
+    // Hourglass twice: the JSON API, then the very bodies the peers got.
+    peers.push(
+        hourglass_peer(
+            ctx,
+            Format::Json,
+            data,
+            batch,
+            concurrency,
+            (from1, from24, end),
+        )
+        .await?,
     );
-    let series = format!(
-        "{}/api/v1/sensors/{s}/series?metric={m}&from={}&to={}&step=1h",
-        target.url,
-        rfc3339(from24),
-        rfc3339(end)
+    peers.push(
+        hourglass_peer(
+            ctx,
+            Format::LineProtocol,
+            data,
+            batch,
+            concurrency,
+            (from1, from24, end),
+        )
+        .await?,
     );
-    peers.push(Peer {
-        name: "Hourglass (service only)",
-        readings_per_s: o.readings as f64 / o.seconds,
-        cpu_s: o.service_cpu.unwrap_or(0.0),
-        rss_mib: target.proc.as_ref().map_or(0.0, |p| peak_rss_mib(p.pid)),
-        disk_bytes: bytes,
-        avg_ms: median_ms(&client, &avg).await?,
-        series_ms: median_ms(&client, &series).await?,
-    });
 
     let mut sec = Section::new(
         &format!(
@@ -324,16 +386,16 @@ pub async fn run(
     report.sections.push(sec);
     report.notes.push("Disk bytes are what each data directory holds right after the load: VictoriaMetrics keeps its newest parts in memory even after a forced flush (a lower bound), InfluxDB 1.x holds its write-ahead log before compaction (an upper bound). Compare them only after a long run.".into());
     report.notes.push("Hourglass' row counts the service process only; its storage is the Python stand-in SecantusDB (bytes are the collection's data and index sizes as the server reports them), so its throughput is the stand-in's. The CPU column is the fair comparison of the ingest paths.".into());
-    if let (Some(h), Some(v)) = (
-        peers.iter().find(|p| p.name.starts_with("Hourglass")),
-        peers.iter().find(|p| p.name == "VictoriaMetrics"),
-    ) {
-        report.notes.push(format!(
-            "Service CPU per reading: Hourglass {} µs, VictoriaMetrics {} µs (ratio {}).",
-            f(h.cpu_s / n * 1e6),
-            f(v.cpu_s / n * 1e6),
-            f(h.cpu_s / v.cpu_s.max(1e-9))
-        ));
+    if let Some(v) = peers.iter().find(|p| p.name == "VictoriaMetrics") {
+        for h in peers.iter().filter(|p| p.name.starts_with("Hourglass")) {
+            report.notes.push(format!(
+                "Service CPU per reading, {}: {} µs against VictoriaMetrics' {} µs (ratio {}).",
+                h.name,
+                f(h.cpu_s / n * 1e6),
+                f(v.cpu_s / n * 1e6),
+                f(h.cpu_s / v.cpu_s.max(1e-9))
+            ));
+        }
     }
     report.plots.push(Plot::Bars {
         file: "peers-cpu.svg".into(),
@@ -347,6 +409,7 @@ pub async fn run(
     report.set("peers", peers.iter().map(|p| serde_json::json!({
         "system": p.name, "readings_per_s": p.readings_per_s, "cpu_s_per_million": p.cpu_s / n * 1e6,
         "peak_rss_mib": p.rss_mib, "bytes_per_reading": p.disk_bytes / n, "avg_1h_ms": p.avg_ms, "series_24h_ms": p.series_ms,
+        "avg_1h_answer": p.avg_answer,
     })).collect::<Vec<_>>());
     Ok(report)
 }
