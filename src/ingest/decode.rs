@@ -219,6 +219,22 @@ fn decode_with<'a>(
         .map_err(|e| DecodeError::Malformed(format!("the body is not UTF-8: {e}")))?;
     match text.trim_start().as_bytes().first() {
         Some(b'[') => {
+            // One pass when every element has the right shape (the common
+            // case); otherwise the two passes below say which ones do not.
+            if let Ok(raws) = serde_json::from_str::<Vec<RawReading<'a>>>(text) {
+                if raws.len() > ctx.max_readings {
+                    return Err(DecodeError::TooMany {
+                        count: raws.len(),
+                        max: ctx.max_readings,
+                    });
+                }
+                let total = raws.len();
+                return collect(
+                    raws.into_iter()
+                        .map(|raw| validate(raw, implied, ctx).map_err(|e| e.to_string())),
+                    total,
+                );
+            }
             let items: Vec<&'a RawValue> =
                 serde_json::from_str(text).map_err(|e| DecodeError::Malformed(e.to_string()))?;
             if items.len() > ctx.max_readings {
