@@ -190,7 +190,8 @@ impl Authenticator {
         authorization: Option<&HeaderValue>,
         scope: Scope,
     ) -> Result<Principal, AuthError> {
-        self.authenticate_token(authorization.and_then(presented_token).as_deref(), scope)
+        let token = authorization.and_then(|a| presented_token(a, false));
+        self.authenticate_token(token.as_deref(), scope)
     }
 
     /// Who presents `token` (from wherever the request carried it), if they
@@ -233,17 +234,18 @@ impl Authenticator {
     }
 }
 
-/// The token of an `Authorization` header: `Bearer <token>`, `Token <token>`
-/// (InfluxDB's clients), or `Basic` with the token as the password (any user
-/// name: InfluxDB 1.x clients and Telegraf's username/password settings).
-pub fn presented_token(authorization: &HeaderValue) -> Option<String> {
+/// The token of an `Authorization` header: `Bearer <token>`; with
+/// `influx`, also `Token <token>` (InfluxDB's clients) and `Basic` with the
+/// token as the password (any user name: InfluxDB 1.x clients and Telegraf's
+/// username/password settings). Hourglass' own API takes bearer tokens only.
+pub fn presented_token(authorization: &HeaderValue, influx: bool) -> Option<String> {
     use base64::Engine as _;
     let value = authorization.to_str().ok()?;
     let (scheme, rest) = value.split_once(' ')?;
-    if scheme.eq_ignore_ascii_case("bearer") || scheme.eq_ignore_ascii_case("token") {
+    if scheme.eq_ignore_ascii_case("bearer") || (influx && scheme.eq_ignore_ascii_case("token")) {
         return Some(rest.trim().to_owned());
     }
-    if scheme.eq_ignore_ascii_case("basic") {
+    if influx && scheme.eq_ignore_ascii_case("basic") {
         let decoded = base64::engine::general_purpose::STANDARD
             .decode(rest.trim())
             .ok()?;
@@ -281,7 +283,7 @@ mod tests {
 
     fn principal(auth: &Arc<Authenticator>, header: &str) -> Option<Principal> {
         let value = HeaderValue::from_str(header).ok()?;
-        auth.identify(presented_token(&value).as_deref())
+        auth.identify(presented_token(&value, true).as_deref())
             .map(|token| Principal {
                 auth: auth.clone(),
                 token: Some(token),

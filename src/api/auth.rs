@@ -11,13 +11,25 @@ use axum::response::{IntoResponse, Response};
 use super::ApiError;
 use crate::auth::{AuthError, Authenticator, Scope, presented_token};
 
-/// Middleware state: the authenticator and the scope a route needs.
+/// How a route's clients present their token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Forms {
+    /// `Authorization: Bearer`: Hourglass' own API.
+    Bearer,
+    /// Also `Token` and Basic (password = token): InfluxDB 2.x clients.
+    Influx,
+    /// Also the query's `p`: InfluxDB 1.x clients (`u`/`p`).
+    InfluxV1,
+}
+
+/// Middleware state: the authenticator, the scope a route needs, and the
+/// token forms it takes.
 #[derive(Clone)]
 pub struct Require {
     pub auth: Arc<Authenticator>,
     pub scope: Scope,
-    /// Also take the token from the query's `p` (InfluxDB 1.x's `u`/`p`).
-    pub query_password: bool,
+    /// Which ways of presenting a token the route takes.
+    pub forms: Forms,
 }
 
 impl From<AuthError> for ApiError {
@@ -36,8 +48,8 @@ pub async fn authorize(State(require): State<Require>, mut req: Request, next: N
     let mut token = req
         .headers()
         .get(header::AUTHORIZATION)
-        .and_then(presented_token);
-    if token.is_none() && require.query_password {
+        .and_then(|a| presented_token(a, require.forms != Forms::Bearer));
+    if token.is_none() && require.forms == Forms::InfluxV1 {
         token = req.uri().query().and_then(|q| {
             url::form_urlencoded::parse(q.as_bytes())
                 .find(|(k, _)| k == "p")

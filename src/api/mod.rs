@@ -33,7 +33,7 @@ use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 use tracing::Span;
 
-use self::auth::{Require, authorize};
+use self::auth::{Forms, Require, authorize};
 use crate::auth::{Authenticator, Scope};
 use crate::batcher::driver::BatcherHandle;
 use crate::domain::Granularity;
@@ -109,17 +109,17 @@ pub fn router<S: BucketStore>(state: AppState<S>) -> Router {
             span.record("duration_ms", latency.as_secs_f64() * 1000.0);
             tracing::debug!("Answered an HTTP request.");
         });
-    let require_from = |scope, query_password| {
+    let require_from = |scope, forms| {
         middleware::from_fn_with_state(
             Require {
                 auth: state.auth.clone(),
                 scope,
-                query_password,
+                forms,
             },
             authorize,
         )
     };
-    let require = |scope| require_from(scope, false);
+    let require = |scope| require_from(scope, Forms::Bearer);
     let ingest = Router::new()
         .route("/api/v1/readings", post(ingest::post_readings::<S>))
         .route(
@@ -132,10 +132,10 @@ pub fn router<S: BucketStore>(state: AppState<S>) -> Router {
     let influx_v1 = Router::new()
         .route("/write", post(influx::write_v1::<S>))
         .route("/query", get(influx::query).post(influx::query))
-        .route_layer(require_from(Scope::Ingest, true));
+        .route_layer(require_from(Scope::Ingest, Forms::InfluxV1));
     let influx = Router::new()
         .route("/api/v2/write", post(influx::write_v2::<S>))
-        .route_layer(require(Scope::Ingest))
+        .route_layer(require_from(Scope::Ingest, Forms::Influx))
         .merge(influx_v1)
         .layer(RequestDecompressionLayer::new());
     let queries = Router::new()
