@@ -16,15 +16,15 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Extension, Query, RawQuery, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bumpalo::Bump;
 use serde_json::json;
 use time::OffsetDateTime;
 use tracing::warn;
 
+use super::AppState;
 use super::ingest::{Outcome, submit};
-use super::{AppState, RETRY_AFTER};
 use crate::auth::Principal;
 use crate::ingest::line_protocol::{Precision, decode};
 use crate::journal::Wait;
@@ -76,14 +76,8 @@ impl IntoResponse for InfluxError {
                 json!({ "code": code, "message": self.message })
             }
         };
-        let mut response = (self.status, Json(body)).into_response();
-        if self.status == StatusCode::SERVICE_UNAVAILABLE {
-            response.headers_mut().insert(
-                header::RETRY_AFTER,
-                HeaderValue::from(RETRY_AFTER.as_secs()),
-            );
-        }
-        response
+        // Every 503 gets its Retry-After from the API's limits layer.
+        (self.status, Json(body)).into_response()
     }
 }
 
@@ -95,19 +89,7 @@ pub async fn write_v1<S: BucketStore>(
     Query(params): Query<HashMap<String, String>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let precision = match params.get("precision").map(String::as_str) {
-        None | Some("") => Some(Precision::Nanoseconds),
-        Some(p) => Precision::v1(p),
-    };
-    let Some(precision) = precision else {
-        return InfluxError::new(
-            Api::V1,
-            StatusCode::BAD_REQUEST,
-            "precision must be one of ns, n, u, µ, ms, s, m, h",
-        )
-        .into_response();
-    };
-    write(&state, &principal, Api::V1, precision, body).await
+    write(&state, &principal, Api::V1, &params, body).await
 }
 
 /// `POST /api/v2/write?org=&bucket=&precision=`: `org` and `bucket` are
@@ -118,28 +100,39 @@ pub async fn write_v2<S: BucketStore>(
     Query(params): Query<HashMap<String, String>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let precision = match params.get("precision").map(String::as_str) {
-        None | Some("") => Some(Precision::Nanoseconds),
-        Some(p) => Precision::v2(p),
+    write(&state, &principal, Api::V2, &params, body).await
+}
+
+/// The body's precision: nanoseconds unless `precision` names another of
+/// the API's units.
+fn precision(api: Api, params: &HashMap<String, String>) -> Result<Precision, InfluxError> {
+    let (parse, units): (fn(&str) -> Option<Precision>, _) = match api {
+        Api::V1 => (Precision::v1, "ns, n, u, µ, ms, s, m, h"),
+        Api::V2 => (Precision::v2, "ns, us, ms, s"),
     };
-    let Some(precision) = precision else {
-        return InfluxError::new(
-            Api::V2,
-            StatusCode::BAD_REQUEST,
-            "precision must be one of ns, us, ms, s",
-        )
-        .into_response();
-    };
-    write(&state, &principal, Api::V2, precision, body).await
+    match params.get("precision").map(String::as_str) {
+        None | Some("") => Ok(Precision::Nanoseconds),
+        Some(p) => parse(p).ok_or_else(|| {
+            InfluxError::new(
+                api,
+                StatusCode::BAD_REQUEST,
+                format!("precision must be one of {units}"),
+            )
+        }),
+    }
 }
 
 async fn write<S: BucketStore>(
     state: &AppState<S>,
     principal: &Principal,
     api: Api,
-    precision: Precision,
+    params: &HashMap<String, String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    let precision = match precision(api, params) {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
     let metrics = &state.metrics;
     let body = match body {
         Ok(body) => body,
