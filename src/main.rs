@@ -26,10 +26,11 @@ enum Command {
         /// Only sensors with this id, or (ending in `*`) this id prefix.
         #[arg(long)]
         sensor: Option<String>,
-        /// From this instant (RFC 3339 or epoch ms), widened to its UTC day.
+        /// From this instant (RFC 3339 or epoch ms), widened to the start of
+        /// its 30-day rollup period (thirty days counted from the epoch).
         #[arg(long)]
         from: Option<String>,
-        /// Up to this instant, widened to the end of its UTC day.
+        /// Up to this instant, widened to the end of its 30-day rollup period.
         #[arg(long)]
         to: Option<String>,
     },

@@ -8,6 +8,11 @@ use super::{Agg, Granularity};
 pub enum Period {
     Hour,
     Day,
+    /// Thirty days aligned to the epoch, not calendar months: a fixed length
+    /// keeps every level a plain division of the one above, so the planner
+    /// and the recomputation treat all levels alike; calendar months in any
+    /// time zone are still exact, from these documents' days.
+    Days30,
 }
 
 impl Period {
@@ -15,6 +20,7 @@ impl Period {
         match self {
             Period::Hour => 3600,
             Period::Day => 86_400,
+            Period::Days30 => 30 * 86_400,
         }
     }
 
@@ -23,22 +29,25 @@ impl Period {
         match self {
             Period::Hour => "hour",
             Period::Day => "day",
+            Period::Days30 => "30d",
         }
     }
 
-    /// The length of one sub-period `s.<n>`: minutes of an hour, hours of a day.
+    /// The length of one sub-period `s.<n>`: minutes of an hour, hours of a
+    /// day, days of thirty.
     pub const fn slot_seconds(self) -> i64 {
         match self {
             Period::Hour => 60,
             Period::Day => 3600,
+            Period::Days30 => 86_400,
         }
     }
 
     /// The rollup levels kept for a bucket granularity, finest first.
     pub const fn levels(granularity: Granularity) -> &'static [Period] {
         match granularity {
-            Granularity::Minute => &[Period::Hour, Period::Day],
-            Granularity::Hour => &[Period::Day],
+            Granularity::Minute => &[Period::Hour, Period::Day, Period::Days30],
+            Granularity::Hour => &[Period::Day, Period::Days30],
         }
     }
 }
@@ -74,7 +83,7 @@ pub struct BucketRead {
     pub start: i64,
     pub agg: Agg,
     /// `(sub-period, aggregates)` when asked for: minutes of an hour bucket or
-    /// hour rollup, hours of a day rollup.
+    /// hour rollup, hours of a day rollup, days of a 30-day rollup.
     pub slots: Vec<(u16, Agg)>,
     /// `(offset in seconds from start, value)` of a bucket when asked for.
     pub values: Vec<(u16, f64)>,

@@ -1,5 +1,6 @@
-//! Plans a range over levels: day rollups, hour rollups (minute buckets),
-//! buckets, and raw seconds only at the edges, exactly at any boundary.
+//! Plans a range over levels: 30-day, day and hour rollups (the last for
+//! minute buckets), buckets, and raw seconds only at the edges, exactly at any
+//! boundary.
 //!
 //! A span can be answered from one document's (or sub-period's) aggregates
 //! when it lies inside the range, inside one point of the grid, and holds no
@@ -517,31 +518,30 @@ mod tests {
         }
     }
 
-    /// A reading every 10 s for `days` days.
-    fn dense(from: i64, days: i64) -> BTreeMap<i64, f64> {
-        (0..days * DAY / 10)
-            .map(|i| (from + i * 10, (i % 17) as f64))
+    /// A reading every `every` seconds for `days` days.
+    fn dense(from: i64, days: i64, every: i64) -> BTreeMap<i64, f64> {
+        (0..days * DAY / every)
+            .map(|i| (from + i * every, (i % 17) as f64))
             .collect()
     }
 
     #[test]
-    fn documents_read_do_not_grow_with_the_range_below_days() {
-        let data = dense(BASE, 60);
+    fn documents_read_do_not_grow_with_the_range() {
         let none = BTreeMap::new();
         let from = BASE + 3 * 3600 + 17 * 60 + 13;
-        let mut docs = Vec::new();
-        for days in [1, 7, 30, 59] {
-            let to = from + days * DAY - 3600 - 120 - 7;
-            let grid = Grid::whole(from, to);
-            let (got, read) = answer(Granularity::Minute, from, to, grid.clone(), &data, &none);
-            assert_eq!(got, brute_force(&grid, from, to, &data, &none));
-            docs.push(read);
-        }
-        // Two partial days, two partial hours, two edge buckets; plus one
-        // whole day per day in between.
-        assert_eq!(docs[0], 6, "{docs:?}");
-        for (i, days) in [7, 30, 59].into_iter().enumerate() {
-            assert_eq!(docs[i + 1], 6 + (days - 1) as usize, "{docs:?}");
+        for (g, every) in [(Granularity::Minute, 290), (Granularity::Hour, 1790)] {
+            let data = dense(BASE, 402, every);
+            for days in [1, 7, 30, 60, 400] {
+                let to = from + days * DAY - 3600 - 120 - 7;
+                let grid = Grid::whole(from, to);
+                let (got, read) = answer(g, from, to, grid.clone(), &data, &none);
+                assert_eq!(got, brute_force(&grid, from, to, &data, &none));
+                // The whole thirty-day periods inside, plus at most two
+                // documents of each level at the edges.
+                let whole = ((to - from) / Period::Days30.seconds()) as usize;
+                let edges = 2 * (Period::levels(g).len() + 1);
+                assert!(read <= whole + edges, "{g:?} {days} d: {read} documents");
+            }
         }
     }
 
@@ -557,7 +557,7 @@ mod tests {
         assert_eq!(
             roles,
             vec![
-                (Role::Whole, Level::Rollups(Period::Day)),
+                (Role::Partial, Level::Rollups(Period::Days30)),
                 (Role::Partial, Level::Rollups(Period::Day)),
                 (Role::Partial, Level::Rollups(Period::Hour)),
                 (Role::Overlay, Level::Buckets),

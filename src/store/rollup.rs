@@ -1,7 +1,8 @@
 //! Rollups, MongoDB's computed pattern: one summary document per (sensor,
-//! metric, period) for hours and days, each holding the count, sum, min and
-//! max of every sub-period under `s.<n>` (minutes of an hour, hours of a
-//! day) and their totals, so a long range is answered from a few documents.
+//! metric, period) for hours, days and thirty days, each holding the count,
+//! sum, min and max of every sub-period under `s.<n>` (minutes of an hour,
+//! hours of a day, days of thirty) and their totals, so a range of any length
+//! is answered from a few documents.
 //!
 //! Rollups are never maintained by adding deltas. After each flush, one
 //! aggregation per level recomputes the sub-periods the flush touched from
@@ -23,11 +24,32 @@ use mongodb::bson::{Bson, Document, doc};
 use super::document::start_date;
 use crate::domain::{BucketUpdate, Granularity, Period};
 
-/// The aggregation expression of a source document's sub-period number.
-fn slot_of_start(level: Period) -> Document {
+/// Milliseconds from the start of the `level` period holding a source's
+/// `start` (thirty days are counted from the epoch, which `$dateTrunc` has no
+/// unit for).
+fn into_period_ms(level: Period) -> Document {
+    doc! { "$mod": [ { "$toLong": "$start" }, level.seconds() * 1000 ] }
+}
+
+/// The aggregation expressions of the start of the `level` period holding a
+/// source document, and of the source's sub-period number in it.
+fn period_and_slot(level: Period) -> (Document, Document) {
     match level {
-        Period::Hour => doc! { "$toString": { "$minute": "$start" } },
-        Period::Day => doc! { "$toString": { "$hour": "$start" } },
+        Period::Hour => (
+            doc! { "$dateTrunc": { "date": "$start", "unit": "hour" } },
+            doc! { "$toString": { "$minute": "$start" } },
+        ),
+        Period::Day => (
+            doc! { "$dateTrunc": { "date": "$start", "unit": "day" } },
+            doc! { "$toString": { "$hour": "$start" } },
+        ),
+        Period::Days30 => (
+            doc! { "$toDate": { "$subtract": [ { "$toLong": "$start" }, into_period_ms(level) ] } },
+            doc! { "$toString": { "$toInt": { "$divide": [
+                into_period_ms(level),
+                level.slot_seconds() * 1000,
+            ] } } },
+        ),
     }
 }
 
@@ -43,7 +65,16 @@ impl Source {
     pub fn of(level: Period, granularity: Granularity) -> Self {
         match (level, granularity) {
             (Period::Day, Granularity::Minute) => Source::Rollups(Period::Hour),
+            (Period::Days30, _) => Source::Rollups(Period::Day),
             _ => Source::Buckets,
+        }
+    }
+
+    /// The distance between two neighbouring source documents.
+    pub fn len(self, granularity: Granularity) -> i64 {
+        match self {
+            Source::Buckets => granularity.seconds(),
+            Source::Rollups(p) => p.seconds(),
         }
     }
 }
@@ -52,10 +83,10 @@ impl Source {
 /// on them: a few late readings then re-read only their own sensors' sources.
 pub const NARROW_SENSORS: usize = 64;
 
-/// Touched starts closer than this are recomputed as one range: a few extra
-/// sources read, one aggregation fewer. Ranges, not `$in` lists of starts,
-/// because every server answers a range from the index at the cost of what
-/// it returns.
+/// Touched starts closer than this (or than two neighbouring sources) are
+/// recomputed as one range: a few extra sources read, one aggregation fewer.
+/// Ranges, not `$in` lists of starts, because every server answers a range
+/// from the index at the cost of what it returns.
 pub const MERGE_GAP: i64 = 3600;
 
 /// What a flush touched at one level's source: the distinct source starts
@@ -165,6 +196,7 @@ pub fn pipeline(
     if let Source::Rollups(p) = source {
         filter.insert("period", p.name());
     }
+    let (period_start, slot) = period_and_slot(level);
     let counter = match source {
         Source::Buckets => Bson::Document(doc! { "$ifNull": ["$n", 0] }),
         Source::Rollups(_) => Bson::String("$n".into()),
@@ -177,8 +209,8 @@ pub fn pipeline(
         doc! { "$match": filter },
         doc! { "$project": {
             "_id": 0, "sensor": 1, "metric": 1,
-            "start": { "$dateTrunc": { "date": "$start", "unit": level.name() } },
-            "k": slot_of_start(level),
+            "start": period_start,
+            "k": slot,
             "v": { "count": "$count", "sum": "$sum", "min": "$min", "max": "$max", "n": counter },
         }},
         doc! { "$group": {
@@ -205,12 +237,14 @@ pub fn pipeline(
 }
 
 /// The filters of a flush's recomputation at one level: one per run of
-/// touched source starts (and the sensors, when few).
-pub fn flush_filters(touched: &Touched) -> Vec<Document> {
+/// touched source starts (and the sensors, when few); `source_len` is the
+/// distance between neighbouring sources.
+pub fn flush_filters(touched: &Touched, source_len: i64) -> Vec<Document> {
+    let gap = MERGE_GAP.max(source_len);
     let mut runs: Vec<(i64, i64)> = Vec::new();
     for &s in &touched.starts {
         match runs.last_mut() {
-            Some((_, last)) if s - *last <= MERGE_GAP => *last = s,
+            Some((_, last)) if s - *last <= gap => *last = s,
             _ => runs.push((s, s)),
         }
     }
@@ -278,7 +312,7 @@ mod tests {
                     .collect(),
             ),
         };
-        let filters = flush_filters(&touched);
+        let filters = flush_filters(&touched, 60);
         let ranges: Vec<(i64, i64)> = filters
             .iter()
             .map(|f| {

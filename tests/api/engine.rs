@@ -71,8 +71,12 @@ async fn assert_rollups_match_buckets(app: &TestApp, g: Granularity) {
         .documents(&app.settings.mongodb.rollup_collection, doc! { "start": 1 })
         .await;
     let periods: &[(&str, i64, i64)] = match g {
-        Granularity::Minute => &[("hour", 3600, 60), ("day", 86_400, 3600)],
-        Granularity::Hour => &[("day", 86_400, 3600)],
+        Granularity::Minute => &[
+            ("hour", 3600, 60),
+            ("day", 86_400, 3600),
+            ("30d", 30 * 86_400, 86_400),
+        ],
+        Granularity::Hour => &[("day", 86_400, 3600), ("30d", 30 * 86_400, 86_400)],
     };
     let mut want: BTreeMap<SlotKey, (u64, f64)> = BTreeMap::new();
     for ((sensor, metric, t), v) in &values {

@@ -10,6 +10,7 @@ use mongodb::options::IndexOptions;
 use tracing::info;
 
 use super::{BUCKET_INDEX, MongoStore, RETENTION_INDEX, ROLLUP_INDEX, classify};
+use crate::domain::Period;
 use crate::store::StoreError;
 
 impl MongoStore {
@@ -74,9 +75,11 @@ impl MongoStore {
             .await
             .map_err(classify)?;
         self.ensure_retention(&self.buckets, retention).await?;
-        // A day's rollup outlives its first bucket by a day, so that it is
-        // never gone while buckets it sums are still kept.
-        let rollup_retention = retention.map(|d| d + Duration::from_secs(86_400));
+        // The TTL index counts from `start`: a rollup outlives its first
+        // bucket by its longest period and a day, so that it is never gone
+        // while buckets it sums are still kept.
+        let longest = Period::Days30.seconds().unsigned_abs() + 86_400;
+        let rollup_retention = retention.map(|d| d + Duration::from_secs(longest));
         self.ensure_retention(&self.rollups, rollup_retention).await
     }
 

@@ -41,7 +41,7 @@ impl MongoStore {
         let mut commands = 0;
         for &level in Period::levels(self.granularity) {
             let source = Source::of(level, self.granularity);
-            for filter in flush_filters(&touched) {
+            for filter in flush_filters(&touched, source.len(self.granularity)) {
                 let stages = pipeline(level, source, filter, self.rollups.name(), Mode::Merge);
                 self.run(source, stages).await?;
                 commands += 1;
@@ -75,11 +75,13 @@ impl MongoStore {
         })
     }
 
-    /// Recomputes every rollup of the whole UTC days in `[from, to)` (epoch
-    /// seconds, widened to days; all buckets when not given) from the
-    /// buckets, for sensors whose id starts with `prefix`, replacing what was
-    /// there, and registers their sensors (`exact`: only the sensor `prefix`). A week at a time, so no one
-    /// aggregation grows with the data. Answers the days rebuilt.
+    /// Recomputes every rollup of the whole 30-day periods (see
+    /// `Period::Days30`) holding `[from, to)` (epoch seconds; all buckets when
+    /// not given) from the buckets, for sensors whose id starts with `prefix`,
+    /// replacing what was there, and registers their sensors (`exact`: only
+    /// the sensor `prefix`). One period at a time, so no one aggregation grows
+    /// with the data, and each replaced document is recomputed whole. Answers
+    /// the days rebuilt.
     pub async fn rebuild_rollups(
         &self,
         prefix: &str,
@@ -90,14 +92,14 @@ impl MongoStore {
         let Some((first, last)) = self.bucket_span().await? else {
             return Ok(0);
         };
-        let day = Period::Day.seconds();
+        let top = Period::Days30.seconds();
         let from = from.unwrap_or(first).max(first);
         let to = to.unwrap_or(last + 1).min(last + 1);
-        let from = from - from.rem_euclid(day);
-        let to = to + (day - to.rem_euclid(day)) % day;
+        let from = from - from.rem_euclid(top);
+        let to = to + (top - to.rem_euclid(top)) % top;
         let mut window = from;
         while window < to {
-            let end = (window + 7 * day).min(to);
+            let end = window + top;
             let mut filter =
                 doc! { "start": { "$gte": start_date(window), "$lt": start_date(end) } };
             if exact {
@@ -110,7 +112,7 @@ impl MongoStore {
             }
             for &level in Period::levels(self.granularity) {
                 let source = Source::of(level, self.granularity);
-                // The same filter serves hour rollups: they have the same fields.
+                // The same filter serves rollups of every level: same fields.
                 let stages = pipeline(
                     level,
                     source,
@@ -128,11 +130,11 @@ impl MongoStore {
             info!(
                 from = window,
                 to = end,
-                "Rebuilt the rollups and registry entries of a week of buckets."
+                "Rebuilt the rollups and registry entries of thirty days of buckets."
             );
             window = end;
         }
-        Ok((to - from) / day)
+        Ok(((to - from) / Period::Day.seconds()).max(0))
     }
 }
 
