@@ -26,9 +26,10 @@ pub(crate) fn which(bin: &str) -> anyhow::Result<String> {
     anyhow::bail!("{bin} is not installed (apt-get install victoria-metrics influxdb prometheus)")
 }
 
-pub(crate) async fn start_victoria() -> anyhow::Result<Proc> {
+pub(crate) async fn start_victoria(extra: &[&str]) -> anyhow::Result<Proc> {
     let dir = tempfile::tempdir()?;
     let child = Command::new(which("victoria-metrics")?)
+        .args(extra)
         .arg(format!(
             "-storageDataPath={}",
             dir.path().join("data").display()
@@ -49,7 +50,7 @@ pub(crate) async fn start_victoria() -> anyhow::Result<Proc> {
     Ok(proc)
 }
 
-async fn start_influx() -> anyhow::Result<Proc> {
+pub(crate) async fn start_influx() -> anyhow::Result<Proc> {
     let dir = tempfile::tempdir()?;
     let d = dir.path().display();
     let config = format!(
@@ -87,8 +88,19 @@ pub(crate) async fn send_lines(
     batch: usize,
     concurrency: usize,
 ) -> anyhow::Result<f64> {
-    let client = reqwest::Client::new();
     let rows: Vec<Row> = data.rows().collect();
+    send_rows(ctx, url, &rows, batch, concurrency).await
+}
+
+/// Sends these readings as line protocol; returns the seconds it took.
+pub(crate) async fn send_rows(
+    ctx: &Ctx,
+    url: &str,
+    rows: &[Row],
+    batch: usize,
+    concurrency: usize,
+) -> anyhow::Result<f64> {
+    let client = reqwest::Client::new();
     let bar = ctx.bar(rows.len() as u64, "line protocol");
     let started = Instant::now();
     let results: Vec<anyhow::Result<()>> = futures_util::stream::iter(
@@ -264,7 +276,7 @@ pub async fn run(
     let (from24, from1) = (end - 86_400, end - 3600);
     let mut peers = Vec::new();
 
-    let vm = start_victoria().await?;
+    let vm = start_victoria(&[]).await?;
     let sel = r#"m0_value{sensor="lt-00000"}"#;
     let queries = [
         format!(

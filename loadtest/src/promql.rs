@@ -180,7 +180,7 @@ pub async fn run(
     crate::backfill::send_all(ctx, &target, &dense, 5000, 2).await?;
     let hourglass_load_s = started.elapsed().as_secs_f64();
 
-    let vm = start_victoria().await?;
+    let vm = start_victoria(&[]).await?;
     for d in [&sparse, &dense] {
         send_lines(ctx, &format!("{}/write?precision=s", vm.url), d, 5000, 4).await?;
     }
