@@ -134,6 +134,9 @@ fn ranges_answer_long_averages_exactly() {
     ];
     let r: serde_json::Value = serde_json::from_str(&loadtest(&args)).expect("json");
     assert_eq!(r["data"]["ranges"]["average_1d"]["exact"], true, "{r}");
+    let peers = &r["data"]["ranges"]["peers"]["average_1d"];
+    assert_eq!(peers["victoria_metrics"]["exact"], true, "{r}");
+    assert_eq!(peers["influxdb"]["exact"], true, "{r}");
 }
 
 #[test]
