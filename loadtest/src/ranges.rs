@@ -18,23 +18,15 @@ use crate::report::{Report, Section, f, percentiles};
 
 const DOCS_SUM: &str = "hourglass_query_documents_read_sum";
 
-/// Runs `path` `n` times in a row; latencies (ms) and documents read per query.
+/// Runs `path` `n` times in a row; latencies (ms), documents read per query
+/// and the last answer.
 async fn measure(
     url: &str,
     path: &str,
     n: usize,
 ) -> anyhow::Result<(Vec<f64>, f64, serde_json::Value)> {
-    let client = reqwest::Client::new();
     let before = scrape(url).await?.get(DOCS_SUM).copied().unwrap_or(0.0);
-    let mut ms = Vec::with_capacity(n);
-    let mut last = serde_json::Value::Null;
-    for _ in 0..n {
-        let t = Instant::now();
-        let r = client.get(format!("{url}{path}")).send().await?;
-        anyhow::ensure!(r.status().is_success(), "{path}: {}", r.status());
-        last = r.json().await?;
-        ms.push(t.elapsed().as_secs_f64() * 1000.0);
-    }
+    let (ms, last) = timed(&format!("{url}{path}"), n).await?;
     let after = scrape(url).await?.get(DOCS_SUM).copied().unwrap_or(0.0);
     Ok((ms, (after - before) / n as f64, last))
 }
