@@ -3,9 +3,9 @@
 //! over the last hours; averages over 1, 7, 60 and 400 days (unaligned
 //! ends, so every level's edges are read) and group queries over the 100
 //! sensors. Reports latency and documents read per query, and checks each
-//! long average against the dataset's truth; then the same series goes as
-//! line protocol into VictoriaMetrics and InfluxDB 1.x, which answer the same
-//! averages, timed and checked the same way.
+//! long average and the group average against the dataset's truth; then the
+//! same readings go as line protocol into VictoriaMetrics and InfluxDB 1.x,
+//! which answer the same averages, timed and checked the same way.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -75,11 +75,16 @@ pub async fn run(
     crate::backfill::send_all(ctx, &target, &long, 5000, 2).await?;
     let backfill_s = started.elapsed().as_secs_f64();
 
-    let truth: BTreeMap<i64, f64> = fleet
+    // Every stored reading, by sensor and second: the long series written
+    // after the fleet replaces the fleet's sensor 0 where both have a second.
+    let all: BTreeMap<(u32, i64), f64> = fleet
         .rows()
-        .filter(|r| r.0 == 0)
         .chain(long.rows())
-        .map(|(_, _, ts, v)| (ts, v))
+        .map(|(i, _, ts, v)| ((i, ts), v))
+        .collect();
+    let truth: BTreeMap<i64, f64> = all
+        .range((0, i64::MIN)..(1, i64::MIN))
+        .map(|(&(_, ts), &v)| (ts, v))
         .collect();
     let sensor = Dataset::sensor(0);
     let metric = Dataset::metric(0);
@@ -105,7 +110,7 @@ pub async fn run(
         .into_iter()
         .filter(|&d| d <= days)
         .collect();
-    let mut hourglass_p50 = Vec::new();
+    let mut asked = Vec::new();
     for &span in &spans {
         let from = span_from(end, span);
         let path = format!(
@@ -132,7 +137,16 @@ pub async fn run(
             }
             Some(b) => p50 / b,
         };
-        hourglass_p50.push(p50);
+        let window = end - from;
+        asked.push(Asked {
+            name: format!("average {span}d"),
+            hourglass_ms: p50,
+            promql: format!(r#"avg_over_time(m0_value{{sensor="{sensor}"}}[{window}s])"#),
+            sql: format!("SELECT mean(value) FROM m0 WHERE sensor='{sensor}'"),
+            from,
+            to: end,
+            sensors: Box::new(|i| i == 0),
+        });
         s.row(vec![
             format!("average {span}d"),
             ms.len().to_string(),
@@ -148,6 +162,7 @@ pub async fn run(
         );
     }
     let fend = fleet.end();
+    let in_glob = |i: u32| Dataset::sensor(i).starts_with("lt-000");
     for (name, path) in [
         (
             "group average 6h over the fleet",
@@ -166,8 +181,15 @@ pub async fn run(
             ),
         ),
     ] {
-        let (ms, docs, _) = measure(&target.url, &path, repeats).await?;
+        let (ms, docs, got) = measure(&target.url, &path, repeats).await?;
         let (p50, p99, _) = percentiles(ms.clone());
+        // The group average's one group against the truth; the series by
+        // sensor is timed only.
+        let exact = got["groups"][0].get("count").map(|count| {
+            let (n, sum) = totals(&all, &in_glob, fend - 6 * 3600, fend, false);
+            count.as_u64() == Some(n) && got["groups"][0]["sum"].as_f64() == Some(sum)
+        });
+        ok &= exact.unwrap_or(true);
         s.row(vec![
             name.into(),
             ms.len().to_string(),
@@ -175,16 +197,30 @@ pub async fn run(
             f(p99),
             "-".into(),
             f(docs),
-            "-".into(),
+            exact.map_or("-".into(), |e| e.to_string()),
         ]);
         json.insert(
             name.into(),
-            serde_json::json!({ "p50_ms": p50, "p99_ms": p99, "documents": docs }),
+            serde_json::json!({ "p50_ms": p50, "p99_ms": p99, "documents": docs, "exact": exact }),
         );
+        if exact.is_some() {
+            let window = 6 * 3600;
+            asked.push(Asked {
+                name: name.into(),
+                hourglass_ms: p50,
+                promql: format!(
+                    r#"sum(sum_over_time(m0_value{{sensor=~"lt-000.*"}}[{window}s])) / sum(count_over_time(m0_value{{sensor=~"lt-000.*"}}[{window}s]))"#
+                ),
+                sql: "SELECT mean(value) FROM m0 WHERE sensor =~ /^lt-000/".into(),
+                from: fend - window,
+                to: fend,
+                sensors: Box::new(in_glob),
+            });
+        }
     }
     drop(target);
-    let rows: Vec<Row> = truth.iter().map(|(&ts, &v)| (0, 0, ts, v)).collect();
-    let (peers, peers_ok) = peers(ctx, &rows, &truth, &spans, end, repeats, &hourglass_p50).await?;
+    let rows: Vec<Row> = all.iter().map(|(&(i, ts), &v)| (i, 0, ts, v)).collect();
+    let (peers, peers_ok) = peers(ctx, &rows, &all, &asked, repeats).await?;
     json.insert("peers".into(), peers.1);
     let mut report = Report::new("Hourglass query cost by range");
     report.sections.push(s);
@@ -214,46 +250,67 @@ async fn timed(url: &str, n: usize) -> anyhow::Result<(Vec<f64>, serde_json::Val
     Ok((ms, last))
 }
 
-/// The mean of the truth's readings at `from <= ts < to` (`left_open`:
-/// `from < ts <= to`, PromQL's window).
-fn mean(truth: &BTreeMap<i64, f64>, from: i64, to: i64, left_open: bool) -> f64 {
-    let range = if left_open {
-        truth.range(from + 1..to + 1)
-    } else {
-        truth.range(from..to)
-    };
-    let (n, sum) = range.fold((0u64, 0.0), |(n, s), (_, v)| (n + 1, s + v));
-    sum / n as f64
+/// One query asked of Hourglass and then of its peers: the mean of
+/// metric 0 over `sensors` at `from <= ts < to`.
+struct Asked {
+    name: String,
+    hourglass_ms: f64,
+    /// Evaluated at `to` (PromQL's window: `from < ts <= to`).
+    promql: String,
+    /// Completed with the time condition.
+    sql: String,
+    from: i64,
+    to: i64,
+    sensors: Box<dyn Fn(u32) -> bool>,
 }
 
-/// The same series in VictoriaMetrics and InfluxDB 1.x, the same averages.
+/// Readings and their sum over `sensors` at `from <= ts < to` (`left_open`:
+/// `from < ts <= to`, PromQL's window).
+fn totals(
+    all: &BTreeMap<(u32, i64), f64>,
+    sensors: &dyn Fn(u32) -> bool,
+    from: i64,
+    to: i64,
+    left_open: bool,
+) -> (u64, f64) {
+    let (from, to) = if left_open {
+        (from + 1, to + 1)
+    } else {
+        (from, to)
+    };
+    all.iter()
+        .filter(|&(&(i, ts), _)| ts >= from && ts < to && sensors(i))
+        .fold((0, 0.0), |(n, sum), (_, v)| (n + 1, sum + v))
+}
+
+/// The same readings in VictoriaMetrics and InfluxDB 1.x, the same queries.
 async fn peers(
     ctx: &Ctx,
     rows: &[Row],
-    truth: &BTreeMap<i64, f64>,
-    spans: &[u32],
-    end: i64,
+    all: &BTreeMap<(u32, i64), f64>,
+    asked: &[Asked],
     repeats: usize,
-    hourglass_p50: &[f64],
 ) -> anyhow::Result<((Section, serde_json::Value), bool)> {
+    let mean = |a: &Asked, left_open: bool| {
+        let (n, sum) = totals(all, &a.sensors, a.from, a.to, left_open);
+        sum / n as f64
+    };
     // No result cache: every repeat computes, as Hourglass does.
     let vm = start_victoria(&["-search.disableCache"]).await?;
     send_rows(ctx, &format!("{}/write?precision=s", vm.url), rows, 5000, 2).await?;
     let _ = reqwest::get(format!("{}/internal/force_flush", vm.url)).await;
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     let mut vm_answers = Vec::new();
-    for &span in spans {
-        let from = span_from(end, span);
-        let url = format!(
-            "{}/api/v1/query?query=avg_over_time(m0_value%7Bsensor%3D%22lt-00000%22%7D%5B{}s%5D)&time={end}",
-            vm.url,
-            end - from
-        );
-        let (ms, got) = timed(&url, repeats).await?;
+    for a in asked {
+        let mut url = reqwest::Url::parse(&format!("{}/api/v1/query", vm.url))?;
+        url.query_pairs_mut()
+            .append_pair("query", &a.promql)
+            .append_pair("time", &a.to.to_string());
+        let (ms, got) = timed(url.as_str(), repeats).await?;
         let value = got["data"]["result"][0]["value"][1]
             .as_str()
             .and_then(|v| v.parse::<f64>().ok());
-        vm_answers.push((ms, value == Some(mean(truth, from, end, true))));
+        vm_answers.push((ms, value == Some(mean(a, true))));
     }
     vm.stop();
 
@@ -267,26 +324,25 @@ async fn peers(
     )
     .await?;
     let mut influx_answers = Vec::new();
-    for &span in spans {
-        let from = span_from(end, span);
+    for a in asked {
         let sql = format!(
-            "SELECT mean(value) FROM m0 WHERE sensor='lt-00000' AND time >= '{}' AND time < '{}'",
-            rfc3339(from),
-            rfc3339(end)
+            "{} AND time >= '{}' AND time < '{}'",
+            a.sql,
+            rfc3339(a.from),
+            rfc3339(a.to)
         );
-        let url = format!(
-            "{}/query?db=hg&q={}",
-            influx.url,
-            sql.replace(' ', "%20").replace('\'', "%27")
-        );
-        let (ms, got) = timed(&url, repeats).await?;
+        let mut url = reqwest::Url::parse(&format!("{}/query", influx.url))?;
+        url.query_pairs_mut()
+            .append_pair("db", "hg")
+            .append_pair("q", &sql);
+        let (ms, got) = timed(url.as_str(), repeats).await?;
         let value = got["results"][0]["series"][0]["values"][0][1].as_f64();
-        influx_answers.push((ms, value == Some(mean(truth, from, end, false))));
+        influx_answers.push((ms, value == Some(mean(a, false))));
     }
     influx.stop();
 
     let mut s = Section::new(
-        "The same averages in VictoriaMetrics and InfluxDB 1.x (the same series as line protocol; p50 ms, and each against its own 1-day figure)",
+        "The same queries in VictoriaMetrics and InfluxDB 1.x (the same readings as line protocol; p50 ms, and each long average against its own 1-day figure)",
         &[
             "query",
             "Hourglass",
@@ -299,22 +355,33 @@ async fn peers(
     let mut json = serde_json::Map::new();
     let mut ok = true;
     let p50 = |ms: &[f64]| percentiles(ms.to_vec()).0;
-    let (vm1, in1) = (p50(&vm_answers[0].0), p50(&influx_answers[0].0));
-    for (i, &span) in spans.iter().enumerate() {
+    let (hg1, vm1, in1) = (
+        asked[0].hourglass_ms,
+        p50(&vm_answers[0].0),
+        p50(&influx_answers[0].0),
+    );
+    for (i, a) in asked.iter().enumerate() {
         let (vm_ms, in_ms) = (p50(&vm_answers[i].0), p50(&influx_answers[i].0));
         let (vm_exact, in_exact) = (vm_answers[i].1, influx_answers[i].1);
         ok &= vm_exact && in_exact;
-        let hg = hourglass_p50[i];
+        // Ratios only along the growing ranges.
+        let cell = |ms: f64, base: f64| {
+            if a.name.starts_with("average") {
+                format!("{} ({:.2}×)", f(ms), ms / base)
+            } else {
+                f(ms)
+            }
+        };
         s.row(vec![
-            format!("average {span}d"),
-            format!("{} ({:.2}×)", f(hg), hg / hourglass_p50[0]),
-            format!("{} ({:.2}×)", f(vm_ms), vm_ms / vm1),
+            a.name.clone(),
+            cell(a.hourglass_ms, hg1),
+            cell(vm_ms, vm1),
             vm_exact.to_string(),
-            format!("{} ({:.2}×)", f(in_ms), in_ms / in1),
+            cell(in_ms, in1),
             in_exact.to_string(),
         ]);
         json.insert(
-            format!("average_{span}d"),
+            a.name.replace(' ', "_"),
             serde_json::json!({
                 "victoria_metrics": { "p50_ms": vm_ms, "exact": vm_exact },
                 "influxdb": { "p50_ms": in_ms, "exact": in_exact },

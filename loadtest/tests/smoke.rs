@@ -134,9 +134,15 @@ fn ranges_answer_long_averages_exactly() {
     ];
     let r: serde_json::Value = serde_json::from_str(&loadtest(&args)).expect("json");
     assert_eq!(r["data"]["ranges"]["average_1d"]["exact"], true, "{r}");
-    let peers = &r["data"]["ranges"]["peers"]["average_1d"];
-    assert_eq!(peers["victoria_metrics"]["exact"], true, "{r}");
-    assert_eq!(peers["influxdb"]["exact"], true, "{r}");
+    assert_eq!(
+        r["data"]["ranges"]["group average 6h over the fleet"]["exact"], true,
+        "{r}"
+    );
+    for query in ["average_1d", "group_average_6h_over_the_fleet"] {
+        let peers = &r["data"]["ranges"]["peers"][query];
+        assert_eq!(peers["victoria_metrics"]["exact"], true, "{query}: {r}");
+        assert_eq!(peers["influxdb"]["exact"], true, "{query}: {r}");
+    }
 }
 
 #[test]
