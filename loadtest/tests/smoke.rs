@@ -140,8 +140,8 @@ fn ranges_answer_long_averages_exactly() {
     );
     for query in ["average_1d", "group_average_6h_over_the_fleet"] {
         let peers = &r["data"]["ranges"]["peers"][query];
-        assert_eq!(peers["victoria_metrics"]["exact"], true, "{query}: {r}");
-        assert_eq!(peers["influxdb"]["exact"], true, "{query}: {r}");
+        assert_eq!(peers["victoria_metrics"]["agrees"], true, "{query}: {r}");
+        assert_eq!(peers["influxdb"]["agrees"], true, "{query}: {r}");
     }
 }
 

@@ -331,6 +331,23 @@ mod tests {
     }
 
     #[test]
+    fn neighbouring_sources_are_one_range_at_every_level() {
+        let days = Touched {
+            starts: vec![0, 86_400, 3 * 86_400],
+            sensors: None,
+        };
+        // Day rollups, a day apart, feeding the 30-day level: a flush over
+        // midnight is one aggregation; a gap of two days is not bridged.
+        let source = Source::of(Period::Days30, Granularity::Minute);
+        assert_eq!(source, Source::Rollups(Period::Day));
+        assert_eq!(
+            flush_filters(&days, source.len(Granularity::Minute)).len(),
+            2
+        );
+        assert_eq!(flush_filters(&days, 3600).len(), 3);
+    }
+
+    #[test]
     fn day_rollups_read_hour_rollups_only_with_minute_buckets() {
         assert_eq!(
             Source::of(Period::Day, Granularity::Minute),
