@@ -320,9 +320,11 @@ async fn shutdown_without_storage_logs_the_unstored_readings_and_exits_nonzero()
 }
 
 async fn ttl(app: &TestApp) -> Option<i64> {
-    let coll = app
-        .db
-        .collection::<Document>(&app.settings.mongodb.collection);
+    ttl_of(app, &app.settings.mongodb.collection).await
+}
+
+async fn ttl_of(app: &TestApp, collection: &str) -> Option<i64> {
+    let coll = app.db.collection::<Document>(collection);
     let indexes: Vec<_> = coll
         .list_indexes()
         .await
@@ -348,6 +350,11 @@ async fn retention_is_applied_to_the_ttl_index_at_each_start() {
     settings.buckets.retention = Some(Duration::from_secs(90 * 86_400));
     let app = spawn_app_with(settings.clone()).await;
     assert_eq!(ttl(&app).await, Some(90 * 86_400));
+    assert_eq!(
+        ttl_of(&app, &app.settings.mongodb.rollup_collection).await,
+        Some((90 + 31) * 86_400),
+        "a 30-day rollup outlives the last bucket it sums"
+    );
     app.stop().await.expect("clean stop");
 
     settings.buckets.retention = Some(Duration::from_secs(45 * 86_400));
@@ -356,6 +363,10 @@ async fn retention_is_applied_to_the_ttl_index_at_each_start() {
         ttl(&app).await,
         Some(45 * 86_400),
         "changed in place at the next start"
+    );
+    assert_eq!(
+        ttl_of(&app, &app.settings.mongodb.rollup_collection).await,
+        Some((45 + 31) * 86_400)
     );
     app.stop().await.expect("clean stop");
 
