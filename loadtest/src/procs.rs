@@ -225,3 +225,21 @@ pub async fn scrape(url: &str) -> anyhow::Result<HashMap<String, f64>> {
     }
     Ok(out)
 }
+
+/// `url` `n` times in a row: latencies (ms) and the last JSON answer.
+pub async fn timed(
+    client: &reqwest::Client,
+    url: &str,
+    n: usize,
+) -> anyhow::Result<(Vec<f64>, serde_json::Value)> {
+    let mut ms = Vec::with_capacity(n);
+    let mut last = serde_json::Value::Null;
+    for _ in 0..n {
+        let t = std::time::Instant::now();
+        let r = client.get(url).send().await?;
+        anyhow::ensure!(r.status().is_success(), "{url}: {}", r.status());
+        last = r.json().await?;
+        ms.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    Ok((ms, last))
+}

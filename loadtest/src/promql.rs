@@ -86,15 +86,7 @@ async fn timed(
     url: &str,
     n: usize,
 ) -> anyhow::Result<(f64, serde_json::Value)> {
-    let mut ms = Vec::with_capacity(n);
-    let mut last = serde_json::Value::Null;
-    for _ in 0..n {
-        let t = Instant::now();
-        let r = client.get(url).send().await?;
-        anyhow::ensure!(r.status().is_success(), "{url}: {}", r.status());
-        last = r.json().await?;
-        ms.push(t.elapsed().as_secs_f64() * 1000.0);
-    }
+    let (ms, last) = crate::procs::timed(client, url, n).await?;
     let (p50, _, _) = percentiles(ms);
     Ok((p50, last))
 }

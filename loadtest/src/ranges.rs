@@ -13,7 +13,7 @@ use std::time::Instant;
 use crate::ctx::Ctx;
 use crate::dataset::{Dataset, DatasetArgs, Row, rfc3339};
 use crate::peers::{send_rows, start_influx, start_victoria};
-use crate::procs::scrape;
+use crate::procs::{scrape, timed};
 use crate::report::{Report, Section, f, percentiles};
 
 const DOCS_SUM: &str = "hourglass_query_documents_read_sum";
@@ -26,7 +26,7 @@ async fn measure(
     n: usize,
 ) -> anyhow::Result<(Vec<f64>, f64, serde_json::Value)> {
     let before = scrape(url).await?.get(DOCS_SUM).copied().unwrap_or(0.0);
-    let (ms, last) = timed(&format!("{url}{path}"), n).await?;
+    let (ms, last) = timed(&reqwest::Client::new(), &format!("{url}{path}"), n).await?;
     let after = scrape(url).await?.get(DOCS_SUM).copied().unwrap_or(0.0);
     Ok((ms, (after - before) / n as f64, last))
 }
@@ -235,21 +235,6 @@ fn span_from(end: i64, span: u32) -> i64 {
     end - i64::from(span) * 86_400 + 3600 + 61
 }
 
-/// `url` `n` times in a row: latencies (ms) and the last answer.
-async fn timed(url: &str, n: usize) -> anyhow::Result<(Vec<f64>, serde_json::Value)> {
-    let client = reqwest::Client::new();
-    let mut ms = Vec::with_capacity(n);
-    let mut last = serde_json::Value::Null;
-    for _ in 0..n {
-        let t = Instant::now();
-        let r = client.get(url).send().await?;
-        anyhow::ensure!(r.status().is_success(), "{url}: {}", r.status());
-        last = r.json().await?;
-        ms.push(t.elapsed().as_secs_f64() * 1000.0);
-    }
-    Ok((ms, last))
-}
-
 /// One query asked of Hourglass and then of its peers: the mean of
 /// metric 0 over `sensors` at `from <= ts < to`.
 struct Asked {
@@ -298,6 +283,7 @@ async fn peers(
     asked: &[Asked],
     repeats: usize,
 ) -> anyhow::Result<((Section, serde_json::Value), bool)> {
+    let client = reqwest::Client::new();
     let mean = |a: &Asked, left_open: bool| {
         let (n, sum) = totals(all, &a.sensors, a.from, a.to, left_open);
         sum / n as f64
@@ -313,7 +299,7 @@ async fn peers(
         url.query_pairs_mut()
             .append_pair("query", &a.promql)
             .append_pair("time", &a.to.to_string());
-        let (ms, got) = timed(url.as_str(), repeats).await?;
+        let (ms, got) = timed(&client, url.as_str(), repeats).await?;
         let value = got["data"]["result"][0]["value"][1]
             .as_str()
             .and_then(|v| v.parse::<f64>().ok());
@@ -342,7 +328,7 @@ async fn peers(
         url.query_pairs_mut()
             .append_pair("db", "hg")
             .append_pair("q", &sql);
-        let (ms, got) = timed(url.as_str(), repeats).await?;
+        let (ms, got) = timed(&client, url.as_str(), repeats).await?;
         let value = got["results"][0]["series"][0]["values"][0][1].as_f64();
         influx_answers.push((ms, agrees(value, mean(a, false))));
     }
