@@ -155,7 +155,7 @@ fn benches(c: &mut Criterion) {
         group.bench_function(format!("update_documents_10k_{g:?}").to_lowercase(), |b| {
             b.iter(|| {
                 ups.iter()
-                    .map(|u| update_statement(u, g))
+                    .map(|u| update_statement(u, g).expect("encoded"))
                     .collect::<Vec<_>>()
             })
         });
@@ -170,7 +170,7 @@ fn benches(c: &mut Criterion) {
             batch
                 .items
                 .iter()
-                .map(|i| update_statement(&i.update, Granularity::Minute))
+                .map(|i| update_statement(&i.update, Granularity::Minute).expect("encoded"))
                 .collect::<Vec<_>>()
         })
     });

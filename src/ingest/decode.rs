@@ -221,19 +221,11 @@ fn decode_with<'a>(
         Some(b'[') => {
             // One pass when every element has the right shape (the common
             // case); otherwise the two passes below say which ones do not.
-            if let Ok(raws) = serde_json::from_str::<Vec<RawReading<'a>>>(text) {
-                if raws.len() > ctx.max_readings {
-                    return Err(DecodeError::TooMany {
-                        count: raws.len(),
-                        max: ctx.max_readings,
-                    });
-                }
-                let total = raws.len();
-                return collect(
-                    raws.into_iter()
-                        .map(|raw| validate(raw, implied, ctx).map_err(|e| e.to_string())),
-                    total,
-                );
+            let mut de = serde_json::Deserializer::from_str(text);
+            let one_pass = de::DeserializeSeed::deserialize(OnePass { implied, ctx }, &mut de)
+                .and_then(|checked| de.end().map(|()| checked));
+            if let Ok(checked) = one_pass {
+                return checked;
             }
             let items: Vec<&'a RawValue> =
                 serde_json::from_str(text).map_err(|e| DecodeError::Malformed(e.to_string()))?;
@@ -261,6 +253,65 @@ fn decode_with<'a>(
             Err(e) => Err(DecodeError::Malformed(e.to_string())),
         },
         None => Err(DecodeError::Malformed("the body is empty".to_owned())),
+    }
+}
+
+/// An array of readings deserialized and validated element by element, into
+/// the answer of [`decode_with`]: no intermediate vector of raw readings.
+struct OnePass<'a, 'c> {
+    implied: Implied<'a>,
+    ctx: &'c DecodeContext,
+}
+
+impl<'a> de::DeserializeSeed<'a> for OnePass<'a, '_> {
+    type Value = Result<Vec<Reading<'a>>, DecodeError>;
+
+    fn deserialize<D: Deserializer<'a>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'a> Visitor<'a> for OnePass<'a, '_> {
+    type Value = Result<Vec<Reading<'a>>, DecodeError>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an array of readings")
+    }
+
+    fn visit_seq<A: de::SeqAccess<'a>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let max = self.ctx.max_readings;
+        let mut readings = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(max));
+        let (mut total, mut invalid, mut details) = (0, 0, Vec::new());
+        while let Some(raw) = seq.next_element::<RawReading<'a>>()? {
+            total += 1;
+            if total > max {
+                continue; // only counted, for the answer
+            }
+            match validate(raw, self.implied, self.ctx) {
+                Ok(r) if invalid == 0 => readings.push(r),
+                Ok(_) => {}
+                Err(e) => {
+                    invalid += 1;
+                    if details.len() < MAX_DETAILS {
+                        details.push(Detail {
+                            index: total - 1,
+                            reason: e.to_string(),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(if total > max {
+            Err(DecodeError::TooMany { count: total, max })
+        } else if invalid > 0 {
+            Err(DecodeError::Invalid {
+                invalid,
+                total,
+                details,
+            })
+        } else {
+            Ok(readings)
+        })
     }
 }
 

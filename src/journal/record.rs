@@ -62,15 +62,25 @@ pub fn decode(payload: &[u8]) -> Result<Vec<Reading<'_>>, Malformed> {
     if count > payload.len() / 20 + 1 {
         return Err(Malformed("count beyond the payload"));
     }
-    let mut out = Vec::with_capacity(count);
+    let mut out: Vec<Reading<'_>> = Vec::with_capacity(count);
     for _ in 0..count {
         let sensor = at.name()?;
         let metric = at.name()?;
         let ts = i64::from_le_bytes(at.array()?);
         let value = f64::from_bits(u64::from_le_bytes(at.array()?));
+        // A name equal to the previous reading's was checked with it.
+        let last = out.last();
+        let sensor = match last {
+            Some(r) if r.sensor.as_str() == sensor => r.sensor.clone(),
+            _ => SensorId::parse(sensor).map_err(|_| Malformed("sensor"))?,
+        };
+        let metric = match last {
+            Some(r) if r.metric.as_str() == metric => r.metric.clone(),
+            _ => MetricName::parse(metric).map_err(|_| Malformed("metric"))?,
+        };
         out.push(Reading {
-            sensor: SensorId::parse(sensor).map_err(|_| Malformed("sensor"))?,
-            metric: MetricName::parse(metric).map_err(|_| Malformed("metric"))?,
+            sensor,
+            metric,
             ts,
             value,
         });

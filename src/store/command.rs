@@ -1,9 +1,10 @@
 //! Cuts bucket updates into `update` commands that fit the server's limits,
 //! measured on the encoded bytes of each statement (they are raw BSON already).
 
-use mongodb::bson::{RawArrayBuf, RawDocument, RawDocumentBuf, rawdoc};
+use mongodb::bson::{RawDocument, RawDocumentBuf};
 
-use super::document::update_statement;
+use super::document::write_statement;
+use super::raw_writer::{Open, Writer, index_key};
 use crate::domain::{BucketUpdate, Granularity};
 
 /// Room kept free in every command for the fields the driver adds to it
@@ -52,7 +53,16 @@ pub struct Command {
 #[derive(Debug)]
 pub enum Chunk {
     Command(Command),
-    Oversized { index: usize, bytes: usize },
+    Oversized {
+        index: usize,
+        bytes: usize,
+    },
+    /// The command was not encoded (a bug, never seen): its updates cannot
+    /// be sent and go to the dead letters with this reason.
+    Unencodable {
+        indexes: Vec<usize>,
+        reason: String,
+    },
 }
 
 /// Where and how the commands of a write go.
@@ -65,13 +75,16 @@ pub struct Target<'a> {
 }
 
 /// Builds the commands for a write, one at a time, so a large batch never
-/// sits in memory as one buffer.
+/// sits in memory as one buffer. Each command is written once, statements
+/// in place, into the buffer the driver sends.
 pub struct Commands<'a, I: Iterator<Item = usize>> {
     updates: &'a [&'a BucketUpdate],
     indexes: I,
     target: Target<'a>,
-    /// A statement built for the previous command that did not fit there.
-    carry: Option<(usize, RawDocumentBuf)>,
+    /// An update written into the previous command that did not fit there.
+    carry: Option<usize>,
+    /// The previous command's size: the next one's first guess of capacity.
+    last_len: usize,
 }
 
 impl<'a, I: Iterator<Item = usize>> Commands<'a, I> {
@@ -82,47 +95,41 @@ impl<'a, I: Iterator<Item = usize>> Commands<'a, I> {
             indexes,
             target,
             carry: None,
+            last_len: 4096,
         }
     }
 
     /// The indexes not yet put into a command: for an outage that stops a write.
     pub fn rest(self) -> impl Iterator<Item = usize> {
-        self.carry.map(|(i, _)| i).into_iter().chain(self.indexes)
+        self.carry.into_iter().chain(self.indexes)
     }
 
-    fn envelope(&self, statements: RawArrayBuf) -> RawDocumentBuf {
-        let mut body = rawdoc! {
-            "update": self.target.collection,
-            "updates": statements,
-            "ordered": false,
-        };
+    /// `{update: <collection>, updates: [` — left open for the statements.
+    fn open_envelope(&self, w: &mut Writer) -> (Open, Open) {
+        let root = w.root();
+        w.string("update", self.target.collection);
+        let updates = w.array("updates");
+        (root, updates)
+    }
+
+    /// `], ordered: false, writeConcern: …}`.
+    fn close_envelope(&self, w: &mut Writer, (root, updates): (Open, Open)) {
+        w.end(updates);
+        w.boolean("ordered", false);
         if let Some(wc) = self.target.write_concern {
-            body.append_ref("writeConcern", wc);
+            w.raw_document("writeConcern", wc);
         }
-        body
+        w.end(root);
     }
 
-    fn next_statement(&mut self) -> Option<(usize, RawDocumentBuf)> {
-        if let Some(carried) = self.carry.take() {
-            return Some(carried);
-        }
-        let i = self.indexes.next()?;
-        Some((
-            i,
-            update_statement(self.updates[i], self.target.granularity),
-        ))
+    /// Bytes the envelope adds after the last statement.
+    fn tail_len(&self) -> usize {
+        let mut w = Writer::default();
+        let open = self.open_envelope(&mut w);
+        let head = w.written();
+        self.close_envelope(&mut w, open);
+        w.written() - head
     }
-}
-
-/// Bytes an array element adds besides its value: type, decimal key, NUL.
-fn element_overhead(position: usize) -> usize {
-    let mut digits = 1;
-    let mut n = position;
-    while n >= 10 {
-        n /= 10;
-        digits += 1;
-    }
-    2 + digits
 }
 
 impl<I: Iterator<Item = usize>> Iterator for Commands<'_, I> {
@@ -130,42 +137,54 @@ impl<I: Iterator<Item = usize>> Iterator for Commands<'_, I> {
 
     fn next(&mut self) -> Option<Chunk> {
         let budget = self.target.limits.command_budget();
-        let empty = self.envelope(RawArrayBuf::new()).as_bytes().len();
-        let mut statements = RawArrayBuf::new();
-        let mut bytes = empty;
+        let tail = self.tail_len();
+        let mut w = Writer::with_capacity(self.last_len.min(budget) + 1024);
+        let open = self.open_envelope(&mut w);
         let mut indexes = Vec::new();
+        let mut key = [0; 20];
         while indexes.len() < self.target.limits.max_write_batch_size {
-            let Some((i, statement)) = self.next_statement() else {
+            let Some(i) = self.carry.take().or_else(|| self.indexes.next()) else {
                 break;
             };
-            let cost = element_overhead(indexes.len()) + statement.as_bytes().len();
-            if bytes + cost > budget {
+            let mark = w.written();
+            let position = index_key(indexes.len(), &mut key);
+            // The element's type byte, its key and the key's NUL.
+            let overhead = 2 + position.len();
+            write_statement(&mut w, position, self.updates[i], self.target.granularity);
+            if w.written() + tail > budget {
                 if indexes.is_empty() {
                     // Too large even alone: it can never be sent.
                     return Some(Chunk::Oversized {
                         index: i,
-                        bytes: statement.as_bytes().len(),
+                        bytes: w.written() - mark - overhead,
                     });
                 }
-                self.carry = Some((i, statement));
+                // Written again at the start of the next command.
+                w.truncate(mark);
+                self.carry = Some(i);
                 break;
             }
-            bytes += cost;
-            statements.push(statement);
             indexes.push(i);
         }
         if indexes.is_empty() {
             return None;
         }
-        Some(Chunk::Command(Command {
-            body: self.envelope(statements),
-            indexes,
-        }))
+        self.close_envelope(&mut w, open);
+        self.last_len = w.written();
+        Some(match w.finish() {
+            Ok(body) => Chunk::Command(Command { body, indexes }),
+            Err(e) => Chunk::Unencodable {
+                indexes,
+                reason: format!("the update command was not encoded: {e}"),
+            },
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use mongodb::bson::rawdoc;
+
     use super::*;
     use crate::domain::{BucketKey, MetricName, SensorId};
 
@@ -273,7 +292,7 @@ mod tests {
         let counts: Vec<usize> = Commands::new(&refs, 0..25, target(Granularity::Minute, limits))
             .map(|c| match c {
                 Chunk::Command(c) => c.indexes.len(),
-                Chunk::Oversized { .. } => 0,
+                Chunk::Oversized { .. } | Chunk::Unencodable { .. } => 0,
             })
             .collect();
         assert_eq!(counts, vec![10, 10, 5]);
@@ -296,13 +315,5 @@ mod tests {
         assert!(matches!(chunks[0], Chunk::Command(ref c) if c.indexes == vec![0]));
         assert!(matches!(chunks[1], Chunk::Oversized { index: 1, bytes } if bytes > 8 * 1024));
         assert!(matches!(chunks[2], Chunk::Command(ref c) if c.indexes == vec![2]));
-    }
-
-    #[test]
-    fn element_overhead_counts_the_decimal_key() {
-        assert_eq!(element_overhead(0), 3);
-        assert_eq!(element_overhead(9), 3);
-        assert_eq!(element_overhead(10), 4);
-        assert_eq!(element_overhead(99_999), 7);
     }
 }

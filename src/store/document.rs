@@ -3,16 +3,18 @@
 
 use std::sync::LazyLock;
 
-use mongodb::bson::{Bson, DateTime, Document, RawArrayBuf, RawDocumentBuf, doc, rawdoc};
+use mongodb::bson::{Bson, DateTime, Document, RawDocumentBuf, doc, rawdoc};
 
+use super::raw_writer::Writer;
 use super::{SCHEMA_VERSION, StoreError};
 use crate::batcher::DeadLetter;
 use crate::domain::BucketRead;
-use crate::domain::{Agg, BucketKey, BucketUpdate, Granularity, SECOND_FIELDS, field_name};
+use crate::domain::{Agg, BucketUpdate, Granularity, SECOND_FIELDS, field_name};
 
-// Statements are built as raw BSON: appended straight into byte buffers, with
-// the parts that never change encoded once and copied in, so the driver has
-// nothing left to serialize. This is the hot path of every flush.
+// Statements are written as raw BSON straight into the buffer of their
+// `update` command (see `raw_writer`), with the parts that never change
+// encoded once and copied in, so the driver has nothing left to serialize.
+// This is the hot path of every flush.
 
 /// `"$v.0"` … `"$v.59"`: the paths of an hour bucket's minutes.
 static MINUTE_PATHS: LazyLock<Vec<String>> =
@@ -48,16 +50,6 @@ pub fn start_date(start: i64) -> DateTime {
     DateTime::from_millis(start.saturating_mul(1000))
 }
 
-/// The filter of a bucket: exactly the fields of the unique index, so an upsert
-/// that loses a race fails with a duplicate key and can be retried.
-pub fn key_filter(key: &BucketKey) -> RawDocumentBuf {
-    rawdoc! {
-        "sensor": key.sensor.as_str(),
-        "metric": key.metric.as_str(),
-        "start": start_date(key.start),
-    }
-}
-
 /// `[value, …]` of an object of values, as an aggregation expression.
 fn values_of(path: &str) -> RawDocumentBuf {
     rawdoc! { "$map": { "input": { "$objectToArray": path }, "in": "$$this.v" } }
@@ -74,69 +66,141 @@ fn aggregates_of(path: &str) -> RawDocumentBuf {
     }
 }
 
-fn literal_seconds<'a>(values: impl Iterator<Item = &'a (u16, f64)>) -> RawDocumentBuf {
-    let mut d = RawDocumentBuf::new();
+/// `{"$ifNull": ["$v", {}]}`: the stored values, or none.
+static STORED_VALUES: LazyLock<RawDocumentBuf> =
+    LazyLock::new(|| rawdoc! { "$ifNull": ["$v", {}] });
+
+/// `{"$ifNull": ["$m", {}]}`: an hour bucket's stored minute aggregates.
+static STORED_MINUTES: LazyLock<RawDocumentBuf> =
+    LazyLock::new(|| rawdoc! { "$ifNull": ["$m", {}] });
+
+/// `{"$ifNull": ["$v.<m>", {}]}` for each minute of an hour bucket.
+static STORED_MINUTE_VALUES: LazyLock<Vec<RawDocumentBuf>> = LazyLock::new(|| {
+    MINUTE_PATHS
+        .iter()
+        .map(|p| rawdoc! { "$ifNull": [p.as_str(), {}] })
+        .collect()
+});
+
+/// `{"$literal": {<second>: value, …}}` as element `key` of an array.
+fn write_literal_seconds<'a>(
+    w: &mut Writer,
+    key: &str,
+    values: impl Iterator<Item = &'a (u16, f64)>,
+) {
+    let element = w.document(key);
+    let literal = w.document("$literal");
     for &(second, value) in values {
-        d.append(field_name(second % 60), value);
+        w.double(field_name(second % 60), value);
     }
-    d
+    w.end(literal);
+    w.end(element);
 }
 
-/// The update pipeline for one bucket.
+/// Writes the upsert statement of one bucket as element `key` of an
+/// `update` command's `updates` array: `{q: <key filter>, u: <pipeline>,
+/// upsert: true}`.
 ///
-/// Values are set (last write wins) and the aggregates recomputed from the
-/// stored values in the same atomic document update, so duplicates, overwrites,
-/// late readings and concurrent writers all leave them exact; applying the same
-/// update twice changes nothing. Every user-supplied value sits inside
-/// `$literal` or a filter value, never in a field name or operator position.
-pub fn update_pipeline(update: &BucketUpdate, granularity: Granularity) -> RawArrayBuf {
-    let mut pipeline = RawArrayBuf::new();
+/// The pipeline sets the values (last write wins) and recomputes the
+/// aggregates from the stored values in the same atomic document update, so
+/// duplicates, overwrites, late readings and concurrent writers all leave
+/// them exact; applying the same update twice changes nothing. Every
+/// user-supplied value sits inside `$literal` or a filter value, never in a
+/// field name or operator position.
+pub fn write_statement(w: &mut Writer, key: &str, update: &BucketUpdate, granularity: Granularity) {
+    let statement = w.document(key);
+    statement_fields(w, update, granularity);
+    w.end(statement);
+}
+
+fn statement_fields(w: &mut Writer, update: &BucketUpdate, granularity: Granularity) {
+    // Exactly the fields of the unique index, so an upsert that loses a race
+    // fails with a duplicate key and can be retried.
+    let q = w.document("q");
+    w.string("sensor", update.key.sensor.as_str());
+    w.string("metric", update.key.metric.as_str());
+    w.datetime("start", start_date(update.key.start).timestamp_millis());
+    w.end(q);
+    let u = w.array("u");
     match granularity {
         Granularity::Minute => {
-            let new = literal_seconds(update.values.iter());
-            pipeline.push(rawdoc! { "$set": {
-                "v": { "$mergeObjects": [ { "$ifNull": ["$v", {}] }, { "$literal": new } ] },
-                "schema_version": SCHEMA_VERSION,
-                "n": WRITE_COUNTER.clone(),
-            }});
-            pipeline.push(MINUTE_TOTALS.clone());
+            // {$set: {v: {$mergeObjects: [stored, {$literal: new}]}, schema_version, n}}
+            let stage = w.document("0");
+            let set = w.document("$set");
+            let v = w.document("v");
+            let merge = w.array("$mergeObjects");
+            w.raw_document("0", &STORED_VALUES);
+            write_literal_seconds(w, "1", update.values.iter());
+            w.end(merge);
+            w.end(v);
+            w.int32("schema_version", SCHEMA_VERSION);
+            w.raw_document("n", &WRITE_COUNTER);
+            w.end(set);
+            w.end(stage);
+            w.raw_document("1", &MINUTE_TOTALS);
         }
         Granularity::Hour => {
-            let mut v = RawDocumentBuf::new();
-            let mut m = RawDocumentBuf::new();
-            for minute_values in update.values.chunk_by(|a, b| a.0 / 60 == b.0 / 60) {
-                let minute = usize::from(minute_values[0].0 / 60 % 60);
-                let path = MINUTE_PATHS[minute].as_str();
-                v.append(
-                    SECOND_FIELDS[minute],
-                    rawdoc! { "$mergeObjects": [
-                        { "$ifNull": [path, {}] },
-                        { "$literal": literal_seconds(minute_values.iter()) },
-                    ]},
-                );
-                m.append_ref(SECOND_FIELDS[minute], &*MINUTE_AGGREGATES[minute]);
+            let minutes = || update.values.chunk_by(|a, b| a.0 / 60 == b.0 / 60);
+            let minute_of = |values: &[(u16, f64)]| usize::from(values[0].0 / 60 % 60);
+            // {$set: {v: {$mergeObjects: [stored, {<m>: {$mergeObjects:
+            //   [stored minute, {$literal: new}]}, …}]}, schema_version, n}}
+            let stage = w.document("0");
+            let set = w.document("$set");
+            let v = w.document("v");
+            let merge = w.array("$mergeObjects");
+            w.raw_document("0", &STORED_VALUES);
+            let changed = w.document("1");
+            for values in minutes() {
+                let minute = minute_of(values);
+                let element = w.document(SECOND_FIELDS[minute]);
+                let inner = w.array("$mergeObjects");
+                w.raw_document("0", &STORED_MINUTE_VALUES[minute]);
+                write_literal_seconds(w, "1", values.iter());
+                w.end(inner);
+                w.end(element);
             }
-            pipeline.push(rawdoc! { "$set": {
-                "v": { "$mergeObjects": [ { "$ifNull": ["$v", {}] }, v ] },
-                "schema_version": SCHEMA_VERSION,
-                "n": WRITE_COUNTER.clone(),
-            }});
-            pipeline.push(
-                rawdoc! { "$set": { "m": { "$mergeObjects": [ { "$ifNull": ["$m", {}] }, m ] } } },
-            );
-            pipeline.push(HOUR_TOTALS.clone());
+            w.end(changed);
+            w.end(merge);
+            w.end(v);
+            w.int32("schema_version", SCHEMA_VERSION);
+            w.raw_document("n", &WRITE_COUNTER);
+            w.end(set);
+            w.end(stage);
+            // {$set: {m: {$mergeObjects: [stored, {<m>: <aggregates of v.<m>>, …}]}}}
+            let stage = w.document("1");
+            let set = w.document("$set");
+            let m = w.document("m");
+            let merge = w.array("$mergeObjects");
+            w.raw_document("0", &STORED_MINUTES);
+            let changed = w.document("1");
+            for values in minutes() {
+                let minute = minute_of(values);
+                w.raw_document(SECOND_FIELDS[minute], &MINUTE_AGGREGATES[minute]);
+            }
+            w.end(changed);
+            w.end(merge);
+            w.end(m);
+            w.end(set);
+            w.end(stage);
+            w.raw_document("2", &HOUR_TOTALS);
         }
     }
-    pipeline
+    w.end(u);
+    w.boolean("upsert", true);
 }
 
-/// One statement of an `update` command: the bucket's upsert.
-pub fn update_statement(update: &BucketUpdate, granularity: Granularity) -> RawDocumentBuf {
-    rawdoc! {
-        "q": key_filter(&update.key),
-        "u": update_pipeline(update, granularity),
-        "upsert": true,
-    }
+/// One bucket's statement as a document of its own: what
+/// [`write_statement`] writes into a command.
+pub fn update_statement(
+    update: &BucketUpdate,
+    granularity: Granularity,
+) -> Result<RawDocumentBuf, StoreError> {
+    let mut w = Writer::with_capacity(256 + 16 * update.values.len());
+    let root = w.root();
+    statement_fields(&mut w, update, granularity);
+    w.end(root);
+    w.finish()
+        .map_err(|e| StoreError::Poison(format!("a statement was not encoded: {e}")))
 }
 
 /// A dead-letter document: the readings of one bucket update that can never
@@ -259,8 +323,20 @@ pub fn read_bucket(doc: &Document, granularity: Granularity) -> Result<BucketRea
 
 #[cfg(test)]
 mod tests {
+    use mongodb::bson::RawArrayBuf;
+
     use super::*;
-    use crate::domain::{MetricName, SensorId};
+    use crate::domain::{BucketKey, MetricName, SensorId};
+
+    /// The filter of a bucket: exactly the fields of the unique index, so an upsert
+    /// that loses a race fails with a duplicate key and can be retried.
+    fn key_filter(key: &BucketKey) -> RawDocumentBuf {
+        rawdoc! {
+            "sensor": key.sensor.as_str(),
+            "metric": key.metric.as_str(),
+            "start": start_date(key.start),
+        }
+    }
 
     fn update(values: Vec<(u16, f64)>) -> BucketUpdate {
         BucketUpdate {
@@ -271,6 +347,102 @@ mod tests {
             },
             values,
         }
+    }
+
+    /// The statement as first written, with the `bson` crate's builders:
+    /// the oracle of [`write_statement`]'s bytes.
+    fn reference_statement(update: &BucketUpdate, granularity: Granularity) -> RawDocumentBuf {
+        rawdoc! {
+            "q": key_filter(&update.key),
+            "u": update_pipeline(update, granularity),
+            "upsert": true,
+        }
+    }
+
+    fn literal_seconds<'a>(values: impl Iterator<Item = &'a (u16, f64)>) -> RawDocumentBuf {
+        let mut d = RawDocumentBuf::new();
+        for &(second, value) in values {
+            d.append(field_name(second % 60), value);
+        }
+        d
+    }
+
+    fn update_pipeline(update: &BucketUpdate, granularity: Granularity) -> RawArrayBuf {
+        let mut pipeline = RawArrayBuf::new();
+        match granularity {
+            Granularity::Minute => {
+                let new = literal_seconds(update.values.iter());
+                pipeline.push(rawdoc! { "$set": {
+                    "v": { "$mergeObjects": [ { "$ifNull": ["$v", {}] }, { "$literal": new } ] },
+                    "schema_version": SCHEMA_VERSION,
+                    "n": WRITE_COUNTER.clone(),
+                }});
+                pipeline.push(MINUTE_TOTALS.clone());
+            }
+            Granularity::Hour => {
+                let mut v = RawDocumentBuf::new();
+                let mut m = RawDocumentBuf::new();
+                for minute_values in update.values.chunk_by(|a, b| a.0 / 60 == b.0 / 60) {
+                    let minute = usize::from(minute_values[0].0 / 60 % 60);
+                    let path = MINUTE_PATHS[minute].as_str();
+                    v.append(
+                        SECOND_FIELDS[minute],
+                        rawdoc! { "$mergeObjects": [
+                            { "$ifNull": [path, {}] },
+                            { "$literal": literal_seconds(minute_values.iter()) },
+                        ]},
+                    );
+                    m.append_ref(SECOND_FIELDS[minute], &*MINUTE_AGGREGATES[minute]);
+                }
+                pipeline.push(rawdoc! { "$set": {
+                    "v": { "$mergeObjects": [ { "$ifNull": ["$v", {}] }, v ] },
+                    "schema_version": SCHEMA_VERSION,
+                    "n": WRITE_COUNTER.clone(),
+                }});
+                pipeline.push(
+                    rawdoc! { "$set": { "m": { "$mergeObjects": [ { "$ifNull": ["$m", {}] }, m ] } } },
+                );
+                pipeline.push(HOUR_TOTALS.clone());
+            }
+        }
+        pipeline
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn statements_are_byte_for_byte_those_of_the_bson_builders(
+            hour in proptest::bool::ANY,
+            seconds in proptest::collection::btree_map(0u16..3600, -1e9f64..1e9, 1..200),
+            sensor in "[a-z0-9_.-]{1,40}",
+            start in 0i64..4_000_000_000,
+        ) {
+            let g = if hour { Granularity::Hour } else { Granularity::Minute };
+            let values: Vec<(u16, f64)> = seconds
+                .into_iter()
+                .map(|(o, v)| (if hour { o } else { o % 60 }, v))
+                .collect::<std::collections::BTreeMap<_, _>>()
+                .into_iter()
+                .collect();
+            let u = BucketUpdate {
+                key: BucketKey {
+                    sensor: SensorId::parse(sensor).expect("valid").into_owned(),
+                    metric: MetricName::default_metric(),
+                    start: g.bucket_start(start),
+                },
+                values,
+            };
+            let built = update_statement(&u, g).expect("encoded");
+            let reference = reference_statement(&u, g);
+            proptest::prop_assert_eq!(built.as_bytes(), reference.as_bytes());
+        }
+    }
+
+    fn pipeline_of(update: &BucketUpdate, granularity: Granularity) -> RawArrayBuf {
+        update_statement(update, granularity)
+            .expect("encoded")
+            .get_array("u")
+            .expect("a pipeline")
+            .to_owned()
     }
 
     fn stages(p: RawArrayBuf) -> Vec<Document> {
@@ -289,7 +461,7 @@ mod tests {
 
     #[test]
     fn minute_updates_set_values_as_literals_under_second_fields() {
-        let p = stages(update_pipeline(
+        let p = stages(pipeline_of(
             &update(vec![(5, 1.5), (38, 63.0)]),
             Granularity::Minute,
         ));
@@ -310,7 +482,7 @@ mod tests {
 
     #[test]
     fn hour_updates_touch_only_the_minutes_they_write() {
-        let p = stages(update_pipeline(
+        let p = stages(pipeline_of(
             &update(vec![(61, 1.0), (62, 2.0), (3599, 3.0)]),
             Granularity::Hour,
         ));
@@ -330,6 +502,7 @@ mod tests {
     #[test]
     fn statements_name_the_bucket_and_upsert() {
         let s = update_statement(&update(vec![(1, 2.0)]), Granularity::Minute)
+            .expect("encoded")
             .to_document()
             .expect("decodes");
         assert_eq!(
@@ -339,6 +512,7 @@ mod tests {
         assert_eq!(s.get_bool("upsert"), Ok(true));
         assert_eq!(s.get_array("u").expect("u").len(), 2);
         let h = update_statement(&update(vec![(1, 2.0)]), Granularity::Hour)
+            .expect("encoded")
             .to_document()
             .expect("decodes");
         assert_eq!(h.get_array("u").expect("u").len(), 3);

@@ -4,6 +4,7 @@ pub mod command;
 pub mod document;
 pub mod errors;
 pub mod mongo;
+pub mod raw_writer;
 pub mod registry;
 pub mod rollup;
 mod settings;

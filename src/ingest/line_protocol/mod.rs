@@ -21,7 +21,7 @@ use bumpalo::Bump;
 use hashbrown::HashMap;
 
 pub use self::labels::LabelSync;
-use self::parse::{FieldValue, Kind, Line, Lines, ParseError, parse_line};
+use self::parse::{FieldValue, Kind, Line, Lines, ParseError, parse_line, parse_text};
 pub use self::settings::Settings;
 use super::decode::DecodeContext;
 use crate::domain::{
@@ -169,6 +169,8 @@ struct Seen<'a> {
     /// `(sensor, tag section)` → `None` when valid, else why not.
     tag_sets: HashMap<(&'a str, &'a str), Option<String>>,
     scratch: String,
+    /// The sensor tag's value on the last line with a valid one, and its id.
+    last_sensor: Option<(&'a str, SensorId<'a>)>,
 }
 
 impl<'a> Seen<'a> {
@@ -208,12 +210,28 @@ pub fn decode<'a>(
         metrics: HashMap::new(),
         tag_sets: HashMap::new(),
         scratch: String::new(),
+        last_sensor: None,
     };
-    for (number, bytes) in Lines::new(body) {
+    // Checked once for the body; a line is checked alone only if it fails.
+    let text = std::str::from_utf8(body).ok();
+    // About one reading per line: Telegraf writes one field per line unless
+    // a plugin gathers several.
+    out.readings.reserve(
+        memchr::memchr_iter(b'\n', body)
+            .count()
+            .min(ctx.max_readings)
+            + 1,
+    );
+    let mut lines = Lines::new(body);
+    while let Some((number, bytes)) = lines.next() {
+        let source = match text.and_then(|t| t.get(lines.start()..lines.start() + bytes.len())) {
+            Some(text) => Source::Text(text),
+            None => Source::Bytes(bytes),
+        };
         let before = out.readings.len();
         let strings = out.strings;
         match decode_line(
-            bytes,
+            source,
             &mut line,
             precision,
             ctx,
@@ -245,8 +263,14 @@ pub fn decode<'a>(
     Ok(out)
 }
 
+/// A line's bytes, or its text when the body was UTF-8 as a whole.
+enum Source<'a> {
+    Text(&'a str),
+    Bytes(&'a [u8]),
+}
+
 fn decode_line<'a>(
-    bytes: &'a [u8],
+    source: Source<'a>,
     line: &mut Line<'a>,
     precision: Precision,
     ctx: &DecodeContext,
@@ -254,7 +278,10 @@ fn decode_line<'a>(
     seen: &mut Seen<'a>,
     out: &mut Decoded<'a>,
 ) -> Result<(), Refusal> {
-    parse_line(bytes, line)?;
+    match source {
+        Source::Text(text) => parse_text(text, line)?,
+        Source::Bytes(bytes) => parse_line(bytes, line)?,
+    }
     let Some(position) = sensor_tags
         .iter()
         .find_map(|name| line.tags.iter().position(|(k, _)| k.raw() == name))
@@ -262,10 +289,19 @@ fn decode_line<'a>(
         return Err(Refusal::NoSensor(sensor_tags.join(", ")));
     };
     let (key, value) = line.tags[position];
-    let sensor = SensorId::parse(value.unescape(Kind::Key)).map_err(|reason| Refusal::Sensor {
-        tag: key.raw().to_owned(),
-        reason,
-    })?;
+    // Lines of one sensor tend to come together: its id is checked once.
+    let sensor = match &seen.last_sensor {
+        Some((raw, id)) if *raw == value.raw() => id.clone(),
+        _ => {
+            let id =
+                SensorId::parse(value.unescape(Kind::Key)).map_err(|reason| Refusal::Sensor {
+                    tag: key.raw().to_owned(),
+                    reason,
+                })?;
+            seen.last_sensor = Some((value.raw(), id.clone()));
+            id
+        }
+    };
     if line.tags.len() > 1 {
         // A valid sensor id has no escapes: the raw value is the id.
         let set = (value.raw(), line.tag_section);

@@ -117,6 +117,8 @@ pub enum ParseError {
 pub struct Lines<'a> {
     rest: &'a [u8],
     number: usize,
+    len: usize,
+    start: usize,
 }
 
 impl<'a> Lines<'a> {
@@ -124,7 +126,14 @@ impl<'a> Lines<'a> {
         Self {
             rest: body,
             number: 0,
+            len: body.len(),
+            start: 0,
         }
+    }
+
+    /// Where the line last returned starts in the body, in bytes.
+    pub fn start(&self) -> usize {
+        self.start
     }
 }
 
@@ -157,6 +166,7 @@ impl<'a> Iterator for Lines<'a> {
             if line.is_empty() || line[0] == b'#' {
                 continue;
             }
+            self.start = self.len - bytes.len() + start;
             return Some((number, line));
         }
         None
@@ -237,7 +247,15 @@ fn text(s: &str, from: usize, to: usize, escaped: bool) -> Text<'_> {
 
 /// Parses one line (from [`Lines`]) into `out`, replacing what it held.
 pub fn parse_line<'a>(line: &'a [u8], out: &mut Line<'a>) -> Result<(), ParseError> {
-    let s = std::str::from_utf8(line).map_err(|_| ParseError::NotUtf8)?;
+    parse_text(
+        std::str::from_utf8(line).map_err(|_| ParseError::NotUtf8)?,
+        out,
+    )
+}
+
+/// [`parse_line`] of a line already known to be UTF-8 (checked once for a
+/// whole body, which is cheaper than line by line).
+pub fn parse_text<'a>(s: &'a str, out: &mut Line<'a>) -> Result<(), ParseError> {
     let b = s.as_bytes();
     out.measurement = None;
     out.tag_section = "";
@@ -398,6 +416,18 @@ mod tests {
     fn parse(line: &str) -> Result<Line<'_>, ParseError> {
         let mut out = Line::default();
         parse_line(line.as_bytes(), &mut out).map(|()| out)
+    }
+
+    #[test]
+    fn lines_know_where_they_start() {
+        let body = "# c\n  a v=1\r\n\nb s=\"x\ny\" 5\n";
+        let mut lines = Lines::new(body.as_bytes());
+        let mut starts = Vec::new();
+        while let Some((_, line)) = lines.next() {
+            starts.push(lines.start());
+            assert_eq!(&body.as_bytes()[lines.start()..][..line.len()], line);
+        }
+        assert_eq!(starts, [6, 14]);
     }
 
     fn lines(body: &str) -> Vec<(usize, &str)> {

@@ -73,6 +73,12 @@ impl MongoStore {
                         )));
                         continue;
                     }
+                    Chunk::Unencodable { indexes, reason } => {
+                        for i in indexes {
+                            outcomes[i] = Some(Outcome::Poison(reason.clone()));
+                        }
+                        continue;
+                    }
                     Chunk::Command(command) => command,
                 };
                 *round_trips += 1;
