@@ -125,18 +125,7 @@ fn statement_fields(w: &mut Writer, update: &BucketUpdate, granularity: Granular
     match granularity {
         Granularity::Minute => {
             // {$set: {v: {$mergeObjects: [stored, {$literal: new}]}, schema_version, n}}
-            let stage = w.document("0");
-            let set = w.document("$set");
-            let v = w.document("v");
-            let merge = w.array("$mergeObjects");
-            w.raw_document("0", &STORED_VALUES);
-            write_literal_seconds(w, "1", update.values.iter());
-            w.end(merge);
-            w.end(v);
-            w.int32("schema_version", SCHEMA_VERSION);
-            w.raw_document("n", &WRITE_COUNTER);
-            w.end(set);
-            w.end(stage);
+            values_stage(w, |w| write_literal_seconds(w, "1", update.values.iter()));
             w.raw_document("1", &MINUTE_TOTALS);
         }
         Granularity::Hour => {
@@ -144,28 +133,19 @@ fn statement_fields(w: &mut Writer, update: &BucketUpdate, granularity: Granular
             let minute_of = |values: &[(u16, f64)]| usize::from(values[0].0 / 60 % 60);
             // {$set: {v: {$mergeObjects: [stored, {<m>: {$mergeObjects:
             //   [stored minute, {$literal: new}]}, …}]}, schema_version, n}}
-            let stage = w.document("0");
-            let set = w.document("$set");
-            let v = w.document("v");
-            let merge = w.array("$mergeObjects");
-            w.raw_document("0", &STORED_VALUES);
-            let changed = w.document("1");
-            for values in minutes() {
-                let minute = minute_of(values);
-                let element = w.document(SECOND_FIELDS[minute]);
-                let inner = w.array("$mergeObjects");
-                w.raw_document("0", &STORED_MINUTE_VALUES[minute]);
-                write_literal_seconds(w, "1", values.iter());
-                w.end(inner);
-                w.end(element);
-            }
-            w.end(changed);
-            w.end(merge);
-            w.end(v);
-            w.int32("schema_version", SCHEMA_VERSION);
-            w.raw_document("n", &WRITE_COUNTER);
-            w.end(set);
-            w.end(stage);
+            values_stage(w, |w| {
+                let changed = w.document("1");
+                for values in minutes() {
+                    let minute = minute_of(values);
+                    let element = w.document(SECOND_FIELDS[minute]);
+                    let inner = w.array("$mergeObjects");
+                    w.raw_document("0", &STORED_MINUTE_VALUES[minute]);
+                    write_literal_seconds(w, "1", values.iter());
+                    w.end(inner);
+                    w.end(element);
+                }
+                w.end(changed);
+            });
             // {$set: {m: {$mergeObjects: [stored, {<m>: <aggregates of v.<m>>, …}]}}}
             let stage = w.document("1");
             let set = w.document("$set");
@@ -187,6 +167,23 @@ fn statement_fields(w: &mut Writer, update: &BucketUpdate, granularity: Granular
     }
     w.end(u);
     w.boolean("upsert", true);
+}
+
+/// The pipeline's first stage: `{$set: {v: {$mergeObjects: [stored,
+/// <changed>]}, schema_version, n}}`, with `changed` written as element "1".
+fn values_stage(w: &mut Writer, changed: impl FnOnce(&mut Writer)) {
+    let stage = w.document("0");
+    let set = w.document("$set");
+    let v = w.document("v");
+    let merge = w.array("$mergeObjects");
+    w.raw_document("0", &STORED_VALUES);
+    changed(w);
+    w.end(merge);
+    w.end(v);
+    w.int32("schema_version", SCHEMA_VERSION);
+    w.raw_document("n", &WRITE_COUNTER);
+    w.end(set);
+    w.end(stage);
 }
 
 /// One bucket's statement as a document of its own: what
