@@ -21,7 +21,10 @@ use bumpalo::Bump;
 use hashbrown::HashMap;
 
 pub use self::labels::LabelSync;
-use self::parse::{FieldValue, Kind, Line, Lines, ParseError, parse_line, parse_text};
+use self::parse::{
+    FieldValue, Kind, Line, Lines, ParseError, Text, parse_fields, parse_line, parse_text,
+    series_end,
+};
 pub use self::settings::Settings;
 use super::decode::DecodeContext;
 use crate::domain::{
@@ -171,6 +174,18 @@ struct Seen<'a> {
     scratch: String,
     /// The sensor tag's value on the last line with a valid one, and its id.
     last_sensor: Option<(&'a str, SensorId<'a>)>,
+    /// Series (a line's text up to its first space) whose measurement, sensor
+    /// and labels were taken: a line of one of them parses only its fields.
+    series: HashMap<&'a str, Series<'a>>,
+}
+
+/// What a taken series parses to.
+#[derive(Clone)]
+struct Series<'a> {
+    measurement: Text<'a>,
+    sensor: SensorId<'a>,
+    /// The metric of its field `value` (the common case), if valid.
+    value_metric: Option<MetricName<'a>>,
 }
 
 impl<'a> Seen<'a> {
@@ -211,6 +226,7 @@ pub fn decode<'a>(
         tag_sets: HashMap::new(),
         scratch: String::new(),
         last_sensor: None,
+        series: HashMap::new(),
     };
     // Checked once for the body; a line is checked alone only if it fails.
     let text = std::str::from_utf8(body).ok();
@@ -278,10 +294,87 @@ fn decode_line<'a>(
     seen: &mut Seen<'a>,
     out: &mut Decoded<'a>,
 ) -> Result<(), Refusal> {
-    match source {
-        Source::Text(text) => parse_text(text, line)?,
-        Source::Bytes(bytes) => parse_line(bytes, line)?,
+    let series = match source {
+        Source::Text(text) => {
+            let end = series_end(text.as_bytes());
+            match end.and_then(|end| Some((end, seen.series.get(&text[..end])?))) {
+                Some((end, series)) => {
+                    let series = series.clone();
+                    parse_fields(text, end, line)?;
+                    series
+                }
+                None => {
+                    parse_text(text, line)?;
+                    let series = identify(line, sensor_tags, seen, out)?;
+                    if let Some(end) = end {
+                        seen.series.insert(&text[..end], series.clone());
+                    }
+                    series
+                }
+            }
+        }
+        Source::Bytes(bytes) => {
+            parse_line(bytes, line)?;
+            identify(line, sensor_tags, seen, out)?
+        }
+    };
+    let ts = match line.timestamp {
+        Some(ts) => {
+            let ts = precision.to_seconds(ts).ok_or(Refusal::Range)?;
+            ctx.window.check(ts, ctx.now).map_err(Refusal::Timestamp)?
+        }
+        None => ctx.now,
+    };
+    let measurement = series.measurement.raw();
+    for &(key, field) in &line.fields {
+        let value = match field {
+            FieldValue::Float(v) => v,
+            FieldValue::Integer(v) => v as f64,
+            FieldValue::Unsigned(v) => v as f64,
+            FieldValue::Boolean(v) => f64::from(u8::from(v)),
+            FieldValue::String(_) => {
+                out.strings += 1;
+                continue;
+            }
+        };
+        let metric = if key.raw() == "value" {
+            series.value_metric.clone()
+        } else {
+            seen.metric(measurement, key.raw())
+        };
+        let metric = metric.ok_or_else(|| {
+            let measurement = series.measurement.unescape(Kind::Measurement);
+            let name = if key.raw() == "value" {
+                measurement.into_owned()
+            } else {
+                format!("{measurement}_{}", key.unescape(Kind::Key))
+            };
+            Refusal::Metric {
+                field: key.unescape(Kind::Key).into_owned(),
+                metric: name,
+                reason: InvalidReading::Metric,
+            }
+        })?;
+        let value = Reading::check_value(value)
+            .map_err(|_| Refusal::Value(key.unescape(Kind::Key).into_owned()))?;
+        out.readings.push(Reading {
+            sensor: series.sensor.clone(),
+            metric,
+            ts,
+            value,
+        });
     }
+    Ok(())
+}
+
+/// The sensor of a parsed line, its labels checked (and each distinct tag
+/// set recorded once).
+fn identify<'a>(
+    line: &Line<'a>,
+    sensor_tags: &[String],
+    seen: &mut Seen<'a>,
+    out: &mut Decoded<'a>,
+) -> Result<Series<'a>, Refusal> {
     let Some(position) = sensor_tags
         .iter()
         .find_map(|name| line.tags.iter().position(|(k, _)| k.raw() == name))
@@ -329,51 +422,12 @@ fn decode_line<'a>(
             return Err(Refusal::Labels(reason));
         }
     }
-    let ts = match line.timestamp {
-        Some(ts) => {
-            let ts = precision.to_seconds(ts).ok_or(Refusal::Range)?;
-            ctx.window.check(ts, ctx.now).map_err(Refusal::Timestamp)?
-        }
-        None => ctx.now,
-    };
-    let measurement = line.measurement.map_or("", |m| m.raw());
-    for &(key, field) in &line.fields {
-        let value = match field {
-            FieldValue::Float(v) => v,
-            FieldValue::Integer(v) => v as f64,
-            FieldValue::Unsigned(v) => v as f64,
-            FieldValue::Boolean(v) => f64::from(u8::from(v)),
-            FieldValue::String(_) => {
-                out.strings += 1;
-                continue;
-            }
-        };
-        let metric = seen.metric(measurement, key.raw()).ok_or_else(|| {
-            let measurement = line
-                .measurement
-                .map(|m| m.unescape(Kind::Measurement))
-                .unwrap_or_default();
-            let name = if key.raw() == "value" {
-                measurement.into_owned()
-            } else {
-                format!("{measurement}_{}", key.unescape(Kind::Key))
-            };
-            Refusal::Metric {
-                field: key.unescape(Kind::Key).into_owned(),
-                metric: name,
-                reason: InvalidReading::Metric,
-            }
-        })?;
-        let value = Reading::check_value(value)
-            .map_err(|_| Refusal::Value(key.unescape(Kind::Key).into_owned()))?;
-        out.readings.push(Reading {
-            sensor: sensor.clone(),
-            metric,
-            ts,
-            value,
-        });
-    }
-    Ok(())
+    let measurement = line.measurement.unwrap_or_default();
+    Ok(Series {
+        measurement,
+        sensor,
+        value_metric: seen.metric(measurement.raw(), "value"),
+    })
 }
 
 /// The tags other than the sensor's, as labels: Prometheus-style names, bounded.
@@ -717,7 +771,51 @@ mod tests {
         s
     }
 
+    /// Series a body repeats, valid or not, escaped or not.
+    const SERIES: [&str; 8] = [
+        "temperature,sensor=s1",
+        "temperature,sensor=s2,site=roof",
+        "hum\\ idity,sensor=s1",
+        "temperature,site=roof",
+        "temperature,sensor=bad\\ id",
+        "temperature,sensor=s3,bad-label=x",
+        "temperature,sensor=s3,site=a\\,b",
+        "9lives,sensor=s1",
+    ];
+    /// Field sets and timestamps, valid or not.
+    const REST: [&str; 8] = [
+        "value=21.5 1700000000",
+        "value=3i,max=4u",
+        "value=1,note=\"a b\" 1699999990",
+        "value=abc 1700000000",
+        "value=1 12x",
+        "a\\ b=2 1700000001",
+        "value=-0.25,  1700000000",
+        "value=1e3 1700000002",
+    ];
+
     proptest! {
+        #[test]
+        fn a_body_decodes_as_its_lines_do_one_by_one(
+            picks in proptest::collection::vec((0..SERIES.len(), 0..REST.len()), 1..40),
+        ) {
+            let lines: Vec<String> = picks.iter().map(|&(s, r)| format!("{} {}", SERIES[s], REST[r])).collect();
+            let body = lines.join("\n");
+            let arena = Bump::new();
+            let whole = decode(body.as_bytes(), Precision::Seconds, &ctx(1000), &tags(), &arena).expect("in bounds");
+            let mut readings = Vec::new();
+            let mut reasons = Vec::new();
+            for (i, line) in lines.iter().enumerate() {
+                let alone = decode(line.as_bytes(), Precision::Seconds, &ctx(1000), &tags(), &arena).expect("in bounds");
+                readings.extend(alone.readings.iter().map(|r| (r.sensor.to_string(), r.metric.to_string(), r.ts, r.value)));
+                reasons.extend(alone.errors.into_iter().map(|e| (i + 1, e.reason)));
+            }
+            let got: Vec<_> = whole.readings.iter().map(|r| (r.sensor.to_string(), r.metric.to_string(), r.ts, r.value)).collect();
+            prop_assert_eq!(got, readings);
+            let got: Vec<_> = whole.errors.into_iter().map(|e| (e.line, e.reason)).collect();
+            prop_assert_eq!(got, reasons);
+        }
+
         #[test]
         fn the_parser_reads_what_influxdatas_parser_reads(lines in proptest::collection::vec(line(), 1..5)) {
             use influxdb_line_protocol as oracle;

@@ -15,7 +15,7 @@
 use std::borrow::Cow;
 
 /// A name or tag value as written, escapes included.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Text<'a> {
     raw: &'a str,
     escaped: bool,
@@ -292,6 +292,25 @@ pub fn parse_text<'a>(s: &'a str, out: &mut Line<'a>) -> Result<(), ParseError> 
         }
         out.tag_section = &s[section..i];
     }
+    parse_fields(s, i, out)
+}
+
+/// Where a line's series (its measurement and tags) ends, at its first
+/// space, if the series holds no escapes: lines with equal series parse to
+/// the same measurement and tags, so a body parses each distinct one once.
+pub fn series_end(line: &[u8]) -> Option<usize> {
+    match memchr::memchr2(b' ', b'\\', line) {
+        Some(i) if line[i] == b' ' => Some(i),
+        _ => None,
+    }
+}
+
+/// The rest of [`parse_text`]: the fields and timestamp after the series,
+/// which ends at `i`. Replaces `out`'s fields and timestamp only.
+pub fn parse_fields<'a>(s: &'a str, mut i: usize, out: &mut Line<'a>) -> Result<(), ParseError> {
+    let b = s.as_bytes();
+    out.fields.clear();
+    out.timestamp = None;
     // Fields, after one or more spaces.
     while b.get(i) == Some(&b' ') {
         i += 1;
@@ -375,12 +394,14 @@ fn field_value<'a>(
         b"t" | b"T" | b"true" | b"True" | b"TRUE" => FieldValue::Boolean(true),
         b"f" | b"F" | b"false" | b"False" | b"FALSE" => FieldValue::Boolean(false),
         bytes => {
-            // Only digits, signs, points and exponents: `parse` would also
-            // take "inf" and "NaN", which line protocol does not have.
-            let numeric = bytes
-                .iter()
-                .all(|&c| c.is_ascii_digit() || matches!(c, b'.' | b'-' | b'+' | b'e' | b'E'));
-            if !numeric || !bytes.iter().any(u8::is_ascii_digit) {
+            // A digit or a point after the sign: `parse` would also take
+            // "inf" and "NaN", which line protocol does not have, and past
+            // that first byte it takes nothing but a decimal number.
+            let first = match bytes {
+                [b'-' | b'+', c, ..] | [c, ..] => *c,
+                [] => b' ',
+            };
+            if !first.is_ascii_digit() && first != b'.' {
                 return Err(bad());
             }
             FieldValue::Float(token.parse().map_err(|_| bad())?)
