@@ -145,6 +145,7 @@ async fn median_ms(client: &reqwest::Client, url: &str) -> anyhow::Result<f64> {
     Ok(times[times.len() / 2])
 }
 
+#[derive(Clone)]
 struct Peer {
     name: &'static str,
     readings_per_s: f64,
@@ -268,20 +269,6 @@ async fn hourglass_peer(
     })
 }
 
-/// Runs a peer's load `ROUNDS` times and keeps the run of median CPU.
-async fn median_run<F, Fut>(mut run: F) -> anyhow::Result<Peer>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<Peer>>,
-{
-    let mut runs = Vec::with_capacity(ROUNDS);
-    for _ in 0..ROUNDS {
-        runs.push(run().await?);
-    }
-    runs.sort_by(|a, b| a.cpu_s.total_cmp(&b.cpu_s));
-    Ok(runs.swap_remove(ROUNDS / 2))
-}
-
 async fn victoria_peer(
     ctx: &Ctx,
     data: &Dataset,
@@ -370,39 +357,56 @@ pub async fn run(
 ) -> anyhow::Result<Report> {
     let (end, n) = (data.end(), data.len() as f64);
     let (from24, from1) = (end - 86_400, end - 3600);
-    let mut peers = Vec::new();
 
     // The peers load in about a second, where scheduling noise moves their
-    // CPU figure by a third: each runs ROUNDS times on a fresh server and
-    // its median run (by CPU) is the row.
-    peers.push(median_run(|| victoria_peer(ctx, data, batch, concurrency, (from24, end))).await?);
-    peers.push(
-        median_run(|| influx_peer(ctx, data, batch, concurrency, (from1, from24, end))).await?,
-    );
-
-    // Hourglass twice: the JSON API, then the very bodies the peers got.
-    peers.push(
-        hourglass_peer(
-            ctx,
-            Format::Json,
-            data,
-            batch,
-            concurrency,
-            (from1, from24, end),
-        )
-        .await?,
-    );
-    peers.push(
-        hourglass_peer(
-            ctx,
-            Format::LineProtocol,
-            data,
-            batch,
-            concurrency,
-            (from1, from24, end),
-        )
-        .await?,
-    );
+    // CPU figure by a third, and this machine's speed drifts over minutes:
+    // the four loads run in ROUNDS interleaved rounds, each on fresh servers,
+    // each row is a system's run of median CPU, and each ratio the median of
+    // the rounds' ratios (two loads of one round ran minutes apart at most).
+    let mut rounds: Vec<Vec<Peer>> = Vec::with_capacity(ROUNDS);
+    for _ in 0..ROUNDS {
+        rounds.push(vec![
+            victoria_peer(ctx, data, batch, concurrency, (from24, end)).await?,
+            influx_peer(ctx, data, batch, concurrency, (from1, from24, end)).await?,
+            // Hourglass twice: the JSON API, then the very bodies the peers got.
+            hourglass_peer(
+                ctx,
+                Format::Json,
+                data,
+                batch,
+                concurrency,
+                (from1, from24, end),
+            )
+            .await?,
+            hourglass_peer(
+                ctx,
+                Format::LineProtocol,
+                data,
+                batch,
+                concurrency,
+                (from1, from24, end),
+            )
+            .await?,
+        ]);
+    }
+    // Per-round ratios of each Hourglass row (index 2 and 3) to VictoriaMetrics.
+    let ratios: Vec<Vec<f64>> = (2..4)
+        .map(|i| {
+            let mut r: Vec<f64> = rounds
+                .iter()
+                .map(|round| round[i].cpu_s / round[0].cpu_s.max(1e-9))
+                .collect();
+            r.sort_by(f64::total_cmp);
+            r
+        })
+        .collect();
+    let peers: Vec<Peer> = (0..4)
+        .map(|i| {
+            let mut runs: Vec<Peer> = rounds.iter().map(|r| r[i].clone()).collect();
+            runs.sort_by(|a, b| a.cpu_s.total_cmp(&b.cpu_s));
+            runs.swap_remove(ROUNDS / 2)
+        })
+        .collect();
 
     let mut sec = Section::new(
         &format!(
@@ -433,18 +437,17 @@ pub async fn run(
     let mut report = Report::new("Hourglass and its peers");
     report.sections.push(sec);
     report.notes.push("Disk bytes are what each data directory holds right after the load: VictoriaMetrics keeps its newest parts in memory even after a forced flush (a lower bound), InfluxDB 1.x holds its write-ahead log before compaction (an upper bound). Compare them only after a long run.".into());
-    report.notes.push(format!("VictoriaMetrics and InfluxDB 1.x: the run of median CPU among {ROUNDS}, each on a fresh server (their one-second loads vary by a third from run to run); Hourglass: one run per format, paced by its storage stand-in."));
+    report.notes.push(format!("Each system loaded {ROUNDS} times in interleaved rounds, each on a fresh server; a row is its run of median CPU (the peers' one-second loads vary by a third from run to run, and this machine's speed drifts over minutes)."));
     report.notes.push("Hourglass' row counts the service process only; its storage is the Python stand-in SecantusDB (bytes are the collection's data and index sizes as the server reports them), so its throughput is the stand-in's. The CPU column is the fair comparison of the ingest paths.".into());
-    if let Some(v) = peers.iter().find(|p| p.name == "VictoriaMetrics") {
-        for h in peers.iter().filter(|p| p.name.starts_with("Hourglass")) {
-            report.notes.push(format!(
-                "Service CPU per reading, {}: {} µs against VictoriaMetrics' {} µs (ratio {}).",
-                h.name,
-                f(h.cpu_s / n * 1e6),
-                f(v.cpu_s / n * 1e6),
-                f(h.cpu_s / v.cpu_s.max(1e-9))
-            ));
-        }
+    for (h, r) in peers[2..].iter().zip(&ratios) {
+        report.notes.push(format!(
+            "Service CPU per reading, {}: {} µs against VictoriaMetrics' {} µs; ratio {} (the median of the rounds' ratios {}).",
+            h.name,
+            f(h.cpu_s / n * 1e6),
+            f(peers[0].cpu_s / n * 1e6),
+            f(r[ROUNDS / 2]),
+            r.iter().map(|&x| f(x)).collect::<Vec<_>>().join(", ")
+        ));
     }
     report.plots.push(Plot::Bars {
         file: "peers-cpu.svg".into(),
@@ -460,5 +463,9 @@ pub async fn run(
         "peak_rss_mib": p.rss_mib, "bytes_per_reading": p.disk_bytes / n, "avg_1h_ms": p.avg_ms, "series_24h_ms": p.series_ms,
         "avg_1h_answer": p.avg_answer,
     })).collect::<Vec<_>>());
+    report.set(
+        "cpu_ratios_to_victoria_metrics",
+        serde_json::json!({ "json": ratios[0], "line_protocol": ratios[1] }),
+    );
     Ok(report)
 }
