@@ -15,7 +15,7 @@ use crate::procs::{Proc, dir_bytes, http_url, peak_rss_mib};
 use crate::report::{Plot, Report, Section, f};
 
 const RUNS: usize = 5;
-/// Loads of each peer, fresh each time; the median one is reported.
+/// Interleaved rounds of the four loads, each on fresh servers (see `run`).
 const ROUNDS: usize = 3;
 
 pub(crate) fn which(bin: &str) -> anyhow::Result<String> {
