@@ -65,7 +65,7 @@ type SlotKey = (String, String, String, i64, i64);
 
 /// Every rollup equals the sums of the buckets it covers, sub-period by
 /// sub-period: the computed pattern's invariant, checked on the documents.
-async fn assert_rollups_match_buckets(app: &TestApp, g: Granularity) {
+pub(crate) async fn assert_rollups_match_buckets(app: &TestApp, g: Granularity) {
     let values = all_values(&app.buckets().await, g);
     let rollups = app
         .documents(&app.settings.mongodb.rollup_collection, doc! { "start": 1 })

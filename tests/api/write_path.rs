@@ -139,6 +139,47 @@ async fn outage_codes_during_synchronous_writes_end_with_everything_stored_once(
     app.stop().await.expect("clean stop");
 }
 
+#[tokio::test]
+async fn outages_of_the_rollup_aggregations_send_the_batch_again_until_rollups_are_exact() {
+    let db = Database::start().await;
+    let mut s = db.settings();
+    s.http.write_timeout = Duration::from_secs(120);
+    s.http.request_timeout = Duration::from_secs(121);
+    let app = spawn_app_with(s).await;
+    let t = base_time();
+    // The buckets are stored when the rollups' `$merge` fails: the batch
+    // counts as stored only once the rollups have caught up with it.
+    let cases: Vec<(&str, Document)> = vec![
+        (
+            "an unsatisfiable write concern",
+            doc! { "writeConcernError": { "code": 100, "errmsg": "not enough data-bearing nodes" } },
+        ),
+        ("shutdown in progress", doc! { "errorCode": 91 }),
+        ("a closed connection", doc! { "closeConnection": true }),
+    ];
+    for (i, (what, mut data)) in cases.into_iter().enumerate() {
+        let before = metric(
+            &metrics_text(&app).await,
+            "hourglass_storage_errors_total{kind=\"outage\"}",
+        );
+        let sensor = format!("rollup-outage-{i}");
+        data.insert("failCommands", vec!["aggregate"]);
+        fail_point(&app, doc! { "times": 1 }.into(), data).await;
+        let (body, model) = readings_for(&sensor, t + i as i64 * 600, 12);
+        let r = app.post_readings(&body).await;
+        assert_eq!(r.status(), 200, "{what}: answered stored");
+        assert_eq!(values_of(&app, &sensor).await, model, "{what}: stored once");
+        let after = metric(
+            &metrics_text(&app).await,
+            "hourglass_storage_errors_total{kind=\"outage\"}",
+        );
+        assert!(after > before, "{what}: counted as an outage");
+    }
+    crate::engine::assert_rollups_match_buckets(&app, Granularity::Minute).await;
+    assert!(dead_letters(&app).await.is_empty());
+    app.stop().await.expect("clean stop");
+}
+
 /// A bucket document that no update pipeline can merge into: `v` is not an object.
 async fn plant_broken_bucket(app: &TestApp, sensor: &str, start: i64) {
     app.db
