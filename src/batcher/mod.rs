@@ -140,10 +140,15 @@ struct Open {
     origins: Vec<(u64, u32)>,
 }
 
+/// Room a new bucket's values start with: a bucket that gathers readings
+/// over a flush interval or a hold grows past the 4 a vector starts with,
+/// and every growth is a reallocation and a copy on the insert path.
+const INITIAL_VALUES: usize = 16;
+
 impl Open {
     fn new(since: Instant) -> Self {
         Self {
-            values: Vec::new(),
+            values: Vec::with_capacity(INITIAL_VALUES),
             tickets: Vec::new(),
             readings: 0,
             since,

@@ -32,6 +32,9 @@ use crate::domain::{
     valid_label_value,
 };
 
+/// The most series a body's series cache is sized for before its first line.
+const MAX_PRESIZED_SERIES: usize = 1024;
+
 /// How many refused lines an answer lists at most.
 pub const MAX_DETAILS: usize = 100;
 
@@ -218,6 +221,7 @@ pub fn decode<'a>(
     sensor_tags: &[String],
     arena: &'a Bump,
 ) -> Result<Decoded<'a>, TooMany> {
+    let line_count = memchr::memchr_iter(b'\n', body).count() + 1;
     let mut out = Decoded::default();
     let mut line = Line::default();
     let mut seen = Seen {
@@ -226,18 +230,15 @@ pub fn decode<'a>(
         tag_sets: HashMap::new(),
         scratch: String::new(),
         last_sensor: None,
-        series: HashMap::new(),
+        // A body written in time order carries many series: sized up front
+        // rather than rehashed as it grows (bounded, as a body may repeat one).
+        series: HashMap::with_capacity(line_count.min(MAX_PRESIZED_SERIES)),
     };
     // Checked once for the body; a line is checked alone only if it fails.
     let text = std::str::from_utf8(body).ok();
     // About one reading per line: Telegraf writes one field per line unless
     // a plugin gathers several.
-    out.readings.reserve(
-        memchr::memchr_iter(b'\n', body)
-            .count()
-            .min(ctx.max_readings)
-            + 1,
-    );
+    out.readings.reserve(line_count.min(ctx.max_readings));
     let mut lines = Lines::new(body);
     while let Some((number, bytes)) = lines.next() {
         let source = match text.and_then(|t| t.get(lines.start()..lines.start() + bytes.len())) {

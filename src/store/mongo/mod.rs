@@ -1,6 +1,5 @@
 //! [`BucketStore`] on MongoDB (any server ≥ 7 speaking its wire protocol).
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -45,7 +44,7 @@ pub struct MongoStore {
     rollups: Collection<Document>,
     sensors: Collection<Document>,
     /// Series the registry knows, and the newest hour it was told of.
-    known: Arc<Mutex<HashMap<(String, String), i64>>>,
+    known: Arc<Mutex<hashbrown::HashMap<(String, String), i64>>>,
     granularity: Granularity,
     limits: Limits,
     /// The URI's write concern, encoded once for every command.

@@ -12,6 +12,17 @@ use crate::store::registry::{self, SensorInfo, SensorQuery};
 /// Past this many known series the cache starts over: it only saves round trips.
 const CACHE_LIMIT: usize = 1_000_000;
 
+/// A borrowed `(sensor, metric)` key of the registry cache, looked up
+/// without building the owned pair (once per stored update).
+#[derive(Hash)]
+struct SeriesRef<'a>(&'a str, &'a str);
+
+impl hashbrown::Equivalent<(String, String)> for SeriesRef<'_> {
+    fn equivalent(&self, key: &(String, String)) -> bool {
+        self.0 == key.0 && self.1 == key.1
+    }
+}
+
 impl MongoStore {
     /// Tells the registry about series and hours it has not seen; in the
     /// steady state every series is known and this sends nothing.
@@ -19,7 +30,7 @@ impl MongoStore {
         let news = {
             let known = self.known.lock().unwrap_or_else(|e| e.into_inner());
             registry::news(stored.iter().copied(), self.granularity, |s, m| {
-                known.get(&(s.to_owned(), m.to_owned())).copied()
+                known.get(&SeriesRef(s, m)).copied()
             })
         };
         if news.is_empty() {
@@ -121,5 +132,24 @@ impl MongoStore {
         Ok(labels
             .iter()
             .all(|(k, v)| now.and_then(|l| l.get_str(k).ok()) == Some(v.as_str())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_borrowed_series_finds_its_owned_entry_in_the_cache() {
+        let mut known: hashbrown::HashMap<(String, String), i64> = hashbrown::HashMap::new();
+        for i in 0..100 {
+            known.insert((format!("s{i}"), format!("m{i}")), i);
+        }
+        assert_eq!(known.get(&SeriesRef("s42", "m42")), Some(&42));
+        assert_eq!(known.get(&SeriesRef("s42", "m43")), None);
+        // The split point is part of the key: ("ab", "c") is not ("a", "bc").
+        known.insert(("ab".into(), "c".into()), 7);
+        assert_eq!(known.get(&SeriesRef("a", "bc")), None);
+        assert_eq!(known.get(&SeriesRef("ab", "c")), Some(&7));
     }
 }
