@@ -24,9 +24,24 @@ static MINUTE_PATHS: LazyLock<Vec<String>> =
 static MINUTE_AGGREGATES: LazyLock<Vec<RawDocumentBuf>> =
     LazyLock::new(|| MINUTE_PATHS.iter().map(|p| aggregates_of(p)).collect());
 
-/// A minute bucket's second stage: the aggregates of all of `v`.
-static MINUTE_TOTALS: LazyLock<RawDocumentBuf> =
-    LazyLock::new(|| rawdoc! { "$set": aggregates_of("$v") });
+/// A minute bucket's stages after the first: the aggregates of all of `v`.
+/// The values are listed once into a field of their own, dropped again in
+/// the same update, rather than once per aggregate: a statement ~80 bytes
+/// shorter, and one `$objectToArray` of the bucket for the server instead of
+/// four. (An hour bucket's totals stay one stage: they need paths into an
+/// array of documents, which the local stand-in server does not resolve.)
+static MINUTE_TOTALS: LazyLock<[RawDocumentBuf; 3]> = LazyLock::new(|| {
+    [
+        rawdoc! { "$set": { "_t": values_of("$v") } },
+        rawdoc! { "$set": {
+            "count": { "$size": "$_t" },
+            "sum": { "$sum": "$_t" },
+            "min": { "$min": "$_t" },
+            "max": { "$max": "$_t" },
+        }},
+        rawdoc! { "$unset": "_t" },
+    ]
+});
 
 /// An hour bucket's third stage: the aggregates of the minutes' aggregates.
 static HOUR_TOTALS: LazyLock<RawDocumentBuf> = LazyLock::new(|| {
@@ -126,7 +141,9 @@ fn statement_fields(w: &mut Writer, update: &BucketUpdate, granularity: Granular
         Granularity::Minute => {
             // {$set: {v: {$mergeObjects: [stored, {$literal: new}]}, schema_version, n}}
             values_stage(w, |w| write_literal_seconds(w, "1", update.values.iter()));
-            w.raw_document("1", &MINUTE_TOTALS);
+            for (key, stage) in ["1", "2", "3"].into_iter().zip(MINUTE_TOTALS.iter()) {
+                w.raw_document(key, stage);
+            }
         }
         Granularity::Hour => {
             let minutes = || update.values.chunk_by(|a, b| a.0 / 60 == b.0 / 60);
@@ -374,7 +391,14 @@ mod tests {
                     "schema_version": SCHEMA_VERSION,
                     "n": WRITE_COUNTER.clone(),
                 }});
-                pipeline.push(MINUTE_TOTALS.clone());
+                pipeline.push(rawdoc! { "$set": { "_t": values_of("$v") } });
+                pipeline.push(rawdoc! { "$set": {
+                    "count": { "$size": "$_t" },
+                    "sum": { "$sum": "$_t" },
+                    "min": { "$min": "$_t" },
+                    "max": { "$max": "$_t" },
+                }});
+                pipeline.push(rawdoc! { "$unset": "_t" });
             }
             Granularity::Hour => {
                 let mut v = RawDocumentBuf::new();
@@ -507,7 +531,7 @@ mod tests {
             &doc! { "sensor": "s", "metric": "value", "start": start_date(3600) }
         );
         assert_eq!(s.get_bool("upsert"), Ok(true));
-        assert_eq!(s.get_array("u").expect("u").len(), 2);
+        assert_eq!(s.get_array("u").expect("u").len(), 4);
         let h = update_statement(&update(vec![(1, 2.0)]), Granularity::Hour)
             .expect("encoded")
             .to_document()
