@@ -83,7 +83,8 @@ pub struct Commands<'a, I: Iterator<Item = usize>> {
     target: Target<'a>,
     /// An update written into the previous command that did not fit there.
     carry: Option<usize>,
-    /// The previous command's size: the next one's first guess of capacity.
+    /// The capacity the next command starts with: the previous command's
+    /// size, or for the first, [`Commands::first_capacity`].
     last_len: usize,
 }
 
@@ -97,6 +98,14 @@ impl<'a, I: Iterator<Item = usize>> Commands<'a, I> {
             carry: None,
             last_len: 4096,
         }
+    }
+
+    /// The first command's starting capacity, e.g. the statements' estimated
+    /// size (bounded by the budget): a buffer that grows by doubling up to a
+    /// megabyte copies itself a dozen times.
+    pub fn first_capacity(mut self, bytes: usize) -> Self {
+        self.last_len = bytes;
+        self
     }
 
     /// The indexes not yet put into a command: for an outage that stops a write.

@@ -203,13 +203,22 @@ fn values_stage(w: &mut Writer, changed: impl FnOnce(&mut Writer)) {
     w.end(stage);
 }
 
+/// About the bytes of a bucket's statement, rounded up: enough room to write
+/// it without growing the buffer (an hour bucket's touched minutes add more,
+/// and the buffer then grows).
+pub fn estimated_len(update: &BucketUpdate) -> usize {
+    512 + update.key.sensor.as_str().len()
+        + update.key.metric.as_str().len()
+        + 16 * update.values.len()
+}
+
 /// One bucket's statement as a document of its own: what
 /// [`write_statement`] writes into a command.
 pub fn update_statement(
     update: &BucketUpdate,
     granularity: Granularity,
 ) -> Result<RawDocumentBuf, StoreError> {
-    let mut w = Writer::with_capacity(256 + 16 * update.values.len());
+    let mut w = Writer::with_capacity(estimated_len(update));
     let root = w.root();
     statement_fields(&mut w, update, granularity);
     w.end(root);
@@ -455,6 +464,25 @@ mod tests {
             let built = update_statement(&u, g).expect("encoded");
             let reference = reference_statement(&u, g);
             proptest::prop_assert_eq!(built.as_bytes(), reference.as_bytes());
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn a_minute_statement_fits_in_its_estimated_length(
+            seconds in proptest::collection::btree_map(0u16..60, -1e9f64..1e9, 1..=60),
+            sensor in "[a-z0-9_.-]{1,128}",
+        ) {
+            let u = BucketUpdate {
+                key: BucketKey {
+                    sensor: SensorId::parse(sensor).expect("valid").into_owned(),
+                    metric: MetricName::default_metric(),
+                    start: 60,
+                },
+                values: seconds.into_iter().collect(),
+            };
+            let built = update_statement(&u, Granularity::Minute).expect("encoded");
+            proptest::prop_assert!(built.as_bytes().len() <= estimated_len(&u));
         }
     }
 

@@ -8,6 +8,7 @@ use super::MongoStore;
 use crate::batcher::{Outcome, Written};
 use crate::domain::BucketUpdate;
 use crate::store::command::{Chunk, Commands, Target};
+use crate::store::document::estimated_len;
 use crate::store::errors::{self, Class, DUPLICATE_KEY};
 
 /// Times an upsert that lost a race to create its bucket is sent again.
@@ -64,7 +65,9 @@ impl MongoStore {
                 granularity: self.granularity,
                 limits: self.limits,
             };
-            let mut commands = Commands::new(updates, group.into_iter(), target);
+            let capacity = group.iter().map(|&i| estimated_len(updates[i])).sum();
+            let mut commands =
+                Commands::new(updates, group.into_iter(), target).first_capacity(capacity);
             while let Some(chunk) = commands.next() {
                 let command = match chunk {
                     Chunk::Oversized { index, bytes } => {
