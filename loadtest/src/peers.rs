@@ -11,11 +11,11 @@ use futures_util::StreamExt;
 use crate::backfill;
 use crate::ctx::Ctx;
 use crate::dataset::{Dataset, Row, rfc3339};
-use crate::procs::{Proc, dir_bytes, http_url, peak_rss_mib};
+use crate::procs::{Proc, dir_bytes, http_url, peak_rss_mib, scrape};
 use crate::report::{Plot, Report, Section, f};
 
 const RUNS: usize = 5;
-/// Interleaved rounds of the four loads, each on fresh servers (see `run`).
+/// Interleaved rounds of the five loads, each on fresh servers (see `run`).
 const ROUNDS: usize = 3;
 
 pub(crate) fn which(bin: &str) -> anyhow::Result<String> {
@@ -198,7 +198,13 @@ async fn line_peer(
 enum Format {
     Json,
     LineProtocol,
+    /// Line protocol with the journal on (the service's default): an answer
+    /// means journaled, and the load ends when every reading is stored.
+    LineProtocolJournaled,
 }
+
+/// How long a journaled load may take to reach MongoDB after its last answer.
+const STORED_WITHIN: Duration = Duration::from_secs(240);
 
 fn as_f64(d: &mongodb::bson::Document, key: &str) -> f64 {
     d.get_i64(key)
@@ -208,8 +214,9 @@ fn as_f64(d: &mongodb::bson::Document, key: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// A fresh Hourglass (journal off, so an answer means stored) loaded with the
-/// dataset in `format`, measured like the peers.
+/// A fresh Hourglass loaded with the dataset in `format`, measured like the
+/// peers: journal off, so an answer means stored, or journal on, measured
+/// until every reading is stored.
 async fn hourglass_peer(
     ctx: &Ctx,
     format: Format,
@@ -219,20 +226,30 @@ async fn hourglass_peer(
     (from1, from24, end): (i64, i64, i64),
 ) -> anyhow::Result<Peer> {
     let client = reqwest::Client::new();
-    let (what, name) = match format {
-        Format::Json => ("peers", "Hourglass, JSON (service only)"),
-        Format::LineProtocol => ("peers-lp", "Hourglass, line protocol (service only)"),
+    let (what, name, journal) = match format {
+        Format::Json => ("peers", "Hourglass, JSON (service only)", false),
+        Format::LineProtocol => ("peers-lp", "Hourglass, line protocol (service only)", false),
+        Format::LineProtocolJournaled => (
+            "peers-lpj",
+            "Hourglass, line protocol, journal on (service only)",
+            true,
+        ),
     };
-    let target = ctx.target(what, "minute", false, false).await?;
+    let target = ctx.target(what, "minute", false, journal).await?;
     let (readings_per_s, cpu_s) = match format {
         Format::Json => {
             let o = backfill::send_all(ctx, &target, data, batch, concurrency).await?;
             (o.readings as f64 / o.seconds, o.service_cpu.unwrap_or(0.0))
         }
-        Format::LineProtocol => {
+        Format::LineProtocol | Format::LineProtocolJournaled => {
             let cpu0 = target.cpu();
+            let started = Instant::now();
             let url = format!("{}/write?precision=s", target.url);
-            let secs = send_lines(ctx, &url, data, batch, concurrency).await?;
+            send_lines(ctx, &url, data, batch, concurrency).await?;
+            if journal {
+                wait_stored(&target.url, data.len()).await?;
+            }
+            let secs = started.elapsed().as_secs_f64();
             let cpu = cpu0.zip(target.cpu()).map_or(0.0, |(a, b)| b - a);
             (data.len() as f64 / secs, cpu)
         }
@@ -267,6 +284,27 @@ async fn hourglass_peer(
         avg_ms: median_ms(&client, &avg).await?,
         series_ms: median_ms(&client, &series).await?,
     })
+}
+
+/// Waits until the service has stored `n` readings.
+async fn wait_stored(url: &str, n: u64) -> anyhow::Result<()> {
+    let deadline = Instant::now() + STORED_WITHIN;
+    loop {
+        let stored = scrape(url)
+            .await?
+            .get("hourglass_readings_stored_total")
+            .copied()
+            .unwrap_or(0.0);
+        if stored >= n as f64 {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{stored} of {n} readings stored {} s after the last answer",
+            STORED_WITHIN.as_secs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 async fn victoria_peer(
@@ -360,7 +398,7 @@ pub async fn run(
 
     // The peers load in about a second, where scheduling noise moves their
     // CPU figure by a third, and this machine's speed drifts over minutes:
-    // the four loads run in ROUNDS interleaved rounds, each on fresh servers,
+    // the five loads run in ROUNDS interleaved rounds, each on fresh servers,
     // each row is a system's run of median CPU, and each ratio the median of
     // the rounds' ratios (two loads of one round ran minutes apart at most).
     let mut rounds: Vec<Vec<Peer>> = Vec::with_capacity(ROUNDS);
@@ -387,10 +425,19 @@ pub async fn run(
                 (from1, from24, end),
             )
             .await?,
+            hourglass_peer(
+                ctx,
+                Format::LineProtocolJournaled,
+                data,
+                batch,
+                concurrency,
+                (from1, from24, end),
+            )
+            .await?,
         ]);
     }
-    // Per-round ratios of each Hourglass row (index 2 and 3) to VictoriaMetrics.
-    let ratios: Vec<Vec<f64>> = (2..4)
+    // Per-round ratios of each Hourglass row (index 2 on) to VictoriaMetrics.
+    let ratios: Vec<Vec<f64>> = (2..rounds[0].len())
         .map(|i| {
             let mut r: Vec<f64> = rounds
                 .iter()
@@ -400,7 +447,7 @@ pub async fn run(
             r
         })
         .collect();
-    let peers: Vec<Peer> = (0..4)
+    let peers: Vec<Peer> = (0..rounds[0].len())
         .map(|i| {
             let mut runs: Vec<Peer> = rounds.iter().map(|r| r[i].clone()).collect();
             runs.sort_by(|a, b| a.cpu_s.total_cmp(&b.cpu_s));
@@ -438,6 +485,7 @@ pub async fn run(
     report.sections.push(sec);
     report.notes.push("Disk bytes are what each data directory holds right after the load: VictoriaMetrics keeps its newest parts in memory even after a forced flush (a lower bound), InfluxDB 1.x holds its write-ahead log before compaction (an upper bound). Compare them only after a long run.".into());
     report.notes.push(format!("Each system loaded {ROUNDS} times in interleaved rounds, each on a fresh server; a row is its run of median CPU (the peers' one-second loads vary by a third from run to run, and this machine's speed drifts over minutes)."));
+    report.notes.push("Hourglass' journaled row runs the service's default: each answer waits for the journal's fsync, not MongoDB, and the load's CPU and time run until every reading is stored (a bucket is written once its minute has closed, not once per request). The other Hourglass rows run with the journal off, so each answer means stored.".into());
     report.notes.push("Hourglass' row counts the service process only; its storage is the Python stand-in SecantusDB (bytes are the collection's data and index sizes as the server reports them), so its throughput is the stand-in's. The CPU column is the fair comparison of the ingest paths.".into());
     for (h, r) in peers[2..].iter().zip(&ratios) {
         report.notes.push(format!(
@@ -465,7 +513,11 @@ pub async fn run(
     })).collect::<Vec<_>>());
     report.set(
         "cpu_ratios_to_victoria_metrics",
-        serde_json::json!({ "json": ratios[0], "line_protocol": ratios[1] }),
+        serde_json::json!({
+            "json": ratios[0],
+            "line_protocol": ratios[1],
+            "line_protocol_journaled": ratios[2],
+        }),
     );
     Ok(report)
 }

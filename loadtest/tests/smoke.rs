@@ -109,7 +109,7 @@ fn compare_designs_reports_all_three_designs() {
 fn peers_runs_victoria_metrics_and_influxdb_next_to_hourglass() {
     let r = run("peers", &[]);
     let peers = r["data"]["peers"].as_array().expect("peers");
-    assert_eq!(peers.len(), 4, "{r}");
+    assert_eq!(peers.len(), 5, "{r}");
     assert!(
         peers
             .iter()
@@ -119,6 +119,7 @@ fn peers_runs_victoria_metrics_and_influxdb_next_to_hourglass() {
     let (json, lp) = (&peers[2]["avg_1h_answer"], &peers[3]["avg_1h_answer"]);
     assert!(json[0].as_u64().is_some_and(|n| n > 0), "{r}");
     assert_eq!(json, lp, "{r}");
+    assert_eq!(json, &peers[4]["avg_1h_answer"], "journaled: {r}");
 }
 
 #[test]
