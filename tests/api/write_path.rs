@@ -180,6 +180,55 @@ async fn outages_of_the_rollup_aggregations_send_the_batch_again_until_rollups_a
     app.stop().await.expect("clean stop");
 }
 
+#[tokio::test]
+async fn a_registry_update_not_confirmed_sends_the_batch_again() {
+    let db = Database::start().await;
+    let mut s = db.settings();
+    s.http.write_timeout = Duration::from_secs(120);
+    s.http.request_timeout = Duration::from_secs(121);
+    let app = spawn_app_with(s).await;
+    let outages = || async {
+        metric(
+            &metrics_text(&app).await,
+            "hourglass_storage_errors_total{kind=\"outage\"}",
+        )
+    };
+    let before = outages().await;
+    // The first `update` (the buckets) goes through; every later one, the
+    // registry's first, is applied but not confirmed, until lifted.
+    fail_point(
+        &app,
+        doc! { "skip": 1 }.into(),
+        doc! {
+            "failCommands": ["update"],
+            "writeConcernError": { "code": 100, "errmsg": "not enough data-bearing nodes" },
+        },
+    )
+    .await;
+    let (body, model) = readings_for("registry-unconfirmed", base_time(), 12);
+    let lift = async {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while outages().await <= before {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the unconfirmed registry update is an outage"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        fail_point(&app, "off".into(), doc! {}).await;
+    };
+    let (r, ()) = tokio::join!(app.post_readings(&body), lift);
+    assert_eq!(r.status(), 200, "answered stored once confirmed");
+    assert_eq!(values_of(&app, "registry-unconfirmed").await, model);
+    let listed = app.get_json("/api/v1/sensors?prefix=registry-").await;
+    assert_eq!(
+        listed["sensors"][0]["sensor"], "registry-unconfirmed",
+        "{listed}"
+    );
+    assert!(dead_letters(&app).await.is_empty());
+    app.stop().await.expect("clean stop");
+}
+
 /// A bucket document that no update pipeline can merge into: `v` is not an object.
 async fn plant_broken_bucket(app: &TestApp, sensor: &str, start: i64) {
     app.db

@@ -68,7 +68,35 @@ fn classify(e: mongodb::error::Error) -> StoreError {
     }
 }
 
+/// What a reply says when the server applied a write but could not confirm
+/// it with the write concern asked for: not stored yet (sending it again is
+/// harmless, every write here is idempotent).
+fn unconfirmed(reply: &Document) -> Option<String> {
+    reply
+        .get_document("writeConcernError")
+        .ok()
+        .map(|wce| format!("write concern error: {wce}"))
+}
+
 impl MongoStore {
+    /// Runs `command`, which writes, with the URI's write concern (the driver
+    /// adds it to its own write helpers only); `what` names it in errors. A
+    /// write concern error is an outage.
+    async fn run_write(&self, command: Document, what: &str) -> Result<Document, StoreError> {
+        let mut command = RawDocumentBuf::from_document(&command)
+            .map_err(|e| StoreError::Poison(format!("{what} was not encoded: {e}")))?;
+        if let Some(wc) = &self.write_concern {
+            command.append("writeConcern", wc.clone());
+        }
+        let reply = self.db.run_raw_command(command).await.map_err(classify)?;
+        match unconfirmed(&reply) {
+            Some(message) => Err(StoreError::Outage(format!(
+                "{what} was not confirmed: {message}"
+            ))),
+            None => Ok(reply),
+        }
+    }
+
     /// Connects (lazily: the driver dials on first use) and creates the index.
     pub async fn connect(
         settings: &Settings,
@@ -327,5 +355,22 @@ impl BucketStore for MongoStore {
             .values
             .last()
             .map(|&(offset, value)| (read.start + i64::from(offset), value)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reply_with_a_write_concern_error_is_unconfirmed() {
+        let ok = doc! { "n": 1, "nModified": 1, "ok": 1 };
+        assert_eq!(unconfirmed(&ok), None);
+        let wce = doc! {
+            "n": 1,
+            "writeConcernError": { "code": 64, "errmsg": "waiting for replication timed out" },
+            "ok": 1,
+        };
+        assert!(unconfirmed(&wce).is_some_and(|m| m.contains("64")));
     }
 }

@@ -40,15 +40,12 @@ impl MongoStore {
         let mut commands = 0;
         // A few hundred bytes a statement: 10 000 stay far below the limits.
         for chunk in statements.chunks(10_000) {
-            let reply = self
-                .db
-                .run_command(doc! {
-                    "update": self.sensors.name(),
-                    "updates": chunk.iter().cloned().map(Bson::Document).collect::<Vec<_>>(),
-                    "ordered": false,
-                })
-                .await
-                .map_err(classify)?;
+            let command = doc! {
+                "update": self.sensors.name(),
+                "updates": chunk.iter().cloned().map(Bson::Document).collect::<Vec<_>>(),
+                "ordered": false,
+            };
+            let reply = self.run_write(command, "a sensor registry update").await?;
             commands += 1;
             if let Ok(errors) = reply.get_array("writeErrors")
                 && !errors.is_empty()

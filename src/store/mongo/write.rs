@@ -4,7 +4,7 @@
 
 use mongodb::bson::{Bson, Document};
 
-use super::MongoStore;
+use super::{MongoStore, unconfirmed};
 use crate::batcher::{Outcome, Written};
 use crate::domain::BucketUpdate;
 use crate::store::command::{Chunk, Commands, Target};
@@ -157,12 +157,7 @@ fn read_reply(
             });
         }
     }
-    // Applied, but not confirmed with the write concern asked for: not stored
-    // yet. Sending it again is harmless (updates are idempotent).
-    let unconfirmed = reply
-        .get_document("writeConcernError")
-        .ok()
-        .map(|wce| format!("write concern error: {wce}"));
+    let unconfirmed = unconfirmed(reply);
     for (position, &i) in indexes.iter().enumerate() {
         if !failed[position] {
             outcomes[i] = Some(match &unconfirmed {
