@@ -86,15 +86,28 @@ fn dead_readings(letters: &[Document]) -> BTreeMap<(String, i64), f64> {
         .collect()
 }
 
-#[tokio::test]
-async fn outage_codes_during_synchronous_writes_end_with_everything_stored_once() {
+/// A private server and an app on it that waits out an outage, however
+/// long: after a "node is shutting down" the driver rediscovers the server
+/// before it sends again.
+async fn spawn_patient_app() -> (Database, TestApp) {
     let db = Database::start().await;
     let mut s = db.settings();
-    // After a "node is shutting down" the driver rediscovers the server
-    // before it sends again; an outage is waited out, however long.
     s.http.write_timeout = Duration::from_secs(120);
     s.http.request_timeout = Duration::from_secs(121);
     let app = spawn_app_with(s).await;
+    (db, app)
+}
+
+async fn outages(app: &TestApp) -> f64 {
+    metric(
+        &metrics_text(app).await,
+        "hourglass_storage_errors_total{kind=\"outage\"}",
+    )
+}
+
+#[tokio::test]
+async fn outage_codes_during_synchronous_writes_end_with_everything_stored_once() {
+    let (_db, app) = spawn_patient_app().await;
     let t = base_time();
     // One representative of each kind of outage MongoDB reports, each failing
     // the next two `update` commands.
@@ -141,11 +154,7 @@ async fn outage_codes_during_synchronous_writes_end_with_everything_stored_once(
 
 #[tokio::test]
 async fn outages_of_the_rollup_aggregations_send_the_batch_again_until_rollups_are_exact() {
-    let db = Database::start().await;
-    let mut s = db.settings();
-    s.http.write_timeout = Duration::from_secs(120);
-    s.http.request_timeout = Duration::from_secs(121);
-    let app = spawn_app_with(s).await;
+    let (_db, app) = spawn_patient_app().await;
     let t = base_time();
     // The buckets are stored when the rollups' `$merge` fails: the batch
     // counts as stored only once the rollups have caught up with it.
@@ -158,10 +167,7 @@ async fn outages_of_the_rollup_aggregations_send_the_batch_again_until_rollups_a
         ("a closed connection", doc! { "closeConnection": true }),
     ];
     for (i, (what, mut data)) in cases.into_iter().enumerate() {
-        let before = metric(
-            &metrics_text(&app).await,
-            "hourglass_storage_errors_total{kind=\"outage\"}",
-        );
+        let before = outages(&app).await;
         let sensor = format!("rollup-outage-{i}");
         data.insert("failCommands", vec!["aggregate"]);
         fail_point(&app, doc! { "times": 1 }.into(), data).await;
@@ -169,11 +175,7 @@ async fn outages_of_the_rollup_aggregations_send_the_batch_again_until_rollups_a
         let r = app.post_readings(&body).await;
         assert_eq!(r.status(), 200, "{what}: answered stored");
         assert_eq!(values_of(&app, &sensor).await, model, "{what}: stored once");
-        let after = metric(
-            &metrics_text(&app).await,
-            "hourglass_storage_errors_total{kind=\"outage\"}",
-        );
-        assert!(after > before, "{what}: counted as an outage");
+        assert!(outages(&app).await > before, "{what}: counted as an outage");
     }
     crate::engine::assert_rollups_match_buckets(&app, Granularity::Minute).await;
     assert!(dead_letters(&app).await.is_empty());
@@ -182,18 +184,8 @@ async fn outages_of_the_rollup_aggregations_send_the_batch_again_until_rollups_a
 
 #[tokio::test]
 async fn a_registry_update_not_confirmed_sends_the_batch_again() {
-    let db = Database::start().await;
-    let mut s = db.settings();
-    s.http.write_timeout = Duration::from_secs(120);
-    s.http.request_timeout = Duration::from_secs(121);
-    let app = spawn_app_with(s).await;
-    let outages = || async {
-        metric(
-            &metrics_text(&app).await,
-            "hourglass_storage_errors_total{kind=\"outage\"}",
-        )
-    };
-    let before = outages().await;
+    let (_db, app) = spawn_patient_app().await;
+    let before = outages(&app).await;
     // The first `update` (the buckets) goes through; every later one, the
     // registry's first, is applied but not confirmed, until lifted.
     fail_point(
@@ -208,7 +200,7 @@ async fn a_registry_update_not_confirmed_sends_the_batch_again() {
     let (body, model) = readings_for("registry-unconfirmed", base_time(), 12);
     let lift = async {
         let deadline = tokio::time::Instant::now() + WAIT;
-        while outages().await <= before {
+        while outages(&app).await <= before {
             assert!(
                 tokio::time::Instant::now() < deadline,
                 "the unconfirmed registry update is an outage"
