@@ -17,10 +17,10 @@ use tokio::time::{Duration, Instant};
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-/// The service's allocator options too (see main.rs).
+/// The service's allocator options too.
 #[cfg(not(target_env = "msvc"))]
 #[unsafe(export_name = "_rjem_malloc_conf")]
-pub static MALLOC_CONF: &[u8; 44] = b"dirty_decay_ms:120000,muzzy_decay_ms:120000\0";
+pub static MALLOC_CONF: &[u8; 44] = hourglass::MALLOC_CONF;
 
 const READINGS: usize = 10_000;
 const NOW: i64 = 1_700_000_000;

@@ -12,15 +12,10 @@ use hourglass::{Application, Settings};
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-/// jemalloc's options, read when it starts (`_RJEM_MALLOC_CONF` in the
-/// environment overrides them). Freed pages go back to the kernel over two
-/// minutes instead of jemalloc's ten seconds: a flush every second or two
-/// frees and reallocates the same megabytes of commands and readings, and
-/// returning them in between cost page faults and purges of ~10% of the
-/// service's CPU under load. Idle, the memory still goes back.
+/// jemalloc's options, read when it starts (see [`hourglass::MALLOC_CONF`]).
 #[cfg(not(target_env = "msvc"))]
 #[unsafe(export_name = "_rjem_malloc_conf")]
-pub static MALLOC_CONF: &[u8; 44] = b"dirty_decay_ms:120000,muzzy_decay_ms:120000\0";
+pub static MALLOC_CONF: &[u8; 44] = hourglass::MALLOC_CONF;
 
 /// IoT time-series ingestion into MongoDB buckets.
 #[derive(Parser)]
