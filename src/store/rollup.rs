@@ -238,7 +238,10 @@ pub fn pipeline(
 
 /// The filters of a flush's recomputation at one level: one per run of
 /// touched source starts (and the sensors, when few); `source_len` is the
-/// distance between neighbouring sources.
+/// distance between neighbouring sources. Ranges are half-open (`$lt` the
+/// end of the last source), never closed: the test stand-in answers a
+/// closed range on a field followed by others in an index
+/// (`{period, start, sensor}`) without the documents at its upper bound.
 pub fn flush_filters(touched: &Touched, source_len: i64) -> Vec<Document> {
     let gap = MERGE_GAP.max(source_len);
     let mut runs: Vec<(i64, i64)> = Vec::new();
@@ -251,7 +254,7 @@ pub fn flush_filters(touched: &Touched, source_len: i64) -> Vec<Document> {
     runs.into_iter()
         .map(|(first, last)| {
             let mut f = doc! {
-                "start": { "$gte": start_date(first), "$lte": start_date(last) },
+                "start": { "$gte": start_date(first), "$lt": start_date(last + source_len) },
             };
             if let Some(sensors) = &touched.sensors {
                 f.insert("sensor", doc! { "$in": sensors.clone() });
@@ -318,10 +321,14 @@ mod tests {
             .map(|f| {
                 let r = f.get_document("start").expect("start");
                 let at = |k: &str| r.get_datetime(k).expect("date").timestamp_millis() / 1000;
-                (at("$gte"), at("$lte"))
+                (at("$gte"), at("$lt"))
             })
             .collect();
-        assert_eq!(ranges, vec![(0, 3720), (7321, 7321), (259_200, 259_200)]);
+        assert_eq!(
+            ranges,
+            vec![(0, 3780), (7321, 7381), (259_200, 259_260)],
+            "half-open: a lone start is [start, start + 60)"
+        );
         for f in filters {
             let p = pipeline(Period::Hour, Source::Buckets, f, "rollups", Mode::Merge);
             let body = doc! { "aggregate": "buckets", "pipeline": p, "cursor": {} };

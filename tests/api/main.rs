@@ -8,6 +8,7 @@ mod database;
 mod deployment;
 mod engine;
 mod faults;
+mod fleet;
 mod helpers;
 mod hostile;
 mod influx;

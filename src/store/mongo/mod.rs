@@ -246,7 +246,8 @@ impl BucketStore for MongoStore {
                     if starts.is_sorted() && (b - a) / len.max(1) < 2 * starts.len() as i64 =>
                 {
                     only = Some(starts);
-                    doc! { "$gte": start_date(a), "$lte": start_date(b) }
+                    // Half-open: see `rollup::flush_filters`.
+                    doc! { "$gte": start_date(a), "$lt": start_date(b + len) }
                 }
                 _ => {
                     doc! { "$in": starts.iter().map(|&s| Bson::DateTime(start_date(s))).collect::<Vec<_>>() }
