@@ -4,6 +4,7 @@
 mod auth;
 mod broker;
 mod buckets;
+mod conformance;
 mod database;
 mod deployment;
 mod engine;
