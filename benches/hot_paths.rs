@@ -189,21 +189,29 @@ fn benches(c: &mut Criterion) {
 
 /// The planner for long ranges: what a query decides before it reads.
 fn plans(c: &mut Criterion) {
-    use hourglass::pure::{Calendar, Grid, Plan};
+    use hourglass::pure::{Calendar, Grid, Need, Plan};
     let mut group = c.benchmark_group("query_plans");
     let (from, to) = (1_700_000_000 + 3723, 1_700_000_000 + 400 * 86_400 - 61);
     group.bench_function("plan_average_400d_minute", |b| {
         b.iter(|| {
-            let plan = Plan::new(Granularity::Minute, from, to, Grid::whole(from, to), &[]);
-            black_box(plan.reads())
+            let plan = Plan::new(
+                Granularity::Minute,
+                Need::Aggregates,
+                from,
+                to,
+                Grid::whole(from, to),
+            );
+            let mut s = plan.start(&[]);
+            black_box(plan.ask(&mut s))
         })
     });
     let berlin = jiff::tz::TimeZone::get("Europe/Berlin").expect("bundled");
     group.bench_function("plan_series_400d_1d_berlin", |b| {
         b.iter(|| {
             let grid = Grid::calendar(from, to, Calendar::Day, &berlin, 10_000).expect("grid");
-            let plan = Plan::new(Granularity::Minute, from, to, grid, &[]);
-            black_box(plan.reads())
+            let plan = Plan::new(Granularity::Minute, Need::Aggregates, from, to, grid);
+            let mut s = plan.start(&[]);
+            black_box(plan.ask(&mut s))
         })
     });
     group.finish();

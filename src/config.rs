@@ -97,6 +97,13 @@ impl Settings {
                 .into());
             }
         }
+        if self.buckets.rollup_after <= self.batcher.hold_grace {
+            return Err(invalid(
+                "buckets.rollup_after",
+                "must be longer than batcher.hold_grace: the held buckets of an hour's last minutes are written that long after it ends",
+            )
+            .into());
+        }
         if let Some(retention) = self.buckets.retention
             && retention < self.ingest.max_age + self.buckets.span()
         {

@@ -92,7 +92,7 @@ pub mod pure {
     };
     pub use crate::ingest::mqtt::parse_topic;
     pub use crate::journal::{decode_frame as journal_decode, encode_frame as journal_encode};
-    pub use crate::query::{Calendar, Grid, Plan};
+    pub use crate::query::{Calendar, Grid, Need, Plan};
     pub use crate::store::command::{Chunk, Commands, Limits, Target};
     pub use crate::store::document::update_statement;
 }

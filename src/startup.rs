@@ -68,9 +68,15 @@ async fn replay(journal: &Journal, batcher: &BatcherHandle) {
 
 impl Application {
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
-        let mut store = MongoStore::connect(&settings.mongodb, settings.buckets.granularity)
-            .await
-            .context("connecting to MongoDB")?;
+        let metrics = Arc::new(Metrics::new());
+        let mut store = MongoStore::connect(
+            &settings.mongodb,
+            settings.buckets.granularity,
+            settings.buckets.rollup_after,
+        )
+        .await
+        .context("connecting to MongoDB")?
+        .with_metrics(metrics.clone());
         store
             .ensure_indexes(settings.buckets.retention)
             .await
@@ -88,7 +94,6 @@ impl Application {
                 "AUTHENTICATION IS OFF: anyone who can reach the port can write and read. Set auth.enabled = true with auth.tokens for anything but local development."
             );
         }
-        let metrics = Arc::new(Metrics::new());
         let (batcher, driver) = driver::new(
             settings.buckets.granularity,
             limits,
@@ -170,6 +175,12 @@ impl Application {
         let intake = Intake::new(batcher.clone(), journal.as_ref().map(|(j, _)| j.clone()));
         let (labels, label_writer) = LabelSync::new();
         tokio::spawn(label_writer.run(store.clone(), shutdown.clone()));
+        // The rollup upkeep runs until the batcher has drained, then rolls
+        // up what has ended.
+        let (end_upkeep, upkeep_ends) = tokio::sync::oneshot::channel::<()>();
+        let upkeep = tokio::spawn(store.clone().run_upkeep(async move {
+            let _ = upkeep_ends.await;
+        }));
         let mqtt = if let Some(stats) = mqtt_stats.clone() {
             let mqtt = MqttIngest::start(
                 &settings.mqtt,
@@ -245,6 +256,13 @@ impl Application {
             // A write still under way at the deadline: what it holds counts as unstored.
             _ = grace => batcher.buffered(),
         };
+        let _ = end_upkeep.send(());
+        tokio::select! {
+            _ = upkeep => {}
+            _ = shutdown.deadline_passed() => {
+                info!("The rollup upkeep was still running at the shutdown deadline; queries read the buckets of what it did not roll up.");
+            }
+        }
         if let Some(mqtt) = mqtt {
             // Everything stored has its acknowledgement sent before we disconnect.
             mqtt.finish().await;
@@ -285,15 +303,23 @@ pub async fn rebuild_rollups(
         Some(prefix) => (prefix, false),
         None => (sensor, true),
     };
-    let store = MongoStore::connect(&settings.mongodb, settings.buckets.granularity)
+    let mut store = MongoStore::connect(
+        &settings.mongodb,
+        settings.buckets.granularity,
+        settings.buckets.rollup_after,
+    )
+    .await
+    .context("connecting to MongoDB")?;
+    store
+        .read_limits()
         .await
-        .context("connecting to MongoDB")?;
+        .context("reading the storage server's limits")?;
     store
         .ensure_indexes(settings.buckets.retention)
         .await
         .context("creating the indexes (is MongoDB reachable at mongodb.uri?)")?;
     store
-        .rebuild_rollups(prefix, exact, from, to)
+        .rebuild_rollups(prefix, exact, from, to, jiff::Timestamp::now().as_second())
         .await
         .context("rebuilding the rollups")
 }

@@ -381,7 +381,7 @@ async fn evaluate<S: BucketStore>(
     let outcome = tokio::time::timeout_at(admitted.deadline, promql::evaluate(&ctx, query, steps))
         .await
         .map_err(|_| Failure::timeout())??;
-    admitted.done(state, endpoint, outcome.documents);
+    admitted.done(state, endpoint, outcome.cost);
     Ok(outcome.value)
 }
 
@@ -532,7 +532,7 @@ async fn listed<S: BucketStore>(
     let got = tokio::time::timeout_at(admitted.deadline, work)
         .await
         .map_err(|_| Failure::timeout())??;
-    admitted.done(state, "promql_listing", 0);
+    admitted.done(state, "promql_listing", crate::query::Cost::default());
     Ok(got)
 }
 

@@ -20,7 +20,7 @@ use super::params::Params;
 use super::{ApiError, AppState};
 use crate::auth::Principal;
 use crate::domain::{Agg, Labels, MetricName, SensorId};
-use crate::query::{Calendar, Evaluation, Grid, GridError, Question, Series};
+use crate::query::{Calendar, Cost, Grid, GridError, Need, Question, Series};
 use crate::store::{BucketStore, SensorInfo, SensorQuery, StoreError};
 
 /// Aggregates of one point, range or group.
@@ -360,29 +360,36 @@ impl Admitted<'_> {
             .map_err(|_| timed_out())?
     }
 
-    /// Records the query's latency and the documents it read.
-    pub(super) fn done<S>(self, state: &AppState<S>, endpoint: &str, documents: u64) {
+    /// Records the query's latency, the documents it read and its round trips.
+    pub(super) fn done<S>(self, state: &AppState<S>, endpoint: &str, cost: Cost) {
         let m = &state.metrics;
         m.query_duration
             .with_label_values(&[endpoint])
             .observe(self.started.elapsed().as_secs_f64());
         m.query_documents
             .with_label_values(&[endpoint])
-            .observe(documents as f64);
+            .observe(cost.documents as f64);
+        m.query_round_trips
+            .with_label_values(&[endpoint])
+            .observe(cost.round_trips as f64);
     }
 }
 
+/// Each group's points: every member series answered, folded into its
+/// group's points as its batch finishes.
 async fn evaluate<S: BucketStore>(
     state: &AppState<S>,
     endpoint: &str,
     metric: &MetricName<'_>,
     r: &Range,
     grid: Grid,
-    series: &[Series<'_>],
+    series: &[(Series<'_>, usize)],
     groups: usize,
 ) -> Result<Vec<Vec<Agg>>, ApiError> {
+    let points = grid.points();
+    let mut out = vec![vec![Agg::default(); points]; groups];
     if r.from >= r.to || series.is_empty() {
-        return Ok(vec![vec![Agg::default(); grid.points()]; groups]);
+        return Ok(out);
     }
     let admitted = admit(state).await?;
     let q = Question {
@@ -390,24 +397,30 @@ async fn evaluate<S: BucketStore>(
         from: r.from,
         to: r.to,
         granularity: state.settings.granularity,
+        need: Need::Aggregates,
         max_time: admitted.max_time(),
     };
+    let members: Vec<Series<'_>> = series.iter().map(|(s, _)| *s).collect();
     let work = crate::query::evaluate(
         state.store.as_ref(),
         &state.batcher,
         q,
         grid,
-        series,
-        groups,
+        &members,
+        |i, cells| {
+            for (into, cell) in out[series[i].1].iter_mut().zip(&cells) {
+                into.merge(&cell.agg);
+            }
+        },
     );
-    let Evaluation { points, documents } = admitted
+    let cost = admitted
         .within(async { work.await.map_err(store_error) })
         .await?;
-    admitted.done(state, endpoint, documents);
-    for p in &points {
+    admitted.done(state, endpoint, cost);
+    for p in &out {
         check_finite(p)?;
     }
-    Ok(points)
+    Ok(out)
 }
 
 /// Whether the client asked for CSV (`Accept: text/csv` or `format=csv`).
@@ -477,10 +490,7 @@ pub async fn average<S: BucketStore>(
     let params = Params::parse(raw.as_deref(), &["metric", "from", "to"], false)?;
     let metric = metric(&params)?;
     let r = range(&state, &params)?;
-    let series = [Series {
-        sensor: &sensor,
-        group: 0,
-    }];
+    let series = [(Series { sensor: &sensor }, 0)];
     let points = evaluate(
         &state,
         "average",
@@ -534,10 +544,7 @@ pub async fn series<S: BucketStore>(
     let tz = parse_tz(&params)?;
     let r = range(&state, &params)?;
     let grid = series_grid(&state, &params, &r, tz.as_ref().map(|t| &t.1))?;
-    let series = [Series {
-        sensor: &sensor,
-        group: 0,
-    }];
+    let series = [(Series { sensor: &sensor }, 0)];
     let aggs = evaluate(&state, "series", &metric, &r, grid.clone(), &series, 1).await?;
     let points = points_of(&grid, &aggs[0], tz.as_ref().map(|t| &t.1))?;
     if csv {
@@ -633,7 +640,14 @@ async fn members<S: BucketStore>(
     let found = admitted
         .within(async { work.await.map_err(store_error) })
         .await?;
-    admitted.done(state, "members", found.len() as u64);
+    admitted.done(
+        state,
+        "members",
+        Cost {
+            documents: found.len() as u64,
+            round_trips: 1,
+        },
+    );
     if found.len() > max {
         return Err(ApiError::bad_request(format!(
             "the query covers more than {max} sensors (query.max_series); narrow sensor= or the label filters"
@@ -684,10 +698,7 @@ async fn group_query<S: BucketStore>(
             }
         };
         sizes[group] += 1;
-        series.push(Series {
-            sensor: &m.sensor,
-            group,
-        });
+        series.push((Series { sensor: &m.sensor }, group));
     }
     let endpoint = if with_step {
         "group_series"
@@ -810,7 +821,14 @@ pub async fn latest<S: BucketStore>(
     let found = admitted
         .within(async { work.await.map_err(store_error) })
         .await?;
-    admitted.done(&state, "latest", 1);
+    admitted.done(
+        &state,
+        "latest",
+        Cost {
+            documents: 1,
+            round_trips: 1,
+        },
+    );
     let (ts, value) = found.ok_or_else(|| {
         ApiError::new(
             StatusCode::NOT_FOUND,
@@ -867,7 +885,14 @@ pub async fn list_sensors<S: BucketStore>(
     let found = admitted
         .within(async { work.await.map_err(store_error) })
         .await?;
-    admitted.done(&state, "sensors", found.len() as u64);
+    admitted.done(
+        &state,
+        "sensors",
+        Cost {
+            documents: found.len() as u64,
+            round_trips: 1,
+        },
+    );
     let next = (found.len() == limit)
         .then(|| found.last().map(|s| s.sensor.clone()))
         .flatten();
@@ -908,7 +933,14 @@ pub async fn put_labels<S: BucketStore>(
     admitted
         .within(async { work.await.map_err(store_error) })
         .await?;
-    admitted.done(&state, "labels", 1);
+    admitted.done(
+        &state,
+        "labels",
+        Cost {
+            documents: 1,
+            round_trips: 1,
+        },
+    );
     Ok(StatusCode::NO_CONTENT)
 }
 

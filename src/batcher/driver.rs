@@ -12,7 +12,9 @@ use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 use tracing::{Instrument, debug, error, info_span, warn};
 
-use super::{Batch, Batcher, BatcherLimits, DeadLetter, FlushResult, Full, Outcome, Settled, Sink};
+use super::{
+    Batch, Batcher, BatcherLimits, DeadLetter, FlushResult, Full, Outcome, Settled, Sink, Unstored,
+};
 use crate::domain::{BucketUpdate, Granularity, Reading};
 use crate::shutdown::Shutdown;
 use crate::telemetry::metrics::Metrics;
@@ -130,17 +132,18 @@ impl BatcherHandle {
         self.core().lowest_unsettled_origin()
     }
 
-    /// Values of one series not yet known stored, in buckets starting in
-    /// `[from, to)`: the batch being written, overlaid by what is pending.
-    pub fn unstored_values(
+    /// Values of each series (`sensors` and `metric`) not yet known stored,
+    /// in buckets starting in `[from, to)`, sorted by start: the batch being
+    /// written, overlaid by what is pending.
+    pub fn unstored_values_of(
         &self,
-        sensor: &str,
+        sensors: &[&str],
         metric: &str,
         from: i64,
         to: i64,
-    ) -> Vec<(i64, Vec<(u16, f64)>)> {
+    ) -> Vec<Unstored> {
         let core = self.core();
-        let pending = core.pending_values_of(sensor, metric, from, to);
+        let pending = core.pending_values_of_many(sensors, metric, from, to);
         // Buckets that start before `from` still hold seconds inside it.
         let first = core.granularity().bucket_start(from);
         let in_flight = self
@@ -153,33 +156,39 @@ impl BatcherHandle {
         let Some(batch) = in_flight else {
             return pending;
         };
-        let mut merged: std::collections::BTreeMap<i64, Vec<(u16, f64)>> = batch
-            .items
-            .iter()
-            .map(|i| &i.update)
-            .filter(|u| {
-                u.key.sensor.as_str() == sensor
-                    && u.key.metric.as_str() == metric
-                    && u.key.start >= first
-                    && u.key.start < to
-            })
-            .map(|u| (u.key.start, u.values.clone()))
-            .collect();
-        for (start, values) in pending {
-            let into = merged.entry(start).or_default();
-            // Pending values are newer: they win per second.
-            into.extend(values);
-            into.sort_by_key(|&(o, _)| o);
-            let mut dedup: Vec<(u16, f64)> = Vec::with_capacity(into.len());
-            for (o, v) in into.drain(..) {
-                match dedup.last_mut() {
-                    Some(last) if last.0 == o => last.1 = v,
-                    _ => dedup.push((o, v)),
-                }
+        let index: std::collections::HashMap<&str, usize> =
+            sensors.iter().enumerate().map(|(i, &s)| (s, i)).collect();
+        let mut merged: Vec<std::collections::BTreeMap<i64, Vec<(u16, f64)>>> =
+            vec![std::collections::BTreeMap::new(); sensors.len()];
+        for u in batch.items.iter().map(|i| &i.update) {
+            if u.key.metric.as_str() == metric
+                && u.key.start >= first
+                && u.key.start < to
+                && let Some(&i) = index.get(u.key.sensor.as_str())
+            {
+                merged[i].insert(u.key.start, u.values.clone());
             }
-            *into = dedup;
         }
-        merged.into_iter().collect()
+        for (into, pending) in merged.iter_mut().zip(pending) {
+            for (start, values) in pending {
+                let into = into.entry(start).or_default();
+                // Pending values are newer: they win per second.
+                into.extend(values);
+                into.sort_by_key(|&(o, _)| o);
+                let mut dedup: Vec<(u16, f64)> = Vec::with_capacity(into.len());
+                for (o, v) in into.drain(..) {
+                    match dedup.last_mut() {
+                        Some(last) if last.0 == o => last.1 = v,
+                        _ => dedup.push((o, v)),
+                    }
+                }
+                *into = dedup;
+            }
+        }
+        merged
+            .into_iter()
+            .map(|m| m.into_iter().collect())
+            .collect()
     }
 
     /// Asks for the open batch to be written now rather than at its deadline:

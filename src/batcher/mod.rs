@@ -55,6 +55,9 @@ pub struct Hold {
     pub max_hold: Duration,
 }
 
+/// One series' buckets with readings not stored yet: `(start, values)`.
+pub type Unstored = Vec<(i64, Vec<(u16, f64)>)>;
+
 /// The batcher is at a bound: the caller must refuse the input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the batcher holds {held} {what} and takes at most {limit}")]
@@ -677,36 +680,61 @@ impl<W> Batcher<W> {
         from: i64,
         to: i64,
     ) -> Vec<(i64, Vec<(u16, f64)>)> {
+        self.pending_values_of_many(&[sensor], metric, from, to)
+            .pop()
+            .unwrap_or_default()
+    }
+
+    /// [`Self::pending_values_of`] for many sensors at once: one look per
+    /// bucket start when the range is short, one scan of what is pending
+    /// when it is long. Each sensor's buckets come sorted by start.
+    pub fn pending_values_of_many(
+        &self,
+        sensors: &[&str],
+        metric: &str,
+        from: i64,
+        to: i64,
+    ) -> Vec<Unstored> {
         let len = self.granularity.seconds();
         let first = self.granularity.bucket_start(from);
         let span = (i128::from(to) - i128::from(first)).max(0) / i128::from(len);
-        let starts = u64::try_from(span).unwrap_or(u64::MAX);
-        let mut out = Vec::new();
-        if starts <= self.pending.len() as u64 {
-            let mut start = first;
-            while start < to {
-                let key = BucketKeyRef {
-                    sensor,
-                    metric,
-                    start,
-                };
-                if let Some(open) = self.pending.get(&key) {
-                    out.push((start, open.values.clone()));
+        let probes = u64::try_from(span)
+            .unwrap_or(u64::MAX)
+            .saturating_mul(sensors.len() as u64);
+        let mut out = vec![Vec::new(); sensors.len()];
+        if self.pending.is_empty() {
+            return out;
+        }
+        if probes <= self.pending.len() as u64 {
+            for (i, &sensor) in sensors.iter().enumerate() {
+                let mut start = first;
+                while start < to {
+                    let key = BucketKeyRef {
+                        sensor,
+                        metric,
+                        start,
+                    };
+                    if let Some(open) = self.pending.get(&key) {
+                        out[i].push((start, open.values.clone()));
+                    }
+                    start += len;
                 }
-                start += len;
             }
         } else {
-            out.extend(
-                self.pending
-                    .iter()
-                    .filter(|(k, _)| {
-                        k.sensor.as_str() == sensor
-                            && k.metric.as_str() == metric
-                            && k.start >= first
-                            && k.start < to
-                    })
-                    .map(|(k, open)| (k.start, open.values.clone())),
-            );
+            let index: HashMap<&str, usize> =
+                sensors.iter().enumerate().map(|(i, &s)| (s, i)).collect();
+            for (k, open) in &self.pending {
+                if k.metric.as_str() == metric
+                    && k.start >= first
+                    && k.start < to
+                    && let Some(&i) = index.get(k.sensor.as_str())
+                {
+                    out[i].push((k.start, open.values.clone()));
+                }
+            }
+            for o in &mut out {
+                o.sort_by_key(|(s, _)| *s);
+            }
         }
         out
     }

@@ -7,12 +7,14 @@ mod bucket;
 mod labels;
 mod read;
 mod reading;
+mod summary;
 
 pub use aggregate::Agg;
 pub use bucket::{BucketKey, BucketKeyRef, BucketUpdate, Granularity, SECOND_FIELDS, field_name};
 pub use labels::{InvalidLabels, Labels, MAX_LABELS, valid_label_name, valid_label_value};
-pub use read::{BucketRead, Level, Period, Starts, Values};
+pub use read::{BucketRead, Level, Period, RollupRead, Starts, Values};
 pub use reading::{
     InvalidReading, METRIC_MAX_LEN, MetricName, Reading, SENSOR_MAX_LEN, SensorId, TimeWindow,
     parse_timestamp_ms, parse_timestamp_str,
 };
+pub use summary::{Moments, Part, Rest, Sample, Slot, Summary};

@@ -60,12 +60,37 @@ pub enum Level {
 }
 
 /// Which documents of one series to read, by start.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Starts {
     /// Starts (epoch seconds) in `[from, to)`.
     Range(i64, i64),
     /// These starts.
     Only(Vec<i64>),
+}
+
+/// One rollup document as read back: which of its sub-periods are complete
+/// (bit `k` of `complete`: slot `k` holds every reading of its span, or none
+/// if it has no entry) and the slots that hold readings, sorted by start.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RollupRead {
+    /// Epoch seconds.
+    pub start: i64,
+    pub complete: u64,
+    pub slots: Vec<super::Slot>,
+}
+
+impl RollupRead {
+    pub fn is_complete(&self, k: u16) -> bool {
+        k < 64 && self.complete & (1 << k) != 0
+    }
+
+    /// The slot starting at `start`, if it holds readings.
+    pub fn slot(&self, start: i64) -> Option<&super::Slot> {
+        self.slots
+            .binary_search_by_key(&start, |s| s.start)
+            .ok()
+            .map(|i| &self.slots[i])
+    }
 }
 
 /// What to read of each bucket's values.
@@ -76,15 +101,16 @@ pub enum Values {
     Minutes(Vec<u16>),
 }
 
-/// One document as read back: its aggregates and whatever parts were asked for.
+/// One bucket as read back: its aggregates and whatever parts were asked for.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct BucketRead {
     /// Epoch seconds.
     pub start: i64,
     pub agg: Agg,
-    /// `(sub-period, aggregates)` when asked for: minutes of an hour bucket or
-    /// hour rollup, hours of a day rollup, days of a 30-day rollup.
+    /// `(minute, aggregates)` of an hour bucket when asked for.
     pub slots: Vec<(u16, Agg)>,
     /// `(offset in seconds from start, value)` of a bucket when asked for.
     pub values: Vec<(u16, f64)>,
+    /// The bucket's write count (`n`): what rollups computed from it carry.
+    pub n: u64,
 }

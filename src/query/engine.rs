@@ -1,146 +1,235 @@
-//! Runs a [`Plan`] for a set of sensors folded into groups: every planned
-//! read of every sensor streamed into its group's points, with the readings
-//! acknowledged but not yet stored laid over their buckets.
+//! Runs a [`Plan`] for many series at once: level by level, one read per
+//! level for a batch of series (their sensors in one `$in`, the union of
+//! the documents they ask for), each document folded as the cursor streams
+//! it, with the readings acknowledged but not yet stored laid over their
+//! buckets. The one read path of every query route, JSON and PromQL alike.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
-use futures_util::TryStreamExt;
-use futures_util::stream::FuturesUnordered;
-
-use super::plan::Role;
+use super::plan::{Ask, Cell, Need, SeriesPlan};
 use super::{Grid, Plan};
+use crate::batcher::Unstored;
 use crate::batcher::driver::BatcherHandle;
-use crate::domain::{Agg, BucketRead, Granularity};
-use crate::store::{BucketStore, Fetch, StoreError};
+use crate::domain::{BucketRead, Granularity, Level, Values};
+use crate::store::{BucketStore, Doc, Fetch, StoreError};
 
-/// One sensor of a query and the group it adds to.
+/// One sensor of a query.
 #[derive(Debug, Clone, Copy)]
 pub struct Series<'a> {
     pub sensor: &'a str,
-    pub group: usize,
 }
 
-/// Points per group, and what it cost.
-#[derive(Debug, Clone)]
-pub struct Evaluation {
-    pub points: Vec<Vec<Agg>>,
+/// What it cost.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cost {
     pub documents: u64,
+    pub round_trips: u64,
 }
 
-/// A sensor's buckets with readings not yet stored: `(start, values)`.
-type Unstored = Vec<(i64, Vec<(u16, f64)>)>;
-
-/// Sensors read at once within one query.
-const SENSORS_IN_PARALLEL: usize = 4;
-
-/// What one query asks: a metric over `[from, to)` (stored seconds) on `grid`.
+/// What one query asks: a metric over `[from, to)` (stored seconds).
 #[derive(Debug, Clone, Copy)]
 pub struct Question<'a> {
     pub metric: &'a str,
     pub from: i64,
     pub to: i64,
     pub granularity: Granularity,
+    pub need: Need,
     pub max_time: Duration,
 }
 
+/// Points held in memory at once, over the series of a batch: bounds a
+/// query's memory whatever its series and steps (a batch is at least one
+/// series, and at most [`MAX_BATCH`]).
+const BATCH_CELLS: usize = 250_000;
+/// Sensors in one `$in`.
+const MAX_BATCH: usize = 200;
+
+/// Answers `q` on `grid` for every series, handing each series' points to
+/// `each` (with its index in `series`) as its batch finishes.
 pub async fn evaluate<S: BucketStore>(
     store: &S,
     batcher: &BatcherHandle,
     q: Question<'_>,
     grid: Grid,
     series: &[Series<'_>],
-    groups: usize,
-) -> Result<Evaluation, StoreError> {
-    // Memory first: a bucket written between the two looks is then in both,
-    // never in neither.
-    let unstored: Vec<Unstored> = series
-        .iter()
-        .map(|s| batcher.unstored_values(s.sensor, q.metric, q.from, q.to))
-        .collect();
-    let dirty: Vec<i64> = unstored
-        .iter()
-        .flat_map(|u| u.iter().map(|(start, _)| *start))
-        .collect();
-    let plan = Plan::new(q.granularity, q.from, q.to, grid, &dirty);
-    let reads = plan.reads();
-    let points = plan.grid().points();
-    let mut out = Evaluation {
-        points: vec![vec![Agg::default(); points]; groups],
-        documents: 0,
-    };
-    let mut inputs = series.iter().zip(unstored);
-    let mut running = FuturesUnordered::new();
-    loop {
-        while running.len() < SENSORS_IN_PARALLEL {
-            let Some((s, unstored)) = inputs.next() else {
-                break;
-            };
-            running.push(one_sensor(
-                store, q, &plan, &reads, s.sensor, s.group, unstored,
-            ));
-        }
-        let Some((group, agg, documents)) = running.try_next().await? else {
-            break;
-        };
-        out.documents += documents;
-        for (into, a) in out.points[group].iter_mut().zip(&agg) {
-            into.merge(a);
+    mut each: impl FnMut(usize, Vec<Cell>),
+) -> Result<Cost, StoreError> {
+    let plan = Plan::new(q.granularity, q.need, q.from, q.to, grid);
+    let per_batch = (BATCH_CELLS / plan.grid().points().max(1)).clamp(1, MAX_BATCH);
+    let mut cost = Cost::default();
+    for (b, batch) in series.chunks(per_batch).enumerate() {
+        let done = run_batch(store, batcher, &q, &plan, batch, &mut cost).await?;
+        for (i, cells) in done.into_iter().enumerate() {
+            each(b * per_batch + i, cells);
         }
     }
-    Ok(out)
+    Ok(cost)
 }
 
-async fn one_sensor<S: BucketStore>(
+async fn run_batch<S: BucketStore>(
     store: &S,
-    q: Question<'_>,
+    batcher: &BatcherHandle,
+    q: &Question<'_>,
     plan: &Plan,
-    reads: &[super::plan::PlannedRead],
-    sensor: &str,
-    group: usize,
-    unstored: Unstored,
-) -> Result<(usize, Vec<Agg>, u64), StoreError> {
-    let mut points = vec![Agg::default(); plan.grid().points()];
-    let mut documents = 0;
-    let mut overlays: Vec<BucketRead> = Vec::new();
-    for r in reads {
-        let fetch = Fetch {
-            sensor,
-            metric: q.metric,
-            level: r.level,
-            starts: r.starts.clone(),
-            slots: r.slots,
-            values: r.values.clone(),
-            max_time: q.max_time,
-        };
-        documents += match r.role {
-            Role::Overlay => store.fetch(fetch, |b| overlays.push(b)).await?,
-            role => {
-                store
-                    .fetch(fetch, |b| plan.fold(r.tier, role, &b, &mut points))
-                    .await?
+    batch: &[Series<'_>],
+    cost: &mut Cost,
+) -> Result<Vec<Vec<Cell>>, StoreError> {
+    let sensors: Vec<&str> = batch.iter().map(|s| s.sensor).collect();
+    // Memory first, then storage: a bucket written between the two looks
+    // is then in both (the newer values win), never in neither.
+    let unstored: Vec<Unstored> = batcher.unstored_values_of(&sensors, q.metric, q.from, q.to);
+    let mut plans: Vec<SeriesPlan> = unstored
+        .iter()
+        .map(|u| plan.start(&u.iter().map(|(s, _)| *s).collect::<Vec<_>>()))
+        .collect();
+    loop {
+        let asks: Vec<Option<Ask>> = plans.iter_mut().map(|s| plan.ask(s)).collect();
+        let levels: BTreeSet<Level> = asks.iter().flatten().map(|a| a.level).collect();
+        if levels.is_empty() {
+            break;
+        }
+        for level in levels {
+            read_level(
+                store, q, plan, level, &sensors, &asks, &mut plans, &unstored, cost,
+            )
+            .await?;
+        }
+        for (s, ask) in plans.iter_mut().zip(&asks) {
+            if ask.is_some() {
+                plan.advance(s);
             }
-        };
+        }
     }
-    // Buckets the plan overlays: as stored (if at all) with this sensor's
-    // unstored readings over them.
-    for &start in plan.overlay_starts() {
-        let stored = overlays.iter().find(|b| b.start == start);
-        let newer = unstored
-            .iter()
-            .find(|(s, _)| *s == start)
-            .map(|(_, v)| v.as_slice())
-            .unwrap_or_default();
-        let values = overlay(stored, newer);
-        plan.fold_values(start, &values, &mut points);
+    Ok(plans.into_iter().map(|s| plan.finish(s)).collect())
+}
+
+/// One read of `level` for every series of the batch asking it.
+#[allow(clippy::too_many_arguments)]
+async fn read_level<S: BucketStore>(
+    store: &S,
+    q: &Question<'_>,
+    plan: &Plan,
+    level: Level,
+    sensors: &[&str],
+    asks: &[Option<Ask>],
+    plans: &mut [SeriesPlan],
+    unstored: &[Unstored],
+    cost: &mut Cost,
+) -> Result<(), StoreError> {
+    let asking: Vec<usize> = (0..sensors.len())
+        .filter(|&i| asks[i].as_ref().is_some_and(|a| a.level == level))
+        .collect();
+    // The union of what they ask: starts, values, minute aggregates.
+    let mut union = Ask {
+        level,
+        starts: Vec::new(),
+        values: Values::None,
+        minutes: false,
+    };
+    let mut minutes = BTreeSet::new();
+    for &i in &asking {
+        let Some(a) = &asks[i] else { continue };
+        union.starts.extend(&a.starts);
+        union.minutes |= a.minutes;
+        match (&union.values, &a.values) {
+            (Values::All, _) | (_, Values::None) => {}
+            (_, Values::All) => union.values = Values::All,
+            (_, Values::Minutes(m)) => minutes.extend(m.iter().copied()),
+        }
     }
-    Ok((group, points, documents))
+    if union.values != Values::All && !minutes.is_empty() {
+        union.values = Values::Minutes(minutes.into_iter().collect());
+    }
+    union.starts.sort_unstable();
+    union.starts.dedup();
+    let len = plan.len_of(level);
+    let names: Vec<&str> = asking.iter().map(|&i| sensors[i]).collect();
+    // The dirty buckets each series reads, to overlay (and to answer when
+    // nothing of them is stored).
+    let mut overlaid: Vec<Vec<i64>> = vec![Vec::new(); sensors.len()];
+    if level == Level::Buckets {
+        for &i in &asking {
+            if let Some(a) = &asks[i] {
+                overlaid[i] = plan.dirty_starts(&plans[i], a);
+            }
+        }
+    }
+    let fetch = Fetch {
+        sensors: &names,
+        metric: q.metric,
+        level,
+        starts: union.reads(len),
+        values: union.values.clone(),
+        minutes: union.minutes,
+        max_time: q.max_time,
+    };
+    let mut seen: Vec<Vec<i64>> = vec![Vec::new(); sensors.len()];
+    let started = std::time::Instant::now();
+    let read = store
+        .fetch(fetch, |k, doc| {
+            let i = asking[k];
+            let Some(ask) = &asks[i] else { return };
+            match doc {
+                Doc::Rollup(r) => {
+                    if ask.starts.binary_search(&r.start).is_ok() {
+                        plan.answer_rollup(&mut plans[i], &r);
+                    }
+                }
+                Doc::Bucket(mut b) => {
+                    if ask.starts.binary_search(&b.start).is_err() {
+                        return;
+                    }
+                    if overlaid[i].binary_search(&b.start).is_ok() {
+                        b.values = overlay(&b.values, newer(&unstored[i], b.start));
+                        seen[i].push(b.start);
+                    }
+                    plan.answer_bucket(&mut plans[i], &b);
+                }
+            }
+        })
+        .await?;
+    tracing::debug!(
+        ?level,
+        series = names.len(),
+        starts = union.starts.len(),
+        documents = read.documents,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "Read one level of a query."
+    );
+    cost.documents += read.documents;
+    cost.round_trips += read.round_trips;
+    // Buckets with unstored readings and nothing stored yet.
+    for &i in &asking {
+        for &start in &overlaid[i] {
+            if !seen[i].contains(&start) {
+                let b = BucketRead {
+                    start,
+                    values: newer(&unstored[i], start).to_vec(),
+                    ..BucketRead::default()
+                };
+                plan.answer_bucket(&mut plans[i], &b);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn newer(unstored: &Unstored, start: i64) -> &[(u16, f64)] {
+    unstored
+        .binary_search_by_key(&start, |(s, _)| *s)
+        .map(|i| unstored[i].1.as_slice())
+        .unwrap_or_default()
 }
 
 /// A bucket's values as stored with the unstored ones laid over them (they
 /// are newer: they win per second).
-fn overlay(stored: Option<&BucketRead>, newer: &[(u16, f64)]) -> Vec<(u16, f64)> {
-    let mut values: Vec<(u16, f64)> = stored.map(|b| b.values.clone()).unwrap_or_default();
-    values.retain(|(o, _)| newer.binary_search_by_key(o, |&(n, _)| n).is_err());
+fn overlay(stored: &[(u16, f64)], newer: &[(u16, f64)]) -> Vec<(u16, f64)> {
+    let mut values: Vec<(u16, f64)> = stored
+        .iter()
+        .copied()
+        .filter(|(o, _)| newer.binary_search_by_key(o, |&(n, _)| n).is_err())
+        .collect();
     values.extend_from_slice(newer);
     values.sort_by_key(|&(o, _)| o);
     values
@@ -158,8 +247,9 @@ pub async fn latest<S: BucketStore>(
     let stored = store.latest(sensor, metric, max_time).await?;
     let from = stored.map_or(i64::MIN / 2, |(ts, _)| ts);
     let unstored = batcher
-        .unstored_values(sensor, metric, from, i64::MAX / 2)
+        .unstored_values_of(&[sensor], metric, from, i64::MAX / 2)
         .into_iter()
+        .flatten()
         .flat_map(|(start, values)| {
             values
                 .into_iter()
@@ -179,14 +269,11 @@ mod tests {
 
     #[test]
     fn unstored_values_win_per_second() {
-        let stored = BucketRead {
-            values: vec![(1, 1.0), (2, 2.0), (5, 5.0)],
-            ..BucketRead::default()
-        };
+        let stored = [(1, 1.0), (2, 2.0), (5, 5.0)];
         assert_eq!(
-            overlay(Some(&stored), &[(2, 20.0), (3, 30.0)]),
+            overlay(&stored, &[(2, 20.0), (3, 30.0)]),
             vec![(1, 1.0), (2, 20.0), (3, 30.0), (5, 5.0)]
         );
-        assert_eq!(overlay(None, &[(3, 30.0)]), vec![(3, 30.0)]);
+        assert_eq!(overlay(&[], &[(3, 30.0)]), vec![(3, 30.0)]);
     }
 }

@@ -2,8 +2,8 @@
 //!
 //! - [`grid`]: the points of a result, fixed or calendar steps in a time zone.
 //! - [`plan`]: which documents at which level answer a range (pure).
-//! - [`engine`]: runs a plan for one sensor or a group, over the store and
-//!   the readings acknowledged but not yet stored.
+//! - [`engine`]: runs a plan for many series at once, a level per round
+//!   trip, over the store and the readings acknowledged but not yet stored.
 //! - [`promql`]: the PromQL subset dashboards use, over the same engine.
 
 pub mod engine;
@@ -11,9 +11,9 @@ pub mod grid;
 pub mod plan;
 pub mod promql;
 
-pub use engine::{Evaluation, Question, Series, evaluate, latest};
+pub use engine::{Cost, Question, Series, evaluate, latest};
 pub use grid::{Calendar, Grid, GridError};
-pub use plan::Plan;
+pub use plan::{Need, Plan};
 
 use std::time::Duration;
 

@@ -315,8 +315,14 @@ pub fn read_bucket(doc: &Document, granularity: Granularity) -> Result<BucketRea
         agg: aggregates(doc)?,
         ..BucketRead::default()
     };
-    // Sub-periods: `m` of an hour bucket, `s` of a rollup.
-    if let Ok(m) = doc.get_document("m").or_else(|_| doc.get_document("s")) {
+    read.n = match doc.get("n") {
+        Some(Bson::Int32(x)) => u64::try_from(*x).unwrap_or(0),
+        Some(Bson::Int64(x)) => u64::try_from(*x).unwrap_or(0),
+        Some(Bson::Double(x)) if *x >= 0.0 => *x as u64,
+        _ => 0,
+    };
+    // An hour bucket's minute aggregates.
+    if let Ok(m) = doc.get_document("m") {
         for minute in m.keys() {
             let entry = m
                 .get_document(minute)

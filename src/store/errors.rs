@@ -132,6 +132,14 @@ pub fn classify_write_error(code: i32) -> Class {
     }
 }
 
+/// The server's code of a command error, if it is one.
+pub fn command_code(e: &MongoError) -> Option<i32> {
+    match &*e.kind {
+        ErrorKind::Command(c) => Some(c.code),
+        _ => None,
+    }
+}
+
 /// An error for a whole command, as the driver reports it.
 pub fn classify(e: &MongoError) -> Class {
     class_of(|label| e.contains_label(label), &e.kind)

@@ -8,12 +8,13 @@ pub mod raw_writer;
 pub mod registry;
 pub mod rollup;
 mod settings;
+pub mod upkeep;
 
 use std::future::Future;
 use std::time::Duration;
 
 use crate::batcher::Sink;
-use crate::domain::{BucketRead, Level, Starts, Values};
+use crate::domain::{BucketRead, Level, RollupRead, Starts, Values};
 
 pub use crate::domain::Labels;
 pub use mongo::MongoStore;
@@ -38,30 +39,47 @@ pub enum StoreError {
     Unreadable(String),
 }
 
-/// What to read of one series' documents at one level.
+/// What to read of many series' documents at one level.
 #[derive(Debug, Clone)]
 pub struct Fetch<'a> {
-    pub sensor: &'a str,
+    pub sensors: &'a [&'a str],
     pub metric: &'a str,
     pub level: Level,
-    pub starts: Starts,
-    /// Read the sub-period aggregates (`m` of hour buckets, `s` of rollups).
-    pub slots: bool,
-    /// Read a bucket's raw values: `None`, all of them, or (hour buckets) these minutes'.
+    /// Document starts: each a read of its own (a range or a list).
+    pub starts: Vec<Starts>,
+    /// Buckets: their values, all of them or (hour buckets) these minutes'.
     pub values: Values,
+    /// Hour buckets: their minute aggregates `m`.
+    pub minutes: bool,
     /// The server gives up on the read after this long (`maxTimeMS`).
     pub max_time: Duration,
 }
 
+/// One document of a [`Fetch`].
+#[derive(Debug, Clone)]
+pub enum Doc {
+    Bucket(BucketRead),
+    Rollup(RollupRead),
+}
+
+/// What a read cost.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Read {
+    pub documents: u64,
+    /// Commands: the `find`, and a `getMore` per further batch.
+    pub round_trips: u64,
+}
+
 /// Where buckets live: the batcher's [`Sink`] plus the reads queries need.
 pub trait BucketStore: Sink {
-    /// Streams the documents of one series to `each`, sorted by start, never
-    /// collecting them; answers how many were read.
-    fn fetch<F: FnMut(BucketRead) + Send>(
+    /// Streams the documents of the fetch's series to `each` with the index
+    /// of their sensor in `fetch.sensors`, each read's sorted by sensor and
+    /// start, never collecting them.
+    fn fetch<F: FnMut(usize, Doc) + Send>(
         &self,
         fetch: Fetch<'_>,
         each: F,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Read, StoreError>> + Send;
 
     /// Checks that the server answers.
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;

@@ -1,382 +1,479 @@
-//! Rollups, MongoDB's computed pattern: one summary document per (sensor,
-//! metric, period) for hours, days and thirty days, each holding the count,
-//! sum, min and max of every sub-period under `s.<n>` (minutes of an hour,
-//! hours of a day, days of thirty) and their totals, so a range of any length
-//! is answered from a few documents.
+//! Rollups, MongoDB's computed pattern: one document per (sensor, metric,
+//! period) for hours (minute buckets only), days and thirty days, each
+//! holding a [`Slot`] per sub-period that has readings (minutes of an hour,
+//! hours of a day, days of thirty), so a range of any length is answered
+//! from a few documents.
 //!
-//! Rollups are never maintained by adding deltas. After each flush, one
-//! aggregation per level recomputes the sub-periods the flush touched from
-//! their source (buckets, then hour rollups) and `$merge`s them in, so a
-//! rollup is always what its buckets say, whatever overwrites, duplicates or
-//! other instances did. Every source carries a write counter `n` (buckets
-//! count their writes; a rollup's `n` is the sum of its sub-periods'), and a
-//! sub-period is only replaced by one computed from at least as many writes:
-//! a slow instance that read a bucket before a newer write cannot overwrite
-//! the newer figure. `hourglass rebuild-rollups` recomputes whole periods
-//! from the buckets with the same stages and replaces them.
+//! **Upkeep follows the work.** An hour is rolled up once it has ended: its
+//! buckets are read, every level's slots computed here from their values
+//! (`domain::Summary`), and each touched document updated by one pipeline
+//! statement. A flush that stores a bucket of an hour that has ended rolls
+//! that hour up before the batch counts as stored (late readings, and the
+//! held buckets written just after their window); the hours still open are
+//! remembered ([`super::upkeep`]) and rolled up once they end. So a live
+//! series costs one hour document and one day document a hour, plus a
+//! 30-day document a day, and a flush of `k` buckets does `O(k)` rollup work
+//! whatever the fleet's size.
 //!
-//! Pure: this builds pipelines; `mongo::rollups` runs them.
-
-use std::collections::BTreeSet;
+//! **Completeness.** Each document's `complete` is a bitmask of the slots
+//! that hold every reading of their span (or none, if the slot has no
+//! entry): a slot becomes complete when its span is rolled up after it
+//! ended, and every later write into it is rolled up again before it counts
+//! as stored. Queries use only complete slots and read one level down for
+//! the rest (`query::plan`), so an answer is exact whatever the upkeep has
+//! done so far; the upkeep only decides how few documents it takes.
+//!
+//! **Many writers.** Every slot carries `w`, the write count of the sources
+//! it was computed from (buckets count their writes in `n`), and a slot is
+//! replaced only by one computed from at least as many writes. A rollup
+//! computed from an older read never overwrites a newer one, whichever
+//! instance (or rebuild) lands last.
+//!
+//! Pure: this encodes slots and builds statements; `mongo::rollups` reads
+//! and writes.
 
 use mongodb::bson::{Bson, Document, doc};
 
+use super::StoreError;
 use super::document::start_date;
-use crate::domain::{BucketUpdate, Granularity, Period};
+use crate::domain::{
+    BucketRead, Granularity, Moments, Period, Rest, RollupRead, Sample, Slot, Summary,
+};
 
-/// Milliseconds from the start of the `level` period holding a source's
-/// `start` (thirty days are counted from the epoch, which `$dateTrunc` has no
-/// unit for).
-fn into_period_ms(level: Period) -> Document {
-    doc! { "$mod": [ { "$toLong": "$start" }, level.seconds() * 1000 ] }
-}
+/// The rollup document layout: slots with every field a window needs, and
+/// the completeness bitmask. Version 1 (per-slot count, sum, min, max and
+/// write count, with totals) is read as holding nothing complete: the
+/// planner reads below it until `hourglass rebuild-rollups` or the upkeep
+/// replaces it.
+pub const ROLLUP_SCHEMA_VERSION: i32 = 2;
 
-/// The aggregation expressions of the start of the `level` period holding a
-/// source document, and of the source's sub-period number in it.
-fn period_and_slot(level: Period) -> (Document, Document) {
-    match level {
-        Period::Hour => (
-            doc! { "$dateTrunc": { "date": "$start", "unit": "hour" } },
-            doc! { "$toString": { "$minute": "$start" } },
-        ),
-        Period::Day => (
-            doc! { "$dateTrunc": { "date": "$start", "unit": "day" } },
-            doc! { "$toString": { "$hour": "$start" } },
-        ),
-        Period::Days30 => (
-            doc! { "$toDate": { "$subtract": [ { "$toLong": "$start" }, into_period_ms(level) ] } },
-            doc! { "$toString": { "$toInt": { "$divide": [
-                into_period_ms(level),
-                level.slot_seconds() * 1000,
-            ] } } },
-        ),
+fn small(n: u64) -> Bson {
+    match i32::try_from(n) {
+        Ok(x) => Bson::Int32(x),
+        Err(_) => Bson::Int64(i64::try_from(n).unwrap_or(i64::MAX)),
     }
 }
 
-/// Where a rollup level reads from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
-    Buckets,
-    Rollups(Period),
+fn offset(t: i64, start: i64) -> Bson {
+    small(u64::try_from(t - start).unwrap_or(0))
 }
 
-impl Source {
-    /// The source of a level: the buckets, or the level below.
-    pub fn of(level: Period, granularity: Granularity) -> Self {
-        match (level, granularity) {
-            (Period::Day, Granularity::Minute) => Source::Rollups(Period::Hour),
-            (Period::Days30, _) => Source::Rollups(Period::Day),
-            _ => Source::Buckets,
-        }
+/// A slot as stored, its times in seconds from the slot's start; fields
+/// that follow from others are left out (see the README's "Rollups").
+pub fn encode_slot(slot: &Slot) -> Option<Document> {
+    let s = slot.summary.as_ref()?;
+    let at = slot.start;
+    let mut d = doc! { "w": small(slot.n), "c": small(s.count) };
+    d.insert("f", s.first.v);
+    d.insert("ft", offset(s.first.t, at));
+    if s.count == 1 {
+        return Some(d);
     }
-
-    /// The distance between two neighbouring source documents.
-    pub fn len(self, granularity: Granularity) -> i64 {
-        match self {
-            Source::Buckets => granularity.seconds(),
-            Source::Rollups(p) => p.seconds(),
-        }
+    d.insert("s", s.sum);
+    d.insert("lo", s.min);
+    d.insert("hi", s.max);
+    d.insert("l", s.last.v);
+    d.insert("lt", offset(s.last.t, at));
+    if s.count >= 3
+        && let Some(p) = s.penult
+    {
+        d.insert("p", p.v);
+        d.insert("pt", offset(p.t, at));
     }
+    if s.inc != 0.0 {
+        d.insert("i", s.inc);
+    }
+    if s.resets != 0 {
+        d.insert("r", small(u64::from(s.resets)));
+    }
+    if s.changes != 0 {
+        d.insert("x", small(u64::from(s.changes)));
+    }
+    d.insert("m1", s.moments.st);
+    d.insert("m2", s.moments.stt);
+    d.insert("m3", s.moments.stv);
+    d.insert("q", s.moments.svv);
+    if s.count >= 3
+        && let Some(r) = &slot.rest
+    {
+        d.insert("b", r.second.v);
+        d.insert("bt", offset(r.second.t, at));
+        d.insert("rs", r.sum);
+        d.insert("rl", r.min);
+        d.insert("rh", r.max);
+    }
+    Some(d)
 }
 
-/// At or below this many sensors in a flush, the recomputation also filters
-/// on them: a few late readings then re-read only their own sensors' sources.
-pub const NARROW_SENSORS: usize = 64;
-
-/// Touched starts closer than this (or than two neighbouring sources) are
-/// recomputed as one range: a few extra sources read, one aggregation fewer.
-/// Ranges, not `$in` lists of starts, because every server answers a range
-/// from the index at the cost of what it returns.
-pub const MERGE_GAP: i64 = 3600;
-
-/// What a flush touched at one level's source: the distinct source starts
-/// and, when few, the sensors.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Touched {
-    pub starts: Vec<i64>,
-    pub sensors: Option<Vec<String>>,
-}
-
-impl Touched {
-    /// The bucket starts and sensors of a flush's stored updates.
-    pub fn of_updates<'a>(updates: impl IntoIterator<Item = &'a BucketUpdate>) -> Self {
-        let mut starts = BTreeSet::new();
-        let mut sensors = BTreeSet::new();
-        for u in updates {
-            starts.insert(u.key.start);
-            if sensors.len() <= NARROW_SENSORS {
-                sensors.insert(u.key.sensor.as_str().to_owned());
-            }
-        }
-        Self {
-            starts: starts.into_iter().collect(),
-            sensors: (sensors.len() <= NARROW_SENSORS).then(|| sensors.into_iter().collect()),
-        }
-    }
-
-    /// The same sensors at the next level up: the periods of `level` that hold
-    /// these starts.
-    pub fn lifted(&self, level: Period) -> Self {
-        let len = level.seconds();
-        let starts: BTreeSet<i64> = self.starts.iter().map(|&s| s - s.rem_euclid(len)).collect();
-        Self {
-            starts: starts.into_iter().collect(),
-            sensors: self.sensors.clone(),
-        }
+fn number(d: &Document, key: &str) -> Result<f64, StoreError> {
+    match d.get(key) {
+        Some(Bson::Double(x)) => Ok(*x),
+        Some(Bson::Int32(x)) => Ok(f64::from(*x)),
+        Some(Bson::Int64(x)) => Ok(*x as f64),
+        other => Err(StoreError::Unreadable(format!(
+            "rollup slot field {key} is {other:?}, not a number"
+        ))),
     }
 }
 
-/// `{count, sum, min, max, n}` of a rollup, recomputed from its `s`.
-fn totals_stage() -> Document {
-    let of_slots = |field: &str| {
-        doc! { "$map": { "input": { "$objectToArray": "$s" }, "in": format!("$$this.v.{field}") } }
+fn number_or(d: &Document, key: &str, default: f64) -> Result<f64, StoreError> {
+    if d.contains_key(key) {
+        number(d, key)
+    } else {
+        Ok(default)
+    }
+}
+
+fn count(d: &Document, key: &str) -> Result<u64, StoreError> {
+    let x = number_or(d, key, 0.0)?;
+    if x < 0.0 || x.fract() != 0.0 {
+        return Err(StoreError::Unreadable(format!(
+            "rollup slot field {key} is {x}, not a count"
+        )));
+    }
+    Ok(x as u64)
+}
+
+/// A stored slot starting at `start`.
+pub fn decode_slot(d: &Document, start: i64) -> Result<Slot, StoreError> {
+    let n = count(d, "w")?;
+    let c = count(d, "c")?;
+    let at = |key: &str| -> Result<i64, StoreError> { Ok(start + count(d, key)? as i64) };
+    let first = Sample {
+        t: at("ft")?,
+        v: number(d, "f")?,
     };
-    doc! { "$set": {
-        "count": { "$sum": of_slots("count") },
-        "sum": { "$sum": of_slots("sum") },
-        "min": { "$min": of_slots("min") },
-        "max": { "$max": of_slots("max") },
-        "n": { "$sum": of_slots("n") },
-    }}
-}
-
-/// The `$merge` pipeline of a flush: each sub-period of the incoming document
-/// (`$$new`) replaces the stored one unless the stored one counts more writes.
-fn merge_slots() -> Vec<Document> {
-    let previous = doc! { "$arrayElemAt": [
-        { "$filter": { "input": "$$cur", "as": "o", "cond": { "$eq": ["$$o.k", "$$x.k"] } } },
-        0,
-    ]};
-    let kept = doc! { "$filter": {
-        "input": "$$cur", "as": "o",
-        "cond": { "$not": [ { "$in": ["$$o.k", { "$map": { "input": "$$inc", "as": "i", "in": "$$i.k" } }] } ] },
-    }};
-    let merged = doc! { "$map": {
-        "input": "$$inc", "as": "x",
-        "in": { "k": "$$x.k", "v": { "$let": {
-            "vars": { "prev": previous },
-            "in": { "$cond": [
-                { "$gte": ["$$x.v.n", { "$ifNull": ["$$prev.v.n", -1] }] },
-                "$$x.v",
-                "$$prev.v",
-            ]},
-        }}},
-    }};
-    vec![
-        doc! { "$set": { "s": { "$let": {
-            "vars": {
-                "cur": { "$objectToArray": { "$ifNull": ["$s", {}] } },
-                "inc": { "$objectToArray": "$$new.s" },
+    if c <= 1 {
+        return Ok(Slot {
+            start,
+            summary: (c == 1).then(|| Summary::one(first)),
+            n,
+            rest: None,
+        });
+    }
+    let last = Sample {
+        t: at("lt")?,
+        v: number(d, "l")?,
+    };
+    let penult = if c >= 3 {
+        Sample {
+            t: at("pt")?,
+            v: number(d, "p")?,
+        }
+    } else {
+        first
+    };
+    let moments = Moments {
+        st: number(d, "m1")?,
+        stt: number(d, "m2")?,
+        stv: number(d, "m3")?,
+        svv: number(d, "q")?,
+    };
+    let summary = Summary {
+        count: c,
+        sum: number(d, "s")?,
+        min: number(d, "lo")?,
+        max: number(d, "hi")?,
+        first,
+        penult: Some(penult),
+        last,
+        inc: number_or(d, "i", 0.0)?,
+        resets: u32::try_from(count(d, "r")?).unwrap_or(u32::MAX),
+        changes: u32::try_from(count(d, "x")?).unwrap_or(u32::MAX),
+        moments,
+    };
+    let rest = if first.t != start {
+        None
+    } else if c == 2 {
+        Some(Rest {
+            second: last,
+            sum: last.v,
+            min: last.v,
+            max: last.v,
+        })
+    } else {
+        Some(Rest {
+            second: Sample {
+                t: at("bt")?,
+                v: number(d, "b")?,
             },
-            "in": { "$arrayToObject": { "$concatArrays": [kept, merged] } },
-        }}}},
-        totals_stage(),
-    ]
-}
-
-/// How a recomputed rollup meets the stored one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// After a flush: the touched sub-periods merge in, newest writes winning.
-    Merge,
-    /// A rebuild of whole periods: the recomputation replaces the document.
-    Replace,
-}
-
-/// The aggregation (run on the level's source collection) that recomputes
-/// the `level` rollups of the sources matched by `filter`.
-pub fn pipeline(
-    level: Period,
-    source: Source,
-    filter: Document,
-    into: &str,
-    mode: Mode,
-) -> Vec<Document> {
-    let mut filter = filter;
-    if let Source::Rollups(p) = source {
-        filter.insert("period", p.name());
-    }
-    let (period_start, slot) = period_and_slot(level);
-    let counter = match source {
-        Source::Buckets => Bson::Document(doc! { "$ifNull": ["$n", 0] }),
-        Source::Rollups(_) => Bson::String("$n".into()),
+            sum: number(d, "rs")?,
+            min: number(d, "rl")?,
+            max: number(d, "rh")?,
+        })
     };
-    let when_matched = match mode {
-        Mode::Merge => Bson::Array(merge_slots().into_iter().map(Bson::Document).collect()),
-        Mode::Replace => Bson::String("replace".into()),
-    };
-    vec![
-        doc! { "$match": filter },
-        doc! { "$project": {
-            "_id": 0, "sensor": 1, "metric": 1,
-            "start": period_start,
-            "k": slot,
-            "v": { "count": "$count", "sum": "$sum", "min": "$min", "max": "$max", "n": counter },
-        }},
-        doc! { "$group": {
-            "_id": { "sensor": "$sensor", "metric": "$metric", "start": "$start" },
-            "slots": { "$push": { "k": "$k", "v": "$v" } },
-        }},
-        doc! { "$project": {
-            "_id": 0,
-            "sensor": "$_id.sensor",
-            "metric": "$_id.metric",
-            "period": level.name(),
-            "start": "$_id.start",
-            "s": { "$arrayToObject": "$slots" },
-            "schema_version": { "$literal": super::SCHEMA_VERSION },
-        }},
-        totals_stage(),
-        doc! { "$merge": {
-            "into": into,
-            "on": ["sensor", "metric", "period", "start"],
-            "whenMatched": when_matched,
-            "whenNotMatched": "insert",
-        }},
-    ]
+    Ok(Slot {
+        start,
+        summary: Some(summary),
+        n,
+        rest,
+    })
 }
 
-/// The filters of a flush's recomputation at one level: one per run of
-/// touched source starts (and the sensors, when few); `source_len` is the
-/// distance between neighbouring sources. Ranges are half-open (`$lt` the
-/// end of the last source), never closed: the test stand-in answers a
-/// closed range on a field followed by others in an index
-/// (`{period, start, sensor}`) without the documents at its upper bound.
-pub fn flush_filters(touched: &Touched, source_len: i64) -> Vec<Document> {
-    let gap = MERGE_GAP.max(source_len);
-    let mut runs: Vec<(i64, i64)> = Vec::new();
-    for &s in &touched.starts {
-        match runs.last_mut() {
-            Some((_, last)) if s - *last <= gap => *last = s,
-            _ => runs.push((s, s)),
+/// Parses a rollup document of `period`. A version-1 document holds
+/// nothing complete; a newer version is refused rather than misread.
+pub fn read_rollup(d: &Document, period: Period) -> Result<RollupRead, StoreError> {
+    let start = d
+        .get_datetime("start")
+        .map_err(|e| StoreError::Unreadable(format!("rollup start: {e}")))?
+        .timestamp_millis()
+        .div_euclid(1000);
+    match d.get("schema_version") {
+        Some(Bson::Int32(2)) | Some(Bson::Int64(2)) => {}
+        Some(Bson::Int32(1)) | Some(Bson::Int64(1)) => {
+            return Ok(RollupRead {
+                start,
+                ..RollupRead::default()
+            });
+        }
+        other => {
+            return Err(StoreError::Unreadable(format!(
+                "unknown rollup schema_version {other:?}"
+            )));
         }
     }
-    runs.into_iter()
-        .map(|(first, last)| {
-            let mut f = doc! {
-                "start": { "$gte": start_date(first), "$lt": start_date(last + source_len) },
-            };
-            if let Some(sensors) = &touched.sensors {
-                f.insert("sensor", doc! { "$in": sensors.clone() });
-            }
-            f
+    let complete = match d.get("complete") {
+        Some(Bson::Int64(x)) => *x as u64,
+        Some(Bson::Int32(x)) => *x as u32 as u64,
+        None => 0,
+        other => {
+            return Err(StoreError::Unreadable(format!(
+                "rollup complete is {other:?}"
+            )));
+        }
+    };
+    let mut slots = Vec::new();
+    if let Ok(s) = d.get_document("s") {
+        for (k, v) in s {
+            let index: i64 = k
+                .parse()
+                .ok()
+                .filter(|&i| i >= 0 && i < period.seconds() / period.slot_seconds())
+                .ok_or_else(|| StoreError::Unreadable(format!("rollup slot key {k:?}")))?;
+            let v = v
+                .as_document()
+                .ok_or_else(|| StoreError::Unreadable(format!("rollup slot {k} is no document")))?;
+            slots.push(decode_slot(v, start + index * period.slot_seconds())?);
+        }
+    }
+    slots.sort_by_key(|s| s.start);
+    Ok(RollupRead {
+        start,
+        complete,
+        slots,
+    })
+}
+
+/// The slot numbers of a document of `period`: all of them complete.
+pub fn all_slots(period: Period) -> u64 {
+    let n = period.seconds() / period.slot_seconds();
+    if n >= 64 { u64::MAX } else { (1 << n) - 1 }
+}
+
+/// The update statement that writes `slots` (all in the `period` document
+/// starting at `start`) and marks them complete: each replaces the stored
+/// slot unless that one counts more writes; a slot without readings only
+/// sets its bit (a stored one stays: rollups outlive their buckets).
+/// Everything from the data is a `$literal` or a filter value.
+pub fn statement(
+    sensor: &str,
+    metric: &str,
+    period: Period,
+    start: i64,
+    slots: &[Slot],
+) -> Document {
+    let current_is_v2 = doc! { "$eq": ["$schema_version", ROLLUP_SCHEMA_VERSION] };
+    let mut written = Document::new();
+    let mut bits: u64 = 0;
+    for slot in slots {
+        let k = (slot.start - start) / period.slot_seconds();
+        bits |= 1 << k;
+        let Some(encoded) = encode_slot(slot) else {
+            continue;
+        };
+        let path = format!("$s.{k}");
+        written.insert(
+            k.to_string(),
+            doc! { "$cond": [
+                { "$gt": [ { "$ifNull": [format!("{path}.w"), -1] }, small(slot.n) ] },
+                path,
+                { "$literal": encoded },
+            ]},
+        );
+    }
+    doc! {
+        "q": { "sensor": sensor, "metric": metric, "period": period.name(), "start": start_date(start) },
+        "u": [
+            { "$set": {
+                "s": { "$mergeObjects": [
+                    { "$cond": [current_is_v2.clone(), { "$ifNull": ["$s", {}] }, {}] },
+                    written,
+                ]},
+                "complete": { "$bitOr": [
+                    { "$cond": [current_is_v2, { "$ifNull": ["$complete", 0_i64] }, 0_i64] },
+                    bits as i64,
+                ]},
+                "schema_version": ROLLUP_SCHEMA_VERSION,
+            }},
+            // What version 1 kept beside the slots.
+            { "$unset": ["count", "sum", "min", "max", "n"] },
+        ],
+        "upsert": true,
+    }
+}
+
+/// A bucket's readings as samples, in time order.
+pub fn samples(b: &BucketRead) -> Vec<Sample> {
+    b.values
+        .iter()
+        .map(|&(o, v)| Sample {
+            t: b.start + i64::from(o),
+            v,
         })
         .collect()
+}
+
+/// What an hour of one series rolls up to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hour {
+    pub start: i64,
+    /// Minute buckets: the hour document's slots, one per bucket.
+    pub minutes: Vec<Slot>,
+    /// The day document's slot for the hour.
+    pub slot: Slot,
+}
+
+/// Rolls up one hour from its buckets (sorted by start, all of the hour).
+pub fn roll_hour(granularity: Granularity, hour: i64, buckets: &[BucketRead]) -> Hour {
+    match granularity {
+        Granularity::Minute => {
+            let minutes: Vec<Slot> = buckets
+                .iter()
+                .map(|b| Slot::of(b.start, &samples(b), b.n))
+                .collect();
+            let slot = Slot::of_slots(hour, &minutes);
+            Hour {
+                start: hour,
+                minutes,
+                slot,
+            }
+        }
+        Granularity::Hour => {
+            let (samples, n) = buckets
+                .first()
+                .map_or((Vec::new(), 0), |b| (samples(b), b.n));
+            Hour {
+                start: hour,
+                minutes: Vec::new(),
+                slot: Slot::of(hour, &samples, n),
+            }
+        }
+    }
+}
+
+/// The 30-day slot of a day, from its complete day document.
+pub fn roll_day(day: &RollupRead) -> Option<Slot> {
+    (day.complete & all_slots(Period::Day) == all_slots(Period::Day))
+        .then(|| Slot::of_slots(day.start, &day.slots))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{BucketKey, MetricName, SENSOR_MAX_LEN, SensorId};
+    use proptest::prelude::*;
 
-    fn update(sensor: &str, start: i64) -> BucketUpdate {
-        BucketUpdate {
-            key: BucketKey {
-                sensor: SensorId::parse(sensor.to_owned())
-                    .expect("valid")
-                    .into_owned(),
-                metric: MetricName::default_metric(),
-                start,
-            },
-            values: vec![(0, 1.0)],
-        }
+    fn samples_in(span: i64) -> impl Strategy<Value = Vec<Sample>> {
+        let t = prop_oneof![0..span, Just(0), Just(1)];
+        prop::collection::btree_map(t, -1000i32..1000, 0..20).prop_map(|m| {
+            m.into_iter()
+                .map(|(t, v)| Sample {
+                    t: 3600 + t,
+                    v: f64::from(v) / 8.0,
+                })
+                .collect()
+        })
     }
 
-    #[test]
-    fn a_flush_of_few_sensors_filters_on_them_and_many_do_not() {
-        let few: Vec<_> = (0..3).map(|i| update(&format!("s{i}"), 60 * i)).collect();
-        let t = Touched::of_updates(&few);
-        assert_eq!(t.starts, vec![0, 60, 120]);
-        assert_eq!(t.sensors.as_ref().map(Vec::len), Some(3));
-        let many: Vec<_> = (0..=NARROW_SENSORS)
-            .map(|i| update(&format!("s{i}"), 60))
-            .collect();
-        let t = Touched::of_updates(&many);
-        assert_eq!(t.starts, vec![60]);
-        assert_eq!(t.sensors, None);
-        assert_eq!(
-            Touched {
-                starts: vec![60, 3599, 3600 * 24],
-                sensors: None
+    proptest! {
+        /// A slot reads back as it was written, every part of it.
+        #[test]
+        fn slots_read_back_as_written(xs in samples_in(60), n in 0u64..5_000_000_000) {
+            let slot = Slot::of(3600, &xs, n);
+            match encode_slot(&slot) {
+                None => prop_assert!(slot.summary.is_none()),
+                Some(d) => {
+                    let back = decode_slot(&d, 3600).expect("decodes");
+                    prop_assert_eq!(back.n, slot.n);
+                    for part in [crate::domain::Part::Whole, crate::domain::Part::Rest, crate::domain::Part::First] {
+                        prop_assert_eq!(back.part(part), slot.part(part));
+                    }
+                }
             }
-            .lifted(Period::Day)
-            .starts,
-            vec![0, 86_400]
-        );
-    }
-
-    #[test]
-    fn touched_starts_become_ranges_and_the_largest_command_stays_small() {
-        let touched = Touched {
-            starts: vec![0, 60, 120, 3720, 3720 + 3601, 86_400 * 3],
-            sensors: Some(
-                (0..NARROW_SENSORS)
-                    .map(|i| format!("{i:0>width$}", width = SENSOR_MAX_LEN))
-                    .collect(),
-            ),
-        };
-        let filters = flush_filters(&touched, 60);
-        let ranges: Vec<(i64, i64)> = filters
-            .iter()
-            .map(|f| {
-                let r = f.get_document("start").expect("start");
-                let at = |k: &str| r.get_datetime(k).expect("date").timestamp_millis() / 1000;
-                (at("$gte"), at("$lt"))
-            })
-            .collect();
-        assert_eq!(
-            ranges,
-            vec![(0, 3780), (7321, 7381), (259_200, 259_260)],
-            "half-open: a lone start is [start, start + 60)"
-        );
-        for f in filters {
-            let p = pipeline(Period::Hour, Source::Buckets, f, "rollups", Mode::Merge);
-            let body = doc! { "aggregate": "buckets", "pipeline": p, "cursor": {} };
-            let bytes = mongodb::bson::to_vec(&body).expect("encodes").len();
-            assert!(bytes < 64 * 1024, "{bytes} bytes");
         }
     }
 
     #[test]
-    fn neighbouring_sources_are_one_range_at_every_level() {
-        let days = Touched {
-            starts: vec![0, 86_400, 3 * 86_400],
-            sensors: None,
-        };
-        // Day rollups, a day apart, feeding the 30-day level: a flush over
-        // midnight is one aggregation; a gap of two days is not bridged.
-        let source = Source::of(Period::Days30, Granularity::Minute);
-        assert_eq!(source, Source::Rollups(Period::Day));
+    fn a_statement_guards_each_slot_by_its_write_count_and_keeps_data_literal() {
+        let xs = [Sample { t: 3600, v: 1.5 }, Sample { t: 3661, v: 2.0 }];
+        let slot = Slot::of(3600, &xs, 7);
+        let empty = Slot::of(3600 + 3 * 60, &[], 0);
+        let s = statement("a$b", "m", Period::Hour, 3600, &[slot, empty]);
+        let set = s.get_array("u").expect("pipeline")[0]
+            .as_document()
+            .and_then(|d| d.get_document("$set").ok())
+            .expect("$set");
+        let merge = set
+            .get_document("s")
+            .and_then(|s| s.get_array("$mergeObjects"))
+            .expect("merge");
+        let written = merge[1].as_document().expect("written");
         assert_eq!(
-            flush_filters(&days, source.len(Granularity::Minute)).len(),
-            2
+            written.keys().collect::<Vec<_>>(),
+            ["0"],
+            "an empty slot writes no entry"
         );
-        assert_eq!(flush_filters(&days, 3600).len(), 3);
+        let bits = set
+            .get_document("complete")
+            .and_then(|c| c.get_array("$bitOr"))
+            .expect("bits");
+        assert_eq!(bits[1], Bson::Int64(0b1001));
+        assert_eq!(
+            s.get_document("q").and_then(|q| q.get_str("sensor")),
+            Ok("a$b")
+        );
     }
 
     #[test]
-    fn day_rollups_read_hour_rollups_only_with_minute_buckets() {
-        assert_eq!(
-            Source::of(Period::Day, Granularity::Minute),
-            Source::Rollups(Period::Hour)
-        );
-        assert_eq!(Source::of(Period::Day, Granularity::Hour), Source::Buckets);
-        let p = pipeline(
-            Period::Day,
-            Source::Rollups(Period::Hour),
-            doc! {},
-            "rollups",
-            Mode::Replace,
-        );
-        assert_eq!(
-            p[0].get_document("$match").expect("match"),
-            &doc! { "period": "hour" }
-        );
-        assert_eq!(
-            p[5].get_document("$merge")
-                .expect("merge")
-                .get_str("whenMatched"),
-            Ok("replace")
-        );
+    fn version_one_documents_hold_nothing_complete() {
+        let v1 = doc! {
+            "start": start_date(3600), "schema_version": 1,
+            "s": { "0": { "count": 1, "sum": 1.0, "min": 1.0, "max": 1.0, "n": 1 } },
+            "count": 1,
+        };
+        let r = read_rollup(&v1, Period::Hour).expect("readable");
+        assert_eq!((r.complete, r.slots.len()), (0, 0));
+        let v3 = doc! { "start": start_date(3600), "schema_version": 3 };
+        assert!(read_rollup(&v3, Period::Hour).is_err());
+    }
+
+    #[test]
+    fn a_day_lifts_into_thirty_days_only_when_complete() {
+        let mut day = RollupRead {
+            start: 86_400,
+            complete: all_slots(Period::Day) & !1,
+            slots: vec![Slot::of(
+                86_400 + 7200,
+                &[Sample {
+                    t: 86_400 + 7200,
+                    v: 3.0,
+                }],
+                2,
+            )],
+        };
+        assert_eq!(roll_day(&day), None);
+        day.complete = all_slots(Period::Day);
+        let slot = roll_day(&day).expect("complete");
+        assert_eq!((slot.start, slot.n), (86_400, 2));
+        assert_eq!(slot.summary.map(|s| s.count), Some(1));
     }
 }

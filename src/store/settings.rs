@@ -14,6 +14,12 @@ pub struct BucketSettings {
     /// `None` ("off") keeps them.
     #[serde(with = "retention")]
     pub retention: Option<Duration>,
+    /// An hour this instance wrote into while it was open is rolled up this
+    /// long after it ends (an hour written after it ended is rolled up at
+    /// once): room for the held buckets of its last minutes and for clocks
+    /// that differ a little between instances.
+    #[serde(with = "humantime_serde")]
+    pub rollup_after: Duration,
 }
 
 impl Default for BucketSettings {
@@ -21,6 +27,7 @@ impl Default for BucketSettings {
         Self {
             granularity: Granularity::Minute,
             retention: None,
+            rollup_after: Duration::from_secs(60),
         }
     }
 }

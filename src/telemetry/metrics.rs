@@ -108,6 +108,11 @@ pub struct Metrics {
     pub journal_appended_bytes: IntCounter,
     pub journal_fsync_duration: Histogram,
     pub journal_replayed_readings: IntCounter,
+    db_read: IntCounterVec,
+    db_written: IntCounterVec,
+    pub query_round_trips: HistogramVec,
+    pub rollup_jobs: IntCounter,
+    pub rollup_pending: IntGauge,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
@@ -331,6 +336,35 @@ impl Metrics {
                 "hourglass_journal_replayed_readings_total",
                 "Readings replayed from journal segments left by an earlier run.",
             ),
+            db_read: counter_vec(
+                &r,
+                "hourglass_db_documents_read_total",
+                "Documents the service read from the database, by collection and kind (query, rollup_upkeep).",
+                &["collection", "kind"],
+            ),
+            db_written: counter_vec(
+                &r,
+                "hourglass_db_documents_written_total",
+                "Documents the service wrote (each statement applied counts one), by collection and kind (bucket_update, rollup_upkeep, registry_update, dead_letter).",
+                &["collection", "kind"],
+            ),
+            query_round_trips: histogram_vec_with(
+                &r,
+                "hourglass_query_round_trips",
+                "Database round trips (finds and their getMores) one query took, by endpoint.",
+                &["endpoint"],
+                (0..12).map(|i| f64::from(1u32 << i)).collect(),
+            ),
+            rollup_jobs: counter(
+                &r,
+                "hourglass_rollup_hours_total",
+                "Series-hours rolled up (hour, day and 30-day slots), at once for ended hours or later for open ones.",
+            ),
+            rollup_pending: gauge(
+                &r,
+                "hourglass_rollup_pending_hours",
+                "Series-hours this instance wrote into while open, not rolled up yet.",
+            ),
             registry: r,
         };
         // Every (source, reason) series exists from the start, at zero, so
@@ -345,7 +379,34 @@ impl Metrics {
         for kind in ["outage", "poison", "unreadable"] {
             m.storage_errors.with_label_values(&[kind]);
         }
+        for (collection, kind) in [
+            ("buckets", "bucket_update"),
+            ("rollups", "rollup_upkeep"),
+            ("sensors", "registry_update"),
+            ("rejected", "dead_letter"),
+        ] {
+            m.db_written.with_label_values(&[collection, kind]);
+        }
+        for (collection, kind) in [
+            ("buckets", "query"),
+            ("rollups", "query"),
+            ("buckets", "rollup_upkeep"),
+            ("rollups", "rollup_upkeep"),
+        ] {
+            m.db_read.with_label_values(&[collection, kind]);
+        }
         m
+    }
+
+    /// Counts `n` documents read or written (`direction`) in a collection
+    /// (its role, not its configured name) for a kind of work.
+    pub fn db_documents(&self, direction: &str, collection: &str, kind: &str, n: u64) {
+        let v = if direction == "read" {
+            &self.db_read
+        } else {
+            &self.db_written
+        };
+        v.with_label_values(&[collection, kind]).inc_by(n);
     }
 
     pub fn received(&self, source: Source, readings: usize) {

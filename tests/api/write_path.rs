@@ -153,11 +153,12 @@ async fn outage_codes_during_synchronous_writes_end_with_everything_stored_once(
 }
 
 #[tokio::test]
-async fn outages_of_the_rollup_aggregations_send_the_batch_again_until_rollups_are_exact() {
+async fn outages_of_the_rollup_writes_send_the_batch_again_until_rollups_are_exact() {
     let (_db, app) = spawn_patient_app().await;
     let t = base_time();
-    // The buckets are stored when the rollups' `$merge` fails: the batch
-    // counts as stored only once the rollups have caught up with it.
+    // Hours that ended are rolled up before the batch counts as stored: the
+    // buckets' `update` goes through, the rollups' next one fails, and the
+    // batch is sent again until the rollups have caught up with it.
     let cases: Vec<(&str, Document)> = vec![
         (
             "an unsatisfiable write concern",
@@ -169,8 +170,8 @@ async fn outages_of_the_rollup_aggregations_send_the_batch_again_until_rollups_a
     for (i, (what, mut data)) in cases.into_iter().enumerate() {
         let before = outages(&app).await;
         let sensor = format!("rollup-outage-{i}");
-        data.insert("failCommands", vec!["aggregate"]);
-        fail_point(&app, doc! { "times": 1 }.into(), data).await;
+        data.insert("failCommands", vec!["update"]);
+        fail_point(&app, doc! { "skip": 1, "times": 1 }.into(), data).await;
         let (body, model) = readings_for(&sensor, t + i as i64 * 600, 12);
         let r = app.post_readings(&body).await;
         assert_eq!(r.status(), 200, "{what}: answered stored");

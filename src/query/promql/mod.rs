@@ -20,11 +20,12 @@ pub use compile::{Func, Leaf, compile};
 pub use value::{LabelSet, NAME, Series, Value, format_value};
 pub use window::{Steps, Windows};
 
-use super::engine::{self, Question};
+use super::engine::{self, Cost, Question};
+use super::plan::Need;
 use super::{Grid, Series as Member};
 use crate::batcher::driver::BatcherHandle;
-use crate::domain::{Agg, Granularity, Level, Starts, Values};
-use crate::store::{BucketStore, Fetch, SensorInfo, SensorQuery, StoreError};
+use crate::domain::{Agg, Granularity, Summary};
+use crate::store::{BucketStore, SensorInfo, SensorQuery, StoreError};
 
 /// Prometheus' error classes.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -53,7 +54,7 @@ pub struct Context<'a, S> {
 
 pub struct Outcome {
     pub value: Value,
-    pub documents: u64,
+    pub cost: Cost,
 }
 
 /// One series a selector found.
@@ -160,7 +161,7 @@ pub async fn evaluate<S: BucketStore>(
             )));
         }
     }
-    let mut documents = 0;
+    let mut cost = Cost::default();
     let mut selected = 0;
     let mut data = Vec::with_capacity(leaves.len());
     for leaf in &leaves {
@@ -173,21 +174,24 @@ pub async fn evaluate<S: BucketStore>(
                 ctx.max_series
             )));
         }
-        let (series, docs) = read_leaf(ctx, leaf, &found, &steps).await?;
-        documents += docs;
+        let (series, c) = read_leaf(ctx, leaf, &found, &steps).await?;
+        cost.documents += c.documents;
+        cost.round_trips += c.round_trips;
         data.push(series);
     }
     let value = value::run(&node, &mut data, steps.n)?;
-    Ok(Outcome { value, documents })
+    Ok(Outcome { value, cost })
 }
 
-/// Every found series' value at every step.
+/// Every found series' value at every step: each metric's series read
+/// through the one engine, a level per round trip, each window the merge of
+/// its cells' summaries.
 async fn read_leaf<S: BucketStore>(
     ctx: &Context<'_, S>,
     leaf: &Leaf,
     found: &[Found],
     steps: &Steps,
-) -> Result<(Vec<Series>, u64), PromError> {
+) -> Result<(Vec<Series>, Cost), PromError> {
     let windows = Windows::new(steps, leaf.range_ms, leaf.offset_ms);
     let labels = |f: &Found| {
         let mut l = f.labels.clone();
@@ -196,165 +200,75 @@ async fn read_leaf<S: BucketStore>(
         }
         l
     };
+    let mut out: Vec<Series> = found
+        .iter()
+        .map(|f| Series {
+            labels: labels(f),
+            values: vec![None; steps.n],
+        })
+        .collect();
+    let mut cost = Cost::default();
     let Some((from, to)) = windows.range() else {
-        let empty = found
-            .iter()
-            .map(|f| Series {
-                labels: labels(f),
-                values: vec![None; steps.n],
-            })
-            .collect();
-        return Ok((empty, 0));
+        return Ok((out, cost));
     };
     let grid = Grid::Bounds(windows.bounds.clone());
-    let mut out = Vec::with_capacity(found.len());
-    let mut documents = 0;
-    if leaf.func == Func::Last {
-        for f in found {
-            let q = question(ctx, &f.metric, from, to);
-            let (cells, docs) =
-                newest_per_cell(ctx.store, ctx.batcher, q, &grid, &f.sensor, &windows).await?;
-            documents += docs;
-            let values = windows
-                .last(&cells)
-                .into_iter()
-                .map(|x| x.map(|(_, v)| v))
-                .collect();
-            out.push(Series {
-                labels: labels(f),
-                values,
-            });
-        }
-        return Ok((out, documents));
-    }
-    // One evaluation per metric: every sensor its own group.
     let mut metrics: Vec<&str> = found.iter().map(|f| f.metric.as_str()).collect();
     metrics.sort_unstable();
     metrics.dedup();
     for metric in metrics {
-        let of: Vec<&Found> = found.iter().filter(|f| f.metric == metric).collect();
+        let of: Vec<usize> = (0..found.len())
+            .filter(|&i| found[i].metric == metric)
+            .collect();
         let members: Vec<Member<'_>> = of
             .iter()
-            .enumerate()
-            .map(|(group, f)| Member {
-                sensor: &f.sensor,
-                group,
+            .map(|&i| Member {
+                sensor: &found[i].sensor,
             })
             .collect();
-        let q = question(ctx, metric, from, to);
-        let e = engine::evaluate(
+        let q = Question {
+            metric,
+            from,
+            to,
+            granularity: ctx.granularity,
+            need: match leaf.func {
+                Func::Last => Need::Summaries,
+                _ => Need::Aggregates,
+            },
+            max_time: ctx.max_time,
+        };
+        let c = engine::evaluate(
             ctx.store,
             ctx.batcher,
             q,
             grid.clone(),
             &members,
-            members.len(),
+            |k, cells| {
+                out[of[k]].values = match q.need {
+                    Need::Summaries => {
+                        let summaries: Vec<Option<Summary>> =
+                            cells.iter().map(|c| c.summary).collect();
+                        windows
+                            .fold(&summaries)
+                            .iter()
+                            .map(|w| w.as_ref().map(|s| s.last.v))
+                            .collect()
+                    }
+                    Need::Aggregates => {
+                        let aggs: Vec<Agg> = cells.iter().map(|c| c.agg).collect();
+                        windows
+                            .fold_aggs(&aggs)
+                            .iter()
+                            .map(|a| window_value(leaf.func, a))
+                            .collect()
+                    }
+                };
+            },
         )
         .await?;
-        documents += e.documents;
-        for (f, cells) in of.iter().zip(&e.points) {
-            let values = windows
-                .fold(cells)
-                .iter()
-                .map(|a| window_value(leaf.func, a))
-                .collect();
-            out.push(Series {
-                labels: labels(f),
-                values,
-            });
-        }
+        cost.documents += c.documents;
+        cost.round_trips += c.round_trips;
     }
-    Ok((out, documents))
-}
-
-/// Bucket starts listed rather than read as one range above this many.
-const MAX_LISTED_STARTS: usize = 10_000;
-
-/// The newest reading in each cell of `windows` (stored, or not yet: those
-/// win per second), for `last_over_time` and bare selectors. Reads only the
-/// buckets the windows touch, as a list when they are sparse.
-async fn newest_per_cell<S: BucketStore>(
-    store: &S,
-    batcher: &BatcherHandle,
-    q: Question<'_>,
-    grid: &Grid,
-    sensor: &str,
-    windows: &Windows,
-) -> Result<(Vec<Option<(i64, f64)>>, u64), StoreError> {
-    let len = q.granularity.seconds();
-    let mut cells: Vec<Option<(i64, f64)>> = vec![None; grid.points()];
-    let mut keep = |ts: i64, v: f64| {
-        if ts >= q.from
-            && ts < q.to
-            && let Some(p) = grid.point(ts)
-            && cells[p].is_none_or(|(t, _)| t <= ts)
-        {
-            cells[p] = Some((ts, v));
-        }
-    };
-    let unstored = batcher.unstored_values(sensor, q.metric, q.from, q.to);
-    // The buckets the windows touch (windows come sorted by start).
-    let mut starts: Vec<i64> = Vec::new();
-    for &(a, b) in &windows.spans {
-        if a >= b {
-            continue;
-        }
-        let (from, to) = (windows.bounds[a], windows.bounds[b]);
-        let mut s = from - from.rem_euclid(len);
-        if let Some(&last) = starts.last() {
-            s = s.max(last + len);
-        }
-        while s < to && starts.len() <= MAX_LISTED_STARTS {
-            starts.push(s);
-            s += len;
-        }
-    }
-    let first = q.from - q.from.rem_euclid(len);
-    let all = (q.to - first + len - 1) / len;
-    let which = if starts.len() > MAX_LISTED_STARTS || starts.len() as i64 * 2 > all {
-        Starts::Range(first, q.to)
-    } else {
-        Starts::Only(starts)
-    };
-    let fetch = Fetch {
-        sensor,
-        metric: q.metric,
-        level: Level::Buckets,
-        starts: which,
-        slots: false,
-        values: Values::All,
-        max_time: q.max_time,
-    };
-    let documents = store
-        .fetch(fetch, |b| {
-            let newer = unstored
-                .iter()
-                .find(|(s, _)| *s == b.start)
-                .map(|(_, v)| v.as_slice())
-                .unwrap_or_default();
-            for &(o, v) in &b.values {
-                if newer.binary_search_by_key(&o, |&(n, _)| n).is_err() {
-                    keep(b.start + i64::from(o), v);
-                }
-            }
-        })
-        .await?;
-    for (start, values) in &unstored {
-        for &(o, v) in values {
-            keep(start + i64::from(o), v);
-        }
-    }
-    Ok((cells, documents))
-}
-
-fn question<'a, S>(ctx: &Context<'_, S>, metric: &'a str, from: i64, to: i64) -> Question<'a> {
-    Question {
-        metric,
-        from,
-        to,
-        granularity: ctx.granularity,
-        max_time: ctx.max_time,
-    }
+    Ok((out, cost))
 }
 
 fn window_value(func: Func, a: &Agg) -> Option<f64> {
@@ -367,6 +281,7 @@ fn window_value(func: Func, a: &Agg) -> Option<f64> {
         Func::Min => a.min,
         Func::Max => a.max,
         Func::Count => a.count as f64,
+        // Read with summaries, above.
         Func::Last => return None,
     })
 }

@@ -2,7 +2,7 @@
 //! disjoint cells of whole stored seconds, so the planner answers each cell
 //! from the coarsest level and a window is the merge of its cells. Pure.
 
-use crate::domain::Agg;
+use crate::domain::{Agg, Summary};
 
 /// Evaluation times `start + k·step`, milliseconds, as Prometheus counts them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,59 +83,52 @@ impl Windows {
         self.bounds.len().saturating_sub(1)
     }
 
-    /// Each window's aggregates from its cells' (a segment tree: windows
-    /// may span many cells when the range is much longer than the step).
-    pub fn fold(&self, cells: &[Agg]) -> Vec<Agg> {
+    /// Each window's summary from its cells' (a segment tree: windows may
+    /// span many cells when the range is much longer than the step). Cells
+    /// are in time order, and so are the merges.
+    pub fn fold(&self, cells: &[Option<Summary>]) -> Vec<Option<Summary>> {
+        self.fold_with(cells, None, |a, b| match (a, b) {
+            (Some(a), Some(b)) => Some(a.then(b)),
+            (a, None) => *a,
+            (None, b) => *b,
+        })
+    }
+
+    /// Each window's aggregates from its cells'.
+    pub fn fold_aggs(&self, cells: &[Agg]) -> Vec<Agg> {
+        self.fold_with(cells, Agg::default(), |a, b| {
+            let mut x = *a;
+            x.merge(b);
+            x
+        })
+    }
+
+    /// Each window's `join` of its cells, left to right.
+    fn fold_with<T: Copy>(&self, cells: &[T], empty: T, join: impl Fn(&T, &T) -> T) -> Vec<T> {
         let size = cells.len().next_power_of_two().max(1);
-        let mut tree = vec![Agg::default(); 2 * size];
+        let mut tree: Vec<T> = vec![empty; 2 * size];
         tree[size..size + cells.len()].copy_from_slice(cells);
         for i in (1..size).rev() {
-            let mut a = tree[2 * i];
-            a.merge(&tree[2 * i + 1]);
-            tree[i] = a;
+            tree[i] = join(&tree[2 * i], &tree[2 * i + 1]);
         }
         self.spans
             .iter()
             .map(|&(from, to)| {
-                let (mut left, mut right) = (Agg::default(), Agg::default());
+                let (mut left, mut right) = (empty, empty);
                 let (mut l, mut r) = (from + size, to + size);
                 while l < r {
                     if l & 1 == 1 {
-                        left.merge(&tree[l]);
+                        left = join(&left, &tree[l]);
                         l += 1;
                     }
                     if r & 1 == 1 {
                         r -= 1;
-                        let mut x = tree[r];
-                        x.merge(&right);
-                        right = x;
+                        right = join(&tree[r], &right);
                     }
                     l /= 2;
                     r /= 2;
                 }
-                left.merge(&right);
-                left
-            })
-            .collect()
-    }
-
-    /// Each window's newest reading, from each cell's newest.
-    pub fn last(&self, cells: &[Option<(i64, f64)>]) -> Vec<Option<(i64, f64)>> {
-        // before[j]: the last cell below j that holds a reading.
-        let mut before = Vec::with_capacity(cells.len() + 1);
-        let mut seen = None;
-        before.push(None);
-        for (i, c) in cells.iter().enumerate() {
-            if c.is_some() {
-                seen = Some(i);
-            }
-            before.push(seen);
-        }
-        self.spans
-            .iter()
-            .map(|&(from, to)| match before.get(to).copied().flatten() {
-                Some(i) if i >= from && to > from => cells[i],
-                _ => None,
+                join(&left, &right)
             })
             .collect()
     }
@@ -144,6 +137,7 @@ impl Windows {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::Sample;
     use proptest::prelude::*;
 
     #[test]
@@ -162,18 +156,17 @@ mod tests {
         assert_eq!(Steps::new(10, 0, 15_000).n, 0);
     }
 
-    fn agg_of(values: &[(i64, f64)], from: i64, to: i64) -> Agg {
-        let mut a = Agg::default();
-        for &(s, v) in values {
-            if s >= from && s < to {
-                a.add(v);
-            }
-        }
-        a
+    fn summary_of(values: &[(i64, f64)], from: i64, to: i64) -> Option<Summary> {
+        let inside: Vec<Sample> = values
+            .iter()
+            .filter(|&&(s, _)| s >= from && s < to)
+            .map(|&(t, v)| Sample { t, v })
+            .collect();
+        Summary::of(&inside)
     }
 
     proptest! {
-        /// Folding cells gives every window exactly what summing its
+        /// Folding cells gives every window exactly what summarizing its
         /// seconds gives, however windows overlap or leave gaps.
         #[test]
         fn windows_fold_like_brute_force(
@@ -182,38 +175,24 @@ mod tests {
             n in 1usize..40,
             range in 1i64..600_000,
             offset in 0i64..100_000,
-            secs in proptest::collection::vec((0i64..1_000, -64i32..64), 0..200),
+            secs in proptest::collection::btree_map(0i64..1_000, -64i32..64, 0..200),
         ) {
             let steps = Steps { start_ms: start, step_ms: step, n };
             let w = Windows::new(&steps, range, offset);
-            let values: Vec<(i64, f64)> = secs.iter().map(|&(s, v)| (s, f64::from(v) / 8.0)).collect();
-            let cells: Vec<Agg> = (0..w.cells())
-                .map(|i| agg_of(&values, w.bounds[i], w.bounds[i + 1]))
+            let values: Vec<(i64, f64)> = secs.iter().map(|(&s, &v)| (s, f64::from(v) / 8.0)).collect();
+            let cells: Vec<Option<Summary>> = (0..w.cells())
+                .map(|i| summary_of(&values, w.bounds[i], w.bounds[i + 1]))
                 .collect();
-            let mut newest = vec![None; w.cells()];
-            for &(s, v) in &values {
-                if let Some(i) = w.bounds.partition_point(|&b| b <= s).checked_sub(1)
-                    && i < w.cells()
-                    && newest[i].is_none_or(|(t, _)| t <= s)
-                {
-                    newest[i] = Some((s, v));
-                }
-            }
             let folded = w.fold(&cells);
-            let lasts = w.last(&newest);
-            for k in 0..n {
+            prop_assert_eq!(folded.len(), n);
+            for (k, got) in folded.iter().enumerate() {
                 let t = steps.at(k) - offset;
                 let (a, b) = seconds_of(t, range);
-                let want = agg_of(&values, a, b);
-                prop_assert_eq!(folded[k], want);
-                let want_last = values
-                    .iter()
-                    .filter(|&&(s, _)| s * 1000 > t - range && s * 1000 <= t)
-                    .fold(None, |acc: Option<(i64, f64)>, &(s, v)| match acc {
-                        Some((u, _)) if u > s => acc,
-                        _ => Some((s, v)),
-                    });
-                prop_assert_eq!(lasts[k], want_last);
+                let want = summary_of(&values, a, b);
+                let key = |s: &Option<Summary>| {
+                    s.map(|s| (s.count, s.sum, s.min, s.max, s.first, s.last, s.penult, s.inc, s.resets))
+                };
+                prop_assert_eq!(key(got), key(&want));
             }
         }
     }

@@ -12,6 +12,7 @@ use tracing::info;
 use super::{BUCKET_INDEX, MongoStore, RETENTION_INDEX, ROLLUP_INDEX, classify};
 use crate::domain::Period;
 use crate::store::StoreError;
+use crate::store::errors;
 
 impl MongoStore {
     /// Creates the bucket index (a no-op when it exists) and brings the TTL
@@ -27,7 +28,7 @@ impl MongoStore {
             )
             .build();
         self.buckets.create_index(index).await.map_err(classify)?;
-        // Rollups recompute what a flush touched, found by bucket start.
+        // Rebuilds read the buckets of a period by start.
         let by_start = IndexModel::builder()
             .keys(doc! { "start": 1, "sensor": 1 })
             .options(
@@ -50,18 +51,14 @@ impl MongoStore {
             )
             .build();
         self.rollups.create_index(rollup).await.map_err(classify)?;
-        let by_start = IndexModel::builder()
-            .keys(doc! { "period": 1, "start": 1, "sensor": 1 })
-            .options(
-                IndexOptions::builder()
-                    .name("period_start_sensor".to_owned())
-                    .build(),
-            )
-            .build();
-        self.rollups
-            .create_index(by_start)
-            .await
-            .map_err(classify)?;
+        // Rollups were once recomputed by time range through this index;
+        // every rollup read and write now goes through the unique one.
+        if let Err(e) = self.rollups.drop_index("period_start_sensor").await
+            && !e.to_string().contains("index not found")
+            && !matches!(errors::command_code(&e), Some(26 | 27))
+        {
+            return Err(classify(e));
+        }
         let registry = IndexModel::builder()
             .keys(doc! { "metrics": 1, "_id": 1 })
             .options(

@@ -3,7 +3,6 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::TryStreamExt;
 use mongodb::bson::{Bson, Document, RawDocumentBuf, doc};
 use mongodb::options::ClientOptions;
 use mongodb::{Client, Collection, Database};
@@ -13,10 +12,13 @@ use tracing::{info, warn};
 use super::command::Limits;
 use super::document::{dead_letter_document, read_bucket, start_date};
 use super::errors::{self, Class};
-use super::{BucketStore, Fetch, Labels, SensorInfo, SensorQuery, StoreError};
+use super::rollup::read_rollup;
+use super::upkeep::{Job, Upkeep};
+use super::{BucketStore, Doc, Fetch, Labels, Read, SensorInfo, SensorQuery, StoreError};
 use crate::batcher::{DeadLetter, Outcome, Sink, Written};
-use crate::domain::{BucketRead, Level, Starts, Values};
 use crate::domain::{BucketUpdate, Granularity, field_name};
+use crate::domain::{Level, Starts, Values};
+use crate::telemetry::metrics::Metrics;
 
 /// The unique index on a bucket's identity. Its prefix `(sensor, metric)` plus
 /// the range on `start` also serves every query, so it is the only index.
@@ -36,6 +38,10 @@ pub const ROLLUP_INDEX: &str = "sensor_metric_period_start";
 /// The TTL index that implements `buckets.retention`.
 pub const RETENTION_INDEX: &str = "start_ttl";
 
+/// Documents a query's cursor asks for per batch: the server sends up to
+/// 16 MiB at a time, rather than its default first batch of 101.
+const BATCH_DOCUMENTS: u32 = 100_000;
+
 #[derive(Clone)]
 pub struct MongoStore {
     db: Database,
@@ -49,6 +55,11 @@ pub struct MongoStore {
     limits: Limits,
     /// The URI's write concern, encoded once for every command.
     write_concern: Option<RawDocumentBuf>,
+    /// Open hours written, rolled up once they end (see `store::upkeep`).
+    upkeep: Arc<Mutex<Upkeep>>,
+    /// Seconds after an hour ends before the upkeep rolls it up anyway.
+    close_after: i64,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl std::fmt::Debug for MongoStore {
@@ -83,8 +94,16 @@ impl MongoStore {
     /// adds it to its own write helpers only); `what` names it in errors. A
     /// write concern error is an outage.
     async fn run_write(&self, command: Document, what: &str) -> Result<Document, StoreError> {
-        let mut command = RawDocumentBuf::from_document(&command)
+        let command = RawDocumentBuf::from_document(&command)
             .map_err(|e| StoreError::Poison(format!("{what} was not encoded: {e}")))?;
+        self.run_raw_write(command, what).await
+    }
+
+    async fn run_raw_write(
+        &self,
+        mut command: RawDocumentBuf,
+        what: &str,
+    ) -> Result<Document, StoreError> {
         if let Some(wc) = &self.write_concern {
             command.append("writeConcern", wc.clone());
         }
@@ -97,10 +116,12 @@ impl MongoStore {
         }
     }
 
-    /// Connects (lazily: the driver dials on first use) and creates the index.
+    /// Connects (lazily: the driver dials on first use). `rollup_after`: see
+    /// `buckets.rollup_after`.
     pub async fn connect(
         settings: &Settings,
         granularity: Granularity,
+        rollup_after: Duration,
     ) -> Result<Self, StoreError> {
         let mut options = ClientOptions::parse(settings.uri.expose_secret())
             .await
@@ -122,6 +143,7 @@ impl MongoStore {
             None => None,
         };
         let client = Client::with_options(options).map_err(classify)?;
+        let close_after = i64::try_from(rollup_after.as_secs()).unwrap_or(i64::MAX / 4);
         let db = client.database(&settings.database);
         let buckets = db.collection::<Document>(&settings.collection);
         let dead_letters = db.collection::<Document>(&settings.dead_letter_collection);
@@ -137,7 +159,84 @@ impl MongoStore {
             granularity,
             limits: Limits::default(),
             write_concern,
+            upkeep: Arc::new(Mutex::new(Upkeep::new(close_after))),
+            close_after,
+            metrics: None,
         })
+    }
+
+    /// Counts the documents this store reads and writes into `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    fn count(&self, f: impl FnOnce(&Metrics)) {
+        if let Some(m) = &self.metrics {
+            f(m);
+        }
+    }
+
+    fn upkeep(&self) -> std::sync::MutexGuard<'_, Upkeep> {
+        self.upkeep.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Rolls up `jobs`, counting what it read and wrote.
+    pub async fn roll_up_counted(&self, jobs: &[Job], now: i64) -> Result<usize, StoreError> {
+        let cost = self.roll_up(jobs, now).await?;
+        self.count(|m| {
+            m.db_documents("read", "buckets", "rollup_upkeep", cost.buckets_read);
+            m.db_documents("read", "rollups", "rollup_upkeep", cost.rollups_read);
+            m.db_documents("written", "rollups", "rollup_upkeep", cost.rollups_written);
+            m.rollup_jobs.inc_by(jobs.len() as u64);
+        });
+        Ok(cost.round_trips)
+    }
+
+    /// Rolls up the hours this instance wrote into while they were open,
+    /// once they are due (see `store::upkeep`), until `stop` resolves; then
+    /// the ones that ended (this instance writes nothing more).
+    pub async fn run_upkeep(self: Arc<Self>, stop: impl std::future::Future<Output = ()>) {
+        const TICK: Duration = Duration::from_secs(5);
+        const MAX_JOBS: usize = 20_000;
+        tokio::pin!(stop);
+        loop {
+            let now = unix_now();
+            let due = self.upkeep().due(now, MAX_JOBS);
+            if !due.is_empty() {
+                let jobs: Vec<Job> = due.iter().map(|d| d.job.clone()).collect();
+                match self.roll_up_counted(&jobs, now).await {
+                    Ok(_) => self.upkeep().done(&due),
+                    Err(e) => warn!(error = %e, jobs = jobs.len(),
+                        "Rolling up ended hours failed; trying again (queries read their buckets meanwhile)."),
+                }
+                self.count(|m| m.rollup_pending.set(self.upkeep().pending() as i64));
+                if due.len() == MAX_JOBS {
+                    continue;
+                }
+            }
+            tokio::select! {
+                _ = &mut stop => break,
+                _ = tokio::time::sleep(TICK) => {}
+            }
+        }
+        let now = unix_now();
+        let ended = self.upkeep().ended(now, usize::MAX);
+        let jobs: Vec<Job> = ended.iter().map(|d| d.job.clone()).collect();
+        if !jobs.is_empty() {
+            match self.roll_up_counted(&jobs, now).await {
+                Ok(_) => self.upkeep().done(&ended),
+                Err(e) => warn!(error = %e, jobs = jobs.len(),
+                    "Could not roll up the ended hours before stopping; queries read their buckets until they are."),
+            }
+        }
+        let open = self.upkeep().pending();
+        if open > 0 {
+            info!(
+                series_hours = open,
+                "Hours still open at shutdown are rolled up when next written, or read from their buckets."
+            );
+        }
     }
 
     /// Reads the server's size limits from its `hello` reply, so that no
@@ -165,6 +264,12 @@ impl MongoStore {
     }
 }
 
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX / 4))
+}
+
 impl Sink for MongoStore {
     async fn write(&self, updates: &[&BucketUpdate]) -> Written {
         let mut written = self.write_updates(updates).await;
@@ -174,11 +279,19 @@ impl Sink for MongoStore {
             .filter(|(_, o)| matches!(o, Outcome::Stored))
             .map(|(u, _)| *u)
             .collect();
-        // Rollups and registry follow the buckets before the batch counts as
-        // stored: while a batch is in flight, queries read its buckets, not
-        // rollups that may not include it yet.
-        let after = match self.roll_up(&stored).await {
+        self.count(|m| m.db_documents("written", "buckets", "bucket_update", stored.len() as u64));
+        // Hours that have ended are rolled up before the batch counts as
+        // stored (while it is in flight, queries read its buckets); open
+        // ones once they end. The registry follows.
+        let now = unix_now();
+        let (jobs, mark) = {
+            let mut upkeep = self.upkeep();
+            let jobs = upkeep.stored(stored.iter().copied(), now);
+            (jobs, upkeep.mark())
+        };
+        let after = match self.roll_up_counted(&jobs, now).await {
             Ok(n) => {
+                self.upkeep().covered(&jobs, mark);
                 written.round_trips += n;
                 self.register(&stored).await
             }
@@ -226,82 +339,104 @@ impl Sink for MongoStore {
 }
 
 impl BucketStore for MongoStore {
-    async fn fetch<F: FnMut(BucketRead) + Send>(
+    async fn fetch<F: FnMut(usize, Doc) + Send>(
         &self,
         fetch: Fetch<'_>,
         mut each: F,
-    ) -> Result<u64, StoreError> {
-        let len = match fetch.level {
-            Level::Buckets => self.granularity.seconds(),
-            Level::Rollups(period) => period.seconds(),
+    ) -> Result<Read, StoreError> {
+        let mut read = Read::default();
+        if fetch.sensors.is_empty() {
+            return Ok(read);
+        }
+        let index: std::collections::HashMap<&str, usize> = fetch
+            .sensors
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (*s, i))
+            .collect();
+        let sensor = match fetch.sensors {
+            [one] => Bson::String((*one).to_owned()),
+            many => Bson::Document(doc! { "$in": many.to_vec() }),
         };
-        // A dense list of starts is read as one index range (servers that
-        // scan for `$in`, like the test stand-in, stay fast; MongoDB reads
-        // at most twice the documents), the ones not listed skipped here.
-        let mut only: Option<&[i64]> = None;
-        let start = match &fetch.starts {
-            Starts::Range(from, to) => doc! { "$gte": start_date(*from), "$lt": start_date(*to) },
-            Starts::Only(starts) => match (starts.first(), starts.last()) {
-                (Some(&a), Some(&b))
-                    if starts.is_sorted() && (b - a) / len.max(1) < 2 * starts.len() as i64 =>
-                {
-                    only = Some(starts);
-                    // Half-open: see `rollup::flush_filters`.
-                    doc! { "$gte": start_date(a), "$lt": start_date(b + len) }
+        let (collection, kind) = match fetch.level {
+            Level::Buckets => (&self.buckets, "buckets"),
+            Level::Rollups(_) => (&self.rollups, "rollups"),
+        };
+        let mut projection = doc! { "_id": 0, "sensor": 1, "start": 1, "schema_version": 1 };
+        match fetch.level {
+            Level::Rollups(_) => {
+                projection.insert("s", 1);
+                projection.insert("complete", 1);
+            }
+            Level::Buckets => {
+                for f in ["count", "sum", "min", "max"] {
+                    projection.insert(f, 1);
                 }
-                _ => {
+                if fetch.minutes {
+                    projection.insert("m", 1);
+                }
+                match &fetch.values {
+                    Values::None => {}
+                    Values::All => {
+                        projection.insert("v", 1);
+                    }
+                    Values::Minutes(minutes) => {
+                        for &minute in minutes {
+                            projection.insert(format!("v.{}", field_name(minute)), 1);
+                        }
+                    }
+                }
+            }
+        }
+        let mut bytes: u64 = 0;
+        for starts in &fetch.starts {
+            let start = match starts {
+                Starts::Range(from, to) => {
+                    doc! { "$gte": start_date(*from), "$lt": start_date(*to) }
+                }
+                Starts::Only(starts) => {
                     doc! { "$in": starts.iter().map(|&s| Bson::DateTime(start_date(s))).collect::<Vec<_>>() }
                 }
-            },
-        };
-        let mut filter = doc! { "sensor": fetch.sensor, "metric": fetch.metric };
-        let collection = match fetch.level {
-            Level::Buckets => &self.buckets,
-            Level::Rollups(period) => {
+            };
+            let mut filter = doc! { "sensor": sensor.clone(), "metric": fetch.metric };
+            if let Level::Rollups(period) = fetch.level {
                 filter.insert("period", period.name());
-                &self.rollups
             }
-        };
-        filter.insert("start", start);
-        let mut projection = doc! {
-            "_id": 0, "start": 1, "schema_version": 1,
-            "count": 1, "sum": 1, "min": 1, "max": 1,
-        };
-        if fetch.slots {
-            projection.insert(
-                match fetch.level {
-                    Level::Buckets => "m",
-                    Level::Rollups(_) => "s",
-                },
-                1,
-            );
+            filter.insert("start", start);
+            let mut cursor = collection
+                .find(filter)
+                .projection(projection.clone())
+                .sort(doc! { "sensor": 1, "start": 1 })
+                .max_time(fetch.max_time)
+                .batch_size(BATCH_DOCUMENTS)
+                .await
+                .map_err(classify)?;
+            read.round_trips += 1;
+            let mut documents = 0;
+            while cursor.advance().await.map_err(classify)? {
+                documents += 1;
+                let raw = cursor.current();
+                bytes += raw.as_bytes().len() as u64;
+                let doc = Document::try_from(raw)
+                    .map_err(|e| StoreError::Unreadable(format!("a {kind} document: {e}")))?;
+                let Some(&i) = doc.get_str("sensor").ok().and_then(|s| index.get(s)) else {
+                    continue;
+                };
+                let d = match fetch.level {
+                    Level::Buckets => Doc::Bucket(read_bucket(&doc, self.granularity)?),
+                    Level::Rollups(period) => Doc::Rollup(read_rollup(&doc, period)?),
+                };
+                each(i, d);
+            }
+            // A getMore per further batch of the size asked.
+            read.round_trips += documents / u64::from(BATCH_DOCUMENTS);
+            read.documents += documents;
         }
-        match &fetch.values {
-            Values::None => {}
-            Values::All => {
-                projection.insert("v", 1);
-            }
-            Values::Minutes(minutes) => {
-                for &minute in minutes {
-                    projection.insert(format!("v.{}", field_name(minute)), 1);
-                }
-            }
-        }
-        let mut cursor = collection
-            .find(filter)
-            .projection(projection)
-            .sort(doc! { "start": 1 })
-            .max_time(fetch.max_time)
-            .await
-            .map_err(classify)?;
-        let mut read = 0;
-        while let Some(doc) = cursor.try_next().await.map_err(classify)? {
-            read += 1;
-            let b = read_bucket(&doc, self.granularity)?;
-            if only.is_none_or(|o| o.binary_search(&b.start).is_ok()) {
-                each(b);
-            }
-        }
+        // And one per 16 MiB the server sends at most at a time.
+        read.round_trips += bytes / (16 << 20);
+        self.count(|m| {
+            m.db_documents("read", kind, "query", read.documents);
+        });
         Ok(read)
     }
 

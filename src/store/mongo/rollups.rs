@@ -1,65 +1,344 @@
-//! Runs `store::rollup`'s recomputations after each flush and for
-//! `hourglass rebuild-rollups`.
+//! Runs the rollup upkeep (`store::rollup`, `store::upkeep`): reads the
+//! buckets of the hours to roll up, computes every level, writes the slots;
+//! and `hourglass rebuild-rollups`.
 
-use mongodb::bson::{Document, doc};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use futures_util::TryStreamExt;
+use mongodb::bson::{Bson, Document, RawDocumentBuf, doc};
 use tracing::info;
 
 use super::{MongoStore, classify};
-use crate::domain::{BucketUpdate, Period};
+use crate::domain::{BucketRead, Granularity, Period, RollupRead, Slot};
 use crate::store::StoreError;
-use crate::store::document::start_date;
-use crate::store::rollup::{Mode, Source, Touched, flush_filters, pipeline};
+use crate::store::document::{read_bucket, start_date};
+use crate::store::rollup::{Hour, read_rollup, roll_day, roll_hour, statement};
+use crate::store::upkeep::{HOUR, Job};
+
+const DAY: i64 = 86_400;
+/// Sensors in one `$in` of the upkeep's reads.
+const SENSORS_PER_READ: usize = 200;
+
+type Series = (String, String);
+
+/// What a roll-up read and wrote, for the write and read counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Upkept {
+    pub round_trips: usize,
+    pub buckets_read: u64,
+    pub rollups_read: u64,
+    pub rollups_written: u64,
+}
 
 impl MongoStore {
-    fn source_collection(&self, source: Source) -> &mongodb::Collection<Document> {
-        match source {
-            Source::Buckets => &self.buckets,
-            Source::Rollups(_) => &self.rollups,
+    /// Rolls up `jobs` at every level, as of `now` (epoch seconds):
+    /// - each job's hour: the hour document (minute buckets) and the day
+    ///   document's slot;
+    /// - for each day of a job that has ended: the hours of that day not
+    ///   complete yet (an hour nobody rolled up: no writes, or a writer that
+    ///   stopped), and the 30-day document's slot once the day is complete,
+    ///   with the days of that 30-day period not complete yet.
+    ///
+    /// Hours and days are "not complete yet" only once they ended
+    /// `close_after` ago: an instance that wrote them may still roll them up.
+    pub async fn roll_up(&self, jobs: &[Job], now: i64) -> Result<Upkept, StoreError> {
+        let mut cost = Upkept::default();
+        if jobs.is_empty() {
+            return Ok(cost);
         }
+        let settled = now - self.close_after;
+        let mut hours: BTreeMap<Series, BTreeSet<i64>> = BTreeMap::new();
+        for j in jobs {
+            hours
+                .entry((j.sensor.clone(), j.metric.clone()))
+                .or_default()
+                .insert(j.hour);
+        }
+        // The ended days touched: their documents, to find what is missing.
+        let mut ended: BTreeMap<Series, BTreeSet<i64>> = BTreeMap::new();
+        for (series, hs) in &hours {
+            for &h in hs {
+                let day = h - h.rem_euclid(DAY);
+                if day + DAY <= now {
+                    ended.entry(series.clone()).or_default().insert(day);
+                }
+            }
+        }
+        let days = self.read_rollups(Period::Day, &ended, &mut cost).await?;
+        let mut periods: BTreeMap<Series, BTreeSet<i64>> = BTreeMap::new();
+        for (series, ds) in &ended {
+            let ps = periods.entry(series.clone()).or_default();
+            for &d in ds {
+                ps.insert(d - d.rem_euclid(Period::Days30.seconds()));
+            }
+        }
+        let months = self
+            .read_rollups(Period::Days30, &periods, &mut cost)
+            .await?;
+        // Gap hours of ended days, and gap days of their thirty days.
+        let mut lift: BTreeMap<Series, BTreeSet<i64>> = ended.clone();
+        for (series, ds) in &ended {
+            for &d in ds {
+                let doc = days.get(&(series.clone(), d));
+                for h in (d..d + DAY).step_by(HOUR as usize) {
+                    let k = ((h - d) / HOUR) as u16;
+                    if h + HOUR <= settled && !doc.is_some_and(|r| r.is_complete(k)) {
+                        hours.entry(series.clone()).or_default().insert(h);
+                    }
+                }
+            }
+        }
+        for (series, ps) in &periods {
+            for &p in ps {
+                let doc = months.get(&(series.clone(), p));
+                for d in (p..p + Period::Days30.seconds()).step_by(DAY as usize) {
+                    let k = ((d - p) / DAY) as u16;
+                    let lifted = lift.get(series).is_some_and(|l| l.contains(&d));
+                    if d + DAY <= settled && !lifted && !doc.is_some_and(|r| r.is_complete(k)) {
+                        lift.entry(series.clone()).or_default().insert(d);
+                        let known = days.get(&(series.clone(), d));
+                        let hs = hours.entry(series.clone()).or_default();
+                        for h in (d..d + DAY).step_by(HOUR as usize) {
+                            let k = ((h - d) / HOUR) as u16;
+                            if !known.is_some_and(|r| r.is_complete(k)) {
+                                hs.insert(h);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let rolled = self.roll_hours(&hours, &mut cost).await?;
+        // Hour documents (minute buckets), then the day documents' slots.
+        let mut statements = Vec::new();
+        if self.granularity == Granularity::Minute {
+            for ((sensor, metric), hs) in &rolled {
+                for h in hs.values().filter(|h| !h.minutes.is_empty()) {
+                    let slots = every_slot(Period::Hour, h.start, &h.minutes);
+                    statements.push(statement(sensor, metric, Period::Hour, h.start, &slots));
+                }
+            }
+        }
+        self.write_rollups(statements, &mut cost).await?;
+        let mut statements = Vec::new();
+        let mut thirty: BTreeMap<(Series, i64), Vec<Slot>> = BTreeMap::new();
+        for (series, hs) in &rolled {
+            let mut by_day: BTreeMap<i64, Vec<Slot>> = BTreeMap::new();
+            for h in hs.values() {
+                by_day
+                    .entry(h.start - h.start.rem_euclid(DAY))
+                    .or_default()
+                    .push(h.slot);
+            }
+            for (&day, slots) in &by_day {
+                let lifted = lift.get(series).is_some_and(|l| l.contains(&day));
+                let stored = days.get(&(series.clone(), day));
+                let empty = slots.iter().all(|s| s.summary.is_none());
+                // A day of nothing that only lifts into its thirty days
+                // needs no document of its own.
+                if !(empty && lifted && stored.is_none()) {
+                    statements.push(statement(&series.0, &series.1, Period::Day, day, slots));
+                }
+                if lifted && let Some(slot) = roll_day(&with_slots(stored, day, slots)) {
+                    let p = day - day.rem_euclid(Period::Days30.seconds());
+                    thirty.entry((series.clone(), p)).or_default().push(slot);
+                }
+            }
+            // Ended days whose hours needed nothing: lift what is stored.
+            for &day in lift.get(series).into_iter().flatten() {
+                if !by_day.contains_key(&day)
+                    && let Some(slot) = days.get(&(series.clone(), day)).and_then(roll_day)
+                {
+                    let p = day - day.rem_euclid(Period::Days30.seconds());
+                    thirty.entry((series.clone(), p)).or_default().push(slot);
+                }
+            }
+        }
+        self.write_rollups(statements, &mut cost).await?;
+        let statements = thirty
+            .iter()
+            .map(|(((sensor, metric), p), slots)| {
+                statement(sensor, metric, Period::Days30, *p, slots)
+            })
+            .collect();
+        self.write_rollups(statements, &mut cost).await?;
+        Ok(cost)
     }
 
-    /// Runs one `$merge` aggregation as a raw command. Through the driver's
-    /// `aggregate`, the pipeline was cloned into the command, dropped twice
-    /// and followed by a cursor: with three aggregations a flush, that was
-    /// several per cent of the service's CPU.
-    async fn run(&self, source: Source, stages: Vec<Document>) -> Result<(), StoreError> {
-        let collection = self.source_collection(source).name();
-        let command = doc! {
-            "aggregate": collection,
-            "pipeline": stages,
-            "cursor": {},
-            "allowDiskUse": true,
-        };
-        let reply = self.run_write(command, "a rollup update").await?;
-        // `$merge` answers no documents; a server that left a cursor open
-        // anyway gets it closed rather than timing out on it.
-        if let Some(id) = open_cursor(&reply) {
-            let _ = self
-                .db
-                .run_command(doc! { "killCursors": collection, "cursors": [id] })
-                .await;
+    /// Reads the buckets of the hours asked, per series, and rolls each hour
+    /// up (an hour with no bucket rolls up to an empty slot).
+    async fn roll_hours(
+        &self,
+        hours: &BTreeMap<Series, BTreeSet<i64>>,
+        cost: &mut Upkept,
+    ) -> Result<BTreeMap<Series, BTreeMap<i64, Hour>>, StoreError> {
+        // Runs of consecutive hours, and the series sharing each run: one
+        // read per run (and batch of sensors).
+        let mut runs: BTreeMap<(i64, i64), Vec<&Series>> = BTreeMap::new();
+        for (series, hs) in hours {
+            let mut run: Option<(i64, i64)> = None;
+            for &h in hs {
+                run = match run {
+                    Some((a, b)) if b == h => Some((a, h + HOUR)),
+                    Some(r) => {
+                        runs.entry(r).or_default().push(series);
+                        Some((h, h + HOUR))
+                    }
+                    None => Some((h, h + HOUR)),
+                };
+            }
+            if let Some(r) = run {
+                runs.entry(r).or_default().push(series);
+            }
+        }
+        let mut buckets: HashMap<(Series, i64), Vec<BucketRead>> = HashMap::new();
+        for ((from, to), series) in &runs {
+            for chunk in series.chunks(SENSORS_PER_READ) {
+                let wanted: BTreeSet<&Series> = chunk.iter().copied().collect();
+                let sensors: BTreeSet<&str> = chunk.iter().map(|s| s.0.as_str()).collect();
+                let metrics: BTreeSet<&str> = chunk.iter().map(|s| s.1.as_str()).collect();
+                let filter = doc! {
+                    "sensor": { "$in": sensors.into_iter().collect::<Vec<_>>() },
+                    "metric": { "$in": metrics.into_iter().collect::<Vec<_>>() },
+                    "start": { "$gte": start_date(*from), "$lt": start_date(*to) },
+                };
+                let mut cursor = self
+                    .buckets
+                    .find(filter)
+                    .projection(doc! { "_id": 0, "sensor": 1, "metric": 1, "start": 1, "v": 1, "n": 1, "count": 1, "sum": 1, "min": 1, "max": 1, "schema_version": 1 })
+                    .await
+                    .map_err(classify)?;
+                cost.round_trips += 1;
+                while let Some(d) = cursor.try_next().await.map_err(classify)? {
+                    cost.buckets_read += 1;
+                    let key = (
+                        d.get_str("sensor").unwrap_or_default().to_owned(),
+                        d.get_str("metric").unwrap_or_default().to_owned(),
+                    );
+                    if !wanted.contains(&key) {
+                        continue;
+                    }
+                    let b = read_bucket(&d, self.granularity)?;
+                    let hour = b.start - b.start.rem_euclid(HOUR);
+                    buckets.entry((key, hour)).or_default().push(b);
+                }
+            }
+        }
+        let mut out: BTreeMap<Series, BTreeMap<i64, Hour>> = BTreeMap::new();
+        for (series, hs) in hours {
+            let rolled = out.entry(series.clone()).or_default();
+            for &h in hs {
+                let mut bs = buckets.remove(&(series.clone(), h)).unwrap_or_default();
+                bs.sort_by_key(|b| b.start);
+                rolled.insert(h, roll_hour(self.granularity, h, &bs));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The rollup documents of `period` asked for, per series and start.
+    async fn read_rollups(
+        &self,
+        period: Period,
+        asked: &BTreeMap<Series, BTreeSet<i64>>,
+        cost: &mut Upkept,
+    ) -> Result<HashMap<(Series, i64), RollupRead>, StoreError> {
+        let mut out = HashMap::new();
+        let all: Vec<(&Series, &BTreeSet<i64>)> = asked.iter().collect();
+        for chunk in all.chunks(SENSORS_PER_READ) {
+            let sensors: BTreeSet<&str> = chunk.iter().map(|(s, _)| s.0.as_str()).collect();
+            let metrics: BTreeSet<&str> = chunk.iter().map(|(s, _)| s.1.as_str()).collect();
+            let starts: BTreeSet<i64> = chunk.iter().flat_map(|(_, s)| s.iter().copied()).collect();
+            let filter = doc! {
+                "sensor": { "$in": sensors.into_iter().collect::<Vec<_>>() },
+                "metric": { "$in": metrics.into_iter().collect::<Vec<_>>() },
+                "period": period.name(),
+                "start": { "$in": starts.iter().map(|&s| Bson::DateTime(start_date(s))).collect::<Vec<_>>() },
+            };
+            let mut cursor = self
+                .rollups
+                .find(filter)
+                .projection(doc! { "_id": 0, "sensor": 1, "metric": 1, "start": 1, "s": 1, "complete": 1, "schema_version": 1 })
+                .await
+                .map_err(classify)?;
+            cost.round_trips += 1;
+            while let Some(d) = cursor.try_next().await.map_err(classify)? {
+                cost.rollups_read += 1;
+                let key = (
+                    d.get_str("sensor").unwrap_or_default().to_owned(),
+                    d.get_str("metric").unwrap_or_default().to_owned(),
+                );
+                let r = read_rollup(&d, period)?;
+                if asked.get(&key).is_some_and(|s| s.contains(&r.start)) {
+                    out.insert((key, r.start), r);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Sends rollup statements in `update` commands within the server's
+    /// limits, with the URI's write concern. A statement refused is an
+    /// error for the whole roll-up (rollups are derived: the batch is sent
+    /// again, or the operator rebuilds).
+    async fn write_rollups(
+        &self,
+        statements: Vec<Document>,
+        cost: &mut Upkept,
+    ) -> Result<(), StoreError> {
+        if statements.is_empty() {
+            return Ok(());
+        }
+        let budget = self.limits.command_budget() / 2;
+        let max = self.limits.max_write_batch_size.max(1);
+        let mut encoded = Vec::with_capacity(statements.len());
+        for s in statements {
+            encoded.push(
+                RawDocumentBuf::from_document(&s)
+                    .map_err(|e| StoreError::Poison(format!("a rollup statement: {e}")))?,
+            );
+        }
+        let mut start = 0;
+        while start < encoded.len() {
+            let mut end = start;
+            let mut bytes = 0;
+            while end < encoded.len()
+                && end - start < max
+                && (end == start || bytes + encoded[end].as_bytes().len() <= budget)
+            {
+                bytes += encoded[end].as_bytes().len();
+                end += 1;
+            }
+            let mut updates = mongodb::bson::RawArrayBuf::new();
+            for s in &encoded[start..end] {
+                updates.push(s.clone());
+            }
+            let mut command = RawDocumentBuf::new();
+            command.append("update", self.rollups.name());
+            command.append("updates", updates);
+            command.append("ordered", false);
+            let reply = self.run_raw_write(command, "a rollup update").await?;
+            cost.round_trips += 1;
+            if let Ok(errors) = reply.get_array("writeErrors")
+                && let Some(first) = errors.iter().filter_map(Bson::as_document).next()
+            {
+                let code = first.get_i32("code").unwrap_or_default();
+                let message = format!(
+                    "{} rollup statements refused, first: code {code}: {}",
+                    errors.len(),
+                    first.get_str("errmsg").unwrap_or_default()
+                );
+                // Two writers creating one document: the loser is sent again.
+                return Err(match crate::store::errors::classify_write_error(code) {
+                    _ if code == crate::store::errors::DUPLICATE_KEY => StoreError::Outage(message),
+                    crate::store::errors::Class::Outage => StoreError::Outage(message),
+                    crate::store::errors::Class::Poison => StoreError::Poison(message),
+                });
+            }
+            cost.rollups_written += (end - start) as u64;
+            start = end;
         }
         Ok(())
-    }
-
-    /// Recomputes the rollups of what a flush stored, level by level; answers
-    /// the commands sent.
-    pub(super) async fn roll_up(&self, stored: &[&BucketUpdate]) -> Result<usize, StoreError> {
-        if stored.is_empty() {
-            return Ok(0);
-        }
-        let mut touched = Touched::of_updates(stored.iter().copied());
-        let mut commands = 0;
-        for &level in Period::levels(self.granularity) {
-            let source = Source::of(level, self.granularity);
-            for filter in flush_filters(&touched, source.len(self.granularity)) {
-                let stages = pipeline(level, source, filter, self.rollups.name(), Mode::Merge);
-                self.run(source, stages).await?;
-                commands += 1;
-            }
-            touched = touched.lifted(level);
-        }
-        Ok(commands)
     }
 
     /// The first and last bucket starts, if there are buckets.
@@ -88,17 +367,17 @@ impl MongoStore {
 
     /// Recomputes every rollup of the whole 30-day periods (see
     /// `Period::Days30`) holding `[from, to)` (epoch seconds; all buckets when
-    /// not given) from the buckets, for sensors whose id starts with `prefix`,
-    /// replacing what was there, and registers their sensors (`exact`: only
-    /// the sensor `prefix`). One period at a time, so no one aggregation grows
-    /// with the data, and each replaced document is recomputed whole. Answers
-    /// the days rebuilt.
+    /// not given) from the buckets, for sensors whose id starts with `prefix`
+    /// (`exact`: only the sensor `prefix`), and registers their sensors. One
+    /// period at a time; each slot written only if no newer figure is stored,
+    /// so it is safe while instances write. Answers the days rebuilt.
     pub async fn rebuild_rollups(
         &self,
         prefix: &str,
         exact: bool,
         from: Option<i64>,
         to: Option<i64>,
+        now: i64,
     ) -> Result<i64, StoreError> {
         let Some((first, last)) = self.bucket_span().await? else {
             return Ok(0);
@@ -121,32 +400,113 @@ impl MongoStore {
                     doc! { "$gte": prefix, "$lt": format!("{prefix}\u{7f}") },
                 );
             }
-            for &level in Period::levels(self.granularity) {
-                let source = Source::of(level, self.granularity);
-                // The same filter serves rollups of every level: same fields.
-                let stages = pipeline(
-                    level,
-                    source,
-                    filter.clone(),
-                    self.rollups.name(),
-                    Mode::Replace,
-                );
-                self.run(source, stages).await?;
+            // The series with buckets in the window.
+            let mut series: BTreeSet<Series> = BTreeSet::new();
+            let mut cursor = self
+                .buckets
+                .find(filter.clone())
+                .projection(doc! { "_id": 0, "sensor": 1, "metric": 1 })
+                .await
+                .map_err(classify)?;
+            while let Some(d) = cursor.try_next().await.map_err(classify)? {
+                series.insert((
+                    d.get_str("sensor").unwrap_or_default().to_owned(),
+                    d.get_str("metric").unwrap_or_default().to_owned(),
+                ));
             }
-            self.run(
-                Source::Buckets,
-                registry_pipeline(filter, self.sensors.name()),
-            )
-            .await?;
+            let series: Vec<Series> = series.into_iter().collect();
+            // Every hour of the window that has ended, a few series at a time.
+            for chunk in series.chunks(16) {
+                let jobs: Vec<Job> = chunk
+                    .iter()
+                    .flat_map(|(sensor, metric)| {
+                        (window..end.min(now - now.rem_euclid(HOUR)))
+                            .step_by(HOUR as usize)
+                            .map(|hour| Job {
+                                sensor: sensor.clone(),
+                                metric: metric.clone(),
+                                hour,
+                            })
+                    })
+                    .collect();
+                self.roll_up(&jobs, now).await?;
+            }
+            self.run_rollup_aggregation(registry_pipeline(filter, self.sensors.name()))
+                .await?;
             info!(
                 from = window,
                 to = end,
+                series = series.len(),
                 "Rebuilt the rollups and registry entries of thirty days of buckets."
             );
             window = end;
         }
-        Ok(((to - from) / Period::Day.seconds()).max(0))
+        Ok(((to - from) / DAY).max(0))
     }
+
+    /// Runs a `$merge` aggregation on the buckets as a raw command.
+    async fn run_rollup_aggregation(&self, stages: Vec<Document>) -> Result<(), StoreError> {
+        let command = doc! {
+            "aggregate": self.buckets.name(),
+            "pipeline": stages,
+            "cursor": {},
+            "allowDiskUse": true,
+        };
+        let reply = self.run_write(command, "a registry rebuild").await?;
+        // `$merge` answers no documents; a server that left a cursor open
+        // anyway gets it closed rather than timing out on it.
+        if let Some(id) = open_cursor(&reply) {
+            let _ = self
+                .db
+                .run_command(doc! { "killCursors": self.buckets.name(), "cursors": [id] })
+                .await;
+        }
+        Ok(())
+    }
+}
+
+/// Every slot of a `period` document starting at `start`: the ones given,
+/// and empty ones for the rest (all complete).
+fn every_slot(period: Period, start: i64, given: &[Slot]) -> Vec<Slot> {
+    let len = period.slot_seconds();
+    (0..period.seconds() / len)
+        .map(|k| {
+            let at = start + k * len;
+            given
+                .iter()
+                .find(|s| s.start == at)
+                .copied()
+                .unwrap_or(Slot {
+                    start: at,
+                    summary: None,
+                    n: 0,
+                    rest: None,
+                })
+        })
+        .collect()
+}
+
+/// A day document as stored with `slots` written over it (a stored slot
+/// from more writes stays, as the statement keeps it).
+fn with_slots(stored: Option<&RollupRead>, day: i64, slots: &[Slot]) -> RollupRead {
+    let mut doc = stored.cloned().unwrap_or(RollupRead {
+        start: day,
+        ..RollupRead::default()
+    });
+    for s in slots {
+        doc.complete |= 1 << ((s.start - day) / HOUR);
+        match doc.slots.binary_search_by_key(&s.start, |x| x.start) {
+            // An empty figure never removes a stored slot.
+            Ok(i) if doc.slots[i].n > s.n || s.summary.is_none() => {}
+            Ok(i) => doc.slots[i] = *s,
+            Err(i) => {
+                if s.summary.is_some() {
+                    doc.slots.insert(i, *s);
+                }
+            }
+        }
+    }
+    doc
 }
 
 /// Registers the sensors of the buckets matched by `filter`: their metrics
@@ -192,5 +552,27 @@ mod tests {
         let open =
             doc! { "cursor": { "firstBatch": [], "id": 42_i64, "ns": "db.buckets" }, "ok": 1 };
         assert_eq!(open_cursor(&open), Some(42));
+    }
+
+    #[test]
+    fn a_stored_slot_from_more_writes_stays_under_a_new_figure() {
+        use crate::domain::Sample;
+        let day = 86_400;
+        let older = Slot::of(day, &[Sample { t: day, v: 1.0 }], 5);
+        let stored = RollupRead {
+            start: day,
+            complete: 1,
+            slots: vec![older],
+        };
+        let newer = Slot::of(day, &[Sample { t: day, v: 2.0 }], 4);
+        let empty = Slot {
+            start: day + HOUR,
+            summary: None,
+            n: 0,
+            rest: None,
+        };
+        let doc = with_slots(Some(&stored), day, &[newer, empty]);
+        assert_eq!(doc.slots, vec![older]);
+        assert_eq!(doc.complete, 0b11);
     }
 }

@@ -1,0 +1,254 @@
+//! When each hour of each series is rolled up: the pure core of the rollup
+//! upkeep (see `rollup`), with the clock passed in.
+//!
+//! A flush reports what it stored. Each `(series, hour)` whose hour has
+//! ended is rolled up at once, before the flush counts as stored (late
+//! readings, and held buckets written just after their window). An hour
+//! still open is remembered, with a sequence number of its last write, and
+//! is due `close_after` after it ends, unless a roll-up that started after
+//! its last write (a later flush's) covered it first. Memory holds one entry
+//! per series and open hour written by this instance.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::domain::BucketUpdate;
+
+/// Seconds in the unit the upkeep closes: an hour (the hour document of
+/// minute buckets, the day document's hour slot of hour buckets).
+pub const HOUR: i64 = 3600;
+
+/// One series and one hour to roll up.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Job {
+    pub sensor: String,
+    pub metric: String,
+    /// Epoch seconds, a multiple of an hour.
+    pub hour: i64,
+}
+
+/// A job handed out, with the write it covers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Due {
+    pub job: Job,
+    seq: u64,
+}
+
+/// The upkeep's memory of open hours.
+#[derive(Debug)]
+pub struct Upkeep {
+    /// Seconds after an hour ends before a remembered hour is rolled up.
+    close_after: i64,
+    /// Per hour, the series written in it and the sequence of their last write.
+    open: BTreeMap<i64, HashMap<(String, String), u64>>,
+    entries: usize,
+    seq: u64,
+}
+
+impl Upkeep {
+    pub fn new(close_after: i64) -> Self {
+        Self {
+            close_after: close_after.max(0),
+            open: BTreeMap::new(),
+            entries: 0,
+            seq: 0,
+        }
+    }
+
+    /// Remembered `(series, hour)` not yet rolled up.
+    pub fn pending(&self) -> usize {
+        self.entries
+    }
+
+    /// A flush stored `updates`; `now` is the wall clock after the write
+    /// (epoch seconds). Answers the jobs to run before the flush counts as
+    /// stored (sorted, distinct), and remembers the open hours.
+    pub fn stored<'a>(
+        &mut self,
+        updates: impl IntoIterator<Item = &'a BucketUpdate>,
+        now: i64,
+    ) -> Vec<Job> {
+        self.seq += 1;
+        let mut now_jobs = Vec::new();
+        for u in updates {
+            let hour = u.key.start - u.key.start.rem_euclid(HOUR);
+            let series = (
+                u.key.sensor.as_str().to_owned(),
+                u.key.metric.as_str().to_owned(),
+            );
+            if hour + HOUR <= now {
+                now_jobs.push(Job {
+                    sensor: series.0,
+                    metric: series.1,
+                    hour,
+                });
+            } else {
+                let before = self.open.entry(hour).or_default().insert(series, self.seq);
+                self.entries += usize::from(before.is_none());
+            }
+        }
+        now_jobs.sort_unstable();
+        now_jobs.dedup();
+        now_jobs
+    }
+
+    /// The sequence a roll-up starting now covers: writes up to it.
+    pub fn mark(&self) -> u64 {
+        self.seq
+    }
+
+    /// Remembered hours that ended `close_after` ago or more, at most `max`.
+    pub fn due(&self, now: i64, max: usize) -> Vec<Due> {
+        self.starting_until(now - HOUR - self.close_after, max)
+    }
+
+    /// Every remembered hour that has ended (at shutdown: this instance
+    /// writes nothing more), at most `max`.
+    pub fn ended(&self, now: i64, max: usize) -> Vec<Due> {
+        self.starting_until(now - HOUR, max)
+    }
+
+    fn starting_until(&self, last: i64, max: usize) -> Vec<Due> {
+        let mut out = Vec::new();
+        for (&hour, series) in self.open.range(..=last) {
+            for ((sensor, metric), &seq) in series {
+                if out.len() >= max {
+                    return out;
+                }
+                out.push(Due {
+                    job: Job {
+                        sensor: sensor.clone(),
+                        metric: metric.clone(),
+                        hour,
+                    },
+                    seq,
+                });
+            }
+        }
+        out
+    }
+
+    /// These jobs were rolled up: their entries are forgotten unless written
+    /// again since they were handed out.
+    pub fn done(&mut self, jobs: &[Due]) {
+        for d in jobs {
+            self.forget(&d.job, d.seq);
+        }
+    }
+
+    /// Jobs a roll-up covered that started when [`Self::mark`] said `seq`:
+    /// any remembered entry of the same hour written at or before it is done.
+    pub fn covered(&mut self, jobs: &[Job], seq: u64) {
+        for j in jobs {
+            self.forget(j, seq);
+        }
+    }
+
+    fn forget(&mut self, job: &Job, seq: u64) {
+        let Some(series) = self.open.get_mut(&job.hour) else {
+            return;
+        };
+        let key = (job.sensor.clone(), job.metric.clone());
+        if series.get(&key).is_some_and(|&s| s <= seq) {
+            series.remove(&key);
+            self.entries -= 1;
+        }
+        if series.is_empty() {
+            self.open.remove(&job.hour);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{BucketKey, MetricName, SensorId};
+    use proptest::prelude::*;
+    use std::collections::BTreeSet;
+
+    fn update(sensor: &str, start: i64) -> BucketUpdate {
+        BucketUpdate {
+            key: BucketKey {
+                sensor: SensorId::parse(sensor.to_owned())
+                    .expect("valid")
+                    .into_owned(),
+                metric: MetricName::default_metric(),
+                start,
+            },
+            values: vec![(0, 1.0)],
+        }
+    }
+
+    #[test]
+    fn ended_hours_roll_up_at_once_and_open_ones_when_due() {
+        let mut u = Upkeep::new(60);
+        let now = 10 * HOUR + 30;
+        let jobs = u.stored(&[update("a", 9 * HOUR + 120), update("b", 10 * HOUR)], now);
+        assert_eq!(jobs.len(), 1, "the ended hour");
+        assert_eq!(jobs[0].hour, 9 * HOUR);
+        assert_eq!(u.pending(), 1);
+        assert!(u.due(11 * HOUR + 59, 10).is_empty(), "not yet due");
+        let due = u.due(11 * HOUR + 60, 10);
+        assert_eq!(due.len(), 1);
+        u.done(&due);
+        assert_eq!(u.pending(), 0);
+    }
+
+    #[test]
+    fn a_write_after_a_job_was_handed_out_keeps_its_hour_remembered() {
+        let mut u = Upkeep::new(0);
+        u.stored(&[update("a", 0)], 100);
+        let due = u.due(HOUR, 10);
+        u.stored(&[update("a", 60)], 200);
+        u.done(&due);
+        assert_eq!(u.pending(), 1, "written again while rolling up");
+    }
+
+    proptest! {
+        /// Against a model: every (series, hour) written is rolled up by
+        /// some roll-up that started after its last write, once its hour
+        /// has ended (at once) or `close_after` later (the roller).
+        #[test]
+        fn every_write_is_covered_by_a_later_roll_up(
+            events in prop::collection::vec((0usize..3, 0i64..4, 0i64..200, any::<bool>()), 1..60),
+            close_after in 0i64..120,
+        ) {
+            let mut u = Upkeep::new(close_after);
+            let mut now = 0;
+            // (series, hour) → time of its last write, and whether a roll-up started after it.
+            let mut model: BTreeMap<(usize, i64), (i64, bool)> = BTreeMap::new();
+            for (sensor, hour, wait, roll) in events {
+                now += wait * 60;
+                let start = hour * HOUR + (now % HOUR).min(HOUR - 60) / 60 * 60;
+                let name = format!("s{sensor}");
+                let jobs = u.stored(&[update(&name, start)], now);
+                model.insert((sensor, hour), (now, false));
+                for j in &jobs {
+                    let s: usize = j.sensor[1..].parse().expect("index");
+                    model.insert((s, j.hour / HOUR), (now, true));
+                }
+                let mark = u.mark();
+                u.covered(&jobs, mark);
+                if roll {
+                    let due = u.due(now, usize::MAX);
+                    for d in &due {
+                        let s: usize = d.job.sensor[1..].parse().expect("index");
+                        prop_assert!(d.job.hour + HOUR + close_after <= now);
+                        if let Some(e) = model.get_mut(&(s, d.job.hour / HOUR)) {
+                            e.1 = true;
+                        }
+                    }
+                    u.done(&due);
+                }
+            }
+            // At the end: whatever is not covered is still remembered.
+            let remembered: BTreeSet<(usize, i64)> = u
+                .ended(i64::MAX / 2, usize::MAX)
+                .iter()
+                .map(|d| (d.job.sensor[1..].parse().expect("index"), d.job.hour / HOUR))
+                .collect();
+            for (key, (_, covered)) in &model {
+                prop_assert!(*covered || remembered.contains(key), "{:?} was lost", key);
+            }
+        }
+    }
+}
