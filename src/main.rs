@@ -47,6 +47,18 @@ enum Command {
         #[arg(long)]
         to: Option<String>,
     },
+    /// Writes dead letters into their buckets (with rollups and registry)
+    /// once what refused them is fixed, deleting each one stored; one
+    /// refused again stays with the new reason. Idempotent, safe while the
+    /// service runs.
+    Redrive {
+        /// Only sensors with this id, or (ending in `*`) this id prefix.
+        #[arg(long)]
+        sensor: Option<String>,
+        /// Count what would be re-driven; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 #[tokio::main]
@@ -78,6 +90,22 @@ async fn main() -> anyhow::Result<()> {
         let (from, to) = (instant("from", from)?, instant("to", to)?);
         let days = hourglass::rebuild_rollups(&settings, sensor.as_deref(), from, to).await?;
         println!("Rebuilt the rollups of {days} days.");
+        return Ok(());
+    }
+    if let Some(Command::Redrive { sensor, dry_run }) = args.command {
+        let r = hourglass::redrive(&settings, sensor.as_deref(), dry_run).await?;
+        println!(
+            "{} {} dead letters ({} readings); {} refused again, {} unreadable (kept).",
+            if dry_run {
+                "Would re-drive"
+            } else {
+                "Re-drove"
+            },
+            r.letters,
+            r.readings,
+            r.refused,
+            r.unreadable
+        );
         return Ok(());
     }
     let app = Application::build(settings).await?;

@@ -292,6 +292,36 @@ impl Application {
 /// of the buckets in `[from, to)` (epoch seconds; all when not given) for
 /// sensor `sensor` or, ending in `*`, the sensors with that id prefix. The migration for data written
 /// before rollups, and the repair after a rollup could not be written.
+/// `hourglass redrive`: writes the dead letters of `sensor` (an id, or a
+/// prefix ending in `*`; all when absent) into their buckets and deletes
+/// them, or (`dry_run`) counts them.
+pub async fn redrive(
+    settings: &Settings,
+    sensor: Option<&str>,
+    dry_run: bool,
+) -> anyhow::Result<crate::store::Redriven> {
+    let sensor = sensor.unwrap_or("*");
+    let (prefix, exact) = match sensor.strip_suffix('*') {
+        Some(prefix) => (prefix, false),
+        None => (sensor, true),
+    };
+    let mut store = MongoStore::connect(
+        &settings.mongodb,
+        settings.buckets.granularity,
+        settings.buckets.rollup_after,
+    )
+    .await
+    .context("connecting to MongoDB")?;
+    store
+        .read_limits()
+        .await
+        .context("reading the storage server's limits")?;
+    store
+        .redrive(prefix, exact, dry_run)
+        .await
+        .context("re-driving the dead letters")
+}
+
 pub async fn rebuild_rollups(
     settings: &Settings,
     sensor: Option<&str>,

@@ -9,7 +9,7 @@ use tokio::sync::{Mutex, Semaphore};
 
 use crate::ctx::Ctx;
 use crate::dataset::{Dataset, Row};
-use crate::procs::scrape;
+use crate::procs::{scrape, scrape_by};
 use crate::report::{Plot, Report, Section, f, percentiles};
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum, serde::Serialize)]
@@ -32,6 +32,22 @@ fn mqtt_host_port(url: &str) -> anyhow::Result<(String, u16)> {
     Ok((h.to_owned(), p.trim_end_matches('/').parse()?))
 }
 
+/// Documents written, by kind (bucket_update, rollup_upkeep, registry_update,
+/// dead_letter), and documents the rollup upkeep read.
+async fn writes(url: &str) -> (std::collections::HashMap<String, f64>, f64) {
+    let written = scrape_by(url, "hourglass_db_documents_written_total", "kind")
+        .await
+        .unwrap_or_default();
+    let read = scrape_by(url, "hourglass_db_documents_read_total", "kind")
+        .await
+        .unwrap_or_default()
+        .get("rollup_upkeep")
+        .copied()
+        .unwrap_or(0.0);
+    (written, read)
+}
+
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     ctx: &Ctx,
     mut data: Dataset,
@@ -40,15 +56,17 @@ pub async fn run(
     concurrency: usize,
     verify: bool,
     journal: bool,
+    granularity: &'static str,
 ) -> anyhow::Result<(Report, bool)> {
     let mqtt = matches!(transport, Transport::Mqtt);
     let label = format!(
-        "{}{}",
+        "{}{}{}",
         format!("{transport:?}").to_lowercase(),
-        if journal { "_journal" } else { "" }
+        if journal { "_journal" } else { "" },
+        if granularity == "minute" { "" } else { "_hour" },
     );
     let target = ctx
-        .target(&format!("fleet_{label}"), "minute", mqtt, journal)
+        .target(&format!("fleet_{label}"), granularity, mqtt, journal)
         .await?;
     // Live sensors: the data starts now.
     data.start = time::OffsetDateTime::now_utc().unix_timestamp();
@@ -90,6 +108,7 @@ pub async fn run(
     };
 
     let before = scrape(&target.url).await.unwrap_or_default();
+    let writes_before = writes(&target.url).await;
     let cpu0 = target.cpu();
     let bar = ctx.bar(u64::from(data.ticks()), "fleet");
     let started = Instant::now();
@@ -205,6 +224,21 @@ pub async fn run(
     let delta =
         |k: &str| after.get(k).copied().unwrap_or(0.0) - before.get(k).copied().unwrap_or(0.0);
     let journal_bytes = delta("hourglass_journal_appended_bytes_total");
+    let writes_after = writes(&target.url).await;
+    let written = |kind: &str| {
+        writes_after.0.get(kind).copied().unwrap_or(0.0)
+            - writes_before.0.get(kind).copied().unwrap_or(0.0)
+    };
+    let all_written: f64 = [
+        "bucket_update",
+        "rollup_upkeep",
+        "registry_update",
+        "dead_letter",
+    ]
+    .iter()
+    .map(|k| written(k))
+    .sum();
+    let upkeep_read = writes_after.1 - writes_before.1;
     let fsyncs = delta("hourglass_journal_fsyncs_total");
     let (p50, p99, max) = percentiles(latencies.lock().await.clone());
     let mut s = Section::new(
@@ -271,6 +305,26 @@ pub async fn run(
         "bucket updates (writes) per reading".into(),
         f(updates / offered as f64),
     ]);
+    s.row(vec![
+        "rollup documents written per reading".into(),
+        f(written("rollup_upkeep") / offered as f64),
+    ]);
+    s.row(vec![
+        "registry documents written per reading".into(),
+        f(written("registry_update") / offered as f64),
+    ]);
+    s.row(vec![
+        "all document writes per reading (1 in …)".into(),
+        format!(
+            "{} (1 in {})",
+            f(all_written / offered as f64),
+            f(offered as f64 / all_written.max(1.0))
+        ),
+    ]);
+    s.row(vec![
+        "documents the rollup upkeep read per reading".into(),
+        f(upkeep_read / offered as f64),
+    ]);
     if let Some(c) = cpu {
         let per = if mqtt { "message" } else { "reading" };
         s.row(vec![
@@ -305,12 +359,16 @@ pub async fn run(
         "latency_ms": { "p50": p50, "p99": p99, "max": max }, "errors": errors.load(Ordering::Relaxed),
         "service_cpu_s": cpu, "service_cpu_us_per_reading": cpu.map(|c| c / offered as f64 * 1e6),
         "bucket_updates": updates, "writes_per_reading": updates / offered as f64,
+        "documents_written": { "bucket_update": written("bucket_update"), "rollup_upkeep": written("rollup_upkeep"),
+            "registry_update": written("registry_update"), "dead_letter": written("dead_letter") },
+        "all_writes_per_reading": all_written / offered as f64, "rollup_upkeep_read": upkeep_read,
+        "granularity": granularity,
         "journal": journal, "journal_bytes_per_reading": journal_bytes / offered as f64,
         "journal_fsyncs": fsyncs, "seconds_to_all_stored": all_s - offered_s,
     }));
     let mut ok = errors.load(Ordering::Relaxed) == 0 && stored as u64 == offered;
     if verify {
-        let (r, good) = crate::verify::run(ctx, &data, "minute", &target.database).await?;
+        let (r, good) = crate::verify::run(ctx, &data, granularity, &target.database).await?;
         report.merge(r);
         ok &= good;
     }

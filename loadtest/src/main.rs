@@ -47,6 +47,9 @@ enum Cmd {
         /// Answer from MongoDB instead of the journal.
         #[arg(long)]
         no_journal: bool,
+        /// Bucket granularity: minute or hour.
+        #[arg(long, default_value = "minute")]
+        granularity: String,
     },
     /// History uploaded in large batches as fast as the service takes it.
     Backfill {
@@ -167,7 +170,8 @@ async fn all(ctx: &Ctx, scale: f64) -> anyhow::Result<(Report, bool)> {
     for transport in [fleet::Transport::Http, fleet::Transport::Mqtt] {
         for journal in [false, true] {
             let data = Dataset::recent(scaled(2000, 2, 30.0 * scale, 1), 0);
-            let (r, good) = fleet::run(ctx, data, transport, 500, 8, true, journal).await?;
+            let (r, good) =
+                fleet::run(ctx, data, transport, 500, 8, true, journal, "minute").await?;
             report.merge(r);
             ok &= good;
         }
@@ -203,6 +207,7 @@ async fn main() -> anyhow::Result<()> {
             concurrency,
             no_verify,
             no_journal,
+            granularity,
         } => (
             "fleet",
             fleet::run(
@@ -213,6 +218,10 @@ async fn main() -> anyhow::Result<()> {
                 concurrency,
                 !no_verify,
                 !no_journal,
+                match granularity.as_str() {
+                    "hour" => "hour",
+                    _ => "minute",
+                },
             )
             .await?,
         ),

@@ -226,6 +226,24 @@ pub async fn scrape(url: &str) -> anyhow::Result<HashMap<String, f64>> {
     Ok(out)
 }
 
+/// The samples of metric `name`, by the value of their label `label`.
+pub async fn scrape_by(url: &str, name: &str, label: &str) -> anyhow::Result<HashMap<String, f64>> {
+    let text = reqwest::get(format!("{url}/metrics")).await?.text().await?;
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))?;
+    let mut out: HashMap<String, f64> = HashMap::new();
+    for sample in scrape.samples.into_iter().filter(|s| s.metric == name) {
+        let value = match sample.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            _ => continue,
+        };
+        let key = sample.labels.get(label).unwrap_or_default().to_owned();
+        *out.entry(key).or_default() += value;
+    }
+    Ok(out)
+}
+
 /// `url` `n` times in a row: latencies (ms) and the last JSON answer.
 pub async fn timed(
     client: &reqwest::Client,

@@ -21,6 +21,7 @@
 //! journal, or straight to the batcher when the journal is off or the writer
 //! asked to wait for storage.
 
+mod cursor;
 mod record;
 mod segments;
 mod settings;
@@ -49,6 +50,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
+use self::cursor::{Cursor, Step};
 use self::record::FRAME_HEADER;
 use self::segments::{ReadRecord, Recovered, Segments};
 use crate::batcher::driver::{BatcherHandle, SubmitError};
@@ -163,8 +165,7 @@ impl Journal {
             shared: shared.clone(),
             batcher,
             metrics,
-            consumer: (first, record::HEADER as u64),
-            caught_up: false,
+            cursor: Cursor::new(first, record::HEADER as u64),
             staged: VecDeque::new(),
             replay_before: end,
         };
@@ -279,9 +280,8 @@ pub struct JournalTask {
     shared: Arc<Shared>,
     batcher: BatcherHandle,
     metrics: Arc<Metrics>,
-    /// The next record to offer to the batcher: (segment, offset).
-    consumer: (u64, u64),
-    caught_up: bool,
+    /// Where the reader is, and what it decides (pure).
+    cursor: Cursor,
     /// Records read back from disk, not yet offered.
     staged: VecDeque<(u64, ReadRecord)>,
     /// Segments below this were written by an earlier run.
@@ -311,9 +311,9 @@ impl JournalTask {
                 biased;
                 _ = shutdown.triggered() => break,
                 Some(first) = self.rx.recv() => self.commit(first).await,
-                _ = self.batcher.room(), if !self.caught_up => self.feed().await,
+                _ = self.batcher.room(), if !self.cursor.caught_up() => self.feed().await,
                 _ = tick.tick() => {
-                    if !self.caught_up {
+                    if !self.cursor.caught_up() {
                         self.feed().await;
                     }
                     self.retire().await;
@@ -329,7 +329,7 @@ impl JournalTask {
 
     /// After the batcher drained: deletes what is stored and says what is left.
     pub async fn finish(mut self) {
-        if self.caught_up && self.batcher.lowest_unsettled_origin().is_none() {
+        if self.cursor.caught_up() && self.batcher.lowest_unsettled_origin().is_none() {
             // Everything journaled is stored: nothing for the next start.
             if let Err(e) = lock(&self.segments).clear() {
                 warn!(error = %e, "Could not empty the journal; the next start replays readings that are already stored, which changes nothing.");
@@ -410,15 +410,18 @@ impl JournalTask {
     }
 
     /// Offers freshly committed records to the batcher, if nothing older is
-    /// still waiting; the first that does not fit starts a backlog.
+    /// still waiting; the first that does not fit starts a backlog. The
+    /// readings are the ones the writers decoded and validated, framed a
+    /// moment ago: read back without checking them again.
     fn offer_committed(&mut self, segment: u64, at: u64, group: &[Append]) {
-        if !self.caught_up {
+        if !self.cursor.offer_fresh() {
             return;
         }
         let now = unix_ms();
         let mut offset = at;
         for a in group {
-            let offered = match record::decode(&a.frame[FRAME_HEADER..]) {
+            let end = offset + a.frame.len() as u64;
+            let offered = match record::decode_trusted(&a.frame[FRAME_HEADER..]) {
                 Ok(readings) => self.batcher.submit_held(readings, segment, now).is_ok(),
                 // Encoded here a moment ago: this cannot happen.
                 Err(e) => {
@@ -430,14 +433,15 @@ impl JournalTask {
                 self.fall_behind(segment, offset);
                 return;
             }
-            offset += a.frame.len() as u64;
+            self.cursor.offered(segment, end);
+            offset = end;
         }
-        self.consumer = (segment, offset);
     }
 
     fn fall_behind(&mut self, segment: u64, offset: u64) {
-        self.consumer = (segment, offset);
-        self.caught_up = false;
+        if !self.cursor.refused(segment, offset) {
+            return;
+        }
         self.shared.caught_up.store(false, Ordering::Release);
         let created = lock(&self.segments)
             .list()
@@ -456,12 +460,12 @@ impl JournalTask {
     async fn feed(&mut self) {
         loop {
             while let Some((segment, record)) = self.staged.front() {
-                let (segment, end) = (*segment, record.end);
+                let (segment, offset, end) = (*segment, record.offset, record.end);
                 let readings = match &record.payload {
                     None => {
                         error!(
                             segment,
-                            offset = record.offset,
+                            offset,
                             "A journal record failed its checksum when read back; its readings are lost."
                         );
                         None
@@ -469,7 +473,7 @@ impl JournalTask {
                     Some(payload) => match record::decode(payload) {
                         Ok(readings) => Some(readings),
                         Err(e) => {
-                            error!(segment, offset = record.offset, error = %e,
+                            error!(segment, offset, error = %e,
                                 "A journal record does not read back; its readings are lost.");
                             None
                         }
@@ -483,38 +487,32 @@ impl JournalTask {
                         .is_err()
                     {
                         // Full: the driver is writing; come back when it made room.
+                        self.cursor.refused(segment, offset);
                         return;
                     }
                     if segment < self.replay_before {
                         self.metrics.journal_replayed_readings.inc_by(n);
                     }
                 }
-                self.consumer = (segment, end);
+                self.cursor.offered(segment, end);
                 self.staged.pop_front();
             }
-            let (segment, offset) = self.consumer;
-            let (end_segment, end_len, len, next) = {
+            let step = {
                 let segments = lock(&self.segments);
-                let (end_segment, end_len) = segments.end();
-                (
-                    end_segment,
-                    end_len,
+                let (segment, _) = self.cursor.at();
+                self.cursor.next(
+                    segments.end(),
                     segments.len_of(segment),
                     segments.next_after(segment),
                 )
             };
-            if (segment, offset) >= (end_segment, end_len) {
-                self.catch_up();
-                return;
-            }
-            match len {
-                Some(len) if offset < len => {}
-                // Read to its end (or gone): on to the next segment.
-                _ => {
-                    self.consumer = (next.unwrap_or(end_segment), record::HEADER as u64);
-                    continue;
+            let (segment, offset) = match step {
+                Step::CaughtUp => {
+                    self.catch_up();
+                    return;
                 }
-            }
+                Step::Read { segment, offset } => (segment, offset),
+            };
             let segments = self.segments.clone();
             let read = tokio::task::spawn_blocking(move || {
                 lock(&segments).read(segment, offset, READ_BYTES)
@@ -527,7 +525,9 @@ impl JournalTask {
                 }
                 Ok(Ok(_)) => {
                     // Nothing whole past this point: the rest was cut off.
-                    self.consumer = (next.unwrap_or(end_segment), record::HEADER as u64);
+                    let segments = lock(&self.segments);
+                    self.cursor
+                        .skip_segment(segments.next_after(segment), segments.end());
                 }
                 Ok(Err(e)) => {
                     error!(segment, error = %e, "Could not read the journal back; retrying.");
@@ -542,30 +542,22 @@ impl JournalTask {
     }
 
     fn catch_up(&mut self) {
-        if !self.caught_up {
-            self.caught_up = true;
-            self.shared.caught_up.store(true, Ordering::Release);
-            *self
-                .shared
-                .behind_since
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = None;
-        }
+        self.shared.caught_up.store(true, Ordering::Release);
+        *self
+            .shared
+            .behind_since
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = None;
     }
 
     /// Deletes the segments that are read and whose readings are all settled.
     async fn retire(&mut self) {
         let lowest = self.batcher.lowest_unsettled_origin();
-        let consumer = self.consumer.0;
         let done: Vec<u64> = {
             let segments = lock(&self.segments);
             let (end, _) = segments.end();
-            segments
-                .list()
-                .iter()
-                .map(|s| s.id)
-                .filter(|&id| id < consumer && id != end && lowest.is_none_or(|l| id < l))
-                .collect()
+            self.cursor
+                .retirable(segments.list().iter().map(|s| s.id), end, lowest)
         };
         if done.is_empty() {
             return;

@@ -226,6 +226,25 @@ pub fn update_statement(
         .map_err(|e| StoreError::Poison(format!("a statement was not encoded: {e}")))
 }
 
+/// A dead letter's id: the SHA-256 of its series, bucket and readings, so
+/// the same readings dead-lettered again (a journal replayed after a crash,
+/// a message redelivered) are one document, not two.
+pub fn dead_letter_id(update: &BucketUpdate) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    let key = &update.key;
+    for part in [key.sensor.as_str(), key.metric.as_str()] {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part.as_bytes());
+    }
+    h.update(key.start.to_le_bytes());
+    for &(offset, value) in &update.values {
+        h.update(offset.to_le_bytes());
+        h.update(value.to_bits().to_le_bytes());
+    }
+    hex::encode(&h.finalize()[..16])
+}
+
 /// A dead-letter document: the readings of one bucket update that can never
 /// be applied, each with its own timestamp, and why.
 pub fn dead_letter_document(letter: &DeadLetter<'_>, granularity: Granularity) -> Document {
@@ -242,6 +261,7 @@ pub fn dead_letter_document(letter: &DeadLetter<'_>, granularity: Granularity) -
         })
         .collect();
     doc! {
+        "_id": dead_letter_id(letter.update),
         "sensor": key.sensor.as_str(),
         "metric": key.metric.as_str(),
         "bucket_start": start_date(key.start),

@@ -17,7 +17,7 @@ use crate::batcher::Sink;
 use crate::domain::{BucketRead, Level, RollupRead, Starts, Values};
 
 pub use crate::domain::Labels;
-pub use mongo::MongoStore;
+pub use mongo::{MongoStore, Redriven};
 pub use registry::{SensorInfo, SensorQuery};
 pub use settings::BucketSettings;
 

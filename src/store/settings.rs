@@ -40,7 +40,7 @@ impl BucketSettings {
 }
 
 /// `"off"` or a duration such as `"90d"`.
-mod retention {
+pub(crate) mod retention {
     use std::time::Duration;
 
     use serde::{Deserialize, Deserializer, Serializer, de};

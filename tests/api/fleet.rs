@@ -235,3 +235,54 @@ async fn a_fleet_of_200_sensors_is_answered_exactly_at_every_level_with_minute_b
 async fn a_fleet_of_200_sensors_is_answered_exactly_at_every_level_with_hour_buckets() {
     fleet_is_answered_exactly(Granularity::Hour).await;
 }
+
+/// A counter of `/metrics`, summed over the series whose labels contain `with`.
+async fn counted(app: &TestApp, name: &str, with: &str) -> f64 {
+    let text = app.get("/metrics").await.text().await.expect("metrics");
+    text.lines()
+        .filter(|l| l.starts_with(name) && l.contains(with))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Late readings of 65 sensors in a fleet of 10 000: the rollup upkeep of
+/// that flush reads and writes in proportion to the 65, not the fleet.
+#[tokio::test]
+async fn a_flush_of_65_late_sensors_in_a_fleet_of_10000_does_rollup_work_for_65() {
+    let app = spawn_app_with(fleet_settings(Granularity::Minute)).await;
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    // The fleet: 10 000 sensors in the current hour (still open: nothing to
+    // roll up yet).
+    let live: Vec<Value> = (0..10_000)
+        .map(|i| reading(&format!("big-{i:05}"), "temp", now - 30 - i % 20, 1.0))
+        .collect();
+    for chunk in live.chunks(5000) {
+        let r = app.post_readings(&Value::Array(chunk.to_vec())).await;
+        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+    }
+    let written = |what| counted(&app, "hourglass_db_documents_written_total", what);
+    let read = |what| counted(&app, "hourglass_db_documents_read_total", what);
+    let before = (
+        written("rollups").await,
+        read("kind=\"rollup_upkeep\"").await,
+    );
+    // 65 of them send readings of an hour two days ago.
+    let late_hour = base_time() + 3 * 3600;
+    let late: Vec<Value> = (0..65)
+        .flat_map(|i| {
+            let sensor = format!("big-{:05}", i * 150);
+            (0..3).map(move |k| reading(&sensor, "temp", late_hour + k * 700 + i, 2.0))
+        })
+        .collect();
+    let r = app.post_readings(&Value::Array(late)).await;
+    assert_eq!(r.status(), 200);
+    let written = written("rollups").await - before.0;
+    let read = read("kind=\"rollup_upkeep\"").await - before.1;
+    // An hour document, a day document's slot and a 30-day document's slot
+    // (the day has ended) for each of the 65.
+    assert_eq!(written, 3.0 * 65.0, "rollup documents written");
+    // Their buckets of the hour and of the rest of their thirty days (to
+    // complete them), their day and 30-day documents: none of the 9 935 others.
+    assert!(read <= 65.0 * 8.0, "{read} documents read for 65 sensors");
+    app.stop().await.expect("clean stop");
+}

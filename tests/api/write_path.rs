@@ -284,6 +284,62 @@ async fn a_poison_bucket_dead_letters_its_readings_and_the_others_are_stored() {
 }
 
 #[tokio::test]
+async fn dead_letters_are_written_once_and_redriven_into_their_buckets_once_fixed() {
+    let app = spawn_app().await;
+    let t = base_time();
+    plant_broken_bucket(&app, "mend", t).await;
+    let body = json!([
+        reading("mend", "m", t + 2, 2.5),
+        reading("mend", "m", t + 3, 4.5)
+    ]);
+    // Sent twice (a client retry, a replay): one dead letter.
+    for _ in 0..2 {
+        assert_eq!(app.post_readings(&body).await.status(), 422);
+    }
+    assert_eq!(dead_letters(&app).await.len(), 1, "idempotent");
+    // Not fixed yet: re-driven and refused again, kept with the reason.
+    let r = hourglass::redrive(&app.settings, Some("mend"), false)
+        .await
+        .expect("redrives");
+    assert_eq!((r.letters, r.refused), (0, 1));
+    assert_eq!(dead_letters(&app).await.len(), 1);
+    // The cause fixed (the broken bucket removed): a dry run counts,
+    // the re-drive stores and deletes.
+    app.db
+        .collection::<Document>(&app.settings.mongodb.collection)
+        .delete_one(doc! { "sensor": "mend" })
+        .await
+        .expect("deleted");
+    let r = hourglass::redrive(&app.settings, Some("mend*"), true)
+        .await
+        .expect("counts");
+    assert_eq!((r.letters, r.readings), (1, 2));
+    assert_eq!(
+        dead_letters(&app).await.len(),
+        1,
+        "a dry run changes nothing"
+    );
+    let r = hourglass::redrive(&app.settings, None, false)
+        .await
+        .expect("redrives");
+    assert_eq!((r.letters, r.readings, r.refused), (1, 2, 0));
+    assert!(dead_letters(&app).await.is_empty());
+    assert_eq!(
+        values_of(&app, "mend").await,
+        BTreeMap::from([
+            (("mend".to_owned(), "m".to_owned(), t + 2), 2.5),
+            (("mend".to_owned(), "m".to_owned(), t + 3), 4.5),
+        ])
+    );
+    crate::engine::assert_rollups_match_buckets(&app, Granularity::Minute).await;
+    let again = hourglass::redrive(&app.settings, None, false)
+        .await
+        .expect("redrives");
+    assert_eq!(again.letters, 0, "nothing left");
+    app.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
 async fn a_command_refused_as_poison_is_split_until_the_statement_is_found() {
     let db = Database::start().await;
     let s = db.settings();

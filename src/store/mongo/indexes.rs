@@ -9,7 +9,9 @@ use mongodb::bson::doc;
 use mongodb::options::IndexOptions;
 use tracing::info;
 
-use super::{BUCKET_INDEX, MongoStore, RETENTION_INDEX, ROLLUP_INDEX, classify};
+use super::{
+    BUCKET_INDEX, DEAD_LETTER_RETENTION_INDEX, MongoStore, RETENTION_INDEX, ROLLUP_INDEX, classify,
+};
 use crate::domain::Period;
 use crate::store::StoreError;
 use crate::store::errors;
@@ -71,25 +73,47 @@ impl MongoStore {
             .create_index(registry)
             .await
             .map_err(classify)?;
-        self.ensure_retention(&self.buckets, retention).await?;
+        self.ensure_retention(&self.buckets, "start", RETENTION_INDEX, retention)
+            .await?;
         // The TTL index counts from `start`: a rollup outlives its first
         // bucket by its longest period and a day, so that it is never gone
         // while buckets it sums are still kept.
         let longest = Period::Days30.seconds().unsigned_abs() + 86_400;
         let rollup_retention = retention.map(|d| d + Duration::from_secs(longest));
-        self.ensure_retention(&self.rollups, rollup_retention).await
+        self.ensure_retention(&self.rollups, "start", RETENTION_INDEX, rollup_retention)
+            .await?;
+        // Dead letters, newest first (an operator looks at the latest), and
+        // their retention.
+        let newest = IndexModel::builder()
+            .keys(doc! { "at": -1 })
+            .options(IndexOptions::builder().name("at_desc".to_owned()).build())
+            .build();
+        self.dead_letters
+            .create_index(newest)
+            .await
+            .map_err(classify)?;
+        self.ensure_retention(
+            &self.dead_letters,
+            "at",
+            DEAD_LETTER_RETENTION_INDEX,
+            self.dead_letter_retention,
+        )
+        .await
     }
 
+    /// Brings the TTL index `name` on `field` in line with `retention`.
     async fn ensure_retention(
         &self,
         collection: &mongodb::Collection<mongodb::bson::Document>,
+        field: &str,
+        name: &str,
         retention: Option<Duration>,
     ) -> Result<(), StoreError> {
         let mut current = None;
         let mut cursor = collection.list_indexes().await.map_err(classify)?;
         while let Some(index) = cursor.try_next().await.map_err(classify)? {
             let options = index.options.unwrap_or_default();
-            if options.name.as_deref() == Some(RETENTION_INDEX) {
+            if options.name.as_deref() == Some(name) {
                 current = Some(options.expire_after.unwrap_or_default());
             }
         }
@@ -97,10 +121,7 @@ impl MongoStore {
         match (current, wanted) {
             (None, None) => {}
             (Some(_), None) => {
-                collection
-                    .drop_index(RETENTION_INDEX)
-                    .await
-                    .map_err(classify)?;
+                collection.drop_index(name).await.map_err(classify)?;
                 info!(
                     collection = collection.name(),
                     "Retention is off: dropped the TTL index; documents are kept."
@@ -111,7 +132,7 @@ impl MongoStore {
                 self.db
                     .run_command(doc! {
                         "collMod": collection.name(),
-                        "index": { "name": RETENTION_INDEX, "expireAfterSeconds": want.as_secs() as i64 },
+                        "index": { "name": name, "expireAfterSeconds": want.as_secs() as i64 },
                     })
                     .await
                     .map_err(classify)?;
@@ -119,15 +140,15 @@ impl MongoStore {
                     collection = collection.name(),
                     from_s = now.as_secs(),
                     to_s = want.as_secs(),
-                    "Changed bucket retention."
+                    "Changed the retention."
                 );
             }
             (None, Some(want)) => {
                 let index = IndexModel::builder()
-                    .keys(doc! { "start": 1 })
+                    .keys(doc! { field: 1 })
                     .options(
                         IndexOptions::builder()
-                            .name(RETENTION_INDEX.to_owned())
+                            .name(name.to_owned())
                             .expire_after(want)
                             .build(),
                     )
@@ -136,7 +157,7 @@ impl MongoStore {
                 info!(
                     collection = collection.name(),
                     retention_s = want.as_secs(),
-                    "Created the TTL index for bucket retention."
+                    "Created the TTL index for the retention."
                 );
             }
         }

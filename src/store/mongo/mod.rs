@@ -22,12 +22,14 @@ use crate::telemetry::metrics::Metrics;
 
 /// The unique index on a bucket's identity. Its prefix `(sensor, metric)` plus
 /// the range on `start` also serves every query, so it is the only index.
+mod dead_letters;
 mod indexes;
 mod registry;
 mod rollups;
 mod settings;
 mod write;
 
+pub use dead_letters::Redriven;
 pub use settings::{Settings, tls_options};
 
 pub const BUCKET_INDEX: &str = "sensor_metric_start";
@@ -37,6 +39,9 @@ pub const ROLLUP_INDEX: &str = "sensor_metric_period_start";
 
 /// The TTL index that implements `buckets.retention`.
 pub const RETENTION_INDEX: &str = "start_ttl";
+
+/// The TTL index that implements `mongodb.dead_letter_retention`.
+pub const DEAD_LETTER_RETENTION_INDEX: &str = "at_ttl";
 
 /// Documents a query's cursor asks for per batch: the server sends up to
 /// 16 MiB at a time, rather than its default first batch of 101.
@@ -59,6 +64,7 @@ pub struct MongoStore {
     upkeep: Arc<Mutex<Upkeep>>,
     /// Seconds after an hour ends before the upkeep rolls it up anyway.
     close_after: i64,
+    dead_letter_retention: Option<Duration>,
     metrics: Option<Arc<Metrics>>,
 }
 
@@ -161,6 +167,7 @@ impl MongoStore {
             write_concern,
             upkeep: Arc::new(Mutex::new(Upkeep::new(close_after))),
             close_after,
+            dead_letter_retention: settings.dead_letter_retention,
             metrics: None,
         })
     }
@@ -264,6 +271,19 @@ impl MongoStore {
     }
 }
 
+/// Whether every error of an unordered insert is a duplicate key.
+fn only_duplicates(e: &mongodb::error::Error) -> bool {
+    match &*e.kind {
+        mongodb::error::ErrorKind::InsertMany(failure) => {
+            failure.write_concern_error.is_none()
+                && failure.write_errors.as_ref().is_some_and(|w| {
+                    !w.is_empty() && w.iter().all(|x| x.code == errors::DUPLICATE_KEY)
+                })
+        }
+        _ => false,
+    }
+}
+
 fn unix_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -329,7 +349,14 @@ impl Sink for MongoStore {
             .ordered(false)
             .await
         {
-            Ok(_) => Outcome::Stored,
+            Ok(_) => {
+                self.count(|m| {
+                    m.db_documents("written", "rejected", "dead_letter", letters.len() as u64)
+                });
+                Outcome::Stored
+            }
+            // Already there (a replay): the same readings, one document.
+            Err(e) if only_duplicates(&e) => Outcome::Stored,
             Err(e) => match errors::classify(&e) {
                 Class::Outage => Outcome::Outage(e.to_string()),
                 Class::Poison => Outcome::Poison(e.to_string()),

@@ -26,6 +26,10 @@ pub struct Settings {
     pub collection: String,
     /// Readings storage can never apply (a bucket of the wrong shape) go here.
     pub dead_letter_collection: String,
+    /// Dead letters are deleted this long after they were written (a TTL
+    /// index on `at`); `None` ("off") keeps them until re-driven.
+    #[serde(with = "crate::store::settings::retention")]
+    pub dead_letter_retention: Option<Duration>,
     /// Hour and day summaries of the buckets (see `store::rollup`).
     pub rollup_collection: String,
     /// The sensor registry: metrics, labels, last seen.
@@ -55,6 +59,7 @@ impl Default for Settings {
             database: DEFAULT_DATABASE.to_owned(),
             collection: DEFAULT_COLLECTION.to_owned(),
             dead_letter_collection: DEFAULT_DEAD_LETTER_COLLECTION.to_owned(),
+            dead_letter_retention: None,
             rollup_collection: DEFAULT_ROLLUP_COLLECTION.to_owned(),
             sensor_collection: DEFAULT_SENSOR_COLLECTION.to_owned(),
             server_selection_timeout: DEFAULT_SERVER_SELECTION_TIMEOUT,
