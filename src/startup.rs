@@ -85,9 +85,16 @@ impl Application {
             .read_limits()
             .await
             .context("reading the storage server's limits")?;
+        let registering = store.registrar_queue();
         let store = Arc::new(store);
         let limits = settings.batcher.limits();
         let shutdown = Shutdown::new(settings.shutdown.timeout);
+        let stopping = shutdown.clone();
+        tokio::spawn(
+            store
+                .clone()
+                .run_registrar(registering, async move { stopping.triggered().await }),
+        );
         let auth = Arc::new(settings.auth.build().context("reading the auth settings")?);
         if !auth.enabled() {
             warn!(
@@ -172,7 +179,11 @@ impl Application {
             auth,
             shutdown,
         } = self;
-        let intake = Intake::new(batcher.clone(), journal.as_ref().map(|(j, _)| j.clone()));
+        let intake = Intake::new(
+            batcher.clone(),
+            journal.as_ref().map(|(j, _)| j.clone()),
+            Some(store.clone() as Arc<dyn crate::journal::Registrar>),
+        );
         let (labels, label_writer) = LabelSync::new();
         tokio::spawn(label_writer.run(store.clone(), shutdown.clone()));
         // The rollup upkeep runs until the batcher has drained, then rolls

@@ -612,15 +612,29 @@ pub enum Wait {
     Stored,
 }
 
+/// Told of the series of accepted readings, so that listings and series
+/// selections show a series from its first accepted reading rather than its
+/// first stored one (held readings may wait a minute or more for storage).
+pub trait Registrar: Send + Sync {
+    /// The series of `readings` not known to be registered (a cache: cheap).
+    fn unseen(&self, readings: &[Reading<'_>]) -> Vec<(String, String)>;
+    /// Registers them, in the background; the receiver resolves once the
+    /// registry has them (or the attempt failed: storage registers them
+    /// again when it stores their readings).
+    fn register(&self, series: Vec<(String, String)>) -> Option<oneshot::Receiver<()>>;
+}
+
 /// Where ingestors put readings: through the journal when it is on.
 #[derive(Clone)]
 pub struct Intake {
     batcher: BatcherHandle,
     journal: Option<Journal>,
+    registrar: Option<Arc<dyn Registrar>>,
 }
 
-/// What an accepted submission resolves to.
-pub struct Ack(AckInner);
+/// What an accepted submission resolves to: safe as asked, with its new
+/// series registered.
+pub struct Ack(AckInner, Option<oneshot::Receiver<()>>);
 
 enum AckInner {
     Now,
@@ -641,9 +655,10 @@ pub enum NotSafe {
 }
 
 impl Ack {
-    /// Resolves once the readings are as safe as the writer asked.
+    /// Resolves once the readings are as safe as the writer asked (and
+    /// their new series are registered, so a query finds them).
     pub async fn safe(self) -> Result<(), NotSafe> {
-        match self.0 {
+        let safe = match self.0 {
             AckInner::Now => Ok(()),
             AckInner::Stored(rx) => match rx.await {
                 Ok(Ok(())) => Ok(()),
@@ -654,31 +669,53 @@ impl Ack {
                 Ok(result) => result.map_err(NotSafe::from),
                 Err(_) => Err(NotSafe::Stopped),
             },
+        };
+        if let Some(registered) = self.1 {
+            let _ = registered.await;
         }
+        safe
     }
 }
 
 impl Intake {
-    pub fn new(batcher: BatcherHandle, journal: Option<Journal>) -> Self {
-        Self { batcher, journal }
+    pub fn new(
+        batcher: BatcherHandle,
+        journal: Option<Journal>,
+        registrar: Option<Arc<dyn Registrar>>,
+    ) -> Self {
+        Self {
+            batcher,
+            journal,
+            registrar,
+        }
     }
 
     pub fn journal(&self) -> Option<&Journal> {
         self.journal.as_ref()
     }
 
-    /// Takes all of `readings` or none.
+    /// Takes all of `readings` or none; registers their new series once taken.
     pub fn submit(&self, readings: Vec<Reading<'_>>, wait: Wait) -> Result<Ack, IntakeError> {
-        match (&self.journal, wait) {
+        let unseen = self
+            .registrar
+            .as_ref()
+            .map(|r| r.unseen(&readings))
+            .unwrap_or_default();
+        let inner = match (&self.journal, wait) {
             (Some(journal), Wait::Queued | Wait::Safe) => {
                 let rx = journal.append(&readings, wait == Wait::Safe)?;
-                Ok(Ack(rx.map_or(AckInner::Now, AckInner::Journaled)))
+                rx.map_or(AckInner::Now, AckInner::Journaled)
             }
             _ => {
                 let rx = self.batcher.submit(readings, wait != Wait::Queued)?;
-                Ok(Ack(rx.map_or(AckInner::Now, AckInner::Stored)))
+                rx.map_or(AckInner::Now, AckInner::Stored)
             }
-        }
+        };
+        let registered = match &self.registrar {
+            Some(r) if !unseen.is_empty() => r.register(unseen),
+            _ => None,
+        };
+        Ok(Ack(inner, registered))
     }
 
     /// See [`BatcherHandle::flush_soon`]: only prompt readings wait for a flush.

@@ -685,3 +685,51 @@ async fn the_provisioned_dashboard_queries_are_answered() {
     }
     app.stop().await.expect("stops");
 }
+
+/// Grafana's "current value": a bare selector at now, over readings held in
+/// the journal and not yet stored, from a sensor seen for the first time.
+#[tokio::test]
+async fn an_instant_bare_selector_sees_journaled_readings_of_a_new_sensor() {
+    let mut s = journal_settings();
+    s.ingest.max_age = Duration::from_secs(86_400);
+    // Held well past the test: nothing of it is stored while it asks.
+    s.batcher.hold_grace = Duration::from_secs(600);
+    s.batcher.max_hold = Duration::from_secs(600);
+    s.buckets.rollup_after = Duration::from_secs(660);
+    let app = spawn_app_with(s).await;
+    let now = jiff::Timestamp::now().as_second();
+    let body = json!([
+        reading("fresh-1", "temp", now - 100, 6.0),
+        reading("fresh-1", "temp", now - 40, 7.0),
+    ]);
+    assert_eq!(app.post_readings(&body).await.status(), 200);
+    for query in ["temp", "last_over_time(temp[5m])"] {
+        let got = app
+            .get_json(&format!(
+                "/prometheus/api/v1/query?query={}&time={now}",
+                url_encode(query)
+            ))
+            .await;
+        assert_eq!(got["data"]["result"][0]["value"][1], "7", "{query}: {got}");
+        assert_eq!(
+            got["data"]["result"][0]["metric"]["sensor"], "fresh-1",
+            "{query}"
+        );
+    }
+    let end = now - now.rem_euclid(60) + 60;
+    let got = app
+        .get_json(&format!(
+            "/prometheus/api/v1/query_range?query=temp&start={}&end={end}&step=60",
+            end - 600
+        ))
+        .await;
+    let values = got["data"]["result"][0]["values"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        values.iter().any(|v| v[1] == "7"),
+        "a range query sees them too: {got}"
+    );
+    app.stop().await.expect("stops");
+}

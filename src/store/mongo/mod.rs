@@ -66,6 +66,8 @@ pub struct MongoStore {
     close_after: i64,
     dead_letter_retention: Option<Duration>,
     metrics: Option<Arc<Metrics>>,
+    /// New series of accepted readings, to register ahead of storage.
+    registering: Option<tokio::sync::mpsc::Sender<registry::Registering>>,
 }
 
 impl std::fmt::Debug for MongoStore {
@@ -169,6 +171,7 @@ impl MongoStore {
             close_after,
             dead_letter_retention: settings.dead_letter_retention,
             metrics: None,
+            registering: None,
         })
     }
 

@@ -1,13 +1,17 @@
 //! The sensor registry on MongoDB (see `store::registry`).
 
+use std::collections::BTreeMap;
+
 use futures_util::TryStreamExt;
 use mongodb::bson::{Bson, Document, doc};
 use mongodb::options::ReturnDocument;
 
 use super::{MongoStore, classify};
-use crate::domain::{BucketUpdate, Labels};
+use crate::domain::{BucketUpdate, Labels, Reading};
+use crate::journal::Registrar;
 use crate::store::StoreError;
 use crate::store::registry::{self, SensorInfo, SensorQuery};
+use tokio::sync::oneshot;
 
 /// Past this many known series the cache starts over: it only saves round trips.
 const CACHE_LIMIT: usize = 1_000_000;
@@ -129,6 +133,122 @@ impl MongoStore {
         Ok(labels
             .iter()
             .all(|(k, v)| now.and_then(|l| l.get_str(k).ok()) == Some(v.as_str())))
+    }
+}
+
+/// Series registered ahead of storage, waiting for the registrar task.
+const REGISTER_QUEUE: usize = 1024;
+
+/// New series to register, and whom to tell once they are.
+pub type Registering = (Vec<(String, String)>, oneshot::Sender<()>);
+
+impl Registrar for MongoStore {
+    fn unseen(&self, readings: &[Reading<'_>]) -> Vec<(String, String)> {
+        let known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<(String, String)> = Vec::new();
+        let mut last: Option<(&str, &str)> = None;
+        for r in readings {
+            let series = (r.sensor.as_str(), r.metric.as_str());
+            // Readings of one series mostly come together: look once.
+            if last == Some(series) {
+                continue;
+            }
+            last = Some(series);
+            if !known.contains_key(&SeriesRef(series.0, series.1))
+                && !out.iter().any(|(s, m)| s == series.0 && m == series.1)
+            {
+                out.push((series.0.to_owned(), series.1.to_owned()));
+            }
+        }
+        out
+    }
+
+    fn register(&self, series: Vec<(String, String)>) -> Option<oneshot::Receiver<()>> {
+        let tx = self.registering.as_ref()?;
+        let (done, registered) = oneshot::channel();
+        // A full queue drops them: the flush that stores them registers them.
+        tx.try_send((series, done)).ok()?;
+        Some(registered)
+    }
+}
+
+impl MongoStore {
+    /// The queue of series to register ahead of storage, for [`Self::run_registrar`].
+    pub fn registrar_queue(&mut self) -> tokio::sync::mpsc::Receiver<Registering> {
+        let (tx, rx) = tokio::sync::mpsc::channel(REGISTER_QUEUE);
+        self.registering = Some(tx);
+        rx
+    }
+
+    /// Registers the series of accepted readings as they come (metrics
+    /// added, labels and last seen left alone), until `stop` resolves.
+    pub async fn run_registrar(
+        self: std::sync::Arc<Self>,
+        mut queue: tokio::sync::mpsc::Receiver<Registering>,
+        stop: impl std::future::Future<Output = ()>,
+    ) {
+        tokio::pin!(stop);
+        loop {
+            let first = tokio::select! {
+                _ = &mut stop => return,
+                next = queue.recv() => match next {
+                    Some(series) => series,
+                    None => return,
+                },
+            };
+            let (mut series, done) = first;
+            let mut waiting = vec![done];
+            while let Ok((more, done)) = queue.try_recv() {
+                series.extend(more);
+                waiting.push(done);
+                if series.len() >= 10_000 {
+                    break;
+                }
+            }
+            series.sort_unstable();
+            series.dedup();
+            let mut by_sensor: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+            for (s, m) in &series {
+                by_sensor.entry(s).or_default().push(m);
+            }
+            let statements: Vec<Bson> = by_sensor
+                .iter()
+                .map(|(sensor, metrics)| {
+                    Bson::Document(doc! {
+                        "q": { "_id": *sensor },
+                        "u": {
+                            "$addToSet": { "metrics": { "$each": metrics.clone() } },
+                            "$setOnInsert": { "labels": {} },
+                        },
+                        "upsert": true,
+                    })
+                })
+                .collect();
+            let command =
+                doc! { "update": self.sensors.name(), "updates": statements, "ordered": false };
+            match self.run_write(command, "a sensor registry update").await {
+                Ok(_) => {
+                    self.count(|m| {
+                        m.db_documents(
+                            "written",
+                            "sensors",
+                            "registry_update",
+                            by_sensor.len() as u64,
+                        )
+                    });
+                    let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+                    for (s, m) in series {
+                        // No hour yet: the flush that stores it sets last_seen.
+                        known.entry((s, m)).or_insert(i64::MIN);
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e,
+                    "Could not register new series ahead of storage; the flush that stores them will."),
+            }
+            for done in waiting {
+                let _ = done.send(());
+            }
+        }
     }
 }
 
