@@ -56,6 +56,13 @@ impl Target {
     pub fn cpu(&self) -> Option<f64> {
         self.proc.as_ref().map(Proc::cpu)
     }
+
+    /// The service's peak resident memory so far (MiB).
+    pub fn peak_rss_mib(&self) -> Option<f64> {
+        self.proc
+            .as_ref()
+            .map(|p| crate::procs::peak_rss_mib(p.pid))
+    }
 }
 
 impl Ctx {

@@ -212,6 +212,7 @@ pub async fn run(
     }
     let all_s = started.elapsed().as_secs_f64();
     let cpu = cpu0.zip(target.cpu()).map(|(a, b)| b - a);
+    let peak_rss = target.peak_rss_mib();
     let after = scrape(&target.url).await.unwrap_or_default();
     let updates = after
         .get("hourglass_bucket_updates_total")
@@ -299,6 +300,9 @@ pub async fn run(
         "errors".into(),
         errors.load(Ordering::Relaxed).to_string(),
     ]);
+    if let Some(rss) = peak_rss {
+        s.row(vec!["service peak RSS (MiB)".into(), f(rss)]);
+    }
     // Live 1 Hz series give each flush about one new value per bucket:
     // batcher.flush_interval sets how many readings a bucket update carries.
     s.row(vec![
@@ -362,7 +366,7 @@ pub async fn run(
         "documents_written": { "bucket_update": written("bucket_update"), "rollup_upkeep": written("rollup_upkeep"),
             "registry_update": written("registry_update"), "dead_letter": written("dead_letter") },
         "all_writes_per_reading": all_written / offered as f64, "rollup_upkeep_read": upkeep_read,
-        "granularity": granularity,
+        "granularity": granularity, "peak_rss_mib": peak_rss,
         "journal": journal, "journal_bytes_per_reading": journal_bytes / offered as f64,
         "journal_fsyncs": fsyncs, "seconds_to_all_stored": all_s - offered_s,
     }));

@@ -132,6 +132,9 @@ pub fn classify_write_error(code: i32) -> Class {
     }
 }
 
+/// Codes of a read the server stopped at its time limit.
+pub const TIME_LIMIT_CODES: &[i32] = &[50, 262];
+
 /// The server's code of a command error, if it is one.
 pub fn command_code(e: &MongoError) -> Option<i32> {
     match &*e.kind {

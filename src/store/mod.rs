@@ -37,6 +37,9 @@ pub enum StoreError {
     /// A stored bucket does not have a layout this version can read.
     #[error("a stored bucket could not be read: {0}")]
     Unreadable(String),
+    /// The server stopped a read at the time it was given (`maxTimeMS`).
+    #[error("the server stopped the read at its time limit: {0}")]
+    Timeout(String),
 }
 
 /// What to read of many series' documents at one level.

@@ -284,6 +284,46 @@ async fn a_poison_bucket_dead_letters_its_readings_and_the_others_are_stored() {
 }
 
 #[tokio::test]
+async fn a_read_the_server_stops_at_its_time_limit_answers_as_a_timeout() {
+    let (_db, app) = spawn_patient_app().await;
+    let t = base_time();
+    let (body, _) = readings_for("slow", t, 6);
+    assert_eq!(app.post_readings(&body).await.status(), 200);
+    // MaxTimeMSExpired for the next reads: the query's time is up.
+    fail_point(
+        &app,
+        doc! { "times": 2 }.into(),
+        doc! { "failCommands": ["find"], "errorCode": 50 },
+    )
+    .await;
+    let r = app
+        .get(&format!(
+            "/api/v1/sensors/slow/average?metric=m&from={}&to={}",
+            rfc3339(t - 86_400),
+            rfc3339(t + 60)
+        ))
+        .await;
+    assert_eq!(r.status(), 503);
+    let body: Value = r.json().await.expect("json");
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("query.timeout")),
+        "a timeout, not an outage: {body}"
+    );
+    let r = app
+        .get(&format!(
+            "/prometheus/api/v1/query?query=max_over_time(m%5B1h%5D)&time={}",
+            t + 60
+        ))
+        .await;
+    assert_eq!(r.status(), 503);
+    let body: Value = r.json().await.expect("json");
+    assert_eq!(body["errorType"], "timeout", "{body}");
+    app.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
 async fn dead_letters_are_written_once_and_redriven_into_their_buckets_once_fixed() {
     let app = spawn_app().await;
     let t = base_time();

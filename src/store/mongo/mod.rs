@@ -79,6 +79,17 @@ impl std::fmt::Debug for MongoStore {
     }
 }
 
+/// A read's error: one the server stopped at its `maxTimeMS` is a timeout
+/// (the query ran out of time), not an outage.
+fn classify_read(e: mongodb::error::Error) -> StoreError {
+    match errors::command_code(&e) {
+        Some(code) if errors::TIME_LIMIT_CODES.contains(&code) => {
+            StoreError::Timeout(e.to_string())
+        }
+        _ => classify(e),
+    }
+}
+
 fn classify(e: mongodb::error::Error) -> StoreError {
     // The driver's messages hold no credentials: the URI is never part of them.
     match errors::classify(&e) {
@@ -440,10 +451,10 @@ impl BucketStore for MongoStore {
                 .max_time(fetch.max_time)
                 .batch_size(BATCH_DOCUMENTS)
                 .await
-                .map_err(classify)?;
+                .map_err(classify_read)?;
             read.round_trips += 1;
             let mut documents = 0;
-            while cursor.advance().await.map_err(classify)? {
+            while cursor.advance().await.map_err(classify_read)? {
                 documents += 1;
                 let raw = cursor.current();
                 bytes += raw.as_bytes().len() as u64;
@@ -475,7 +486,7 @@ impl BucketStore for MongoStore {
             .run_command(doc! { "ping": 1 })
             .await
             .map(|_| ())
-            .map_err(classify)
+            .map_err(classify_read)
     }
 
     async fn sensors<F: FnMut(&SensorInfo) -> bool + Send>(
@@ -512,7 +523,7 @@ impl BucketStore for MongoStore {
             .sort(doc! { "start": -1 })
             .max_time(max_time)
             .await
-            .map_err(classify)?;
+            .map_err(classify_read)?;
         let Some(doc) = newest else {
             return Ok(None);
         };

@@ -6,7 +6,7 @@ use futures_util::TryStreamExt;
 use mongodb::bson::{Bson, Document, doc};
 use mongodb::options::ReturnDocument;
 
-use super::{MongoStore, classify};
+use super::{MongoStore, classify, classify_read};
 use crate::domain::{BucketUpdate, Labels, Reading};
 use crate::journal::Registrar;
 use crate::store::StoreError;
@@ -82,10 +82,10 @@ impl MongoStore {
             .find(registry::filter(&query))
             .sort(doc! { "_id": 1 })
             .await
-            .map_err(classify)?;
+            .map_err(classify_read)?;
         let mut out = Vec::new();
         while out.len() < limit {
-            let Some(d) = cursor.try_next().await.map_err(classify)? else {
+            let Some(d) = cursor.try_next().await.map_err(classify_read)? else {
                 break;
             };
             let info = registry::read(&d)?;

@@ -3,14 +3,17 @@
 //! clients work unchanged. Under a prefix because `/api/v1/series` is
 //! already Hourglass' own group series route.
 //!
-//! Answers have Prometheus' exact shape (sample values as strings,
-//! timestamps as seconds) and its error classes: `bad_data` 400,
+//! Answers have Prometheus' exact shape ([`answer`]: sample values as
+//! strings, timestamps as seconds) and its error classes: `bad_data` 400,
 //! `execution` 422, `timeout` and `unavailable` 503.
 
+mod answer;
+mod params;
+
 use std::collections::BTreeSet;
-use std::fmt::Write as _;
 use std::time::Duration;
 
+use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Extension, Path, RawQuery, State};
@@ -19,12 +22,16 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use promql_parser::label::Matcher;
 use promql_parser::parser::Expr;
+use serde::Serialize;
 use tracing::warn;
 
+use self::answer::{Success, query_data};
+use self::params::Form;
+pub use self::params::{parse_duration, parse_time};
 use super::AppState;
 use super::query::{Admitted, admit};
 use crate::auth::Principal;
-use crate::query::promql::{self, Context, LabelSet, PromError, Steps, Value, format_value};
+use crate::query::promql::{self, Context, LabelSet, PromError, Steps, Value};
 use crate::store::{BucketStore, SensorQuery, StoreError};
 
 /// The routes, relative to the data source URL `…/prometheus`.
@@ -103,11 +110,7 @@ impl From<PromError> for Failure {
             },
             PromError::Storage(e) => {
                 match &e {
-                    StoreError::Poison(m)
-                        if m.contains("MaxTimeMSExpired") || m.contains("code 50") =>
-                    {
-                        return Failure::timeout();
-                    }
+                    StoreError::Timeout(_) => return Failure::timeout(),
                     StoreError::Outage(_) => {
                         return Failure::unavailable("storage is unavailable; retry later");
                     }
@@ -126,222 +129,18 @@ impl From<PromError> for Failure {
 
 impl IntoResponse for Failure {
     fn into_response(self) -> Response {
-        let body = serde_json::json!({
-            "status": "error",
-            "errorType": self.kind,
-            "error": self.message,
-        });
-        let mut r = (self.status, axum::Json(body)).into_response();
+        let body = answer::Error {
+            status: "error",
+            kind: self.kind,
+            error: &self.message,
+        };
+        let mut r = (self.status, Json(body)).into_response();
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
         }
         r
     }
-}
-
-/// Parameters from the query string and, for POST, the form body (Grafana
-/// sends both kinds).
-struct Form(Vec<(String, String)>);
-
-impl Form {
-    fn new(raw: Option<&str>, body: &[u8]) -> Self {
-        let mut pairs: Vec<(String, String)> =
-            url::form_urlencoded::parse(raw.unwrap_or_default().as_bytes())
-                .into_owned()
-                .collect();
-        pairs.extend(url::form_urlencoded::parse(body).into_owned());
-        Self(pairs)
-    }
-
-    fn get(&self, name: &str) -> Option<&str> {
-        self.0
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    }
-
-    fn all(&self, name: &str) -> impl Iterator<Item = &str> {
-        self.0
-            .iter()
-            .filter(move |(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    }
-
-    fn required(&self, name: &str) -> Result<&str, Failure> {
-        self.get(name)
-            .filter(|v| !v.is_empty())
-            .ok_or_else(|| Failure::bad_data(format!("invalid parameter {name:?}: missing")))
-    }
-}
-
-/// A timestamp: Unix seconds with a fraction, or RFC 3339; milliseconds.
-pub fn parse_time(name: &str, s: &str) -> Result<i64, Failure> {
-    let bad = || {
-        Failure::bad_data(format!(
-            "invalid parameter {name:?}: cannot parse {s:?} to a valid timestamp"
-        ))
-    };
-    if let Some((int, frac)) = s.split_once('.').or(Some((s, "")))
-        && !int.is_empty()
-        && int
-            .trim_start_matches('-')
-            .bytes()
-            .all(|b| b.is_ascii_digit())
-        && frac.bytes().all(|b| b.is_ascii_digit())
-    {
-        let secs: i64 = int.parse().map_err(|_| bad())?;
-        let mut ms: i64 = 0;
-        for (i, b) in frac.bytes().take(3).enumerate() {
-            ms += i64::from(b - b'0') * 10_i64.pow(2 - i as u32);
-        }
-        let ms = if int.starts_with('-') { -ms } else { ms };
-        return secs
-            .checked_mul(1000)
-            .and_then(|x| x.checked_add(ms))
-            .ok_or_else(bad);
-    }
-    s.parse::<jiff::Timestamp>()
-        .map(|t| t.as_millisecond())
-        .map_err(|_| bad())
-}
-
-/// A duration: seconds with a fraction, or Prometheus' `1h30m`; milliseconds.
-pub fn parse_duration(name: &str, s: &str) -> Result<i64, Failure> {
-    let bad = || {
-        Failure::bad_data(format!(
-            "invalid parameter {name:?}: cannot parse {s:?} to a valid duration"
-        ))
-    };
-    if let Ok(secs) = s.parse::<f64>() {
-        let ms = (secs * 1000.0).round();
-        if !ms.is_finite() || ms.abs() > 1e15 {
-            return Err(bad());
-        }
-        return Ok(ms as i64);
-    }
-    promql_parser::util::duration::parse_duration(s)
-        .ok()
-        .and_then(|d| i64::try_from(d.as_millis()).ok())
-        .ok_or_else(bad)
-}
-
-/// A timestamp as Prometheus writes it: seconds, and milliseconds if any.
-fn write_ts(out: &mut String, ms: i64) {
-    let (secs, frac) = (ms.div_euclid(1000), ms.rem_euclid(1000));
-    if ms < 0 && frac != 0 {
-        // -1.5 s: write the magnitude with a sign, as Go does.
-        let m = -ms;
-        let _ = write!(out, "-{}.{:03}", m / 1000, m % 1000);
-        return;
-    }
-    let _ = write!(out, "{secs}");
-    if frac != 0 {
-        let _ = write!(out, ".{frac:03}");
-    }
-}
-
-fn write_json_str(out: &mut String, s: &str) {
-    out.push_str(&serde_json::Value::from(s).to_string());
-}
-
-fn write_labels(out: &mut String, labels: &LabelSet) {
-    out.push('{');
-    for (i, (k, v)) in labels.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        write_json_str(out, k);
-        out.push(':');
-        write_json_str(out, v);
-    }
-    out.push('}');
-}
-
-fn write_point(out: &mut String, ms: i64, v: f64) {
-    out.push('[');
-    write_ts(out, ms);
-    out.push_str(",\"");
-    out.push_str(&format_value(v));
-    out.push_str("\"]");
-}
-
-fn json(body: String) -> Response {
-    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
-}
-
-fn success(data: &str) -> Response {
-    json(format!(r#"{{"status":"success","data":{data}}}"#))
-}
-
-/// `resultType` and `result` of an evaluation.
-fn result_json(value: &Value, steps: &Steps, instant: bool) -> String {
-    let mut out = String::new();
-    match (value, instant) {
-        (Value::Scalar(v), true) => {
-            out.push_str(r#"{"resultType":"scalar","result":"#);
-            write_point(
-                &mut out,
-                steps.at(0),
-                v.first().copied().unwrap_or(f64::NAN),
-            );
-            out.push('}');
-        }
-        (Value::Vector(series), true) => {
-            out.push_str(r#"{"resultType":"vector","result":["#);
-            let mut first = true;
-            for s in series {
-                let Some(Some(v)) = s.values.first() else {
-                    continue;
-                };
-                if !first {
-                    out.push(',');
-                }
-                first = false;
-                out.push_str(r#"{"metric":"#);
-                write_labels(&mut out, &s.labels);
-                out.push_str(r#","value":"#);
-                write_point(&mut out, steps.at(0), *v);
-                out.push('}');
-            }
-            out.push_str("]}");
-        }
-        (value, false) => {
-            let scalar;
-            let series: &[promql::Series] = match value {
-                Value::Vector(s) => s,
-                Value::Scalar(v) => {
-                    scalar = [promql::Series {
-                        labels: LabelSet::new(),
-                        values: v.iter().map(|&x| Some(x)).collect(),
-                    }];
-                    &scalar
-                }
-            };
-            out.push_str(r#"{"resultType":"matrix","result":["#);
-            for (i, s) in series.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str(r#"{"metric":"#);
-                write_labels(&mut out, &s.labels);
-                out.push_str(r#","values":["#);
-                let mut first = true;
-                for (k, v) in s.values.iter().enumerate() {
-                    if let Some(v) = v {
-                        if !first {
-                            out.push(',');
-                        }
-                        first = false;
-                        write_point(&mut out, steps.at(k), *v);
-                    }
-                }
-                out.push_str("]}");
-            }
-            out.push_str("]}");
-        }
-    }
-    out
 }
 
 async fn admitted<'a, S>(state: &'a AppState<S>, form: &Form) -> Result<Admitted<'a>, Failure> {
@@ -402,7 +201,8 @@ pub async fn instant<S: BucketStore>(
     };
     let steps = Steps::new(t, t, 1);
     let value = evaluate(&state, &principal, &form, steps, "promql_instant").await?;
-    Ok(success(&result_json(&value, &steps, true)))
+    let empty = LabelSet::new();
+    Ok(success(query_data(&value, &steps, true, &empty)))
 }
 
 pub async fn range<S: BucketStore>(
@@ -441,7 +241,8 @@ pub async fn range<S: BucketStore>(
     }
     let steps = Steps::new(start, end, step);
     let value = evaluate(&state, &principal, &form, steps, "promql_range").await?;
-    Ok(success(&result_json(&value, &steps, false)))
+    let empty = LabelSet::new();
+    Ok(success(query_data(&value, &steps, false, &empty)))
 }
 
 /// The matchers of each `match[]`: each must be a plain selector.
@@ -536,14 +337,18 @@ async fn listed<S: BucketStore>(
     Ok(got)
 }
 
-fn with_warning(data: String, truncated: bool) -> Response {
+/// A success answer.
+fn success<T: Serialize>(data: T) -> Response {
+    Json(Success::new(data)).into_response()
+}
+
+/// A listing's answer, warning when the limit left entries out.
+fn with_warning<T: Serialize>(data: T, truncated: bool) -> Response {
+    let mut answer = Success::new(data);
     if truncated {
-        json(format!(
-            r#"{{"status":"success","data":{data},"warnings":["results truncated due to limit"]}}"#
-        ))
-    } else {
-        success(&data)
+        answer.warnings.push("results truncated due to limit");
     }
+    Json(answer).into_response()
 }
 
 fn listing_limit<S>(state: &AppState<S>) -> usize {
@@ -563,10 +368,7 @@ async fn names_of<S: BucketStore>(
     let names: BTreeSet<&str> = sets.iter().flat_map(&pick).collect();
     let cut = truncated || names.len() > limit;
     let names: Vec<&str> = names.into_iter().take(limit).collect();
-    Ok(with_warning(
-        serde_json::Value::from(names).to_string(),
-        cut,
-    ))
+    Ok(with_warning(names, cut))
 }
 
 pub async fn labels<S: BucketStore>(
@@ -608,88 +410,36 @@ pub async fn series<S: BucketStore>(
     check_times(&form)?;
     let limit = limit_of(&form, listing_limit(&state))?;
     let (sets, truncated) = listed(&state, &principal, &form, limit).await?;
-    let mut out = String::from("[");
-    for (i, l) in sets.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        write_labels(&mut out, l);
-    }
-    out.push(']');
-    Ok(with_warning(out, truncated))
+    Ok(with_warning(sets, truncated))
 }
 
 /// Grafana reads the version to pick features; Hourglass answers like the
 /// Prometheus release its semantics are checked against.
 pub async fn buildinfo() -> Response {
-    success(&format!(
-        r#"{{"version":"2.42.0","revision":"hourglass-{}","branch":"","buildUser":"","buildDate":"","goVersion":""}}"#,
-        env!("CARGO_PKG_VERSION")
-    ))
+    #[derive(Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct BuildInfo {
+        version: &'static str,
+        revision: String,
+        branch: &'static str,
+        build_user: &'static str,
+        build_date: &'static str,
+        go_version: &'static str,
+    }
+    success(BuildInfo {
+        version: "2.42.0",
+        revision: format!("hourglass-{}", env!("CARGO_PKG_VERSION")),
+        branch: "",
+        build_user: "",
+        build_date: "",
+        go_version: "",
+    })
 }
 
 pub async fn metadata() -> Response {
-    success("{}")
+    success(serde_json::Map::new())
 }
 
 pub async fn exemplars() -> Response {
-    success("[]")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn times_parse_as_prometheus_takes_them() {
-        assert_eq!(parse_time("t", "1700000000").ok(), Some(1_700_000_000_000));
-        assert_eq!(
-            parse_time("t", "1700000000.5").ok(),
-            Some(1_700_000_000_500)
-        );
-        assert_eq!(
-            parse_time("t", "1700000000.1239").ok(),
-            Some(1_700_000_000_123)
-        );
-        assert_eq!(parse_time("t", "-1.5").ok(), Some(-1_500));
-        assert_eq!(
-            parse_time("t", "2023-11-14T22:13:20.25Z").ok(),
-            Some(1_700_000_000_250)
-        );
-        assert!(parse_time("t", "yesterday").is_err());
-        assert_eq!(parse_duration("s", "15").ok(), Some(15_000));
-        assert_eq!(parse_duration("s", "0.5").ok(), Some(500));
-        assert_eq!(parse_duration("s", "1h30m").ok(), Some(5_400_000));
-        assert!(parse_duration("s", "soon").is_err());
-    }
-
-    #[test]
-    fn timestamps_are_written_as_prometheus_writes_them() {
-        let mut s = String::new();
-        write_ts(&mut s, 1_700_000_000_000);
-        s.push(' ');
-        write_ts(&mut s, 1_700_000_000_050);
-        s.push(' ');
-        write_ts(&mut s, -1_500);
-        assert_eq!(s, "1700000000 1700000000.050 -1.500");
-    }
-
-    #[test]
-    fn results_have_prometheus_shapes() {
-        let steps = Steps::new(1000, 3000, 1000);
-        let labels: LabelSet = [("sensor".to_owned(), "a".to_owned())].into();
-        let v = Value::Vector(vec![promql::Series {
-            labels,
-            values: vec![Some(1.5), None, Some(2.0)],
-        }]);
-        assert_eq!(
-            result_json(&v, &steps, false),
-            r#"{"resultType":"matrix","result":[{"metric":{"sensor":"a"},"values":[[1,"1.5"],[3,"2"]]}]}"#
-        );
-        let one = Steps::new(1000, 1000, 1);
-        assert_eq!(
-            result_json(&Value::Scalar(vec![2.0]), &one, true),
-            r#"{"resultType":"scalar","result":[1,"2"]}"#
-        );
-    }
+    success(Vec::<()>::new())
 }

@@ -1,0 +1,269 @@
+//! `GET /api/v1/average` and `GET /api/v1/series`: groups of sensors from
+//! the registry, each group's figures exact over all its sensors' readings.
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::extract::{Extension, RawQuery, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use wildmatch::WildMatch;
+
+use super::admission::{admit, evaluate, store_error};
+use super::csv::{POINT_COLUMNS, csv_point, csv_response, wants_csv};
+use super::range::{format_ms, metric, parse_tz, points_of, range, series_grid};
+use super::{Group, GroupResponse, Point};
+use crate::api::params::Params;
+use crate::api::{ApiError, AppState};
+use crate::auth::Principal;
+use crate::domain::MetricName;
+use crate::query::{Cost, Grid, Series};
+use crate::store::{BucketStore, SensorInfo, SensorQuery};
+
+/// How a group query groups its sensors.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum GroupBy {
+    All,
+    Sensor,
+    Label(String),
+}
+
+impl GroupBy {
+    fn parse(s: Option<&str>) -> Result<Self, ApiError> {
+        match s {
+            None => Ok(GroupBy::All),
+            Some("sensor") => Ok(GroupBy::Sensor),
+            Some(l) => l
+                .strip_prefix("label.")
+                .filter(|n| crate::domain::valid_label_name(n))
+                .map(|n| GroupBy::Label(n.to_owned()))
+                .ok_or_else(|| ApiError::bad_request("group_by must be sensor or label.<name>")),
+        }
+    }
+
+    fn key(&self, info: &SensorInfo) -> BTreeMap<String, Option<String>> {
+        match self {
+            GroupBy::All => BTreeMap::new(),
+            GroupBy::Sensor => BTreeMap::from([("sensor".to_owned(), Some(info.sensor.clone()))]),
+            GroupBy::Label(n) => {
+                BTreeMap::from([(n.clone(), info.labels.get(n).map(str::to_owned))])
+            }
+        }
+    }
+}
+
+/// The sensors a group query covers, from the registry: those matching the
+/// `sensor` glob and the label filters, that have the metric, and that the
+/// token may read; at most `query.max_series`.
+pub(crate) async fn members<S: BucketStore>(
+    state: &AppState<S>,
+    principal: &Principal,
+    params: &Params,
+    metric: &MetricName<'_>,
+) -> Result<Vec<SensorInfo>, ApiError> {
+    let glob = params.get("sensor").unwrap_or("*");
+    if glob.is_empty()
+        || !glob
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.:-*?".contains(&b))
+    {
+        return Err(ApiError::bad_request(
+            "sensor must be a sensor id or a glob of one (* and ?)",
+        ));
+    }
+    for (name, value) in params.labels() {
+        if value.is_empty() {
+            return Err(ApiError::bad_request(format!("label.{name} needs a value")));
+        }
+    }
+    let prefix = &glob[..glob.find(['*', '?']).unwrap_or(glob.len())];
+    let pattern = WildMatch::new(glob);
+    let max = state.settings.query.max_series;
+    let query = SensorQuery {
+        after: None,
+        prefix,
+        labels: params.labels(),
+        metric: Some(metric.as_str()),
+    };
+    let admitted = admit(state).await?;
+    let work = state.store.sensors(query, max + 1, |s| {
+        pattern.matches(&s.sensor) && principal.may_access(&s.sensor)
+    });
+    let found = admitted
+        .within(async { work.await.map_err(store_error) })
+        .await?;
+    admitted.done(
+        state,
+        "members",
+        Cost {
+            documents: found.len() as u64,
+            round_trips: 1,
+        },
+    );
+    if found.len() > max {
+        return Err(ApiError::bad_request(format!(
+            "the query covers more than {max} sensors (query.max_series); narrow sensor= or the label filters"
+        )));
+    }
+    Ok(found)
+}
+
+pub(crate) const GROUP_PARAMS: [&str; 8] = [
+    "sensor", "metric", "from", "to", "group_by", "step", "tz", "format",
+];
+
+pub(crate) async fn group_query<S: BucketStore>(
+    state: AppState<S>,
+    principal: Principal,
+    headers: HeaderMap,
+    raw: Option<String>,
+    with_step: bool,
+) -> Result<Response, ApiError> {
+    let allowed: &[&str] = if with_step {
+        &GROUP_PARAMS
+    } else {
+        &GROUP_PARAMS[..5]
+    };
+    let params = Params::parse(raw.as_deref(), allowed, true)?;
+    let csv = with_step && wants_csv(&headers, &params)?;
+    let metric = metric(&params)?;
+    let group_by = GroupBy::parse(params.get("group_by"))?;
+    let tz = if with_step { parse_tz(&params)? } else { None };
+    let r = range(&state, &params)?;
+    let grid = if with_step {
+        series_grid(&state, &params, &r, tz.as_ref().map(|t| &t.1))?
+    } else {
+        Grid::whole(r.from, r.to)
+    };
+    let members = members(&state, &principal, &params, &metric).await?;
+    let mut keys: Vec<BTreeMap<String, Option<String>>> = Vec::new();
+    let mut sizes: Vec<usize> = Vec::new();
+    let mut series = Vec::with_capacity(members.len());
+    for m in &members {
+        let key = group_by.key(m);
+        let group = match keys.iter().position(|k| *k == key) {
+            Some(g) => g,
+            None => {
+                keys.push(key);
+                sizes.push(0);
+                keys.len() - 1
+            }
+        };
+        sizes[group] += 1;
+        series.push((Series { sensor: &m.sensor }, group));
+    }
+    let endpoint = if with_step {
+        "group_series"
+    } else {
+        "group_average"
+    };
+    let aggs = evaluate(
+        &state,
+        endpoint,
+        &metric,
+        &r,
+        grid.clone(),
+        &series,
+        keys.len(),
+    )
+    .await?;
+    let mut groups = Vec::with_capacity(keys.len());
+    for ((group, sensors), points) in keys.into_iter().zip(sizes).zip(aggs) {
+        groups.push(if with_step {
+            Group {
+                group,
+                sensors,
+                aggregates: None,
+                points: Some(points_of(&grid, &points, tz.as_ref().map(|t| &t.1))?),
+            }
+        } else {
+            Group {
+                group,
+                sensors,
+                aggregates: Some(Point::new(None, &points[0])),
+                points: None,
+            }
+        });
+    }
+    groups.sort_by(|a, b| a.group.cmp(&b.group));
+    if csv {
+        let label = match &group_by {
+            GroupBy::All => None,
+            GroupBy::Sensor => Some("sensor".to_owned()),
+            GroupBy::Label(n) => Some(n.clone()),
+        };
+        return Ok(csv_response(|w| {
+            let mut header: Vec<&str> = label.iter().map(String::as_str).collect();
+            header.push("sensors");
+            header.extend(POINT_COLUMNS);
+            w.write_record(&header)?;
+            for g in &groups {
+                let mut prefix: Vec<String> = g
+                    .group
+                    .values()
+                    .map(|v| v.clone().unwrap_or_default())
+                    .collect();
+                prefix.push(g.sensors.to_string());
+                for p in g.points.iter().flatten() {
+                    w.write_record(csv_point(&prefix, p))?;
+                }
+            }
+            Ok(())
+        }));
+    }
+    Ok(Json(GroupResponse {
+        metric: metric.to_string(),
+        from: format_ms(r.from_ms),
+        to: format_ms(r.to_ms),
+        step: with_step.then(|| params.get("step").unwrap_or_default().to_owned()),
+        tz: with_step.then(|| tz.map_or_else(|| "UTC".to_owned(), |t| t.0)),
+        group_by: params.get("group_by").map(str::to_owned),
+        groups,
+    })
+    .into_response())
+}
+
+#[utoipa::path(get, path = "/api/v1/average",
+    params(("sensor" = Option<String>, Query, description = "A sensor id or glob"), ("metric" = Option<String>, Query),
+        ("from" = String, Query), ("to" = String, Query), ("group_by" = Option<String>, Query, description = "sensor or label.<name>")),
+    responses((status = 200, body = GroupResponse)))]
+pub async fn group_average<S: BucketStore>(
+    State(state): State<AppState<S>>,
+    Extension(principal): Extension<Principal>,
+    headers: HeaderMap,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    group_query(state, principal, headers, raw, false).await
+}
+
+#[utoipa::path(get, path = "/api/v1/series",
+    params(("sensor" = Option<String>, Query, description = "A sensor id or glob"), ("metric" = Option<String>, Query),
+        ("from" = String, Query), ("to" = String, Query), ("step" = String, Query), ("tz" = Option<String>, Query),
+        ("group_by" = Option<String>, Query, description = "sensor or label.<name>"), ("format" = Option<String>, Query)),
+    responses((status = 200, body = GroupResponse), (status = 200, content_type = "text/csv", body = String)))]
+pub async fn group_series<S: BucketStore>(
+    State(state): State<AppState<S>>,
+    Extension(principal): Extension<Principal>,
+    headers: HeaderMap,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    group_query(state, principal, headers, raw, true).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn group_by_is_sensor_or_a_label() {
+        assert_eq!(GroupBy::parse(None).ok(), Some(GroupBy::All));
+        assert_eq!(GroupBy::parse(Some("sensor")).ok(), Some(GroupBy::Sensor));
+        assert_eq!(
+            GroupBy::parse(Some("label.site")).ok(),
+            Some(GroupBy::Label("site".into()))
+        );
+        for bad in ["site", "label.", "label.__name__", "metric"] {
+            assert!(GroupBy::parse(Some(bad)).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,279 @@
+//! Dashboards' routes: averages and series of one sensor or of a group of
+//! sensors, the newest reading, and the sensor registry.
+//!
+//! - [`range`]: the parameters every route shares (instants, steps, time
+//!   zones, the range and its grid).
+//! - [`admission`]: admission under `query.max_concurrency`, the deadline,
+//!   the cost recorded, and the one evaluation every point route runs.
+//! - [`csv`]: CSV answers for spreadsheets.
+//! - [`groups`]: groups of sensors from the registry.
+//! - [`registry`]: the sensor listing and labels.
+//! - this module: the answers' types and the one-sensor routes.
+
+mod admission;
+mod csv;
+mod groups;
+mod range;
+mod registry;
+
+use axum::Json;
+use axum::extract::{Extension, Path, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+use super::ApiError;
+use super::AppState;
+use super::params::Params;
+use crate::auth::Principal;
+use crate::domain::{Agg, Labels, SensorId};
+use crate::query::{Cost, Grid, Series};
+use crate::store::BucketStore;
+
+pub(super) use admission::{Admitted, admit};
+use admission::{evaluate, store_error};
+use csv::{POINT_COLUMNS, csv_point, csv_response, wants_csv};
+pub use groups::{__path_group_average, __path_group_series, group_average, group_series};
+use range::range;
+use range::{format_ms, format_start, metric, parse_tz, points_of, series_grid};
+pub use range::{parse_instant, parse_step};
+pub use registry::{__path_list_sensors, __path_put_labels, list_sensors, put_labels};
+
+/// Aggregates of one point, range or group.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Point {
+    /// Start of the point, RFC 3339 (with the `tz` offset when one is given).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start: Option<String>,
+    pub count: u64,
+    pub sum: f64,
+    pub avg: Option<f64>,
+    pub min: Option<f64>,
+    pub max: Option<f64>,
+}
+
+impl Point {
+    fn new(start: Option<String>, a: &Agg) -> Self {
+        Self {
+            start,
+            count: a.count,
+            sum: a.sum,
+            avg: a.avg(),
+            min: a.min(),
+            max: a.max(),
+        }
+    }
+}
+
+/// `GET /api/v1/sensors/{sensor}/average`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct AverageResponse {
+    pub sensor: String,
+    pub metric: String,
+    pub from: String,
+    pub to: String,
+    #[serde(flatten)]
+    pub aggregates: Point,
+}
+
+/// `GET /api/v1/sensors/{sensor}/series`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct SeriesResponse {
+    pub sensor: String,
+    pub metric: String,
+    pub from: String,
+    pub to: String,
+    pub step: String,
+    pub tz: String,
+    pub points: Vec<Point>,
+}
+
+/// One group of a group query.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Group {
+    /// What the group shares: `{}` without `group_by`, `{"sensor": id}`, or
+    /// `{"<label>": value}` (`null` for sensors without the label).
+    #[schema(value_type = Object)]
+    pub group: BTreeMap<String, Option<String>>,
+    /// How many sensors it sums.
+    pub sensors: usize,
+    /// Averages: the group's aggregates.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub aggregates: Option<Point>,
+    /// Series: its points.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub points: Option<Vec<Point>>,
+}
+
+/// `GET /api/v1/average` and `GET /api/v1/series`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct GroupResponse {
+    pub metric: String,
+    pub from: String,
+    pub to: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tz: Option<String>,
+    pub group_by: Option<String>,
+    pub groups: Vec<Group>,
+}
+
+/// `GET /api/v1/sensors/{sensor}/latest`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct LatestResponse {
+    pub sensor: String,
+    pub metric: String,
+    pub ts: String,
+    pub value: f64,
+}
+
+/// A registered sensor.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct SensorEntry {
+    pub sensor: String,
+    pub metrics: Vec<String>,
+    #[schema(value_type = Object)]
+    pub labels: Labels,
+    /// Start of the hour of its newest reading.
+    pub last_seen: Option<String>,
+}
+
+/// `GET /api/v1/sensors`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct SensorList {
+    pub sensors: Vec<SensorEntry>,
+    /// Pass as `after` for the next page; `null` on the last.
+    pub next: Option<String>,
+}
+
+fn sensor_param(principal: &Principal, sensor: &str) -> Result<(), ApiError> {
+    principal.check_sensors(std::iter::once(sensor))?;
+    SensorId::parse(sensor).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    Ok(())
+}
+
+#[utoipa::path(get, path = "/api/v1/sensors/{sensor}/average",
+    params(("sensor" = String, Path), ("metric" = Option<String>, Query), ("from" = String, Query), ("to" = String, Query)),
+    responses((status = 200, body = AverageResponse)))]
+pub async fn average<S: BucketStore>(
+    State(state): State<AppState<S>>,
+    Extension(principal): Extension<Principal>,
+    Path(sensor): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<AverageResponse>, ApiError> {
+    sensor_param(&principal, &sensor)?;
+    let params = Params::parse(raw.as_deref(), &["metric", "from", "to"], false)?;
+    let metric = metric(&params)?;
+    let r = range(&state, &params)?;
+    let series = [(Series { sensor: &sensor }, 0)];
+    let points = evaluate(
+        &state,
+        "average",
+        &metric,
+        &r,
+        Grid::whole(r.from, r.to),
+        &series,
+        1,
+    )
+    .await?;
+    Ok(Json(AverageResponse {
+        sensor,
+        metric: metric.to_string(),
+        from: format_ms(r.from_ms),
+        to: format_ms(r.to_ms),
+        aggregates: Point::new(None, &points[0][0]),
+    }))
+}
+
+#[utoipa::path(get, path = "/api/v1/sensors/{sensor}/series",
+    params(("sensor" = String, Path), ("metric" = Option<String>, Query), ("from" = String, Query), ("to" = String, Query),
+        ("step" = String, Query), ("tz" = Option<String>, Query), ("format" = Option<String>, Query)),
+    responses((status = 200, body = SeriesResponse), (status = 200, content_type = "text/csv", body = String)))]
+pub async fn series<S: BucketStore>(
+    State(state): State<AppState<S>>,
+    Extension(principal): Extension<Principal>,
+    Path(sensor): Path<String>,
+    headers: HeaderMap,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    sensor_param(&principal, &sensor)?;
+    let params = Params::parse(
+        raw.as_deref(),
+        &["metric", "from", "to", "step", "tz", "format"],
+        false,
+    )?;
+    let csv = wants_csv(&headers, &params)?;
+    let metric = metric(&params)?;
+    let tz = parse_tz(&params)?;
+    let r = range(&state, &params)?;
+    let grid = series_grid(&state, &params, &r, tz.as_ref().map(|t| &t.1))?;
+    let series = [(Series { sensor: &sensor }, 0)];
+    let aggs = evaluate(&state, "series", &metric, &r, grid.clone(), &series, 1).await?;
+    let points = points_of(&grid, &aggs[0], tz.as_ref().map(|t| &t.1))?;
+    if csv {
+        return Ok(csv_response(|w| {
+            w.write_record(POINT_COLUMNS)?;
+            for p in &points {
+                w.write_record(csv_point(&[], p))?;
+            }
+            Ok(())
+        }));
+    }
+    Ok(Json(SeriesResponse {
+        sensor,
+        metric: metric.to_string(),
+        from: format_ms(r.from_ms),
+        to: format_ms(r.to_ms),
+        step: params.get("step").unwrap_or_default().to_owned(),
+        tz: tz.map_or_else(|| "UTC".to_owned(), |t| t.0),
+        points,
+    })
+    .into_response())
+}
+
+#[utoipa::path(get, path = "/api/v1/sensors/{sensor}/latest",
+    params(("sensor" = String, Path), ("metric" = Option<String>, Query)),
+    responses((status = 200, body = LatestResponse), (status = 404, description = "No readings")))]
+pub async fn latest<S: BucketStore>(
+    State(state): State<AppState<S>>,
+    Extension(principal): Extension<Principal>,
+    Path(sensor): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<LatestResponse>, ApiError> {
+    sensor_param(&principal, &sensor)?;
+    let params = Params::parse(raw.as_deref(), &["metric"], false)?;
+    let metric = metric(&params)?;
+    let admitted = admit(&state).await?;
+    let work = crate::query::latest(
+        state.store.as_ref(),
+        &state.batcher,
+        &sensor,
+        metric.as_str(),
+        admitted.max_time(),
+    );
+    let found = admitted
+        .within(async { work.await.map_err(store_error) })
+        .await?;
+    admitted.done(
+        &state,
+        "latest",
+        Cost {
+            documents: 1,
+            round_trips: 1,
+        },
+    );
+    let (ts, value) = found.ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("sensor {sensor} has no readings of metric {metric}"),
+        )
+    })?;
+    Ok(Json(LatestResponse {
+        sensor,
+        metric: metric.to_string(),
+        ts: format_start(ts, None)?,
+        value,
+    }))
+}

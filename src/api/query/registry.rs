@@ -1,0 +1,118 @@
+//! The sensor registry's routes: the listing, paged, and labels.
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::extract::{Extension, Path, RawQuery, State};
+use axum::http::StatusCode;
+
+use super::admission::{admit, store_error};
+use super::range::format_start;
+use super::{SensorEntry, SensorList, sensor_param};
+use crate::api::params::Params;
+use crate::api::{ApiError, AppState};
+use crate::auth::Principal;
+use crate::domain::{Labels, MetricName};
+use crate::query::Cost;
+use crate::store::{BucketStore, SensorQuery};
+
+pub const MAX_PAGE: usize = 1000;
+pub(crate) const DEFAULT_PAGE: usize = 100;
+
+#[utoipa::path(get, path = "/api/v1/sensors",
+    params(("prefix" = Option<String>, Query), ("limit" = Option<usize>, Query), ("after" = Option<String>, Query),
+        ("metric" = Option<String>, Query)),
+    responses((status = 200, body = SensorList)))]
+pub async fn list_sensors<S: BucketStore>(
+    State(state): State<AppState<S>>,
+    Extension(principal): Extension<Principal>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<SensorList>, ApiError> {
+    let params = Params::parse(
+        raw.as_deref(),
+        &["prefix", "limit", "after", "metric"],
+        true,
+    )?;
+    let limit = match params.get("limit") {
+        None => DEFAULT_PAGE,
+        Some(l) => l
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| (1..=MAX_PAGE).contains(&n))
+            .ok_or_else(|| ApiError::bad_request(format!("limit must be 1 to {MAX_PAGE}")))?,
+    };
+    let metric = params
+        .get("metric")
+        .map(|m| MetricName::parse(m).map_err(|e| ApiError::bad_request(e.to_string())))
+        .transpose()?;
+    let query = SensorQuery {
+        after: params.get("after"),
+        prefix: params.get("prefix").unwrap_or_default(),
+        labels: params.labels(),
+        metric: metric.as_ref().map(MetricName::as_str),
+    };
+    let admitted = admit(&state).await?;
+    let work = state
+        .store
+        .sensors(query, limit, |s| principal.may_access(&s.sensor));
+    let found = admitted
+        .within(async { work.await.map_err(store_error) })
+        .await?;
+    admitted.done(
+        &state,
+        "sensors",
+        Cost {
+            documents: found.len() as u64,
+            round_trips: 1,
+        },
+    );
+    let next = (found.len() == limit)
+        .then(|| found.last().map(|s| s.sensor.clone()))
+        .flatten();
+    let sensors = found
+        .into_iter()
+        .map(|s| {
+            Ok(SensorEntry {
+                last_seen: s.last_seen.map(|t| format_start(t, None)).transpose()?,
+                sensor: s.sensor,
+                metrics: s.metrics,
+                labels: s.labels,
+            })
+        })
+        .collect::<Result<_, ApiError>>()?;
+    Ok(Json(SensorList { sensors, next }))
+}
+
+#[utoipa::path(put, path = "/api/v1/sensors/{sensor}/labels",
+    params(("sensor" = String, Path)),
+    request_body(content = Object, description = "The sensor's labels, replacing the ones it had: {\"site\": \"berlin\"}"),
+    responses((status = 204, description = "Stored")))]
+pub async fn put_labels<S: BucketStore>(
+    State(state): State<AppState<S>>,
+    Extension(principal): Extension<Principal>,
+    Path(sensor): Path<String>,
+    body: Result<Json<BTreeMap<String, String>>, axum::extract::rejection::JsonRejection>,
+) -> Result<StatusCode, ApiError> {
+    sensor_param(&principal, &sensor)?;
+    let Json(labels) = body.map_err(|e| {
+        ApiError::bad_request(format!(
+            "the body must be a JSON object of label names to string values: {}",
+            e.body_text()
+        ))
+    })?;
+    let labels = Labels::parse(labels).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let admitted = admit(&state).await?;
+    let work = state.store.set_labels(&sensor, &labels);
+    admitted
+        .within(async { work.await.map_err(store_error) })
+        .await?;
+    admitted.done(
+        &state,
+        "labels",
+        Cost {
+            documents: 1,
+            round_trips: 1,
+        },
+    );
+    Ok(StatusCode::NO_CONTENT)
+}
