@@ -286,3 +286,76 @@ async fn a_flush_of_65_late_sensors_in_a_fleet_of_10000_does_rollup_work_for_65(
     assert!(read <= 65.0 * 8.0, "{read} documents read for 65 sensors");
     app.stop().await.expect("clean stop");
 }
+
+/// A Grafana panel over a fleet: 100 sensors, windows as long as the step,
+/// the start aligned to it, readings on the windows' edges among them.
+/// Every value equals a brute-force sum of the left-open windows; the panel
+/// reads about one document per series and day, in a few round trips.
+#[tokio::test]
+async fn a_fleet_panel_is_exact_at_window_edges_and_reads_a_document_per_series_and_day() {
+    let app = spawn_app_with(fleet_settings(Granularity::Minute)).await;
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let day0 = now - now.rem_euclid(DAY) - 3 * DAY;
+    let mut truth = Truth::new();
+    for i in 0..100 {
+        for h in (0..48).step_by(2) {
+            // On the hour (a window's right end) and inside the next.
+            let at = day0 + h * 3600;
+            truth.insert((i, at), (h + i as i64 % 5) as f64);
+            truth.insert((i, at + 1800 + i as i64), (i % 7) as f64);
+        }
+    }
+    let all: Vec<Value> = truth
+        .iter()
+        .map(|(&(i, ts), &v)| reading(&format!("pn-{i:03}"), "temp", ts, v))
+        .collect();
+    for chunk in all.chunks(5000) {
+        let r = app.post_readings(&Value::Array(chunk.to_vec())).await;
+        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+    }
+    let (start, end) = (day0 + 3600, day0 + 47 * 3600);
+    let trips_before = counted(&app, "hourglass_query_round_trips_sum", "promql_range").await;
+    let docs_before = counted(&app, "hourglass_query_documents_read_sum", "promql_range").await;
+    let q: String = url::form_urlencoded::byte_serialize(b"sum_over_time(temp[1h])").collect();
+    let got = app
+        .get_json(&format!(
+            "/prometheus/api/v1/query_range?query={q}&start={start}&end={end}&step=3600"
+        ))
+        .await;
+    let trips =
+        counted(&app, "hourglass_query_round_trips_sum", "promql_range").await - trips_before;
+    let docs =
+        counted(&app, "hourglass_query_documents_read_sum", "promql_range").await - docs_before;
+    let result = got["data"]["result"].as_array().expect("a matrix");
+    assert_eq!(result.len(), 100, "every series");
+    for series in result {
+        let sensor = series["metric"]["sensor"].as_str().expect("sensor");
+        let i: usize = sensor[3..].parse().expect("index");
+        let values: BTreeMap<i64, f64> = series["values"]
+            .as_array()
+            .expect("values")
+            .iter()
+            .map(|p| {
+                (
+                    p[0].as_i64().expect("time"),
+                    p[1].as_str().and_then(|v| v.parse().ok()).expect("value"),
+                )
+            })
+            .collect();
+        // (t − 1h, t]: the reading on t counts, the one on t − 1h does not.
+        let want: BTreeMap<i64, f64> = (start..=end)
+            .step_by(3600)
+            .filter_map(|t| {
+                let (count, sum, _, _) = truth_of(&truth, |s| s == i, t - 3600 + 1, t + 1);
+                (count > 0).then_some((t, sum))
+            })
+            .collect();
+        assert_eq!(values, want, "{sensor}");
+    }
+    // Two days of day documents per series (and the ends), read in a few
+    // round trips for all 100 series.
+    eprintln!("fleet panel: {docs} documents, {trips} round trips");
+    assert!(docs <= 1.5 * 100.0 * (2.0 + 2.0), "{docs} documents");
+    assert!(trips <= 10.0, "{trips} round trips");
+    app.stop().await.expect("clean stop");
+}

@@ -167,6 +167,8 @@ pub async fn evaluate<S: BucketStore>(
     for leaf in &leaves {
         let left = ctx.max_series.saturating_sub(selected);
         let found = select(ctx.store, &leaf.matchers, left, ctx.may_access).await?;
+        // The registry's find (its documents are not the data's).
+        cost.round_trips += 1;
         selected += found.len();
         if selected > ctx.max_series {
             return Err(PromError::BadData(format!(
