@@ -17,6 +17,8 @@
 //! [`Part::Rest`]) and that reading alone ([`Part::First`]) are summaries too,
 //! so a window aligned to slots is answered from slots alone.
 
+use super::Agg;
+
 /// A reading: epoch seconds and value.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Sample {
@@ -162,6 +164,16 @@ impl Summary {
             self.then(other)
         } else {
             other.then(self)
+        }
+    }
+
+    /// Count, sum, min and max.
+    pub fn agg(&self) -> Agg {
+        Agg {
+            count: self.count,
+            sum: self.sum,
+            min: self.min,
+            max: self.max,
         }
     }
 

@@ -44,6 +44,9 @@ pub struct Question<'a> {
 const BATCH_CELLS: usize = 250_000;
 /// Sensors in one `$in`.
 const MAX_BATCH: usize = 200;
+/// Readings held at once with [`Need::Values`] (a series' whole range is
+/// held however long: `query.max_values_range` bounds it).
+const BATCH_READINGS: usize = 2_000_000;
 
 /// Answers `q` on `grid` for every series, handing each series' points to
 /// `each` (with its index in `series`) as its batch finishes.
@@ -56,7 +59,12 @@ pub async fn evaluate<S: BucketStore>(
     mut each: impl FnMut(usize, Vec<Cell>),
 ) -> Result<Cost, StoreError> {
     let plan = Plan::new(q.granularity, q.need, q.from, q.to, grid);
-    let per_batch = (BATCH_CELLS / plan.grid().points().max(1)).clamp(1, MAX_BATCH);
+    let mut per_batch = (BATCH_CELLS / plan.grid().points().max(1)).clamp(1, MAX_BATCH);
+    if q.need == Need::Values {
+        // Every reading is held: at most one a second.
+        let span = usize::try_from(q.to.saturating_sub(q.from)).unwrap_or(usize::MAX);
+        per_batch = per_batch.min((BATCH_READINGS / span.max(1)).max(1));
+    }
     let mut cost = Cost::default();
     for (b, batch) in series.chunks(per_batch).enumerate() {
         let done = run_batch(store, batcher, &q, &plan, batch, &mut cost).await?;

@@ -33,25 +33,19 @@ pub enum Need {
     Aggregates,
     /// Everything a [`Summary`] holds (`last_over_time`, counters).
     Summaries,
+    /// Every reading (quantiles): only buckets hold them.
+    Values,
 }
 
 /// One point, answered.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Cell {
     pub agg: Agg,
-    /// With [`Need::Summaries`]; none for a point without readings.
+    /// With [`Need::Summaries`] and [`Need::Values`]; none for a point
+    /// without readings.
     pub summary: Option<Summary>,
-}
-
-impl Summary {
-    fn agg(&self) -> Agg {
-        Agg {
-            count: self.count,
-            sum: self.sum,
-            min: self.min,
-            max: self.max,
-        }
-    }
+    /// With [`Need::Values`]: the readings, in time order.
+    pub samples: Vec<Sample>,
 }
 
 /// One level: its documents' length and their slots'.
@@ -178,13 +172,20 @@ pub struct SeriesPlan {
     aggs: Vec<Agg>,
     /// With [`Need::Summaries`]: each point's pieces, merged in time order at the end.
     summaries: Vec<Vec<Summary>>,
+    /// With [`Need::Values`]: each point's readings.
+    samples: Vec<Vec<Sample>>,
 }
 
 impl Plan {
     /// Stored seconds `s` with `from <= s < to` count, in the points of `grid`.
     pub fn new(granularity: Granularity, need: Need, from: i64, to: i64, grid: Grid) -> Self {
+        let mut tiers = tiers(granularity);
+        if need == Need::Values {
+            // Rollups summarize; only buckets keep each reading.
+            tiers.retain(|t| t.level == Level::Buckets);
+        }
         Self {
-            tiers: tiers(granularity),
+            tiers,
             need,
             from,
             to,
@@ -243,8 +244,12 @@ impl Plan {
             dirty,
             aggs: vec![Agg::default(); points],
             summaries: match self.need {
-                Need::Aggregates => Vec::new(),
                 Need::Summaries => vec![Vec::new(); points],
+                Need::Aggregates | Need::Values => Vec::new(),
+            },
+            samples: match self.need {
+                Need::Values => vec![Vec::new(); points],
+                Need::Aggregates | Need::Summaries => Vec::new(),
             },
         }
     }
@@ -433,6 +438,7 @@ impl Plan {
                         self.add(s, p.cell, &summary);
                     }
                 }
+                Need::Values => s.samples[p.cell as usize].extend_from_slice(&samples),
             }
         }
     }
@@ -441,6 +447,8 @@ impl Plan {
         match self.need {
             Need::Aggregates => s.aggs[cell as usize].merge(&summary.agg()),
             Need::Summaries => s.summaries[cell as usize].push(*summary),
+            // Never asked of rollups (see `Plan::new`).
+            Need::Values => {}
         }
     }
 
@@ -481,7 +489,10 @@ impl Plan {
             Need::Aggregates => s
                 .aggs
                 .into_iter()
-                .map(|agg| Cell { agg, summary: None })
+                .map(|agg| Cell {
+                    agg,
+                    ..Cell::default()
+                })
                 .collect(),
             Need::Summaries => s
                 .summaries
@@ -492,6 +503,20 @@ impl Plan {
                     Cell {
                         agg: summary.as_ref().map(Summary::agg).unwrap_or_default(),
                         summary,
+                        samples: Vec::new(),
+                    }
+                })
+                .collect(),
+            Need::Values => s
+                .samples
+                .into_iter()
+                .map(|mut samples| {
+                    samples.sort_by_key(|x| x.t);
+                    let summary = Summary::of(&samples);
+                    Cell {
+                        agg: summary.as_ref().map(Summary::agg).unwrap_or_default(),
+                        summary,
+                        samples,
                     }
                 })
                 .collect(),
@@ -704,6 +729,7 @@ mod tests {
                 Cell {
                     agg: summary.as_ref().map(Summary::agg).unwrap_or_default(),
                     summary,
+                    samples: xs,
                 }
             })
             .collect()
@@ -713,7 +739,10 @@ mod tests {
         prop_assert_eq!(got.len(), want.len());
         for (g, w) in got.iter().zip(want) {
             prop_assert_eq!(g.agg, w.agg);
-            if need == Need::Summaries {
+            if need == Need::Values {
+                prop_assert_eq!(&g.samples, &w.samples);
+            }
+            if need != Need::Aggregates {
                 let key = |c: &Cell| {
                     c.summary
                         .map(|s| (s.first, s.last, s.penult, s.inc, s.resets, s.changes))
@@ -729,7 +758,11 @@ mod tests {
     }
 
     fn need() -> impl Strategy<Value = Need> {
-        prop_oneof![Just(Need::Aggregates), Just(Need::Summaries)]
+        prop_oneof![
+            Just(Need::Aggregates),
+            Just(Need::Summaries),
+            Just(Need::Values)
+        ]
     }
 
     const DAY: i64 = 86_400;

@@ -126,6 +126,8 @@ pub fn query_data<'a>(
         (Value::Vector(series), false) => {
             QueryData::Matrix(series.iter().map(|s| matrix(s, steps)).collect())
         }
+        // `promql::evaluate` answers no strings.
+        (Value::String(_), _) => QueryData::Vector(Vec::new()),
         (Value::Scalar(v), false) => QueryData::Matrix(vec![Range {
             metric: empty,
             values: v

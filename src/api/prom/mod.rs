@@ -31,7 +31,7 @@ pub use self::params::{parse_duration, parse_time};
 use super::AppState;
 use super::query::{Admitted, admit};
 use crate::auth::Principal;
-use crate::query::promql::{self, Context, LabelSet, PromError, Steps, Value};
+use crate::query::promql::{self, Context, LabelSet, Outcome, PromError, Steps, Value};
 use crate::store::{BucketStore, SensorQuery, StoreError};
 
 /// The routes, relative to the data source URL `…/prometheus`.
@@ -164,7 +164,7 @@ async fn evaluate<S: BucketStore>(
     form: &Form,
     steps: Steps,
     endpoint: &str,
-) -> Result<Value, Failure> {
+) -> Result<Outcome, Failure> {
     let query = form.required("query")?;
     let admitted = admitted(state, form).await?;
     let may_access = |s: &str| principal.may_access(s);
@@ -181,7 +181,22 @@ async fn evaluate<S: BucketStore>(
         .await
         .map_err(|_| Failure::timeout())??;
     admitted.done(state, endpoint, outcome.cost);
-    Ok(outcome.value)
+    Ok(outcome)
+}
+
+/// `sort`/`sort_desc` of an instant answer: by the value, NaN last.
+fn sort_by_value(series: &mut [promql::Series], ascending: bool) {
+    let key = |s: &promql::Series| s.values.first().copied().flatten().unwrap_or(f64::NAN);
+    series.sort_by(|a, b| {
+        let (x, y) = (key(a), key(b));
+        match (x.is_nan(), y.is_nan()) {
+            (true, true) => std::cmp::Ordering::Equal,
+            (true, false) => std::cmp::Ordering::Greater,
+            (false, true) => std::cmp::Ordering::Less,
+            _ if ascending => x.partial_cmp(&y).unwrap_or(std::cmp::Ordering::Equal),
+            _ => y.partial_cmp(&x).unwrap_or(std::cmp::Ordering::Equal),
+        }
+    });
 }
 
 fn now_ms() -> i64 {
@@ -200,7 +215,11 @@ pub async fn instant<S: BucketStore>(
         None => now_ms(),
     };
     let steps = Steps::new(t, t, 1);
-    let value = evaluate(&state, &principal, &form, steps, "promql_instant").await?;
+    let outcome = evaluate(&state, &principal, &form, steps, "promql_instant").await?;
+    let mut value = outcome.value;
+    if let (Some(ascending), Value::Vector(series)) = (outcome.sorted, &mut value) {
+        sort_by_value(series, ascending);
+    }
     let empty = LabelSet::new();
     Ok(success(query_data(&value, &steps, true, &empty)))
 }
@@ -240,7 +259,9 @@ pub async fn range<S: BucketStore>(
         )));
     }
     let steps = Steps::new(start, end, step);
-    let value = evaluate(&state, &principal, &form, steps, "promql_range").await?;
+    let value = evaluate(&state, &principal, &form, steps, "promql_range")
+        .await?
+        .value;
     let empty = LabelSet::new();
     Ok(success(query_data(&value, &steps, false, &empty)))
 }

@@ -1,14 +1,21 @@
-//! PromQL, the subset dashboards use, answered from the buckets with
-//! Prometheus' semantics, so Grafana's Prometheus data source works unchanged.
+//! PromQL, what dashboards and alert rules use, answered from rollups and
+//! buckets with Prometheus 3's semantics, so Grafana's Prometheus data
+//! source and rule evaluators work unchanged.
 //!
-//! - [`compile`]: the parsed expression checked and turned into a tree over
-//!   data leaves (pure).
+//! - [`compile`]: the parsed expression checked and turned into a tree (pure).
+//! - [`eval`]: the selector reads a tree needs, and its evaluation over what
+//!   was read (pure), with [`binary`] (vector matching), [`aggregate`] and
+//!   [`functions`] (range functions from window summaries, counters too).
 //! - [`window`]: each step's window `(t − range, t]` as cells of stored
 //!   seconds; the planner answers cells from levels, windows merge cells (pure).
-//! - [`value`]: aggregations and arithmetic over all steps at once (pure).
-//! - this module: finds each leaf's series in the registry and reads its cells.
+//! - [`value`]: values over all steps at once (pure).
+//! - this module: finds each read's series in the registry and reads its cells.
 
+pub mod aggregate;
+pub mod binary;
 pub mod compile;
+pub mod eval;
+pub mod functions;
 pub mod value;
 pub mod window;
 
@@ -16,16 +23,18 @@ use std::time::Duration;
 
 use promql_parser::label::Matcher;
 
-pub use compile::{Func, Leaf, compile};
+pub use compile::{Func, Node, RangeFunc, compile};
+pub use eval::{Leaf, LeafFunc};
 pub use value::{LabelSet, NAME, Series, Value, format_value};
 pub use window::{Steps, Windows};
 
 use super::engine::{self, Cost, Question};
-use super::plan::Need;
+use super::plan::{Cell, Need};
 use super::{Grid, Series as Member};
 use crate::batcher::driver::BatcherHandle;
-use crate::domain::{Agg, Granularity, Summary};
+use crate::domain::{Agg, Granularity, Sample, Summary};
 use crate::store::{BucketStore, SensorInfo, SensorQuery, StoreError};
+use functions::{Window, range_value};
 
 /// Prometheus' error classes.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -55,6 +64,9 @@ pub struct Context<'a, S> {
 pub struct Outcome {
     pub value: Value,
     pub cost: Cost,
+    /// `sort`/`sort_desc` at the top: an instant answer in value order
+    /// (ascending or not).
+    pub sorted: Option<bool>,
 }
 
 /// One series a selector found.
@@ -140,33 +152,44 @@ pub async fn select<S: BucketStore>(
     Ok(found)
 }
 
+/// How far a quantile's windows may reach: it holds every reading of them.
+const MAX_VALUES_RANGE_MS: i64 = 31 * 86_400_000;
+
 /// Evaluates `query` at every step.
 pub async fn evaluate<S: BucketStore>(
     ctx: &Context<'_, S>,
     query: &str,
     steps: Steps,
 ) -> Result<Outcome, PromError> {
-    let (node, leaves) = compile(query)?;
-    let span = steps
-        .at(steps.n.saturating_sub(1))
-        .saturating_sub(steps.start_ms);
+    let node = compile(query)?;
+    let q = eval::Query { steps };
+    let leaves = eval::leaves(&node, &q, &steps)?;
+    let mut cost = Cost::default();
+    let mut selected = 0;
+    let mut reads = Vec::with_capacity(leaves.len());
     for leaf in &leaves {
+        let span = leaf
+            .steps
+            .at(leaf.steps.n.saturating_sub(1))
+            .saturating_sub(leaf.steps.start_ms);
         let reach = span
             .saturating_add(leaf.range_ms)
-            .saturating_add(leaf.offset_ms.saturating_abs());
+            .saturating_add(leaf.selector.offset_ms.saturating_abs());
         if reach > ctx.max_range_ms {
             return Err(PromError::BadData(format!(
                 "the query reaches further than query.max_range ({} s) with its range and offset",
                 ctx.max_range_ms / 1000
             )));
         }
-    }
-    let mut cost = Cost::default();
-    let mut selected = 0;
-    let mut data = Vec::with_capacity(leaves.len());
-    for leaf in &leaves {
+        if leaf.func == LeafFunc::Range(RangeFunc::Quantile)
+            && span.saturating_add(leaf.range_ms) > MAX_VALUES_RANGE_MS
+        {
+            return Err(PromError::BadData(
+                "quantile_over_time reads every reading of its windows: in Hourglass they may span at most 31 days".into(),
+            ));
+        }
         let left = ctx.max_series.saturating_sub(selected);
-        let found = select(ctx.store, &leaf.matchers, left, ctx.may_access).await?;
+        let found = select(ctx.store, &leaf.selector.matchers, left, ctx.may_access).await?;
         // The registry's find (its documents are not the data's).
         cost.round_trips += 1;
         selected += found.len();
@@ -176,28 +199,48 @@ pub async fn evaluate<S: BucketStore>(
                 ctx.max_series
             )));
         }
-        let (series, c) = read_leaf(ctx, leaf, &found, &steps).await?;
+        let (series, c) = read_leaf(ctx, leaf, &found).await?;
         cost.documents += c.documents;
         cost.round_trips += c.round_trips;
-        data.push(series);
+        reads.push(series);
     }
-    let value = value::run(&node, &mut data, steps.n)?;
-    Ok(Outcome { value, cost })
+    let value = eval::run(&node, &q, &steps, &mut reads.into_iter())?;
+    let sorted = match &node {
+        Node::Call {
+            func: Func::Sort, ..
+        } => Some(true),
+        Node::Call {
+            func: Func::SortDesc,
+            ..
+        } => Some(false),
+        _ => None,
+    };
+    if let Value::String(_) = value {
+        return Err(PromError::BadData(
+            "a string is an argument (of label_replace, label_join, count_values), not an answer, in Hourglass".into(),
+        ));
+    }
+    Ok(Outcome {
+        value,
+        cost,
+        sorted,
+    })
 }
 
-/// Every found series' value at every step: each metric's series read
-/// through the one engine, a level per round trip, each window the merge of
-/// its cells' summaries.
+/// Every found series' value at every evaluation time of the read: each
+/// metric's series read through the one engine, a level per round trip,
+/// each window the merge of its cells.
 async fn read_leaf<S: BucketStore>(
     ctx: &Context<'_, S>,
     leaf: &Leaf,
     found: &[Found],
-    steps: &Steps,
 ) -> Result<(Vec<Series>, Cost), PromError> {
-    let windows = Windows::new(steps, leaf.range_ms, leaf.offset_ms);
+    let steps = &leaf.steps;
+    let offset = leaf.selector.offset_ms;
+    let windows = Windows::new(steps, leaf.range_ms, offset);
     let labels = |f: &Found| {
         let mut l = f.labels.clone();
-        if !leaf.keep_name {
+        if !leaf.keeps_name() {
             l.remove(NAME);
         }
         l
@@ -212,6 +255,10 @@ async fn read_leaf<S: BucketStore>(
     let mut cost = Cost::default();
     let Some((from, to)) = windows.range() else {
         return Ok((out, cost));
+    };
+    let need = match leaf.func {
+        LeafFunc::Instant | LeafFunc::Timestamp => Need::Summaries,
+        LeafFunc::Range(f) => f.need(),
     };
     let grid = Grid::Bounds(windows.bounds.clone());
     let mut metrics: Vec<&str> = found.iter().map(|f| f.metric.as_str()).collect();
@@ -232,10 +279,7 @@ async fn read_leaf<S: BucketStore>(
             from,
             to,
             granularity: ctx.granularity,
-            need: match leaf.func {
-                Func::Last => Need::Summaries,
-                _ => Need::Aggregates,
-            },
+            need,
             max_time: ctx.max_time,
         };
         let c = engine::evaluate(
@@ -245,25 +289,7 @@ async fn read_leaf<S: BucketStore>(
             grid.clone(),
             &members,
             |k, cells| {
-                out[of[k]].values = match q.need {
-                    Need::Summaries => {
-                        let summaries: Vec<Option<Summary>> =
-                            cells.iter().map(|c| c.summary).collect();
-                        windows
-                            .fold(&summaries)
-                            .iter()
-                            .map(|w| w.as_ref().map(|s| s.last.v))
-                            .collect()
-                    }
-                    Need::Aggregates => {
-                        let aggs: Vec<Agg> = cells.iter().map(|c| c.agg).collect();
-                        windows
-                            .fold_aggs(&aggs)
-                            .iter()
-                            .map(|a| window_value(leaf.func, a))
-                            .collect()
-                    }
-                };
+                out[of[k]].values = window_values(leaf, &windows, need, &cells);
             },
         )
         .await?;
@@ -273,17 +299,65 @@ async fn read_leaf<S: BucketStore>(
     Ok((out, cost))
 }
 
-fn window_value(func: Func, a: &Agg) -> Option<f64> {
-    if a.count == 0 {
-        return None;
+/// A series' value at each evaluation time, from its cells.
+fn window_values(leaf: &Leaf, windows: &Windows, need: Need, cells: &[Cell]) -> Vec<Option<f64>> {
+    let steps = &leaf.steps;
+    let window = |k: usize, agg: &Agg, summary: Option<&Summary>, samples: &[Sample]| {
+        let end = steps.at(k).saturating_sub(leaf.selector.offset_ms);
+        let w = Window {
+            start_ms: end.saturating_sub(leaf.range_ms),
+            end_ms: end,
+            range_ms: leaf.range_ms,
+            agg,
+            summary,
+            samples,
+        };
+        match leaf.func {
+            LeafFunc::Instant => summary.map(|s| s.last.v),
+            LeafFunc::Timestamp => summary.map(|s| s.last.t as f64),
+            LeafFunc::Range(f) => {
+                range_value(f, &w, leaf.param.get(k).copied().unwrap_or(f64::NAN))
+            }
+        }
+    };
+    match need {
+        Need::Aggregates => {
+            let aggs: Vec<Agg> = cells.iter().map(|c| c.agg).collect();
+            windows
+                .fold_aggs(&aggs)
+                .iter()
+                .enumerate()
+                .map(|(k, a)| window(k, a, None, &[]))
+                .collect()
+        }
+        Need::Summaries => {
+            let summaries: Vec<Option<Summary>> = cells.iter().map(|c| c.summary).collect();
+            windows
+                .fold(&summaries)
+                .iter()
+                .enumerate()
+                .map(|(k, s)| {
+                    let agg = s.as_ref().map(Summary::agg).unwrap_or_default();
+                    window(k, &agg, s.as_ref(), &[])
+                })
+                .collect()
+        }
+        Need::Values => {
+            let mut samples: Vec<Sample> = Vec::new();
+            windows
+                .spans
+                .iter()
+                .enumerate()
+                .map(|(k, &(a, b))| {
+                    samples.clear();
+                    for c in &cells[a..b.min(cells.len())] {
+                        samples.extend_from_slice(&c.samples);
+                    }
+                    let summary = Summary::of(&samples);
+                    let agg = summary.as_ref().map(Summary::agg).unwrap_or_default();
+                    window(k, &agg, summary.as_ref(), &samples)
+                })
+                .collect()
+        }
     }
-    Some(match func {
-        Func::Avg => a.sum / a.count as f64,
-        Func::Sum => a.sum,
-        Func::Min => a.min,
-        Func::Max => a.max,
-        Func::Count => a.count as f64,
-        // Read with summaries, above.
-        Func::Last => return None,
-    })
 }
