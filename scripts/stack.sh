@@ -108,9 +108,10 @@ start_mosquitto() {
   log "Mosquitto listens on 127.0.0.1:$port (config: .stack/mosquitto-$port/mosquitto.conf)."
 }
 
-# The benchmark peers (loadtest `peers`): VictoriaMetrics and InfluxDB 1.x from apt.
+# The benchmark peers (loadtest `peers`) and the tests' oracles from apt:
+# VictoriaMetrics (with vmalert), InfluxDB 1.x, Prometheus and promtool.
 ensure_peers() {
-  if [[ -x /usr/bin/victoria-metrics && -x /usr/bin/influxd && -x /usr/bin/prometheus && -x /usr/bin/promtool ]]; then return 0; fi
+  if [[ -x /usr/bin/victoria-metrics && -x /usr/bin/vmalert && -x /usr/bin/influxd && -x /usr/bin/prometheus && -x /usr/bin/promtool ]]; then return 0; fi
   log "Installing VictoriaMetrics, InfluxDB and Prometheus from apt (first run only)."
   local sudo=""
   [[ $(id -u) -ne 0 ]] && sudo="sudo"

@@ -1,6 +1,7 @@
 //! Integration tests: the real service on port 0 against the MongoDB-compatible
 //! server at `MONGODB_URI` (started by `make test`), over real sockets.
 
+mod alerts;
 mod auth;
 mod broker;
 mod buckets;
