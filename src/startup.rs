@@ -78,6 +78,10 @@ impl Application {
         .context("connecting to MongoDB")?
         .with_metrics(metrics.clone());
         store
+            .check_format()
+            .await
+            .context("checking the database's format")?;
+        store
             .ensure_indexes(settings.buckets.retention)
             .await
             .context("creating the indexes (is MongoDB reachable at mongodb.uri?)")?;
@@ -111,8 +115,15 @@ impl Application {
         // The driver runs from here on: a replay writes through it.
         let driver = tokio::spawn(driver.run());
         let journal = if settings.journal.enabled {
+            let target = format!(
+                "{}/{} ({})",
+                settings.mongodb.database,
+                settings.mongodb.collection,
+                settings.buckets.granularity.name()
+            );
             let (journal, task) = Journal::open(
                 &settings.journal,
+                &target,
                 batcher.clone(),
                 metrics.clone(),
                 shutdown.clone(),
@@ -324,6 +335,10 @@ pub async fn redrive(
     .await
     .context("connecting to MongoDB")?;
     store
+        .check_format()
+        .await
+        .context("checking the database's format")?;
+    store
         .read_limits()
         .await
         .context("reading the storage server's limits")?;
@@ -351,6 +366,10 @@ pub async fn rebuild_rollups(
     )
     .await
     .context("connecting to MongoDB")?;
+    store
+        .check_format()
+        .await
+        .context("checking the database's format")?;
     store
         .read_limits()
         .await

@@ -15,6 +15,14 @@ pub enum Granularity {
 }
 
 impl Granularity {
+    /// As written in settings and the metadata document.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Minute => "minute",
+            Self::Hour => "hour",
+        }
+    }
+
     /// The bucket's length in seconds.
     pub const fn seconds(self) -> i64 {
         match self {

@@ -431,3 +431,63 @@ async fn a_flipped_byte_loses_that_record_only_and_says_so() {
     assert!(log.contains("failed their checksum"), "{log}");
     assert!(log.contains("\"corrupt_records\":1"), "{log}");
 }
+
+/// A journal holding readings acknowledged for one database is not replayed
+/// into another: a start with another `mongodb.database` over the same
+/// journal directory refuses, naming both, and writes nothing; a start with
+/// the old setting stores them where they were acknowledged for.
+#[tokio::test]
+async fn a_journal_is_never_replayed_into_another_database() {
+    let settings = journal_settings();
+    let reader = spawn_app_with(test_settings_on(&settings)).await;
+    let logs = tempfile::tempdir().expect("temp dir");
+    let log = logs.path().join("first.log");
+    let mut first = spawn_binary(&settings, &[], &log);
+    let address = binary_address(&log).await;
+    let t = now() - 5;
+    let r = reqwest::Client::new()
+        .post(format!("{address}/api/v1/readings"))
+        .json(&json!([
+            reading("a", "m", t, 1.0),
+            reading("b", "m", t, 2.0)
+        ]))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(r.status(), 200);
+    first.kill().expect("SIGKILL");
+    first.wait().expect("reaped");
+
+    let mut other = settings.clone();
+    other.mongodb.database = format!("{}_other", settings.mongodb.database);
+    let other_reader = spawn_app_with(test_settings_on(&other)).await;
+    let log = logs.path().join("other.log");
+    let mut refused = spawn_binary(&other, &[("HOURGLASS__BATCHER__MAX_HOLD", "1s")], &log);
+    let status = refused.wait().expect("exits");
+    let text = std::fs::read_to_string(&log).expect("log");
+    assert!(!status.success(), "{text}");
+    let found = format!("{}/buckets (minute)", settings.mongodb.database);
+    let configured = format!("{}/buckets (minute)", other.mongodb.database);
+    assert!(
+        text.contains(&found) && text.contains(&configured) && text.contains("journal.dir"),
+        "{text}"
+    );
+    assert!(other_reader.buckets().await.is_empty(), "nothing replayed");
+
+    let log = logs.path().join("again.log");
+    let mut again = spawn_binary(&settings, &[("HOURGLASS__BATCHER__MAX_HOLD", "1s")], &log);
+    binary_address(&log).await;
+    let want: Model = [
+        (("a".to_owned(), "m".to_owned(), t), 1.0),
+        (("b".to_owned(), "m".to_owned(), t), 2.0),
+    ]
+    .into();
+    eventually(WAIT, "the replay is stored where it belongs", || async {
+        all_values(&reader.buckets().await, Granularity::Minute) == want
+    })
+    .await;
+    assert!(terminate(&mut again).success());
+    assert!(other_reader.buckets().await.is_empty(), "nothing replayed");
+    other_reader.stop().await.expect("clean stop");
+    reader.stop().await.expect("clean stop");
+}

@@ -3,6 +3,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures_util::TryStreamExt;
+use hourglass::Granularity;
 use mongodb::bson::{Document, doc};
 use serde_json::{Value, json};
 
@@ -374,4 +375,62 @@ async fn retention_is_applied_to_the_ttl_index_at_each_start() {
     let app = spawn_app_with(settings).await;
     assert_eq!(ttl(&app).await, None, "off drops it");
     app.stop().await.expect("clean stop");
+}
+
+/// The error of a start with `settings`, which must fail.
+async fn refused(settings: hourglass::Settings) -> String {
+    match hourglass::Application::build(settings).await {
+        Ok(_) => panic!("the start should have been refused"),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+#[tokio::test]
+async fn an_instance_of_another_granularity_or_an_older_format_refuses_to_start() {
+    let app = spawn_app().await;
+    let t = base_time() + 7;
+    let r = app.post_readings(&json!([reading("g", "m", t, 1.5)])).await;
+    assert_eq!(r.status(), 200);
+    let database = app.settings.mongodb.database.clone();
+    let mut hour = app.settings.clone();
+    hour.buckets.granularity = Granularity::Hour;
+    let before = app.buckets().await;
+
+    let message = refused(hour.clone()).await;
+    assert!(
+        message.contains(r#"buckets.granularity is "hour""#)
+            && message.contains(&format!(r#"database {database} holds "minute" buckets"#))
+            && message.contains("recorded in its metadata document"),
+        "{message}"
+    );
+    // A database from before the metadata document: judged by its buckets.
+    let metadata = app.db.collection::<Document>("metadata");
+    metadata
+        .delete_many(doc! {})
+        .await
+        .expect("metadata deleted");
+    let message = refused(hour).await;
+    assert!(message.contains("judged by a stored bucket"), "{message}");
+    assert_eq!(
+        metadata.count_documents(doc! {}).await.expect("counted"),
+        0,
+        "nothing recorded for a refused start"
+    );
+    // A database a newer Hourglass wrote.
+    let again = spawn_app_with(app.settings.clone()).await;
+    again.stop().await.expect("stops");
+    metadata
+        .update_one(
+            doc! { "_id": "format" },
+            doc! { "$set": { "bucket_schema_version": 99 } },
+        )
+        .await
+        .expect("updated");
+    let message = refused(app.settings.clone()).await;
+    assert!(
+        message.contains("bucket schema_version 99") && message.contains("upgrade"),
+        "{message}"
+    );
+    assert_eq!(app.buckets().await, before, "nothing written");
+    app.stop().await.expect("stops");
 }

@@ -24,6 +24,7 @@ use crate::telemetry::metrics::Metrics;
 /// the range on `start` also serves every query, so it is the only index.
 mod dead_letters;
 mod indexes;
+mod metadata;
 mod registry;
 mod rollups;
 mod settings;
@@ -54,6 +55,8 @@ pub struct MongoStore {
     dead_letters: Collection<Document>,
     rollups: Collection<Document>,
     sensors: Collection<Document>,
+    /// The metadata document (see `metadata`).
+    metadata: Collection<Document>,
     /// Series the registry knows, and the newest hour it was told of.
     known: Arc<Mutex<hashbrown::HashMap<(String, String), i64>>>,
     granularity: Granularity,
@@ -168,12 +171,14 @@ impl MongoStore {
         let dead_letters = db.collection::<Document>(&settings.dead_letter_collection);
         let rollups = db.collection::<Document>(&settings.rollup_collection);
         let sensors = db.collection::<Document>(&settings.sensor_collection);
+        let metadata = db.collection::<Document>(&settings.metadata_collection);
         Ok(Self {
             db,
             buckets,
             dead_letters,
             rollups,
             sensors,
+            metadata,
             known: Arc::default(),
             granularity,
             limits: Limits::default(),

@@ -14,6 +14,7 @@ pub const DEFAULT_COLLECTION: &str = "buckets";
 pub const DEFAULT_DEAD_LETTER_COLLECTION: &str = "rejected";
 pub const DEFAULT_ROLLUP_COLLECTION: &str = "rollups";
 pub const DEFAULT_SENSOR_COLLECTION: &str = "sensors";
+pub const DEFAULT_METADATA_COLLECTION: &str = "metadata";
 pub const DEFAULT_SERVER_SELECTION_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -34,6 +35,9 @@ pub struct Settings {
     pub rollup_collection: String,
     /// The sensor registry: metrics, labels, last seen.
     pub sensor_collection: String,
+    /// The metadata document: granularity and schema versions (see
+    /// `store::mongo::metadata`).
+    pub metadata_collection: String,
     #[serde(with = "humantime_serde")]
     pub server_selection_timeout: Duration,
     pub tls: TlsSettings,
@@ -62,6 +66,7 @@ impl Default for Settings {
             dead_letter_retention: None,
             rollup_collection: DEFAULT_ROLLUP_COLLECTION.to_owned(),
             sensor_collection: DEFAULT_SENSOR_COLLECTION.to_owned(),
+            metadata_collection: DEFAULT_METADATA_COLLECTION.to_owned(),
             server_selection_timeout: DEFAULT_SERVER_SELECTION_TIMEOUT,
             tls: TlsSettings::default(),
         }
@@ -92,6 +97,7 @@ impl Settings {
             ),
             ("mongodb.rollup_collection", &self.rollup_collection),
             ("mongodb.sensor_collection", &self.sensor_collection),
+            ("mongodb.metadata_collection", &self.metadata_collection),
         ] {
             if name.is_empty() || name.contains(['$', '.', '\0', '/', ' ']) {
                 return Err(invalid(key, "must be non-empty without $ . / space or NUL"));
@@ -105,6 +111,7 @@ impl Settings {
             ),
             ("mongodb.rollup_collection", &self.rollup_collection),
             ("mongodb.sensor_collection", &self.sensor_collection),
+            ("mongodb.metadata_collection", &self.metadata_collection),
         ] {
             if seen.contains(&name.as_str()) {
                 return Err(invalid(key, "must differ from the other collections"));

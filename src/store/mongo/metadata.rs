@@ -1,0 +1,179 @@
+//! The metadata document: what the database's documents are (bucket
+//! granularity, bucket and rollup schema versions), recorded by the first
+//! start on a database and checked by every start after. An instance
+//! configured for another granularity, or older than the documents, refuses
+//! to start instead of writing documents the others misread (hour → minute
+//! turned `max` into a sub-document; minute → hour dead-lettered everything).
+
+use mongodb::bson::{Bson, Document, doc};
+use mongodb::error::{ErrorKind, WriteFailure};
+
+use super::{MongoStore, classify};
+use crate::domain::Granularity;
+use crate::store::errors::DUPLICATE_KEY;
+use crate::store::rollup::ROLLUP_SCHEMA_VERSION;
+use crate::store::{SCHEMA_VERSION, StoreError};
+
+const FORMAT_ID: &str = "format";
+
+/// Why this instance must not write to this database.
+#[derive(Debug, thiserror::Error)]
+pub enum FormatError {
+    #[error(
+        "buckets.granularity is \"{configured}\", but database {database} holds \"{found}\" \
+         buckets ({how}); start with buckets.granularity = \"{found}\", or point \
+         mongodb.database at another database"
+    )]
+    Granularity {
+        configured: &'static str,
+        found: String,
+        database: String,
+        how: &'static str,
+    },
+    #[error(
+        "database {database} holds {what} schema_version {found}, newer than this version of \
+         Hourglass writes ({ours}); upgrade this instance"
+    )]
+    Newer {
+        what: &'static str,
+        found: i64,
+        ours: i32,
+        database: String,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The granularity a stored bucket was written with: hour buckets keep
+/// minute aggregates in `m` and values under `v.<min>.<sec>`.
+fn granularity_of(bucket: &Document) -> Option<Granularity> {
+    if bucket.contains_key("m") {
+        return Some(Granularity::Hour);
+    }
+    let (_, first) = bucket.get_document("v").ok()?.iter().next()?;
+    Some(match first {
+        Bson::Document(_) => Granularity::Hour,
+        _ => Granularity::Minute,
+    })
+}
+
+fn number(d: &Document, key: &str) -> Option<i64> {
+    match d.get(key)? {
+        Bson::Int32(x) => Some(i64::from(*x)),
+        Bson::Int64(x) => Some(*x),
+        Bson::Double(x) => Some(*x as i64),
+        _ => None,
+    }
+}
+
+fn duplicate_key(e: &mongodb::error::Error) -> bool {
+    matches!(&*e.kind, ErrorKind::Write(WriteFailure::WriteError(w)) if w.code == DUPLICATE_KEY)
+}
+
+impl MongoStore {
+    /// Records the format on a new database, or checks it against this
+    /// instance's. A database from before the document was recorded is
+    /// judged by one of its buckets.
+    pub async fn check_format(&self) -> Result<(), FormatError> {
+        let database = self.db.name().to_owned();
+        let filter = doc! { "_id": FORMAT_ID };
+        let recorded = match self
+            .metadata
+            .find_one(filter.clone())
+            .await
+            .map_err(classify)?
+        {
+            Some(d) => d,
+            None => {
+                let stored = self
+                    .buckets
+                    .find_one(doc! {})
+                    .projection(doc! { "v": 1, "m": 1 })
+                    .await
+                    .map_err(classify)?;
+                if let Some(found) = stored.as_ref().and_then(granularity_of)
+                    && found != self.granularity
+                {
+                    return Err(FormatError::Granularity {
+                        configured: self.granularity.name(),
+                        found: found.name().to_owned(),
+                        database,
+                        how: "judged by a stored bucket",
+                    });
+                }
+                let fresh = doc! {
+                    "_id": FORMAT_ID,
+                    "granularity": self.granularity.name(),
+                    "bucket_schema_version": SCHEMA_VERSION,
+                    "rollup_schema_version": ROLLUP_SCHEMA_VERSION,
+                };
+                match self.metadata.insert_one(fresh.clone()).await {
+                    Ok(_) => fresh,
+                    // Another instance recorded it first: check against that.
+                    Err(e) if duplicate_key(&e) => self
+                        .metadata
+                        .find_one(filter)
+                        .await
+                        .map_err(classify)?
+                        .ok_or_else(|| {
+                            StoreError::Outage("the metadata document went away".into())
+                        })?,
+                    Err(e) => return Err(classify(e).into()),
+                }
+            }
+        };
+        let found = recorded.get_str("granularity").unwrap_or("unknown");
+        if found != self.granularity.name() {
+            return Err(FormatError::Granularity {
+                configured: self.granularity.name(),
+                found: found.to_owned(),
+                database,
+                how: "recorded in its metadata document",
+            });
+        }
+        for (what, key, ours) in [
+            ("bucket", "bucket_schema_version", SCHEMA_VERSION),
+            ("rollup", "rollup_schema_version", ROLLUP_SCHEMA_VERSION),
+        ] {
+            let found = number(&recorded, key).unwrap_or(0);
+            if found > i64::from(ours) {
+                return Err(FormatError::Newer {
+                    what,
+                    found,
+                    ours,
+                    database,
+                });
+            }
+        }
+        // Never lowered: an older instance refuses above, a newer one raises
+        // the versions once its migration (none so far) has run.
+        self.metadata
+            .update_one(
+                doc! { "_id": FORMAT_ID },
+                doc! { "$max": {
+                    "bucket_schema_version": SCHEMA_VERSION,
+                    "rollup_schema_version": ROLLUP_SCHEMA_VERSION,
+                } },
+            )
+            .await
+            .map_err(classify)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stored_bucket_tells_its_granularity() {
+        let minute = doc! { "v": { "7": 1.5, "9": 2.0 }, "count": 2 };
+        let hour = doc! { "v": { "3": { "7": 1.5 } }, "m": { "3": { "c": 1 } } };
+        let hour_without_m = doc! { "v": { "3": { "7": 1.5 } } };
+        assert_eq!(granularity_of(&minute), Some(Granularity::Minute));
+        assert_eq!(granularity_of(&hour), Some(Granularity::Hour));
+        assert_eq!(granularity_of(&hour_without_m), Some(Granularity::Hour));
+        assert_eq!(granularity_of(&doc! { "v": {} }), None);
+        assert_eq!(granularity_of(&doc! {}), None);
+    }
+}
