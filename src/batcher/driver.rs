@@ -21,6 +21,9 @@ use crate::telemetry::metrics::Metrics;
 
 const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(5);
+/// Attempts a bucket update refused with an unclassed error gets before its
+/// readings are dead-lettered (about 3 s of backoff).
+pub const UNKNOWN_ERROR_ATTEMPTS: u32 = 5;
 
 /// Capped exponential backoff with jitter, for as long as an outage lasts.
 pub fn retry_policy(min: Duration, max: Duration) -> ExponentialBuilder {
@@ -335,7 +338,7 @@ impl<S: Sink> Driver<S> {
                 .write_round_trips
                 .inc_by(written.round_trips as u64);
             let (mut stored, mut retry, mut poison) = (Vec::new(), Vec::new(), Vec::new());
-            let mut outage = None;
+            let (mut outage, mut unknown) = (None, false);
             for (i, outcome) in todo.iter().copied().zip(written.outcomes) {
                 match outcome {
                     Outcome::Stored => stored.push(i),
@@ -344,6 +347,17 @@ impl<S: Sink> Driver<S> {
                         outage = Some(reason);
                     }
                     Outcome::Poison(reason) => poison.push((i, reason)),
+                    Outcome::Unknown(reason) if attempts >= UNKNOWN_ERROR_ATTEMPTS => {
+                        poison.push((
+                            i,
+                            format!("still refused after {attempts} attempts: {reason}"),
+                        ));
+                    }
+                    Outcome::Unknown(reason) => {
+                        retry.push(i);
+                        unknown = true;
+                        outage = Some(reason);
+                    }
                 }
             }
             self.metrics.bucket_updates.inc_by(stored.len() as u64);
@@ -356,7 +370,8 @@ impl<S: Sink> Driver<S> {
                 break;
             };
             self.shared.outage.store(true, Ordering::Release);
-            self.metrics.storage_error("outage");
+            self.metrics
+                .storage_error(if unknown { "unknown" } else { "outage" });
             self.metrics.storage_retries.inc();
             let delay = backoff.next().unwrap_or(RETRY_MAX);
             warn!(error = %reason, buckets = retry.len(), attempt = attempts, retry_in_ms = delay.as_millis() as u64,
@@ -421,7 +436,9 @@ impl<S: Sink> Driver<S> {
                     self.settle(batch, &indexes, Settled::DeadLettered);
                     return 0;
                 }
-                Outcome::Outage(e) => {
+                // Dead letters are the last place readings can go: retried
+                // until the shutdown deadline, whatever the error.
+                Outcome::Outage(e) | Outcome::Unknown(e) => {
                     let delay = backoff.next().unwrap_or(RETRY_MAX);
                     warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "Writing dead letters failed; retrying.");
                     tokio::select! {

@@ -14,6 +14,9 @@ pub enum Outcome {
     Outage(String),
     /// Can never be applied: its readings belong in the dead-letter collection.
     Poison(String),
+    /// Refused as a whole with an error no list classes: sent again like an
+    /// outage a bounded number of times, then dead-lettered.
+    Unknown(String),
 }
 
 /// The result of a write: one outcome per update, in order, and its cost.

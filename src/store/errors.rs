@@ -12,7 +12,9 @@
 //!
 //! A code in neither list is classed by where it arrives: a per-statement
 //! write error is about that statement's document (poison), a whole-command
-//! error is about the server (outage). A whole-command poison error is never
+//! error is taken for an outage, but [`is_unclassed`]: a bucket update
+//! refused so is sent again only a few times, then dead-lettered (a
+//! deterministic refusal must not be retried for ever). A whole-command poison error is never
 //! pinned on every statement: the store splits the command until it finds the
 //! statement that causes it.
 
@@ -165,6 +167,15 @@ fn class_of(has_label: impl Fn(&str) -> bool, kind: &ErrorKind) -> Class {
         // the client shutting down, and anything the driver adds later.
         _ => Class::Outage,
     }
+}
+
+/// A whole command failed with an error no list names: no retry label, a
+/// server code in neither list. Retried like an outage, but only a bounded
+/// number of times (a deterministic refusal would otherwise be retried for
+/// ever while the journal fills); then its buckets are dead-lettered.
+pub fn is_unclassed(e: &MongoError) -> bool {
+    !OUTAGE_LABELS.iter().any(|l| e.contains_label(l))
+        && command_code(e).is_some_and(|c| !is_outage_code(c) && !is_poison_code(c))
 }
 
 /// A whole command failed with `code`: only known poison is poison.

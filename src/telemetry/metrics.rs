@@ -232,7 +232,7 @@ impl Metrics {
             storage_errors: counter_vec(
                 &r,
                 "hourglass_storage_errors_total",
-                "Failed storage operations, by kind (outage: retried; poison: dead-lettered; unreadable: a bucket read failed).",
+                "Failed storage operations, by kind (outage: retried; poison: dead-lettered; unknown: unclassed, retried a few times then dead-lettered; unreadable: a bucket read failed).",
                 &["kind"],
             ),
             storage_retries: counter(

@@ -379,6 +379,47 @@ async fn dead_letters_are_written_once_and_redriven_into_their_buckets_once_fixe
     app.stop().await.expect("clean stop");
 }
 
+/// An error code no list names: sent again a few times (a transient one
+/// ends stored), then dead-lettered rather than retried for ever while the
+/// journal fills and every retry costs a round trip.
+#[tokio::test]
+async fn an_unclassed_command_error_is_retried_a_bounded_number_of_times_then_dead_lettered() {
+    let db = Database::start().await;
+    let app = spawn_app_with(db.settings()).await;
+    let t = base_time();
+    let unknown = doc! { "failCommands": ["update"], "errorCode": 54321 };
+    fail_point(&app, doc! { "times": 2 }.into(), unknown.clone()).await;
+    let (body, model) = readings_for("flaky", t, 12);
+    assert_eq!(app.post_readings(&body).await.status(), 200);
+    assert_eq!(values_of(&app, "flaky").await, model, "stored once");
+    assert!(dead_letters(&app).await.is_empty());
+
+    fail_point(&app, "alwaysOn".into(), unknown).await;
+    let (body, model) = readings_for("refused", t + 600, 12);
+    let r = app.post_readings(&body).await;
+    assert_eq!(r.status(), 422, "{}", r.text().await.unwrap_or_default());
+    fail_point(&app, "off".into(), doc! {}).await;
+    assert!(values_of(&app, "refused").await.is_empty());
+    let letters = dead_letters(&app).await;
+    let dead: BTreeMap<(String, String, i64), f64> = dead_readings(&letters)
+        .into_iter()
+        .map(|((s, ts), v)| ((s, "m".to_owned(), ts), v))
+        .collect();
+    assert_eq!(dead, model, "each reading in the dead letters");
+    assert!(
+        letters.iter().all(|d| d
+            .get_str("reason")
+            .is_ok_and(|r| r.contains("after 5 attempts"))),
+        "{letters:?}"
+    );
+    let text = metrics_text(&app).await;
+    // The retries before giving up (the transient error's are a fail point
+    // the registry's update may have taken first).
+    let retried = metric(&text, "hourglass_storage_errors_total{kind=\"unknown\"}");
+    assert!((4.0..=6.0).contains(&retried), "{text}");
+    app.stop().await.expect("clean stop");
+}
+
 #[tokio::test]
 async fn a_command_refused_as_poison_is_split_until_the_statement_is_found() {
     let db = Database::start().await;

@@ -102,6 +102,7 @@ impl MongoStore {
                             }
                             Class::Outage => {
                                 // The server is in the way: nothing more goes out now.
+                                let unknown = errors::is_unclassed(&e);
                                 let rest = command
                                     .indexes
                                     .into_iter()
@@ -109,7 +110,11 @@ impl MongoStore {
                                     .chain(work.into_iter().flatten())
                                     .chain(races);
                                 for i in rest {
-                                    outcomes[i] = Some(Outcome::Outage(message.clone()));
+                                    outcomes[i] = Some(if unknown {
+                                        Outcome::Unknown(message.clone())
+                                    } else {
+                                        Outcome::Outage(message.clone())
+                                    });
                                 }
                                 return Vec::new();
                             }
