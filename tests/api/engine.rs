@@ -244,6 +244,47 @@ async fn rollups_stay_exact_under_overwrites_late_readings_and_two_instances() {
     two.stop().await.expect("clean stop");
 }
 
+/// `hourglass rebuild-rollups` over and over while two instances write late
+/// readings and overwrites into the same ended hours: afterwards every
+/// rollup slot equals its buckets. A slot is written only if no figure from
+/// more writes is stored, so the rebuild's older reads never win.
+#[tokio::test]
+async fn rebuilds_racing_two_writing_instances_leave_every_rollup_slot_equal_to_its_buckets() {
+    let g = Granularity::Minute;
+    let one = spawn_app_with(long_settings(g)).await;
+    let mut s = one.settings.clone();
+    s.journal.dir = journal_dir();
+    let two = spawn_app_with(s).await;
+    let t = base_time() - 2 * 86_400;
+    let rebuilding = {
+        let settings = one.settings.clone();
+        tokio::spawn(async move {
+            for _ in 0..4 {
+                hourglass::rebuild_rollups(&settings, Some("race-*"), None, None)
+                    .await
+                    .expect("rebuilds");
+            }
+        })
+    };
+    for round in 0..8i64 {
+        let app = if round % 2 == 0 { &one } else { &two };
+        let batch: Vec<Value> = (0..300i64)
+            .map(|i| {
+                // Six series over two days, every round overwriting some
+                // seconds of the one before and adding late ones.
+                let at = t + (i * 577 + round * 13 * (i % 3)) % (2 * 86_400);
+                let sensor = format!("race-{}", i % 6);
+                reading(&sensor, "temp", at, (round * 10 + i % 7) as f64)
+            })
+            .collect();
+        post_all(app, &batch).await;
+    }
+    rebuilding.await.expect("the rebuilds end");
+    assert_rollups_match_buckets(&one, g).await;
+    one.stop().await.expect("clean stop");
+    two.stop().await.expect("clean stop");
+}
+
 #[tokio::test]
 async fn rebuilding_rollups_of_data_written_without_them_restores_them_and_answers_stay_exact() {
     for g in [Granularity::Minute, Granularity::Hour] {
