@@ -160,16 +160,20 @@ fn the_hourglass_service_agrees_with_its_configuration() {
 }
 
 #[test]
-fn the_sharded_profile_shards_on_the_documented_key() {
+fn the_sharded_profile_runs_three_instances_behind_a_load_balancer() {
     let compose = compose();
+    let instances = ["hourglass-a", "hourglass-b", "hourglass-c"];
     for name in [
         "configsvr",
         "shard1",
         "shard2",
         "mongos",
         "sharding-init",
-        "hourglass-sharded",
-    ] {
+        "lb",
+    ]
+    .into_iter()
+    .chain(instances)
+    {
         let profiles = service(&compose, name)["profiles"]
             .as_sequence()
             .expect("profiles");
@@ -178,18 +182,111 @@ fn the_sharded_profile_shards_on_the_documented_key() {
             "{name}"
         );
     }
+    let mut client_ids = BTreeSet::new();
+    let mut journals = BTreeSet::new();
+    for name in instances {
+        let svc = service(&compose, name);
+        let env = &svc["environment"];
+        assert_eq!(
+            env["HOURGLASS__MQTT__SHARED_GROUP"].as_str(),
+            Some("hourglass")
+        );
+        assert!(
+            env["HOURGLASS__MONGODB__URI"]
+                .as_str()
+                .is_some_and(|u| u.starts_with("mongodb://mongos:27017/")),
+            "{name} writes through mongos"
+        );
+        client_ids.insert(
+            env["HOURGLASS__MQTT__CLIENT_ID"]
+                .as_str()
+                .expect("client id"),
+        );
+        let journal = svc["volumes"]
+            .as_sequence()
+            .expect("volumes")
+            .iter()
+            .filter_map(Yaml::as_str)
+            .find(|v| v.ends_with(":/var/lib/hourglass/journal"))
+            .expect("a journal volume");
+        journals.insert(journal);
+    }
+    assert_eq!(client_ids.len(), 3, "distinct MQTT client ids");
+    assert_eq!(journals.len(), 3, "a journal volume each");
+    let nginx = std::fs::read_to_string(root().join("config/nginx.conf")).expect("nginx.conf");
+    for name in instances {
+        assert!(
+            nginx.contains(&format!("server {name}:8080;")),
+            "the load balancer sends to {name}"
+        );
+    }
+}
+
+/// `(collection, key)` of every `sh.shardCollection` in the init script.
+fn shard_keys() -> Vec<(String, String)> {
     let script =
         std::fs::read_to_string(root().join("config/mongo/init-sharding.js")).expect("script");
-    assert!(
-        script.contains(
-            r#"sh.shardCollection("hourglass.buckets", { sensor: 1, metric: 1, start: 1 }"#
-        )
-    );
+    script
+        .lines()
+        .filter_map(|l| l.strip_prefix("sh.shardCollection(\"hourglass."))
+        .map(|rest| {
+            let (collection, rest) = rest.split_once('"').expect("a name");
+            let key = rest.trim_start_matches(", ");
+            let key = &key[..=key.find('}').expect("a key")];
+            (collection.to_owned(), key.to_owned())
+        })
+        .collect()
+}
+
+/// The key of an index as the init script writes it: `{ a: 1, b: 1 }`.
+fn key_text(key: &mongodb::bson::Document) -> String {
+    let fields: Vec<String> = key
+        .iter()
+        .map(|(k, v)| match v {
+            mongodb::bson::Bson::String(s) => format!("{k}: \"{s}\""),
+            other => format!(
+                "{k}: {}",
+                other.as_i32().map_or(other.to_string(), |x| x.to_string())
+            ),
+        })
+        .collect();
+    format!("{{ {} }}", fields.join(", "))
+}
+
+#[tokio::test]
+async fn every_collection_written_by_upsert_is_sharded_on_a_unique_index_the_service_creates() {
+    let keys = shard_keys();
+    let names: Vec<&str> = keys.iter().map(|(c, _)| c.as_str()).collect();
+    assert_eq!(names, ["buckets", "rollups", "sensors"]);
     let readme = std::fs::read_to_string(root().join("README.md")).expect("README");
-    assert!(
-        readme.contains("{ sensor: 1, metric: 1, start: 1 }"),
-        "the README documents the shard key"
-    );
+    let app = spawn_app().await;
+    for (collection, key) in &keys {
+        assert!(readme.contains(key.as_str()), "the README documents {key}");
+        if collection == "sensors" {
+            // Hashed `_id`: every registry write names its `_id`.
+            assert_eq!(key, r#"{ _id: "hashed" }"#);
+            continue;
+        }
+        // A unique index on a sharded collection must start with the shard
+        // key; here it is the key: the one the service's upserts name.
+        let mut cursor = app
+            .db
+            .collection::<mongodb::bson::Document>(collection)
+            .list_indexes()
+            .await
+            .expect("indexes");
+        let mut unique = Vec::new();
+        while let Some(index) = futures_util::TryStreamExt::try_next(&mut cursor)
+            .await
+            .expect("an index")
+        {
+            if index.options.and_then(|o| o.unique) == Some(true) {
+                unique.push(key_text(&index.keys));
+            }
+        }
+        assert!(unique.contains(key), "{collection}: {unique:?} vs {key}");
+    }
+    app.stop().await.expect("stops");
 }
 
 /// Metric names in PromQL expressions: `hourglass_…` identifiers.
