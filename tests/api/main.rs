@@ -20,4 +20,5 @@ mod mqtt;
 mod operations;
 mod prom;
 mod query;
+mod scale;
 mod write_path;

@@ -11,7 +11,7 @@ use crate::helpers::*;
 
 const WAIT: Duration = Duration::from_secs(90);
 
-type Model = BTreeMap<(String, String, i64), f64>;
+pub(crate) type Model = BTreeMap<(String, String, i64), f64>;
 
 pub fn mqtt_settings(broker: &Broker) -> Settings {
     let mut s = test_settings();
@@ -296,7 +296,12 @@ async fn unusable_messages_are_dead_lettered_and_do_not_stop_the_stream() {
 }
 
 /// Publishes messages `range` of the stream, pausing now and then like a fleet.
-async fn publish_stream(p: &mut Publisher, t: i64, range: std::ops::Range<i64>, model: &mut Model) {
+pub(crate) async fn publish_stream(
+    p: &mut Publisher,
+    t: i64,
+    range: std::ops::Range<i64>,
+    model: &mut Model,
+) {
     for i in range {
         let (topic, payload) = stream_message(t, i, model);
         p.publish(&topic, payload).await;
