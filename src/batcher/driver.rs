@@ -21,9 +21,7 @@ use crate::telemetry::metrics::Metrics;
 
 const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(5);
-/// Attempts a bucket update refused with an unclassed error gets before its
-/// readings are dead-lettered (about 3 s of backoff).
-pub const UNKNOWN_ERROR_ATTEMPTS: u32 = 5;
+pub use super::sink::UNKNOWN_ERROR_ATTEMPTS;
 
 /// Capped exponential backoff with jitter, for as long as an outage lasts.
 pub fn retry_policy(min: Duration, max: Duration) -> ExponentialBuilder {

@@ -17,7 +17,7 @@ mod settings;
 mod sink;
 
 pub use settings::Settings;
-pub use sink::{DeadLetter, Outcome, Sink, Written};
+pub use sink::{DeadLetter, Outcome, Sink, UNKNOWN_ERROR_ATTEMPTS, Written};
 
 use std::collections::BTreeMap;
 use std::time::Duration;

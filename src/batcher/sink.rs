@@ -6,6 +6,11 @@ use std::future::Future;
 use crate::domain::BucketUpdate;
 
 /// What became of one bucket update of a write.
+/// Attempts a bucket update refused with an unclassed error gets before its
+/// readings are dead-lettered (about 3 s of backoff), and flushes whose
+/// rollup or registry step fails so are sent again.
+pub const UNKNOWN_ERROR_ATTEMPTS: u32 = 5;
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
     /// Applied (with the write concern of the URI).

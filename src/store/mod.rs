@@ -37,6 +37,10 @@ pub enum StoreError {
     /// A stored bucket does not have a layout this version can read.
     #[error("a stored bucket could not be read: {0}")]
     Unreadable(String),
+    /// A whole command failed with an error no list classes
+    /// (`errors::is_unclassed`): sent again, a bounded number of times.
+    #[error("storage refused the operation with an unclassed error: {0}")]
+    Unclassed(String),
     /// The server stopped a read at the time it was given (`maxTimeMS`).
     #[error("the server stopped the read at its time limit: {0}")]
     Timeout(String),

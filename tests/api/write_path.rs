@@ -420,6 +420,33 @@ async fn an_unclassed_command_error_is_retried_a_bounded_number_of_times_then_de
     app.stop().await.expect("clean stop");
 }
 
+/// The one `aggregate` the service sends (the registry part of
+/// `rebuild-rollups`): an unclassed error ends the rebuild with the error,
+/// once, instead of retrying it for ever; the next rebuild completes.
+#[tokio::test]
+async fn an_unclassed_error_on_the_rebuilds_aggregate_ends_it_with_the_error() {
+    let db = Database::start().await;
+    let app = spawn_app_with(db.settings()).await;
+    let (body, _) = readings_for("rebuilt", base_time(), 12);
+    assert_eq!(app.post_readings(&body).await.status(), 200);
+    fail_point(
+        &app,
+        "alwaysOn".into(),
+        doc! { "failCommands": ["aggregate"], "errorCode": 54321 },
+    )
+    .await;
+    let e = hourglass::rebuild_rollups(&app.settings, None, None, None)
+        .await
+        .expect_err("the rebuild fails");
+    assert!(format!("{e:#}").contains("54321"), "{e:#}");
+    fail_point(&app, "off".into(), doc! {}).await;
+    let days = hourglass::rebuild_rollups(&app.settings, None, None, None)
+        .await
+        .expect("the rebuild completes");
+    assert!(days > 0);
+    app.stop().await.expect("clean stop");
+}
+
 #[tokio::test]
 async fn a_command_refused_as_poison_is_split_until_the_statement_is_found() {
     let db = Database::start().await;

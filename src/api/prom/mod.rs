@@ -111,7 +111,7 @@ impl From<PromError> for Failure {
             PromError::Storage(e) => {
                 match &e {
                     StoreError::Timeout(_) => return Failure::timeout(),
-                    StoreError::Outage(_) => {
+                    StoreError::Outage(_) | StoreError::Unclassed(_) => {
                         return Failure::unavailable("storage is unavailable; retry later");
                     }
                     _ => {}

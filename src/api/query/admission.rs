@@ -18,7 +18,9 @@ use crate::store::{BucketStore, StoreError};
 pub(crate) fn store_error(e: StoreError) -> ApiError {
     warn!(error = %e, "A query could not read its documents.");
     match e {
-        StoreError::Outage(_) => ApiError::unavailable("storage is unavailable; retry later"),
+        StoreError::Outage(_) | StoreError::Unclassed(_) => {
+            ApiError::unavailable("storage is unavailable; retry later")
+        }
         StoreError::Timeout(_) => timed_out(),
         StoreError::Poison(_) | StoreError::Unreadable(_) => {
             ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the query failed")

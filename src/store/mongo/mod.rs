@@ -1,5 +1,6 @@
 //! [`BucketStore`] on MongoDB (any server ≥ 7 speaking its wire protocol).
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -7,7 +8,7 @@ use mongodb::bson::{Bson, Document, RawDocumentBuf, doc};
 use mongodb::options::ClientOptions;
 use mongodb::{Client, Collection, Database};
 use secrecy::ExposeSecret;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::command::Limits;
 use super::document::{dead_letter_document, read_bucket, start_date};
@@ -15,7 +16,7 @@ use super::errors::{self, Class};
 use super::rollup::read_rollup;
 use super::upkeep::{Job, Upkeep};
 use super::{BucketStore, Doc, Fetch, Labels, Read, SensorInfo, SensorQuery, StoreError};
-use crate::batcher::{DeadLetter, Outcome, Sink, Written};
+use crate::batcher::{DeadLetter, Outcome, Sink, UNKNOWN_ERROR_ATTEMPTS, Written};
 use crate::domain::{BucketUpdate, Granularity, field_name};
 use crate::domain::{Level, Starts, Values};
 use crate::telemetry::metrics::Metrics;
@@ -57,6 +58,8 @@ pub struct MongoStore {
     sensors: Collection<Document>,
     /// The metadata document (see `metadata`).
     metadata: Collection<Document>,
+    /// Flushes in a row whose rollup or registry step failed unclassed.
+    unclassed_after: Arc<AtomicU32>,
     /// Series the registry knows, and the newest hour it was told of.
     known: Arc<Mutex<hashbrown::HashMap<(String, String), i64>>>,
     granularity: Granularity,
@@ -95,6 +98,9 @@ fn classify_read(e: mongodb::error::Error) -> StoreError {
 
 fn classify(e: mongodb::error::Error) -> StoreError {
     // The driver's messages hold no credentials: the URI is never part of them.
+    if errors::is_unclassed(&e) {
+        return StoreError::Unclassed(e.to_string());
+    }
     match errors::classify(&e) {
         Class::Outage => StoreError::Outage(e.to_string()),
         Class::Poison => StoreError::Poison(e.to_string()),
@@ -179,6 +185,7 @@ impl MongoStore {
             rollups,
             sensors,
             metadata,
+            unclassed_after: Arc::default(),
             known: Arc::default(),
             granularity,
             limits: Limits::default(),
@@ -336,18 +343,43 @@ impl Sink for MongoStore {
             }
             Err(e) => Err(e),
         };
-        match after {
-            Ok(n) => written.round_trips += n,
+        let resend = match &after {
+            Ok(_) => {
+                self.unclassed_after.store(0, Ordering::Release);
+                None
+            }
+            Err(StoreError::Outage(message)) => Some(message.clone()),
+            // A bounded number of times: a deterministic refusal must not
+            // rewrite the batch for ever.
+            Err(StoreError::Unclassed(message)) => {
+                let failed = self.unclassed_after.fetch_add(1, Ordering::AcqRel) + 1;
+                if failed < UNKNOWN_ERROR_ATTEMPTS {
+                    Some(message.clone())
+                } else {
+                    self.unclassed_after.store(0, Ordering::Release);
+                    None
+                }
+            }
+            Err(_) => None,
+        };
+        match (after, resend) {
+            (Ok(n), _) => written.round_trips += n,
             // Buckets and rollups are idempotent: the whole batch goes again.
-            Err(StoreError::Outage(message)) => {
+            (Err(_), Some(message)) => {
                 for o in &mut written.outcomes {
                     if matches!(o, Outcome::Stored) {
                         *o = Outcome::Outage(message.clone());
                     }
                 }
             }
-            // The readings are stored in their buckets; only a summary lags.
-            Err(e) => warn!(
+            // The readings are stored in their buckets; a summary may be
+            // stale where a late write changed a rolled-up hour.
+            (Err(e @ StoreError::Unclassed(_)), None) => error!(
+                error = %e,
+                attempts = UNKNOWN_ERROR_ATTEMPTS,
+                "The rollups or the sensor registry could not be updated after a flush, however often it was sent; the buckets are stored, but answers over the affected hours may be stale until `hourglass rebuild-rollups` is run over them."
+            ),
+            (Err(e), None) => warn!(
                 error = %e,
                 "The rollups or the sensor registry could not be updated after a flush; the buckets are stored. Run `hourglass rebuild-rollups` over the affected days."
             ),
