@@ -310,10 +310,37 @@ impl Application {
     }
 }
 
-/// `hourglass rebuild-rollups`: recomputes the rollups and registry entries
-/// of the buckets in `[from, to)` (epoch seconds; all when not given) for
-/// sensor `sensor` or, ending in `*`, the sensors with that id prefix. The migration for data written
-/// before rollups, and the repair after a rollup could not be written.
+/// `sensor` as the operator commands take it: an id, or a prefix ending in
+/// `*` (all sensors when absent). Answers the prefix and whether it is exact.
+fn sensor_selection(sensor: Option<&str>) -> (&str, bool) {
+    let sensor = sensor.unwrap_or("*");
+    match sensor.strip_suffix('*') {
+        Some(prefix) => (prefix, false),
+        None => (sensor, true),
+    }
+}
+
+/// The store for an operator command: connected, the database's format
+/// checked, the server's limits read.
+async fn operator_store(settings: &Settings) -> anyhow::Result<MongoStore> {
+    let mut store = MongoStore::connect(
+        &settings.mongodb,
+        settings.buckets.granularity,
+        settings.buckets.rollup_after,
+    )
+    .await
+    .context("connecting to MongoDB")?;
+    store
+        .check_format()
+        .await
+        .context("checking the database's format")?;
+    store
+        .read_limits()
+        .await
+        .context("reading the storage server's limits")?;
+    Ok(store)
+}
+
 /// `hourglass redrive`: writes the dead letters of `sensor` (an id, or a
 /// prefix ending in `*`; all when absent) into their buckets and deletes
 /// them, or (`dry_run`) counts them.
@@ -322,58 +349,27 @@ pub async fn redrive(
     sensor: Option<&str>,
     dry_run: bool,
 ) -> anyhow::Result<crate::store::Redriven> {
-    let sensor = sensor.unwrap_or("*");
-    let (prefix, exact) = match sensor.strip_suffix('*') {
-        Some(prefix) => (prefix, false),
-        None => (sensor, true),
-    };
-    let mut store = MongoStore::connect(
-        &settings.mongodb,
-        settings.buckets.granularity,
-        settings.buckets.rollup_after,
-    )
-    .await
-    .context("connecting to MongoDB")?;
-    store
-        .check_format()
-        .await
-        .context("checking the database's format")?;
-    store
-        .read_limits()
-        .await
-        .context("reading the storage server's limits")?;
-    store
+    let (prefix, exact) = sensor_selection(sensor);
+    operator_store(settings)
+        .await?
         .redrive(prefix, exact, dry_run)
         .await
         .context("re-driving the dead letters")
 }
 
+/// `hourglass rebuild-rollups`: recomputes the rollups and registry entries
+/// of the buckets in `[from, to)` (epoch seconds; all when not given) for
+/// sensor `sensor` or, ending in `*`, the sensors with that id prefix. The
+/// migration for data written before rollups, and the repair after a rollup
+/// could not be written.
 pub async fn rebuild_rollups(
     settings: &Settings,
     sensor: Option<&str>,
     from: Option<i64>,
     to: Option<i64>,
 ) -> anyhow::Result<i64> {
-    let sensor = sensor.unwrap_or("*");
-    let (prefix, exact) = match sensor.strip_suffix('*') {
-        Some(prefix) => (prefix, false),
-        None => (sensor, true),
-    };
-    let mut store = MongoStore::connect(
-        &settings.mongodb,
-        settings.buckets.granularity,
-        settings.buckets.rollup_after,
-    )
-    .await
-    .context("connecting to MongoDB")?;
-    store
-        .check_format()
-        .await
-        .context("checking the database's format")?;
-    store
-        .read_limits()
-        .await
-        .context("reading the storage server's limits")?;
+    let (prefix, exact) = sensor_selection(sensor);
+    let store = operator_store(settings).await?;
     store
         .ensure_indexes(settings.buckets.retention)
         .await

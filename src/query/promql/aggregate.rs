@@ -301,17 +301,8 @@ impl GoHeap {
 
 #[cfg(test)]
 mod tests {
+    use super::super::value::series;
     use super::*;
-
-    fn series(labels: &[(&str, &str)], values: &[Option<f64>]) -> Series {
-        Series {
-            labels: labels
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
-            values: values.to_vec(),
-        }
-    }
 
     fn input() -> Vec<Series> {
         vec![

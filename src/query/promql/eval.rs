@@ -649,17 +649,8 @@ fn per_step(v: Vec<Series>, drop_name: bool, f: impl Fn(usize, f64) -> Option<f6
 #[cfg(test)]
 mod tests {
     use super::super::compile::compile;
+    use super::super::value::series;
     use super::*;
-
-    fn series(labels: &[(&str, &str)], values: &[Option<f64>]) -> Series {
-        Series {
-            labels: labels
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
-            values: values.to_vec(),
-        }
-    }
 
     fn eval(query: &str, reads: Vec<Vec<Series>>, n: usize) -> Result<Value, PromError> {
         let node = compile(query).expect("compiles");

@@ -18,6 +18,18 @@ pub struct Series {
     pub values: Vec<Option<f64>>,
 }
 
+/// A series from literals, for the evaluator's unit tests.
+#[cfg(test)]
+pub(super) fn series(labels: &[(&str, &str)], values: &[Option<f64>]) -> Series {
+    Series {
+        labels: labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+        values: values.to_vec(),
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Value {
     /// A value at every step.
