@@ -329,6 +329,15 @@ pub async fn run(
         "documents the rollup upkeep read per reading".into(),
         f(upkeep_read / offered as f64),
     ]);
+    // Upkeep follows the work: per bucket update, not per series of the fleet.
+    s.row(vec![
+        "rollup upkeep per bucket update: documents written / read".into(),
+        format!(
+            "{} / {}",
+            f(written("rollup_upkeep") / updates.max(1.0)),
+            f(upkeep_read / updates.max(1.0))
+        ),
+    ]);
     if let Some(c) = cpu {
         let per = if mqtt { "message" } else { "reading" };
         s.row(vec![
