@@ -215,8 +215,13 @@ impl MongoStore {
     }
 
     /// Rolls up `jobs`, counting what it read and wrote.
-    pub async fn roll_up_counted(&self, jobs: &[Job], now: i64) -> Result<usize, StoreError> {
-        let cost = self.roll_up(jobs, now).await?;
+    pub async fn roll_up_counted(
+        &self,
+        jobs: &[Job],
+        now: i64,
+        written: Option<&rollups::Written>,
+    ) -> Result<usize, StoreError> {
+        let cost = self.roll_up(jobs, now, written).await?;
         self.count(|m| {
             m.db_documents("read", "buckets", "rollup_upkeep", cost.buckets_read);
             m.db_documents("read", "rollups", "rollup_upkeep", cost.rollups_read);
@@ -238,7 +243,7 @@ impl MongoStore {
             let due = self.upkeep().due(now, MAX_JOBS);
             if !due.is_empty() {
                 let jobs: Vec<Job> = due.iter().map(|d| d.job.clone()).collect();
-                match self.roll_up_counted(&jobs, now).await {
+                match self.roll_up_counted(&jobs, now, None).await {
                     Ok(_) => self.upkeep().done(&due),
                     Err(e) => warn!(error = %e, jobs = jobs.len(),
                         "Rolling up ended hours failed; trying again (queries read their buckets meanwhile)."),
@@ -257,7 +262,7 @@ impl MongoStore {
         let ended = self.upkeep().ended(now, usize::MAX);
         let jobs: Vec<Job> = ended.iter().map(|d| d.job.clone()).collect();
         if !jobs.is_empty() {
-            match self.roll_up_counted(&jobs, now).await {
+            match self.roll_up_counted(&jobs, now, None).await {
                 Ok(_) => self.upkeep().done(&ended),
                 Err(e) => warn!(error = %e, jobs = jobs.len(),
                     "Could not roll up the ended hours before stopping; queries read their buckets until they are."),
@@ -335,7 +340,24 @@ impl Sink for MongoStore {
             let jobs = upkeep.stored(stored.iter().copied(), now);
             (jobs, upkeep.mark())
         };
-        let after = match self.roll_up_counted(&jobs, now).await {
+        // The minutes written into each hour, so the roll-up reads only
+        // those buckets again (minute buckets).
+        let mut written_minutes = rollups::Written::new();
+        if self.granularity == Granularity::Minute {
+            for u in &stored {
+                let start = u.key.start;
+                let hour = start - start.rem_euclid(3600);
+                let series = (
+                    u.key.sensor.as_str().to_owned(),
+                    u.key.metric.as_str().to_owned(),
+                );
+                *written_minutes.entry((series, hour)).or_default() |= 1 << ((start - hour) / 60);
+            }
+        }
+        let after = match self
+            .roll_up_counted(&jobs, now, Some(&written_minutes))
+            .await
+        {
             Ok(n) => {
                 self.upkeep().covered(&jobs, mark);
                 written.round_trips += n;

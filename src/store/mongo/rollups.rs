@@ -12,7 +12,7 @@ use super::{MongoStore, classify};
 use crate::domain::{BucketRead, Granularity, Period, RollupRead, Slot};
 use crate::store::StoreError;
 use crate::store::document::{read_bucket, start_date};
-use crate::store::rollup::{Hour, read_rollup, roll_day, roll_hour, statement};
+use crate::store::rollup::{Hour, all_slots, read_rollup, roll_day, roll_hour, statement};
 use crate::store::upkeep::{HOUR, Job};
 
 const DAY: i64 = 86_400;
@@ -20,6 +20,14 @@ const DAY: i64 = 86_400;
 const SENSORS_PER_READ: usize = 200;
 
 type Series = (String, String);
+
+/// Per hour: the series rolled up from their hour document with the minutes
+/// to read for each, and the union of those minutes.
+type HourPlan<'a> = (Vec<(&'a Series, u64)>, u64);
+
+/// The minutes (bits 0–59) a flush wrote into each ended hour of a series:
+/// only those buckets are read again, the hour document holds the rest.
+pub type Written = HashMap<(Series, i64), u64>;
 
 /// What a roll-up read and wrote, for the write and read counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -41,7 +49,17 @@ impl MongoStore {
     ///
     /// Hours and days are "not complete yet" only once they ended
     /// `close_after` ago: an instance that wrote them may still roll them up.
-    pub async fn roll_up(&self, jobs: &[Job], now: i64) -> Result<Upkept, StoreError> {
+    ///
+    /// `written`: the minutes a flush wrote into its jobs' hours (minute
+    /// buckets), so the roll-up reads those buckets and the hour documents,
+    /// not every bucket of the hours again (a backfill in order would
+    /// otherwise re-read each hour once per flush).
+    pub async fn roll_up(
+        &self,
+        jobs: &[Job],
+        now: i64,
+        written: Option<&Written>,
+    ) -> Result<Upkept, StoreError> {
         let mut cost = Upkept::default();
         if jobs.is_empty() {
             return Ok(cost);
@@ -108,7 +126,7 @@ impl MongoStore {
                 }
             }
         }
-        let rolled = self.roll_hours(&hours, &mut cost).await?;
+        let rolled = self.roll_hours(&hours, written, &mut cost).await?;
         // Hour documents (minute buckets), then the day documents' slots.
         let mut statements = Vec::new();
         if self.granularity == Granularity::Minute {
@@ -170,12 +188,19 @@ impl MongoStore {
     async fn roll_hours(
         &self,
         hours: &BTreeMap<Series, BTreeSet<i64>>,
+        written: Option<&Written>,
         cost: &mut Upkept,
     ) -> Result<BTreeMap<Series, BTreeMap<i64, Hour>>, StoreError> {
+        let mut out: BTreeMap<Series, BTreeMap<i64, Hour>> = BTreeMap::new();
+        let mut hours = hours.clone();
+        if let Some(written) = written.filter(|_| self.granularity == Granularity::Minute) {
+            self.roll_written_hours(&mut hours, written, &mut out, cost)
+                .await?;
+        }
         // Runs of consecutive hours, and the series sharing each run: one
         // read per run (and batch of sensors).
         let mut runs: BTreeMap<(i64, i64), Vec<&Series>> = BTreeMap::new();
-        for (series, hs) in hours {
+        for (series, hs) in &hours {
             let mut run: Option<(i64, i64)> = None;
             for &h in hs {
                 run = match run {
@@ -224,8 +249,7 @@ impl MongoStore {
                 }
             }
         }
-        let mut out: BTreeMap<Series, BTreeMap<i64, Hour>> = BTreeMap::new();
-        for (series, hs) in hours {
+        for (series, hs) in &hours {
             let rolled = out.entry(series.clone()).or_default();
             for &h in hs {
                 let mut bs = buckets.remove(&(series.clone(), h)).unwrap_or_default();
@@ -234,6 +258,139 @@ impl MongoStore {
             }
         }
         Ok(out)
+    }
+
+    /// Rolls up the hours of `hours` a flush wrote into whose hour document
+    /// exists, from that document's complete minute slots and the buckets of
+    /// the minutes written (or not complete): those hours leave `hours`, the
+    /// rest are read whole by the caller. Slots carry their write counts, so
+    /// a stored minute slot older than another writer's bucket loses to that
+    /// writer's own roll-up.
+    async fn roll_written_hours(
+        &self,
+        hours: &mut BTreeMap<Series, BTreeSet<i64>>,
+        written: &Written,
+        out: &mut BTreeMap<Series, BTreeMap<i64, Hour>>,
+        cost: &mut Upkept,
+    ) -> Result<(), StoreError> {
+        let asked: BTreeMap<Series, BTreeSet<i64>> = hours
+            .iter()
+            .map(|(series, hs)| {
+                let hs: BTreeSet<i64> = hs
+                    .iter()
+                    .copied()
+                    .filter(|&h| written.contains_key(&(series.clone(), h)))
+                    .collect();
+                (series.clone(), hs)
+            })
+            .filter(|(_, hs)| !hs.is_empty())
+            .collect();
+        if asked.is_empty() {
+            return Ok(());
+        }
+        let stored = self.read_rollups(Period::Hour, &asked, cost).await?;
+        // Per hour, the series rolled up from their document, with the
+        // minutes to read, and the union of those minutes (one read).
+        let mut plan: BTreeMap<i64, HourPlan> = BTreeMap::new();
+        for (series, hs) in &asked {
+            for &h in hs {
+                let Some(doc) = stored.get(&(series.clone(), h)) else {
+                    continue;
+                };
+                let all = all_slots(Period::Hour);
+                let minutes = (written[&(series.clone(), h)] | !doc.complete) & all;
+                let (list, union) = plan.entry(h).or_default();
+                list.push((series, minutes));
+                *union |= minutes;
+            }
+        }
+        let mut fresh: HashMap<(Series, i64), Vec<BucketRead>> = HashMap::new();
+        for (&h, (list, union)) in &plan {
+            let starts: Vec<Bson> = (0..60)
+                .filter(|k| union & (1 << k) != 0)
+                .map(|k| Bson::DateTime(start_date(h + k * 60)))
+                .collect();
+            for chunk in list.chunks(SENSORS_PER_READ) {
+                if starts.is_empty() {
+                    break;
+                }
+                let wanted: HashMap<&Series, u64> = chunk.iter().copied().collect();
+                let sensors: BTreeSet<&str> = chunk.iter().map(|(s, _)| s.0.as_str()).collect();
+                let metrics: BTreeSet<&str> = chunk.iter().map(|(s, _)| s.1.as_str()).collect();
+                let filter = doc! {
+                    "sensor": { "$in": sensors.into_iter().collect::<Vec<_>>() },
+                    "metric": { "$in": metrics.into_iter().collect::<Vec<_>>() },
+                    "start": { "$in": starts.clone() },
+                };
+                let mut cursor = self
+                    .buckets
+                    .find(filter)
+                    .projection(doc! { "_id": 0, "sensor": 1, "metric": 1, "start": 1, "v": 1, "n": 1, "count": 1, "sum": 1, "min": 1, "max": 1, "schema_version": 1 })
+                    .await
+                    .map_err(classify)?;
+                cost.round_trips += 1;
+                while let Some(d) = cursor.try_next().await.map_err(classify)? {
+                    cost.buckets_read += 1;
+                    let key = (
+                        d.get_str("sensor").unwrap_or_default().to_owned(),
+                        d.get_str("metric").unwrap_or_default().to_owned(),
+                    );
+                    let b = read_bucket(&d, self.granularity)?;
+                    let k = (b.start - h) / 60;
+                    if wanted.get(&key).is_some_and(|m| m & (1 << k) != 0) {
+                        fresh.entry((key, h)).or_default().push(b);
+                    }
+                }
+            }
+        }
+        for (&h, (list, _)) in &plan {
+            for &(series, minutes) in list {
+                let doc = &stored[&(series.clone(), h)];
+                let mut bs = fresh.remove(&(series.clone(), h)).unwrap_or_default();
+                bs.sort_by_key(|b| b.start);
+                let read = roll_hour(Granularity::Minute, h, &bs);
+                // The hour's slots: the ones read, and the stored ones of the
+                // minutes not read (complete, so equal to their buckets).
+                let mut slots: Vec<Slot> = doc
+                    .slots
+                    .iter()
+                    .filter(|s| minutes & (1 << ((s.start - h) / 60)) == 0)
+                    .copied()
+                    .chain(read.minutes.iter().copied())
+                    .collect();
+                slots.sort_by_key(|s| s.start);
+                // Minutes read without a bucket are written as empty slots.
+                let minutes_written: Vec<Slot> = (0..60)
+                    .filter(|k| minutes & (1 << k) != 0)
+                    .map(|k| {
+                        let at = h + k * 60;
+                        read.minutes
+                            .iter()
+                            .find(|s| s.start == at)
+                            .copied()
+                            .unwrap_or(Slot {
+                                start: at,
+                                summary: None,
+                                n: 0,
+                                rest: None,
+                            })
+                    })
+                    .collect();
+                out.entry(series.clone()).or_default().insert(
+                    h,
+                    Hour {
+                        start: h,
+                        minutes: minutes_written,
+                        slot: Slot::of_slots(h, &slots),
+                    },
+                );
+                if let Some(hs) = hours.get_mut(series) {
+                    hs.remove(&h);
+                }
+            }
+        }
+        hours.retain(|_, hs| !hs.is_empty());
+        Ok(())
     }
 
     /// The rollup documents of `period` asked for, per series and start.
@@ -429,7 +586,7 @@ impl MongoStore {
                             })
                     })
                     .collect();
-                self.roll_up(&jobs, now).await?;
+                self.roll_up(&jobs, now, None).await?;
             }
             self.run_rollup_aggregation(registry_pipeline(filter, self.sensors.name()))
                 .await?;
