@@ -97,6 +97,13 @@ impl Settings {
                 .into());
             }
         }
+        if self.buckets.late_rollup_after > std::time::Duration::from_secs(60) {
+            return Err(invalid(
+                "buckets.late_rollup_after",
+                "must be at most 1m: a marked hour is rolled up a minute after its first mark at the latest",
+            )
+            .into());
+        }
         if self.buckets.rollup_after <= self.batcher.hold_grace {
             return Err(invalid(
                 "buckets.rollup_after",

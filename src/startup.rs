@@ -69,14 +69,10 @@ async fn replay(journal: &Journal, batcher: &BatcherHandle) {
 impl Application {
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
         let metrics = Arc::new(Metrics::new());
-        let mut store = MongoStore::connect(
-            &settings.mongodb,
-            settings.buckets.granularity,
-            settings.buckets.rollup_after,
-        )
-        .await
-        .context("connecting to MongoDB")?
-        .with_metrics(metrics.clone());
+        let mut store = MongoStore::connect(&settings.mongodb, &settings.buckets)
+            .await
+            .context("connecting to MongoDB")?
+            .with_metrics(metrics.clone());
         store
             .check_format()
             .await
@@ -323,13 +319,9 @@ fn sensor_selection(sensor: Option<&str>) -> (&str, bool) {
 /// The store for an operator command: connected, the database's format
 /// checked, the server's limits read.
 async fn operator_store(settings: &Settings) -> anyhow::Result<MongoStore> {
-    let mut store = MongoStore::connect(
-        &settings.mongodb,
-        settings.buckets.granularity,
-        settings.buckets.rollup_after,
-    )
-    .await
-    .context("connecting to MongoDB")?;
+    let mut store = MongoStore::connect(&settings.mongodb, &settings.buckets)
+        .await
+        .context("connecting to MongoDB")?;
     store
         .check_format()
         .await

@@ -86,7 +86,22 @@ async fn run_batch<S: BucketStore>(
     let sensors: Vec<&str> = batch.iter().map(|s| s.sensor).collect();
     // Memory first, then storage: a bucket written between the two looks
     // is then in both (the newer values win), never in neither.
-    let unstored: Vec<Unstored> = batcher.unstored_values_of(&sensors, q.metric, q.from, q.to);
+    let mut unstored: Vec<Unstored> = batcher.unstored_values_of(&sensors, q.metric, q.from, q.to);
+    // Then the buckets written into hours after they were rolled up, not
+    // rolled up again yet: read like buckets with unstored readings (none
+    // to lay over them), so no stale slot answers.
+    let (late, read) = store
+        .late(&sensors, q.metric, q.from, q.to, q.max_time)
+        .await?;
+    cost.documents += read.documents;
+    cost.round_trips += read.round_trips;
+    for (u, starts) in unstored.iter_mut().zip(late) {
+        for start in starts {
+            if let Err(at) = u.binary_search_by_key(&start, |(s, _)| *s) {
+                u.insert(at, (start, Vec::new()));
+            }
+        }
+    }
     let mut plans: Vec<SeriesPlan> = unstored
         .iter()
         .map(|u| plan.start(&u.iter().map(|(s, _)| *s).collect::<Vec<_>>()))

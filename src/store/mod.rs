@@ -3,6 +3,7 @@
 pub mod command;
 pub mod document;
 pub mod errors;
+pub mod late;
 pub mod mongo;
 pub mod raw_writer;
 pub mod registry;
@@ -87,6 +88,18 @@ pub trait BucketStore: Sink {
         fetch: Fetch<'_>,
         each: F,
     ) -> impl Future<Output = Result<Read, StoreError>> + Send;
+
+    /// The bucket starts of each of `sensors` (for `metric`) in `[from, to)`
+    /// whose rollup slots are stale until their hour is rolled up again
+    /// (`store::late`), sorted; and what reading them cost.
+    fn late(
+        &self,
+        sensors: &[&str],
+        metric: &str,
+        from: i64,
+        to: i64,
+        max_time: Duration,
+    ) -> impl Future<Output = Result<(Vec<Vec<i64>>, Read), StoreError>> + Send;
 
     /// Checks that the server answers.
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;

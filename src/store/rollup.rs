@@ -7,21 +7,23 @@
 //! **Upkeep follows the work.** An hour is rolled up once it has ended: its
 //! buckets are read, every level's slots computed here from their values
 //! (`domain::Summary`), and each touched document updated by one pipeline
-//! statement. A flush that stores a bucket of an hour that has ended rolls
-//! that hour up before the batch counts as stored (late readings, and the
-//! held buckets written just after their window); the hours still open are
-//! remembered ([`super::upkeep`]) and rolled up once they end. So a live
-//! series costs one hour document and one day document a hour, plus a
-//! 30-day document a day, and a flush of `k` buckets does `O(k)` rollup work
-//! whatever the fleet's size.
+//! statement. A flush that stores a bucket of an hour that has ended marks
+//! that hour late before the batch counts as stored (late readings, a
+//! backfill, the held buckets written just after their window), and the
+//! hour is rolled up once writes into it pause ([`super::late`]); the hours
+//! still open are remembered ([`super::upkeep`]) and rolled up once they
+//! end. So a live series costs one hour document and one day document a
+//! hour, plus a 30-day document a day, and a flush of `k` buckets does
+//! `O(k)` upkeep work whatever the fleet's size.
 //!
 //! **Completeness.** Each document's `complete` is a bitmask of the slots
 //! that hold every reading of their span (or none, if the slot has no
 //! entry): a slot becomes complete when its span is rolled up after it
-//! ended, and every later write into it is rolled up again before it counts
-//! as stored. Queries use only complete slots and read one level down for
-//! the rest (`query::plan`), so an answer is exact whatever the upkeep has
-//! done so far; the upkeep only decides how few documents it takes.
+//! ended, and every later write into it is marked late before it counts as
+//! stored. Queries use only complete slots over buckets not marked late and
+//! read one level down for the rest (`query::plan`), so an answer is exact
+//! whatever the upkeep has done so far; the upkeep only decides how few
+//! documents it takes.
 //!
 //! **Many writers.** Every slot carries `w`, the write count of the sources
 //! it was computed from (buckets count their writes in `n`), and a slot is

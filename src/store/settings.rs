@@ -20,6 +20,11 @@ pub struct BucketSettings {
     /// that differ a little between instances.
     #[serde(with = "humantime_serde")]
     pub rollup_after: Duration,
+    /// An hour written after it ended is marked late (queries read its
+    /// buckets) and rolled up again once no write has marked it for this
+    /// long, a minute after its first mark at the latest (see `store::late`).
+    #[serde(with = "humantime_serde")]
+    pub late_rollup_after: Duration,
 }
 
 impl Default for BucketSettings {
@@ -28,6 +33,7 @@ impl Default for BucketSettings {
             granularity: Granularity::Minute,
             retention: None,
             rollup_after: Duration::from_secs(60),
+            late_rollup_after: Duration::from_secs(5),
         }
     }
 }

@@ -2,12 +2,11 @@
 //! upkeep (see `rollup`), with the clock passed in.
 //!
 //! A flush reports what it stored. Each `(series, hour)` whose hour has
-//! ended is rolled up at once, before the flush counts as stored (late
-//! readings, and held buckets written just after their window). An hour
+//! ended is handed back: the flush marks it late (`store::late`), before it
+//! counts as stored, and it is rolled up once writes into it pause. An hour
 //! still open is remembered, with a sequence number of its last write, and
-//! is due `close_after` after it ends, unless a roll-up that started after
-//! its last write (a later flush's) covered it first. Memory holds one entry
-//! per series and open hour written by this instance.
+//! is due `close_after` after it ends. Memory holds one entry per series and
+//! open hour written by this instance.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -60,8 +59,8 @@ impl Upkeep {
     }
 
     /// A flush stored `updates`; `now` is the wall clock after the write
-    /// (epoch seconds). Answers the jobs to run before the flush counts as
-    /// stored (sorted, distinct), and remembers the open hours.
+    /// (epoch seconds). Answers the ended hours written (sorted, distinct),
+    /// which the flush marks late, and remembers the open hours.
     pub fn stored<'a>(
         &mut self,
         updates: impl IntoIterator<Item = &'a BucketUpdate>,
@@ -89,11 +88,6 @@ impl Upkeep {
         now_jobs.sort_unstable();
         now_jobs.dedup();
         now_jobs
-    }
-
-    /// The sequence a roll-up starting now covers: writes up to it.
-    pub fn mark(&self) -> u64 {
-        self.seq
     }
 
     /// Remembered hours that ended `close_after` ago or more, at most `max`.
@@ -135,14 +129,6 @@ impl Upkeep {
         }
     }
 
-    /// Jobs a roll-up covered that started when [`Self::mark`] said `seq`:
-    /// any remembered entry of the same hour written at or before it is done.
-    pub fn covered(&mut self, jobs: &[Job], seq: u64) {
-        for j in jobs {
-            self.forget(j, seq);
-        }
-    }
-
     fn forget(&mut self, job: &Job, seq: u64) {
         let Some(series) = self.open.get_mut(&job.hour) else {
             return;
@@ -179,7 +165,7 @@ mod tests {
     }
 
     #[test]
-    fn ended_hours_roll_up_at_once_and_open_ones_when_due() {
+    fn ended_hours_are_handed_back_and_open_ones_are_due_later() {
         let mut u = Upkeep::new(60);
         let now = 10 * HOUR + 30;
         let jobs = u.stored(&[update("a", 9 * HOUR + 120), update("b", 10 * HOUR)], now);
@@ -206,7 +192,7 @@ mod tests {
     proptest! {
         /// Against a model: every (series, hour) written is rolled up by
         /// some roll-up that started after its last write, once its hour
-        /// has ended (at once) or `close_after` later (the roller).
+        /// has ended (marked late at once) or `close_after` later (the roller).
         #[test]
         fn every_write_is_covered_by_a_later_roll_up(
             events in prop::collection::vec((0usize..3, 0i64..4, 0i64..200, any::<bool>()), 1..60),
@@ -226,8 +212,6 @@ mod tests {
                     let s: usize = j.sensor[1..].parse().expect("index");
                     model.insert((s, j.hour / HOUR), (now, true));
                 }
-                let mark = u.mark();
-                u.covered(&jobs, mark);
                 if roll {
                     let due = u.due(now, usize::MAX);
                     for d in &due {

@@ -345,7 +345,7 @@ impl Metrics {
             db_written: counter_vec(
                 &r,
                 "hourglass_db_documents_written_total",
-                "Documents the service wrote (each statement applied counts one), by collection and kind (bucket_update, rollup_upkeep, registry_update, dead_letter).",
+                "Documents the service wrote (each statement applied counts one), by collection and kind (bucket_update, late_marker, rollup_upkeep, registry_update, dead_letter).",
                 &["collection", "kind"],
             ),
             query_round_trips: histogram_vec_with(
@@ -358,7 +358,7 @@ impl Metrics {
             rollup_jobs: counter(
                 &r,
                 "hourglass_rollup_hours_total",
-                "Series-hours rolled up (hour, day and 30-day slots), at once for ended hours or later for open ones.",
+                "Series-hours rolled up (hour, day and 30-day slots): open ones after they end, ones written after they ended once those writes pause.",
             ),
             rollup_pending: gauge(
                 &r,

@@ -754,7 +754,7 @@ async fn write_shapes(db: &mongodb::Database) -> String {
         .filter(|s| {
             matches!(
                 s.kind.as_str(),
-                "update" | "insert" | "findAndModify" | "aggregate"
+                "update" | "insert" | "findAndModify" | "aggregate" | "delete"
             )
         })
         .map(Sent::shape)
@@ -871,7 +871,7 @@ async fn conforms(g: Granularity) {
                 }
             }
             // Judged by what they left, above.
-            "update" | "insert" | "findAndModify" => {}
+            "update" | "insert" | "findAndModify" | "delete" => {}
             "aggregate" => {
                 let pipeline = commands[0]
                     .command

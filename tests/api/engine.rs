@@ -178,8 +178,10 @@ pub(crate) async fn assert_rollups_match_buckets_before(
 }
 
 /// [`assert_rollups_match_buckets_before`] once every hour that ended a
-/// while ago is rolled up (the upkeep rolls up open hours after they end).
+/// while ago is rolled up (the upkeep rolls up open hours after they end,
+/// and hours written late once their writes pause).
 pub(crate) async fn assert_rollups_match_buckets(app: &TestApp, g: Granularity) {
+    app.late_rolled_up().await;
     let wait = app.settings.buckets.rollup_after + Duration::from_secs(10);
     let now = time::OffsetDateTime::now_utc().unix_timestamp();
     let hour = now - now.rem_euclid(3600);
@@ -304,6 +306,7 @@ async fn rebuilding_rollups_of_data_written_without_them_restores_them_and_answe
             ));
         }
         post_all(&app, &batch).await;
+        app.late_rolled_up().await;
         let ranges = [(t, t + 5 * 86_400), (t + 999, t + 4 * 86_400 + 3601)];
         let mut before = Vec::new();
         for &(from, to) in &ranges {

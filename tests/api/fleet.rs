@@ -276,6 +276,7 @@ async fn a_flush_of_65_late_sensors_in_a_fleet_of_10000_does_rollup_work_for_65(
         .collect();
     let r = app.post_readings(&Value::Array(late)).await;
     assert_eq!(r.status(), 200);
+    app.late_rolled_up().await;
     let written = written("rollups").await - before.0;
     let read = read("kind=\"rollup_upkeep\"").await - before.1;
     // An hour document, a day document's slot and a 30-day document's slot
@@ -288,16 +289,18 @@ async fn a_flush_of_65_late_sensors_in_a_fleet_of_10000_does_rollup_work_for_65(
 }
 
 /// A backfill in time order, one request (one flush) per minute of an hour
-/// that has ended: each flush rolls the hour up again, reading the buckets
-/// it wrote and the hour documents, not the hour's earlier buckets again
-/// (which made a backfill's upkeep quadratic in the hour: 91 500 bucket
-/// reads here instead of about 3 000).
+/// that has ended: the upkeep reads the buckets the flushes wrote and the
+/// hour documents, not the hour's earlier buckets again (rolling the hour
+/// up whole after each flush made a backfill's upkeep quadratic in the
+/// hour: 91 500 bucket reads here instead of about 3 000); and the flushes
+/// only mark the hour late, so it is rolled up a few times, not 60.
 #[tokio::test]
 async fn a_backfill_in_time_order_rereads_only_what_each_flush_wrote() {
     let app = spawn_app_with(fleet_settings(Granularity::Minute)).await;
     let hour = base_time() + 5 * 3600;
     let read = |what| counted(&app, "hourglass_db_documents_read_total", what);
     let before = read("collection=\"buckets\",kind=\"rollup_upkeep\"").await;
+    let jobs_before = counted(&app, "hourglass_rollup_hours_total", "").await;
     for minute in 0..60 {
         let body: Vec<Value> = (0..50)
             .flat_map(|i| {
@@ -315,11 +318,89 @@ async fn a_backfill_in_time_order_rereads_only_what_each_flush_wrote() {
         let r = app.post_readings(&Value::Array(body)).await;
         assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
     }
+    app.late_rolled_up().await;
     let read = read("collection=\"buckets\",kind=\"rollup_upkeep\"").await - before;
-    // 3 000 buckets written; the first flush of each hour's day also reads
-    // the rest of the day once to complete it.
+    let rolled = counted(&app, "hourglass_rollup_hours_total", "").await - jobs_before;
+    // 3 000 buckets written; the first roll-up of each hour's day also
+    // reads the rest of the day once to complete it.
+    eprintln!("backfill upkeep: {read} buckets read, {rolled} series-hours rolled up");
     assert!(read <= 2.0 * 3000.0, "{read} buckets read by the upkeep");
+    // 60 flushes of 50 series into one hour: one roll-up per series each
+    // time the writes paused, not one per flush.
+    assert!(
+        rolled <= 50.0 * 20.0,
+        "{rolled} series-hours rolled up for 60 flushes of 50 series"
+    );
     crate::engine::assert_rollups_match_buckets(&app, Granularity::Minute).await;
+    app.stop().await.expect("clean stop");
+}
+
+/// A late write into an hour whose slots are complete: until the hour is
+/// rolled up again its marker sends queries to the buckets, so every answer
+/// (JSON, group, PromQL) holds the new readings at once; then the rollups
+/// equal their buckets. Without the marker the stale slots would answer.
+#[tokio::test]
+async fn answers_hold_a_late_write_before_its_hour_is_rolled_up_again() {
+    let mut settings = fleet_settings(Granularity::Minute);
+    settings.buckets.late_rollup_after = Duration::from_secs(20);
+    let app = spawn_app_with(settings).await;
+    let hour = base_time() + 7 * 3600;
+    let first: Vec<Value> = (0..6)
+        .flat_map(|i| {
+            let sensor = format!("lw-{i}");
+            (0..30).map(move |k| reading(&sensor, "temp", hour + k * 120 + i, 1.0))
+        })
+        .collect();
+    let r = app.post_readings(&Value::Array(first)).await;
+    assert_eq!(r.status(), 200);
+    app.late_rolled_up().await;
+    // Rolled up and complete: a day's answer now comes from slots.
+    let day = hour - hour.rem_euclid(86_400);
+    let (from, to) = (rfc3339(day), rfc3339(day + 86_400));
+    let avg =
+        |sensor: &str| format!("/api/v1/sensors/{sensor}/average?metric=temp&from={from}&to={to}");
+    let before = app.get_json(&avg("lw-0")).await;
+    assert_eq!(before["count"], 30);
+    // The late write: ten more readings and one overwritten, for lw-0..2.
+    let late: Vec<Value> = (0..3)
+        .flat_map(|i| {
+            let sensor = format!("lw-{i}");
+            let overwrite = reading(&sensor, "temp", hour + i, 3.0);
+            (0..10)
+                .map(move |k| reading(&sensor, "temp", hour + 60 + k * 120 + i, 5.0))
+                .chain(std::iter::once(overwrite))
+        })
+        .collect();
+    let r = app.post_readings(&Value::Array(late)).await;
+    assert_eq!(r.status(), 200);
+    let late_docs = app
+        .documents(
+            &app.settings.mongodb.late_collection,
+            mongodb::bson::doc! {},
+        )
+        .await;
+    assert!(!late_docs.is_empty(), "the hour is marked late");
+    let got = app.get_json(&avg("lw-0")).await;
+    assert_eq!(got["count"], 40, "{got}");
+    assert_eq!(got["sum"], 29.0 + 3.0 + 50.0, "{got}");
+    assert_eq!(got["max"], 5.0, "{got}");
+    let untouched = app.get_json(&avg("lw-4")).await;
+    assert_eq!(untouched["count"], 30, "{untouched}");
+    let prom = app
+        .get_json(&format!(
+            "/prometheus/api/v1/query?query=sum(sum_over_time(temp[2d]))&time={}",
+            day + 86_400
+        ))
+        .await;
+    let total = prom["data"]["result"][0]["value"][1]
+        .as_str()
+        .expect("a value")
+        .parse::<f64>()
+        .expect("a number");
+    assert_eq!(total, 6.0 * 30.0 + 3.0 * (2.0 + 50.0), "{prom}");
+    app.late_rolled_up().await;
+    assert_eq!(app.get_json(&avg("lw-0")).await, got);
+    assert_rollups_match_buckets(&app, Granularity::Minute).await;
     app.stop().await.expect("clean stop");
 }
 
@@ -428,6 +509,9 @@ async fn a_fleet_panel_is_exact_at_window_edges_and_reads_a_document_per_series_
         let r = app.post_readings(&Value::Array(chunk.to_vec())).await;
         assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
     }
+    // The bounds are the rolled-up state's: until then the hours written
+    // late are read from their buckets.
+    app.late_rolled_up().await;
     let (start, end) = (day0 + 3600, day0 + 47 * 3600);
     let (got, docs, trips) = panel(&app, "sum_over_time(temp[1h])", start, end, 3600).await;
     assert_eq!(got.len(), 100, "every series");

@@ -39,6 +39,8 @@ pub fn test_settings() -> Settings {
     s.mongodb.database = format!("hg_test_{}", uuid::Uuid::new_v4().simple());
     s.http.listen = "127.0.0.1:0".parse().expect("valid address");
     s.batcher.flush_interval = Duration::from_millis(50);
+    // Hours written late are rolled up a second after their last write.
+    s.buckets.late_rollup_after = Duration::from_secs(1);
     s.mqtt.enabled = false;
     // Most tests check what is stored when the answer comes, which is what
     // the service does with the journal off; the journal tests turn it on.
@@ -194,6 +196,21 @@ impl TestApp {
             .try_collect()
             .await
             .expect("documents")
+    }
+
+    /// Waits until every hour marked late is rolled up again (the upkeep
+    /// removes a marker once it has): its rollup slots are then current.
+    pub async fn late_rolled_up(&self) {
+        let late = self
+            .db
+            .collection::<Document>(&self.settings.mongodb.late_collection);
+        for _ in 0..600 {
+            if late.count_documents(doc! {}).await.expect("count") == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("hours marked late were not rolled up within a minute");
     }
 
     /// Stops the service gracefully and returns how it ended.

@@ -156,9 +156,10 @@ async fn outage_codes_during_synchronous_writes_end_with_everything_stored_once(
 async fn outages_of_the_rollup_writes_send_the_batch_again_until_rollups_are_exact() {
     let (_db, app) = spawn_patient_app().await;
     let t = base_time();
-    // Hours that ended are rolled up before the batch counts as stored: the
-    // buckets' `update` goes through, the rollups' next one fails, and the
-    // batch is sent again until the rollups have caught up with it.
+    // Hours that ended are marked late before the batch counts as stored:
+    // the buckets' `update` goes through, the marker's next one fails, and
+    // the batch is sent again until the hour is marked; its roll-up then
+    // makes the rollups catch up with it.
     let cases: Vec<(&str, Document)> = vec![
         (
             "an unsatisfiable write concern",
@@ -168,6 +169,8 @@ async fn outages_of_the_rollup_writes_send_the_batch_again_until_rollups_are_exa
         ("a closed connection", doc! { "closeConnection": true }),
     ];
     for (i, (what, mut data)) in cases.into_iter().enumerate() {
+        // The upkeep's own writes would take the failure otherwise.
+        app.late_rolled_up().await;
         let before = outages(&app).await;
         let sensor = format!("rollup-outage-{i}");
         data.insert("failCommands", vec!["update"]);

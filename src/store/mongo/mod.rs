@@ -25,6 +25,7 @@ use crate::telemetry::metrics::Metrics;
 /// the range on `start` also serves every query, so it is the only index.
 mod dead_letters;
 mod indexes;
+mod late;
 mod metadata;
 mod registry;
 mod rollups;
@@ -55,6 +56,8 @@ pub struct MongoStore {
     buckets: Collection<Document>,
     dead_letters: Collection<Document>,
     rollups: Collection<Document>,
+    /// Late markers (see `store::late`).
+    late: Collection<Document>,
     sensors: Collection<Document>,
     /// The metadata document (see `metadata`).
     metadata: Collection<Document>,
@@ -70,6 +73,8 @@ pub struct MongoStore {
     upkeep: Arc<Mutex<Upkeep>>,
     /// Seconds after an hour ends before the upkeep rolls it up anyway.
     close_after: i64,
+    /// Seconds without a late mark before a marked hour is rolled up.
+    late_after: i64,
     dead_letter_retention: Option<Duration>,
     metrics: Option<Arc<Metrics>>,
     /// New series of accepted readings, to register ahead of storage.
@@ -144,13 +149,12 @@ impl MongoStore {
         }
     }
 
-    /// Connects (lazily: the driver dials on first use). `rollup_after`: see
-    /// `buckets.rollup_after`.
+    /// Connects (lazily: the driver dials on first use).
     pub async fn connect(
         settings: &Settings,
-        granularity: Granularity,
-        rollup_after: Duration,
+        buckets: &crate::store::BucketSettings,
     ) -> Result<Self, StoreError> {
+        let granularity = buckets.granularity;
         let mut options = ClientOptions::parse(settings.uri.expose_secret())
             .await
             .map_err(|e| StoreError::Poison(format!("mongodb.uri: {e}")))?;
@@ -171,11 +175,14 @@ impl MongoStore {
             None => None,
         };
         let client = Client::with_options(options).map_err(classify)?;
-        let close_after = i64::try_from(rollup_after.as_secs()).unwrap_or(i64::MAX / 4);
+        let seconds = |d: Duration| i64::try_from(d.as_secs()).unwrap_or(i64::MAX / 4);
+        let close_after = seconds(buckets.rollup_after);
+        let late_after = seconds(buckets.late_rollup_after);
         let db = client.database(&settings.database);
         let buckets = db.collection::<Document>(&settings.collection);
         let dead_letters = db.collection::<Document>(&settings.dead_letter_collection);
         let rollups = db.collection::<Document>(&settings.rollup_collection);
+        let late = db.collection::<Document>(&settings.late_collection);
         let sensors = db.collection::<Document>(&settings.sensor_collection);
         let metadata = db.collection::<Document>(&settings.metadata_collection);
         Ok(Self {
@@ -183,6 +190,7 @@ impl MongoStore {
             buckets,
             dead_letters,
             rollups,
+            late,
             sensors,
             metadata,
             unclassed_after: Arc::default(),
@@ -192,6 +200,7 @@ impl MongoStore {
             write_concern,
             upkeep: Arc::new(Mutex::new(Upkeep::new(close_after))),
             close_after,
+            late_after,
             dead_letter_retention: settings.dead_letter_retention,
             metrics: None,
             registering: None,
@@ -232,15 +241,19 @@ impl MongoStore {
     }
 
     /// Rolls up the hours this instance wrote into while they were open,
-    /// once they are due (see `store::upkeep`), until `stop` resolves; then
-    /// the ones that ended (this instance writes nothing more).
+    /// once they are due (see `store::upkeep`), and the hours any instance
+    /// marked late once their writes pause (see `store::late`), until `stop`
+    /// resolves; then the ones that ended (this instance writes nothing
+    /// more) and every late marker.
     pub async fn run_upkeep(self: Arc<Self>, stop: impl std::future::Future<Output = ()>) {
-        const TICK: Duration = Duration::from_secs(5);
         const MAX_JOBS: usize = 20_000;
+        // Often enough that a marked hour waits about `late_after`.
+        let tick = Duration::from_secs(self.late_after.clamp(1, 5).unsigned_abs());
         tokio::pin!(stop);
         loop {
             let now = unix_now();
             let due = self.upkeep().due(now, MAX_JOBS);
+            let mut more = false;
             if !due.is_empty() {
                 let jobs: Vec<Job> = due.iter().map(|d| d.job.clone()).collect();
                 match self.roll_up_counted(&jobs, now, None).await {
@@ -249,13 +262,19 @@ impl MongoStore {
                         "Rolling up ended hours failed; trying again (queries read their buckets meanwhile)."),
                 }
                 self.count(|m| m.rollup_pending.set(self.upkeep().pending() as i64));
-                if due.len() == MAX_JOBS {
-                    continue;
-                }
+                more = due.len() == MAX_JOBS;
+            }
+            match self.roll_up_late(now, self.late_after).await {
+                Ok(n) => more |= n >= late::ENTRIES_PER_PASS,
+                Err(e) => warn!(error = %e,
+                    "Rolling up the hours marked late failed; trying again (queries read their buckets meanwhile)."),
+            }
+            if more {
+                continue;
             }
             tokio::select! {
                 _ = &mut stop => break,
-                _ = tokio::time::sleep(TICK) => {}
+                _ = tokio::time::sleep(tick) => {}
             }
         }
         let now = unix_now();
@@ -266,6 +285,16 @@ impl MongoStore {
                 Ok(_) => self.upkeep().done(&ended),
                 Err(e) => warn!(error = %e, jobs = jobs.len(),
                     "Could not roll up the ended hours before stopping; queries read their buckets until they are."),
+            }
+        }
+        loop {
+            match self.roll_up_late(now, 0).await {
+                Ok(n) if n >= late::ENTRIES_PER_PASS => continue,
+                Ok(_) => break,
+                Err(e) => {
+                    warn!(error = %e, "Could not roll up the hours marked late before stopping; another instance, or the next start, will.");
+                    break;
+                }
             }
         }
         let open = self.upkeep().pending();
@@ -331,35 +360,15 @@ impl Sink for MongoStore {
             .map(|(u, _)| *u)
             .collect();
         self.count(|m| m.db_documents("written", "buckets", "bucket_update", stored.len() as u64));
-        // Hours that have ended are rolled up before the batch counts as
-        // stored (while it is in flight, queries read its buckets); open
-        // ones once they end. The registry follows.
+        // Hours still open are remembered and rolled up once they end; the
+        // ended ones written into are marked late (after their buckets,
+        // before the batch counts as stored: queries read the marked buckets
+        // instead of their stale slots) and rolled up once their writes
+        // pause (see `store::late`). The registry follows.
         let now = unix_now();
-        let (jobs, mark) = {
-            let mut upkeep = self.upkeep();
-            let jobs = upkeep.stored(stored.iter().copied(), now);
-            (jobs, upkeep.mark())
-        };
-        // The minutes written into each hour, so the roll-up reads only
-        // those buckets again (minute buckets).
-        let mut written_minutes = rollups::Written::new();
-        if self.granularity == Granularity::Minute {
-            for u in &stored {
-                let start = u.key.start;
-                let hour = start - start.rem_euclid(3600);
-                let series = (
-                    u.key.sensor.as_str().to_owned(),
-                    u.key.metric.as_str().to_owned(),
-                );
-                *written_minutes.entry((series, hour)).or_default() |= 1 << ((start - hour) / 60);
-            }
-        }
-        let after = match self
-            .roll_up_counted(&jobs, now, Some(&written_minutes))
-            .await
-        {
+        self.upkeep().stored(stored.iter().copied(), now);
+        let after = match self.mark_late(&stored, now).await {
             Ok(n) => {
-                self.upkeep().covered(&jobs, mark);
                 written.round_trips += n;
                 self.register(&stored).await
             }
@@ -399,11 +408,11 @@ impl Sink for MongoStore {
             (Err(e @ StoreError::Unclassed(_)), None) => error!(
                 error = %e,
                 attempts = UNKNOWN_ERROR_ATTEMPTS,
-                "The rollups or the sensor registry could not be updated after a flush, however often it was sent; the buckets are stored, but answers over the affected hours may be stale until `hourglass rebuild-rollups` is run over them."
+                "The late-hour markers or the sensor registry could not be updated after a flush, however often it was sent; the buckets are stored, but answers over the affected hours may be stale until `hourglass rebuild-rollups` is run over them."
             ),
             (Err(e), None) => warn!(
                 error = %e,
-                "The rollups or the sensor registry could not be updated after a flush; the buckets are stored. Run `hourglass rebuild-rollups` over the affected days."
+                "The late-hour markers or the sensor registry could not be updated after a flush; the buckets are stored. Run `hourglass rebuild-rollups` over the affected days."
             ),
         }
         written
@@ -538,6 +547,17 @@ impl BucketStore for MongoStore {
             m.db_documents("read", kind, "query", read.documents);
         });
         Ok(read)
+    }
+
+    async fn late(
+        &self,
+        sensors: &[&str],
+        metric: &str,
+        from: i64,
+        to: i64,
+        max_time: Duration,
+    ) -> Result<(Vec<Vec<i64>>, Read), StoreError> {
+        self.late_starts(sensors, metric, from, to, max_time).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

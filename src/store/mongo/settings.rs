@@ -13,6 +13,7 @@ pub const DEFAULT_DATABASE: &str = "hourglass";
 pub const DEFAULT_COLLECTION: &str = "buckets";
 pub const DEFAULT_DEAD_LETTER_COLLECTION: &str = "rejected";
 pub const DEFAULT_ROLLUP_COLLECTION: &str = "rollups";
+pub const DEFAULT_LATE_COLLECTION: &str = "late";
 pub const DEFAULT_SENSOR_COLLECTION: &str = "sensors";
 pub const DEFAULT_METADATA_COLLECTION: &str = "metadata";
 pub const DEFAULT_SERVER_SELECTION_TIMEOUT: Duration = Duration::from_secs(5);
@@ -33,6 +34,9 @@ pub struct Settings {
     pub dead_letter_retention: Option<Duration>,
     /// Hour and day summaries of the buckets (see `store::rollup`).
     pub rollup_collection: String,
+    /// Late markers: hours written after they ended, to roll up again (see
+    /// `store::late`).
+    pub late_collection: String,
     /// The sensor registry: metrics, labels, last seen.
     pub sensor_collection: String,
     /// The metadata document: granularity and schema versions (see
@@ -65,6 +69,7 @@ impl Default for Settings {
             dead_letter_collection: DEFAULT_DEAD_LETTER_COLLECTION.to_owned(),
             dead_letter_retention: None,
             rollup_collection: DEFAULT_ROLLUP_COLLECTION.to_owned(),
+            late_collection: DEFAULT_LATE_COLLECTION.to_owned(),
             sensor_collection: DEFAULT_SENSOR_COLLECTION.to_owned(),
             metadata_collection: DEFAULT_METADATA_COLLECTION.to_owned(),
             server_selection_timeout: DEFAULT_SERVER_SELECTION_TIMEOUT,
@@ -96,6 +101,7 @@ impl Settings {
                 &self.dead_letter_collection,
             ),
             ("mongodb.rollup_collection", &self.rollup_collection),
+            ("mongodb.late_collection", &self.late_collection),
             ("mongodb.sensor_collection", &self.sensor_collection),
             ("mongodb.metadata_collection", &self.metadata_collection),
         ] {
@@ -110,6 +116,7 @@ impl Settings {
                 &self.dead_letter_collection,
             ),
             ("mongodb.rollup_collection", &self.rollup_collection),
+            ("mongodb.late_collection", &self.late_collection),
             ("mongodb.sensor_collection", &self.sensor_collection),
             ("mongodb.metadata_collection", &self.metadata_collection),
         ] {

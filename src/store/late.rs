@@ -1,0 +1,290 @@
+//! Late markers: what a write into an hour that has ended leaves behind, so
+//! that rolling the hour up again can wait until writes into it pause.
+//!
+//! A bucket written into an ended hour (late readings, a backfill, the held
+//! buckets of an hour's last minutes) makes that hour's complete rollup
+//! slots stale. Rolling the hour up before each such flush counts as stored
+//! costs a read of its buckets and rollup documents and three rollup writes
+//! per series and flush: a backfill sent in requests of a few seconds each
+//! rolled its hours up once per request. Instead the flush records, after
+//! its buckets and before it counts as stored, one *marker* entry per
+//! series and ended hour it wrote, and the upkeep rolls a marked hour up
+//! once no write has marked it for `buckets.late_rollup_after` (and at most
+//! a minute after its first mark), however many flushes marked it.
+//!
+//! **Documents** (`mongodb.late_collection`): one per hour and partition of
+//! the series (a hash of the key, so that no document outgrows the size
+//! limit: about 250 000 series per partition and hour),
+//! `{_id: hour · 64 + partition, at: last mark, first: first mark,
+//! e: {<series key>: {w: minutes, q: token}}}`, where `w` has a bit per
+//! minute of the hour written late (bit 0 for an hour bucket) and `q` names
+//! the flush that marked it last.
+//!
+//! **Queries** read the markers of their range and treat each marked bucket
+//! as one with readings not stored yet: no rollup slot over it answers, the
+//! bucket is read. So answers stay exact while a marker waits.
+//!
+//! **Races.** The upkeep reads the markers first, then the buckets, then
+//! writes the slots, then removes each entry only if its `q` is still the
+//! one it read. A flush that wrote a bucket after that read marks its entry
+//! with a new `q` (after writing the bucket), so its entry stays and the
+//! hour is rolled up again; any instance's upkeep may roll up any marker.
+
+use mongodb::bson::{Bson, Document, doc, oid::ObjectId};
+
+use crate::domain::{BucketUpdate, Granularity};
+use crate::store::upkeep::HOUR;
+
+/// Partitions of an hour's markers.
+pub const PARTITIONS: i64 = 64;
+
+/// A series' field name in a marker document: the sensor with `.` (which
+/// a field path would split) as `~`, then `|` and the metric; neither `~`
+/// nor `|` is allowed in a name, so the key reads back unambiguously.
+pub fn key(sensor: &str, metric: &str) -> String {
+    let mut k = String::with_capacity(sensor.len() + metric.len() + 1);
+    k.extend(sensor.chars().map(|c| if c == '.' { '~' } else { c }));
+    k.push('|');
+    k.push_str(metric);
+    k
+}
+
+/// The series of a [`key`].
+pub fn parse_key(key: &str) -> Option<(String, String)> {
+    let (sensor, metric) = key.split_once('|')?;
+    Some((sensor.replace('~', "."), metric.to_owned()))
+}
+
+/// FNV-1a: stable across processes and versions, unlike std's hasher.
+fn partition(key: &str) -> i64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    (h % PARTITIONS as u64) as i64
+}
+
+/// The marker document of `hour` (a multiple of an hour) holding `key`.
+pub fn doc_id(hour: i64, key: &str) -> i64 {
+    hour / HOUR * PARTITIONS + partition(key)
+}
+
+/// The `_id` range of the markers of the hours in `[from, to)`.
+pub fn id_range(from: i64, to: i64) -> (i64, i64) {
+    let first = from.div_euclid(HOUR);
+    let last = (to + HOUR - 1).div_euclid(HOUR);
+    (first * PARTITIONS, last * PARTITIONS)
+}
+
+/// The hour of a marker document.
+pub fn hour_of(id: i64) -> i64 {
+    id.div_euclid(PARTITIONS) * HOUR
+}
+
+/// The bit of a bucket in its hour's `w`.
+fn bit(start: i64) -> u64 {
+    1 << ((start.rem_euclid(HOUR) / 60) as u32)
+}
+
+/// A flush's marks: per marker document, its entries' keys and minutes.
+pub type Marks = std::collections::BTreeMap<i64, Vec<(String, u64)>>;
+
+/// The marks of `stored` updates whose hour has ended by `now`.
+pub fn marks<'a>(stored: impl IntoIterator<Item = &'a BucketUpdate>, now: i64) -> Marks {
+    let mut by_series: std::collections::BTreeMap<(i64, String), u64> = Default::default();
+    for u in stored {
+        let start = u.key.start;
+        let hour = start - start.rem_euclid(HOUR);
+        if hour + HOUR > now {
+            continue;
+        }
+        let k = key(u.key.sensor.as_str(), u.key.metric.as_str());
+        *by_series.entry((hour, k)).or_default() |= bit(start);
+    }
+    let mut out = Marks::new();
+    for ((hour, k), w) in by_series {
+        out.entry(doc_id(hour, &k)).or_default().push((k, w));
+    }
+    out
+}
+
+/// The upsert of one marker document's entries, by the flush `token`, at
+/// `now` (epoch seconds).
+pub fn mark_statement(id: i64, entries: &[(String, u64)], token: ObjectId, now: i64) -> Document {
+    let at = Bson::DateTime(mongodb::bson::DateTime::from_millis(
+        now.saturating_mul(1000),
+    ));
+    let mut set = Document::new();
+    let mut or = Document::new();
+    for (k, w) in entries {
+        set.insert(format!("e.{k}.q"), token);
+        or.insert(format!("e.{k}.w"), doc! { "or": *w as i64 });
+    }
+    doc! {
+        "q": { "_id": id },
+        "u": { "$set": set, "$bit": or, "$max": { "at": at.clone() }, "$min": { "first": at } },
+        "upsert": true,
+    }
+}
+
+/// One series' marker, as read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    pub id: i64,
+    pub key: String,
+    pub sensor: String,
+    pub metric: String,
+    pub hour: i64,
+    /// Bits of the minutes written late (bit 0 for an hour bucket).
+    pub minutes: u64,
+    pub token: Bson,
+}
+
+/// The entries of a marker document (unreadable ones are skipped: a query
+/// then reads their rollups as if unmarked, as before markers existed).
+pub fn entries(d: &Document) -> Vec<Entry> {
+    let id = match d.get("_id") {
+        Some(Bson::Int64(x)) => *x,
+        Some(Bson::Int32(x)) => i64::from(*x),
+        _ => return Vec::new(),
+    };
+    let Ok(e) = d.get_document("e") else {
+        return Vec::new();
+    };
+    e.iter()
+        .filter_map(|(k, v)| {
+            let v = v.as_document()?;
+            let (sensor, metric) = parse_key(k)?;
+            let minutes = match v.get("w")? {
+                Bson::Int64(w) => *w as u64,
+                Bson::Int32(w) => u64::from(*w as u32),
+                _ => return None,
+            };
+            Some(Entry {
+                id,
+                key: k.clone(),
+                sensor,
+                metric,
+                hour: hour_of(id),
+                minutes,
+                token: v.get("q")?.clone(),
+            })
+        })
+        .collect()
+}
+
+/// Removes `e` unless a flush marked it again since it was read.
+pub fn clear_statement(e: &Entry) -> Document {
+    doc! {
+        "q": { "_id": e.id, format!("e.{}.q", e.key): e.token.clone() },
+        "u": { "$unset": { format!("e.{}", e.key): "" } },
+    }
+}
+
+/// The bucket starts an entry marks.
+pub fn starts(hour: i64, minutes: u64, granularity: Granularity) -> Vec<i64> {
+    match granularity {
+        Granularity::Hour => {
+            if minutes == 0 {
+                Vec::new()
+            } else {
+                vec![hour]
+            }
+        }
+        Granularity::Minute => (0..60)
+            .filter(|k| minutes & (1 << k) != 0)
+            .map(|k| hour + k * 60)
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{BucketKey, MetricName, SensorId};
+    use proptest::prelude::*;
+
+    fn update(sensor: &str, start: i64) -> BucketUpdate {
+        BucketUpdate {
+            key: BucketKey {
+                sensor: SensorId::parse(sensor.to_owned())
+                    .expect("valid")
+                    .into_owned(),
+                metric: MetricName::default_metric(),
+                start,
+            },
+            values: vec![(0, 1.0)],
+        }
+    }
+
+    #[test]
+    fn only_ended_hours_are_marked_with_their_minutes() {
+        let h = 1000 * HOUR;
+        let ups = [
+            update("a.b:c", h),
+            update("a.b:c", h + 120),
+            update("d", h + 3540),
+            update("d", h + HOUR),
+        ];
+        let m = marks(ups.iter(), h + HOUR + 10);
+        let all: Vec<(String, u64)> = m.values().flatten().cloned().collect();
+        assert_eq!(all.len(), 2, "the open hour is not marked: {m:?}");
+        let ab = all
+            .iter()
+            .find(|(k, _)| k.starts_with("a~b:c|"))
+            .expect("a.b:c");
+        assert_eq!(ab.1, 0b101);
+        let d = all.iter().find(|(k, _)| k.starts_with("d|")).expect("d");
+        assert_eq!(d.1, 1 << 59);
+        for (&id, es) in &m {
+            assert_eq!(hour_of(id), h);
+            for (k, _) in es {
+                assert_eq!(doc_id(h, k), id);
+            }
+        }
+    }
+
+    #[test]
+    fn a_marker_reads_back_as_written() {
+        let h = 5 * HOUR;
+        let k = key("x.y", "temp");
+        let id = doc_id(h, &k);
+        let token = ObjectId::new();
+        let d = doc! { "_id": id, "e": { k.clone(): { "w": 6_i64, "q": token } } };
+        let e = entries(&d);
+        assert_eq!(e.len(), 1);
+        assert_eq!(
+            (e[0].sensor.as_str(), e[0].metric.as_str()),
+            ("x.y", "temp")
+        );
+        assert_eq!((e[0].hour, e[0].minutes), (h, 6));
+        assert_eq!(starts(h, 6, Granularity::Minute), vec![h + 60, h + 120]);
+        assert_eq!(starts(h, 6, Granularity::Hour), vec![h]);
+        let clear = clear_statement(&e[0]);
+        assert_eq!(
+            clear.get_document("q").expect("q").get(format!("e.{k}.q")),
+            Some(&Bson::ObjectId(token))
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn keys_are_field_names_that_read_back(sensor in "[a-zA-Z0-9_.:-]{1,40}", metric in "[a-zA-Z0-9_-]{1,20}") {
+            let k = key(&sensor, &metric);
+            prop_assert!(!k.contains('.') && !k.starts_with('$'));
+            prop_assert_eq!(parse_key(&k), Some((sensor, metric)));
+        }
+
+        #[test]
+        fn a_range_holds_exactly_the_markers_of_its_hours(h in 0i64..1_000_000, from_off in 0i64..7200, len in 1i64..20_000, p in 0i64..PARTITIONS) {
+            let hour = h * HOUR;
+            let id = hour / HOUR * PARTITIONS + p;
+            let from = hour - 3600 + from_off;
+            let to = from + len;
+            let (a, b) = id_range(from, to);
+            let overlaps = from < hour + HOUR && to > hour;
+            prop_assert_eq!(id >= a && id < b, overlaps);
+        }
+    }
+}

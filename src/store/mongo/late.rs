@@ -1,0 +1,223 @@
+//! Late markers on MongoDB (see `store::late`): written by a flush into
+//! ended hours, read by queries, rolled up and removed by the upkeep.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use futures_util::TryStreamExt;
+use mongodb::bson::{Bson, Document, doc, oid::ObjectId};
+
+use super::rollups::Written;
+use super::{MongoStore, classify, classify_read};
+use crate::domain::{BucketUpdate, Granularity};
+use crate::store::late::{self, Entry};
+use crate::store::upkeep::Job;
+use crate::store::{Read, StoreError};
+
+/// Entries the upkeep rolls up in one pass.
+pub(super) const ENTRIES_PER_PASS: usize = 20_000;
+/// A marked hour is rolled up this long after its first mark at the
+/// latest, however often it is marked again (a backfill that goes on).
+const LATEST_AFTER: i64 = 60;
+/// Bytes of one entry in a statement, above its key: field names, token,
+/// minutes and BSON framing (generous).
+const ENTRY_BYTES: usize = 64;
+
+impl MongoStore {
+    /// Marks the ended hours `stored` wrote into, as of `now` (epoch
+    /// seconds): after their buckets, before the flush counts as stored.
+    /// Answers the round trips it took.
+    pub(super) async fn mark_late(
+        &self,
+        stored: &[&BucketUpdate],
+        now: i64,
+    ) -> Result<usize, StoreError> {
+        let marks = late::marks(stored.iter().copied(), now);
+        if marks.is_empty() {
+            return Ok(0);
+        }
+        let token = ObjectId::new();
+        // Commands within the server's limits by construction: statements
+        // counted, bytes estimated from the keys (a body at most half the
+        // largest document).
+        let max_bytes = self.limits.max_bson_object_size / 2;
+        let mut round_trips = 0;
+        let mut batch: Vec<Document> = Vec::new();
+        let mut bytes = 0;
+        let mut documents = 0_u64;
+        for (&id, entries) in &marks {
+            // A document's entries may be split over statements too.
+            for chunk in entries.chunks(4096) {
+                let size: usize = chunk.iter().map(|(k, _)| 2 * k.len() + ENTRY_BYTES).sum();
+                if !batch.is_empty()
+                    && (batch.len() >= self.limits.max_write_batch_size || bytes + size > max_bytes)
+                {
+                    self.send_marks(std::mem::take(&mut batch)).await?;
+                    round_trips += 1;
+                    bytes = 0;
+                }
+                batch.push(late::mark_statement(id, chunk, token, now));
+                bytes += size + 128;
+                documents += 1;
+            }
+        }
+        if !batch.is_empty() {
+            self.send_marks(batch).await?;
+            round_trips += 1;
+        }
+        self.count(|m| m.db_documents("written", "late", "late_marker", documents));
+        Ok(round_trips)
+    }
+
+    async fn send_marks(&self, statements: Vec<Document>) -> Result<(), StoreError> {
+        let command = doc! {
+            "update": self.late.name(),
+            "updates": statements,
+            "ordered": false,
+        };
+        let reply = self.run_write(command, "marking late hours").await?;
+        match reply.get_array("writeErrors") {
+            // Nothing here can be refused for its contents but a document
+            // over the size limit: sent again a bounded number of times.
+            Ok(errors) if !errors.is_empty() => Err(StoreError::Unclassed(format!(
+                "marking late hours: {}",
+                errors[0]
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// The bucket starts of each of `sensors` (for `metric`) marked late in
+    /// `[from, to)`, sorted.
+    pub(super) async fn late_starts(
+        &self,
+        sensors: &[&str],
+        metric: &str,
+        from: i64,
+        to: i64,
+        max_time: Duration,
+    ) -> Result<(Vec<Vec<i64>>, Read), StoreError> {
+        let mut out = vec![Vec::new(); sensors.len()];
+        let mut read = Read::default();
+        if sensors.is_empty() || from >= to {
+            return Ok((out, read));
+        }
+        let index: std::collections::HashMap<String, usize> = sensors
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (late::key(s, metric), i))
+            .collect();
+        let mut projection = doc! { "_id": 1 };
+        for k in index.keys() {
+            projection.insert(format!("e.{k}"), 1);
+        }
+        let (a, b) = late::id_range(from, to);
+        let mut cursor = self
+            .late
+            .find(doc! { "_id": { "$gte": a, "$lt": b } })
+            .projection(projection)
+            .max_time(max_time)
+            .await
+            .map_err(classify_read)?;
+        read.round_trips += 1;
+        while let Some(d) = cursor.try_next().await.map_err(classify_read)? {
+            read.documents += 1;
+            for e in late::entries(&d) {
+                if let Some(&i) = index.get(&e.key) {
+                    out[i].extend(late::starts(e.hour, e.minutes, self.granularity));
+                }
+            }
+        }
+        for starts in &mut out {
+            starts.sort_unstable();
+            starts.dedup();
+        }
+        self.count(|m| m.db_documents("read", "late", "query", read.documents));
+        Ok((out, read))
+    }
+
+    /// Rolls up the hours marked late that are due as of `now`: no mark for
+    /// `quiet` seconds, or a first mark a minute ago. Answers the entries
+    /// rolled up (at most [`ENTRIES_PER_PASS`]); with `quiet` zero and
+    /// nothing written meanwhile, every marker goes.
+    pub async fn roll_up_late(&self, now: i64, quiet: i64) -> Result<usize, StoreError> {
+        let date = |t: i64| Bson::DateTime(mongodb::bson::DateTime::from_millis(t * 1000));
+        let filter = doc! { "$or": [
+            { "at": { "$lte": date(now - quiet) } },
+            { "first": { "$lte": date(now - LATEST_AFTER) } },
+        ] };
+        let mut cursor = self.late.find(filter).await.map_err(classify)?;
+        let mut entries: Vec<Entry> = Vec::new();
+        let mut ids: BTreeSet<i64> = BTreeSet::new();
+        let mut documents = 0;
+        while let Some(d) = cursor.try_next().await.map_err(classify)? {
+            documents += 1;
+            let es = late::entries(&d);
+            if let Some(Bson::Int64(id)) = d.get("_id") {
+                ids.insert(*id);
+            }
+            entries.extend(es);
+            if entries.len() >= ENTRIES_PER_PASS {
+                break;
+            }
+        }
+        drop(cursor);
+        self.count(|m| m.db_documents("read", "late", "rollup_upkeep", documents));
+        if !entries.is_empty() {
+            let mut written = Written::new();
+            let mut jobs: Vec<Job> = Vec::with_capacity(entries.len());
+            for e in &entries {
+                jobs.push(Job {
+                    sensor: e.sensor.clone(),
+                    metric: e.metric.clone(),
+                    hour: e.hour,
+                });
+                if self.granularity == Granularity::Minute {
+                    *written
+                        .entry(((e.sensor.clone(), e.metric.clone()), e.hour))
+                        .or_default() |= e.minutes;
+                }
+            }
+            jobs.sort_unstable();
+            jobs.dedup();
+            self.roll_up_counted(&jobs, now, Some(&written)).await?;
+            let mut cleared = 0;
+            for chunk in entries.chunks(self.limits.max_write_batch_size.clamp(1, 10_000)) {
+                let command = doc! {
+                    "update": self.late.name(),
+                    "updates": chunk.iter().map(late::clear_statement).collect::<Vec<_>>(),
+                    "ordered": false,
+                };
+                let reply = self.run_write(command, "clearing late markers").await?;
+                cleared += reply.get_i32("nModified").map_or(0, |n| n.max(0) as u64);
+            }
+            self.count(|m| m.db_documents("written", "late", "rollup_upkeep", cleared));
+        }
+        if !ids.is_empty() {
+            // Documents left without entries go; one marked again meanwhile
+            // keeps its entries, and its minute of grace starts again (a
+            // backfill that goes on is rolled up once a minute, not at
+            // every pass).
+            let ids: Vec<i64> = ids.into_iter().collect();
+            for chunk in ids.chunks(10_000) {
+                let command = doc! {
+                    "delete": self.late.name(),
+                    "deletes": [{ "q": { "_id": { "$in": chunk.to_vec() }, "e": {} }, "limit": 0 }],
+                };
+                self.run_write(command, "deleting emptied late markers")
+                    .await?;
+                let command = doc! {
+                    "update": self.late.name(),
+                    "updates": [{
+                        "q": { "_id": { "$in": chunk.to_vec() } },
+                        "u": { "$set": { "first": date(now) } },
+                        "multi": true,
+                    }],
+                };
+                self.run_write(command, "restarting late markers' grace")
+                    .await?;
+            }
+        }
+        Ok(entries.len())
+    }
+}
