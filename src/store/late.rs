@@ -14,8 +14,9 @@
 //!
 //! **Documents** (`mongodb.late_collection`): one per hour and partition of
 //! the series (a hash of the key, so that no document outgrows the size
-//! limit: about 250 000 series per partition and hour),
-//! `{_id: hour · 64 + partition, at: last mark, first: first mark,
+//! limit: about 250 000 series per partition, 4 million an hour; few
+//! partitions, so that a small fleet's flush writes few documents),
+//! `{_id: hour · 16 + partition, at: last mark, first: first mark,
 //! e: {<series key>: {w: minutes, q: token}}}`, where `w` has a bit per
 //! minute of the hour written late (bit 0 for an hour bucket) and `q` names
 //! the flush that marked it last.
@@ -36,7 +37,7 @@ use crate::domain::{BucketUpdate, Granularity};
 use crate::store::upkeep::HOUR;
 
 /// Partitions of an hour's markers.
-pub const PARTITIONS: i64 = 64;
+pub const PARTITIONS: i64 = 16;
 
 /// A series' field name in a marker document: the sensor with `.` (which
 /// a field path would split) as `~`, then `|` and the metric; neither `~`
@@ -180,6 +181,18 @@ pub fn clear_statement(e: &Entry) -> Document {
         "q": { "_id": e.id, format!("e.{}.q", e.key): e.token.clone() },
         "u": { "$unset": { format!("e.{}", e.key): "" } },
     }
+}
+
+/// Removes the entries `es` of one document, if no flush marked any of
+/// them again since they were read (else the statement matches nothing).
+pub fn clear_all_statement(es: &[&Entry]) -> Document {
+    let mut q = doc! { "_id": es.first().map_or(0, |e| e.id) };
+    let mut unset = Document::new();
+    for e in es {
+        q.insert(format!("e.{}.q", e.key), e.token.clone());
+        unset.insert(format!("e.{}", e.key), "");
+    }
+    doc! { "q": q, "u": { "$unset": unset } }
 }
 
 /// The bucket starts an entry marks.

@@ -136,6 +136,50 @@ impl MongoStore {
         Ok((out, read))
     }
 
+    /// Removes the rolled-up `entries` that no flush marked again since they
+    /// were read: one statement per document, removing its entries only if
+    /// none was marked again; if some document was, one statement per entry
+    /// (each removing its entry only if it was not). Answers the documents
+    /// changed.
+    async fn clear_late(&self, entries: &[Entry]) -> Result<u64, StoreError> {
+        let per_command = self.limits.max_write_batch_size.clamp(1, 10_000);
+        let mut by_doc: std::collections::BTreeMap<i64, Vec<&Entry>> = Default::default();
+        for e in entries {
+            by_doc.entry(e.id).or_default().push(e);
+        }
+        let statements: Vec<Document> = by_doc
+            .values()
+            .map(|es| late::clear_all_statement(es))
+            .collect();
+        let (mut matched, mut changed) = (0, 0);
+        for chunk in statements.chunks(per_command) {
+            let (n, modified) = self.send_clears(chunk.to_vec()).await?;
+            matched += n;
+            changed += modified;
+        }
+        if matched < statements.len() as u64 {
+            for chunk in entries.chunks(per_command) {
+                let (_, modified) = self
+                    .send_clears(chunk.iter().map(late::clear_statement).collect())
+                    .await?;
+                changed += modified;
+            }
+        }
+        Ok(changed)
+    }
+
+    /// Answers the statements matched and the documents changed.
+    async fn send_clears(&self, statements: Vec<Document>) -> Result<(u64, u64), StoreError> {
+        let command = doc! {
+            "update": self.late.name(),
+            "updates": statements,
+            "ordered": false,
+        };
+        let reply = self.run_write(command, "clearing late markers").await?;
+        let count = |f: &str| reply.get_i32(f).map_or(0, |n| n.max(0) as u64);
+        Ok((count("n"), count("nModified")))
+    }
+
     /// Rolls up the hours marked late that are due as of `now`: no mark for
     /// `quiet` seconds, or a first mark a minute ago. Answers the entries
     /// rolled up (at most [`ENTRIES_PER_PASS`]); with `quiet` zero and
@@ -153,8 +197,14 @@ impl MongoStore {
         while let Some(d) = cursor.try_next().await.map_err(classify)? {
             documents += 1;
             let es = late::entries(&d);
-            if let Some(Bson::Int64(id)) = d.get("_id") {
-                ids.insert(*id);
+            match d.get("_id") {
+                Some(Bson::Int64(id)) => {
+                    ids.insert(*id);
+                }
+                Some(Bson::Int32(id)) => {
+                    ids.insert(i64::from(*id));
+                }
+                _ => {}
             }
             entries.extend(es);
             if entries.len() >= ENTRIES_PER_PASS {
@@ -181,16 +231,7 @@ impl MongoStore {
             jobs.sort_unstable();
             jobs.dedup();
             self.roll_up_counted(&jobs, now, Some(&written)).await?;
-            let mut cleared = 0;
-            for chunk in entries.chunks(self.limits.max_write_batch_size.clamp(1, 10_000)) {
-                let command = doc! {
-                    "update": self.late.name(),
-                    "updates": chunk.iter().map(late::clear_statement).collect::<Vec<_>>(),
-                    "ordered": false,
-                };
-                let reply = self.run_write(command, "clearing late markers").await?;
-                cleared += reply.get_i32("nModified").map_or(0, |n| n.max(0) as u64);
-            }
+            let cleared = self.clear_late(&entries).await?;
             self.count(|m| m.db_documents("written", "late", "rollup_upkeep", cleared));
         }
         if !ids.is_empty() {
@@ -204,8 +245,11 @@ impl MongoStore {
                     "delete": self.late.name(),
                     "deletes": [{ "q": { "_id": { "$in": chunk.to_vec() }, "e": {} }, "limit": 0 }],
                 };
-                self.run_write(command, "deleting emptied late markers")
+                let reply = self
+                    .run_write(command, "deleting emptied late markers")
                     .await?;
+                let deleted = reply.get_i32("n").map_or(0, |n| n.max(0) as u64);
+                self.count(|m| m.db_documents("written", "late", "rollup_upkeep", deleted));
                 let command = doc! {
                     "update": self.late.name(),
                     "updates": [{
