@@ -255,7 +255,7 @@ async fn hourglass_peer(
     };
     // The data is an hour old: its hours are marked late and rolled up
     // once the writes pause. That upkeep is the service's work too.
-    wait_rolled_up(&mongo, &target.database).await?;
+    wait_rolled_up(&mongo, &target.database, STORED_WITHIN).await?;
     let cpu_s = cpu0.zip(target.cpu()).map_or(0.0, |(a, b)| b - a);
     let stats = mongo
         .database(&target.database)
@@ -290,15 +290,19 @@ async fn hourglass_peer(
 
 /// Waits until no hour is marked late: asked of the database, not the
 /// measured service, once a second.
-async fn wait_rolled_up(mongo: &mongodb::Client, database: &str) -> anyhow::Result<()> {
+pub(crate) async fn wait_rolled_up(
+    mongo: &mongodb::Client,
+    database: &str,
+    within: Duration,
+) -> anyhow::Result<()> {
     let late = mongo
         .database(database)
         .collection::<mongodb::bson::Document>("late");
-    let deadline = Instant::now() + STORED_WITHIN;
+    let deadline = Instant::now() + within;
     while late.count_documents(mongodb::bson::doc! {}).await? > 0 {
         anyhow::ensure!(
             Instant::now() < deadline,
-            "hours marked late were not rolled up within {STORED_WITHIN:?}"
+            "hours marked late were not rolled up within {within:?}"
         );
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     }

@@ -175,6 +175,15 @@ pub async fn run(
     crate::backfill::send_all(ctx, &target, &sparse, 5000, 2).await?;
     crate::backfill::send_all(ctx, &target, &dense, 5000, 2).await?;
     let hourglass_load_s = started.elapsed().as_secs_f64();
+    // The data lies in ended hours: queries are measured once those are
+    // rolled up (until then they read the buckets).
+    let mongo = mongodb::Client::with_uri_str(ctx.mongodb_uri()?).await?;
+    crate::peers::wait_rolled_up(
+        &mongo,
+        &target.database,
+        std::time::Duration::from_secs(3600),
+    )
+    .await?;
 
     let vm = start_victoria(&[]).await?;
     for d in [&sparse, &dense] {
