@@ -309,6 +309,12 @@ pub(crate) async fn wait_rolled_up(
     Ok(())
 }
 
+/// [`wait_rolled_up`] for a target of `ctx`, on a client of its own.
+pub(crate) async fn rolled_up(ctx: &Ctx, database: &str, within: Duration) -> anyhow::Result<()> {
+    let mongo = mongodb::Client::with_uri_str(ctx.mongodb_uri()?).await?;
+    wait_rolled_up(&mongo, database, within).await
+}
+
 /// Waits until the service has stored `n` readings. Asked once a second: a
 /// `/metrics` scrape costs the measured service about 0.25 ms of CPU, which
 /// ten scrapes a second would add to its figure.

@@ -177,13 +177,7 @@ pub async fn run(
     let hourglass_load_s = started.elapsed().as_secs_f64();
     // The data lies in ended hours: queries are measured once those are
     // rolled up (until then they read the buckets).
-    let mongo = mongodb::Client::with_uri_str(ctx.mongodb_uri()?).await?;
-    crate::peers::wait_rolled_up(
-        &mongo,
-        &target.database,
-        std::time::Duration::from_secs(3600),
-    )
-    .await?;
+    crate::peers::rolled_up(ctx, &target.database, std::time::Duration::from_secs(3600)).await?;
 
     let vm = start_victoria(&[]).await?;
     for d in [&sparse, &dense] {

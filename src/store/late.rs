@@ -215,21 +215,8 @@ pub fn starts(hour: i64, minutes: u64, granularity: Granularity) -> Vec<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{BucketKey, MetricName, SensorId};
+    use crate::store::upkeep::tests::update;
     use proptest::prelude::*;
-
-    fn update(sensor: &str, start: i64) -> BucketUpdate {
-        BucketUpdate {
-            key: BucketKey {
-                sensor: SensorId::parse(sensor.to_owned())
-                    .expect("valid")
-                    .into_owned(),
-                metric: MetricName::default_metric(),
-                start,
-            },
-            values: vec![(0, 1.0)],
-        }
-    }
 
     #[test]
     fn only_ended_hours_are_marked_with_their_minutes() {

@@ -145,13 +145,14 @@ impl Upkeep {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::domain::{BucketKey, MetricName, SensorId};
     use proptest::prelude::*;
     use std::collections::BTreeSet;
 
-    fn update(sensor: &str, start: i64) -> BucketUpdate {
+    /// A one-reading update of `sensor`'s default metric (shared by `late`).
+    pub(crate) fn update(sensor: &str, start: i64) -> BucketUpdate {
         BucketUpdate {
             key: BucketKey {
                 sensor: SensorId::parse(sensor.to_owned())
