@@ -136,6 +136,27 @@ ensure_influx_clients() {
   export HOURGLASS_TEST_PYTHON="$VENV/bin/python"
 }
 
+# Debian's Chromium and ChromeDriver, and Selenium in .venv, for the web
+# console's browser tests; exports HOURGLASS_TEST_PYTHON.
+SELENIUM="selenium==4.50.0"
+ensure_browser() {
+  ensure_secantus
+  if [[ ! -x /usr/bin/chromium || ! -x /usr/bin/chromedriver ]]; then
+    log "Installing Chromium and ChromeDriver from apt (first run only)."
+    local sudo=""
+    [[ $(id -u) -ne 0 ]] && sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium chromium-driver >/dev/null
+  fi
+  local stamp="$VENV/.browser-${SELENIUM//[ =]/_}"
+  if [[ ! -f "$stamp" ]]; then
+    log "Installing Selenium into $VENV (first run only)."
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check "$SELENIUM"
+    touch "$stamp"
+  fi
+  export HOURGLASS_TEST_PYTHON="$VENV/bin/python"
+}
+
 stack_stop() {
   local pid
   for pid in "${STACK_PIDS[@]}"; do

@@ -8,6 +8,7 @@ start_mongo
 start_mosquitto
 ensure_peers
 ensure_influx_clients
+ensure_browser
 # Bins first: the loadtest smoke tests spawn target/debug/hourglass.
 cargo build --workspace --bins
 cargo test --workspace --all-targets "$@" || status=$?

@@ -164,6 +164,12 @@ impl Principal {
         }
     }
 
+    /// Whether this principal may access every sensor (auth off, or a
+    /// token without a `sensors` list).
+    pub fn sees_all_sensors(&self) -> bool {
+        self.token().is_none_or(|t| t.sensors.is_none())
+    }
+
     /// Refuses the first of `sensors` this principal may not access.
     pub fn check_sensors<'s>(
         &self,

@@ -2,6 +2,7 @@
 //! answers with.
 
 mod auth;
+mod console;
 pub mod health;
 mod influx;
 mod ingest;
@@ -145,6 +146,7 @@ pub fn router<S: BucketStore>(state: AppState<S>) -> Router {
         .route("/api/v1/sensors/{sensor}/latest", get(query::latest::<S>))
         .route("/api/v1/average", get(query::group_average::<S>))
         .route("/api/v1/series", get(query::group_series::<S>))
+        .route("/api/v1/dead_letters", get(query::list_dead_letters::<S>))
         .merge(prom::routes::<S>())
         .route_layer(require(Scope::Query));
     let http = &state.settings.http;
@@ -181,6 +183,7 @@ pub fn router<S: BucketStore>(state: AppState<S>) -> Router {
         .route("/health/live", get(health::live))
         .route("/health/ready", get(health::ready::<S>))
         .route("/metrics", get(health::metrics::<S>))
+        .merge(console::routes::<S>())
         .route_layer(middleware::from_fn_with_state(state.metrics.clone(), track))
         .layer(trace)
         .with_state(state)

@@ -22,6 +22,7 @@ use super::{health, ingest, query};
         query::latest,
         query::group_average,
         query::group_series,
+        query::list_dead_letters,
         document,
         health::live,
         health::ready,
@@ -36,6 +37,8 @@ use super::{health, ingest, query};
         query::LatestResponse,
         query::SensorEntry,
         query::SensorList,
+        query::DeadLetterEntry,
+        query::DeadLetterList,
     ))
 )]
 struct ApiDoc;

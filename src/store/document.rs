@@ -3,7 +3,9 @@
 
 use std::sync::LazyLock;
 
-use mongodb::bson::{Bson, DateTime, Document, RawDocumentBuf, doc, rawdoc};
+use mongodb::bson::{
+    Bson, DateTime, Document, RawBsonRef, RawDocument, RawDocumentBuf, doc, rawdoc,
+};
 
 use super::raw_writer::Writer;
 use super::{SCHEMA_VERSION, StoreError};
@@ -275,27 +277,90 @@ pub fn dead_letter_document(letter: &DeadLetter<'_>, granularity: Granularity) -
     }
 }
 
-fn number(doc: &Document, field: &str) -> Result<f64, StoreError> {
-    match doc.get(field) {
-        Some(Bson::Double(x)) => Ok(*x),
-        Some(Bson::Int32(x)) => Ok(f64::from(*x)),
-        Some(Bson::Int64(x)) => Ok(*x as f64),
+/// A stored number of any numeric type as `f64`.
+pub(crate) fn raw_number(
+    value: RawBsonRef<'_>,
+    what: &dyn std::fmt::Display,
+) -> Result<f64, StoreError> {
+    match value {
+        RawBsonRef::Double(x) => Ok(x),
+        RawBsonRef::Int32(x) => Ok(f64::from(x)),
+        RawBsonRef::Int64(x) => Ok(x as f64),
         other => Err(StoreError::Unreadable(format!(
-            "field {field} is {other:?}, not a number"
+            "field {what} is {:?}, not a number",
+            other.element_type()
         ))),
     }
 }
 
-fn aggregates(doc: &Document) -> Result<Agg, StoreError> {
-    let count = number(doc, "count")?;
+/// The elements of a stored document, an unreadable one an error.
+pub(crate) fn elements(
+    doc: &RawDocument,
+) -> impl Iterator<Item = Result<(&str, RawBsonRef<'_>), StoreError>> {
+    doc.iter()
+        .map(|e| e.map_err(|e| StoreError::Unreadable(format!("a stored document: {e}"))))
+}
+
+/// The epoch seconds of a stored date.
+pub(crate) fn raw_seconds(value: RawBsonRef<'_>, what: &str) -> Result<i64, StoreError> {
+    match value {
+        RawBsonRef::DateTime(d) => Ok(d.timestamp_millis().div_euclid(1000)),
+        other => Err(StoreError::Unreadable(format!(
+            "{what} is {:?}, not a date",
+            other.element_type()
+        ))),
+    }
+}
+
+fn sub_document<'a>(
+    value: RawBsonRef<'a>,
+    what: &dyn std::fmt::Display,
+) -> Result<&'a RawDocument, StoreError> {
+    match value {
+        RawBsonRef::Document(d) => Ok(d),
+        other => Err(StoreError::Unreadable(format!(
+            "{what} is {:?}, not a document",
+            other.element_type()
+        ))),
+    }
+}
+
+/// `count`, `sum`, `min`, `max` of a bucket or of a minute of an hour
+/// bucket, in one pass over its fields.
+fn aggregates(doc: &RawDocument) -> Result<Agg, StoreError> {
+    let mut figures = [None; 4];
+    for e in elements(doc) {
+        let (key, value) = e?;
+        let i = match key {
+            "count" => 0,
+            "sum" => 1,
+            "min" => 2,
+            "max" => 3,
+            _ => continue,
+        };
+        figures[i] = Some(raw_number(value, &key)?);
+    }
+    aggregates_of_figures(figures)
+}
+
+fn aggregates_of_figures(figures: [Option<f64>; 4]) -> Result<Agg, StoreError> {
+    let field = |i: usize| {
+        figures[i].ok_or_else(|| {
+            StoreError::Unreadable(format!(
+                "field {} is missing",
+                ["count", "sum", "min", "max"][i]
+            ))
+        })
+    };
+    let count = field(0)?;
     if count == 0.0 {
         return Ok(Agg::default());
     }
     Ok(Agg {
         count: count as u64,
-        sum: number(doc, "sum")?,
-        min: number(doc, "min")?,
-        max: number(doc, "max")?,
+        sum: field(1)?,
+        min: field(2)?,
+        max: field(3)?,
     })
 }
 
@@ -306,61 +371,80 @@ fn small_key(key: &str) -> Result<u16, StoreError> {
         .ok_or_else(|| StoreError::Unreadable(format!("unexpected key {key:?}")))
 }
 
-fn seconds_into(doc: &Document, base: u16, out: &mut Vec<(u16, f64)>) -> Result<(), StoreError> {
-    for (second, _) in doc {
-        out.push((base + small_key(second)?, number(doc, second)?));
+fn seconds_into(doc: &RawDocument, base: u16, out: &mut Vec<(u16, f64)>) -> Result<(), StoreError> {
+    for e in elements(doc) {
+        let (second, value) = e?;
+        out.push((base + small_key(second)?, raw_number(value, &second)?));
     }
     Ok(())
 }
 
 /// Parses a (projected) bucket document of any schema version this service has
-/// written. Parts that were not projected come back empty.
-pub fn read_bucket(doc: &Document, granularity: Granularity) -> Result<BucketRead, StoreError> {
+/// written, straight from its bytes (the upkeep reads every bucket of an
+/// hour back: no `Document` is built). Parts that were not projected come
+/// back empty.
+pub fn read_bucket(doc: &RawDocument, granularity: Granularity) -> Result<BucketRead, StoreError> {
+    let mut version = None;
+    let mut start = None;
+    let mut figures = [None; 4];
+    let mut read = BucketRead::default();
+    let mut minutes = None;
+    let mut values = None;
+    for e in elements(doc) {
+        let (key, value) = e?;
+        match key {
+            "schema_version" => version = Some(value),
+            "start" => start = Some(raw_seconds(value, "start")?),
+            "count" => figures[0] = Some(raw_number(value, &key)?),
+            "sum" => figures[1] = Some(raw_number(value, &key)?),
+            "min" => figures[2] = Some(raw_number(value, &key)?),
+            "max" => figures[3] = Some(raw_number(value, &key)?),
+            "n" => {
+                read.n = match value {
+                    RawBsonRef::Int32(x) => u64::try_from(x).unwrap_or(0),
+                    RawBsonRef::Int64(x) => u64::try_from(x).unwrap_or(0),
+                    RawBsonRef::Double(x) if x >= 0.0 => x as u64,
+                    _ => 0,
+                }
+            }
+            "m" => minutes = Some(value),
+            "v" => values = Some(value),
+            _ => {}
+        }
+    }
     // Version 1 is the only layout so far; a newer one is refused rather than misread.
-    match doc.get("schema_version") {
-        Some(Bson::Int32(1)) | Some(Bson::Int64(1)) | Some(Bson::Double(1.0)) => {}
+    match version {
+        Some(RawBsonRef::Int32(1)) | Some(RawBsonRef::Int64(1)) => {}
+        Some(RawBsonRef::Double(1.0)) => {}
         other => {
             return Err(StoreError::Unreadable(format!(
-                "unknown schema_version {other:?}"
+                "unknown schema_version {:?}",
+                other.map(|v| v.element_type())
             )));
         }
     }
-    let start = doc
-        .get_datetime("start")
-        .map_err(|e| StoreError::Unreadable(format!("start: {e}")))?
-        .timestamp_millis()
-        .div_euclid(1000);
-    let mut read = BucketRead {
-        start,
-        agg: aggregates(doc)?,
-        ..BucketRead::default()
-    };
-    read.n = match doc.get("n") {
-        Some(Bson::Int32(x)) => u64::try_from(*x).unwrap_or(0),
-        Some(Bson::Int64(x)) => u64::try_from(*x).unwrap_or(0),
-        Some(Bson::Double(x)) if *x >= 0.0 => *x as u64,
-        _ => 0,
-    };
+    read.start = start.ok_or_else(|| StoreError::Unreadable("start is missing".to_owned()))?;
+    read.agg = aggregates_of_figures(figures)?;
     // An hour bucket's minute aggregates.
-    if let Ok(m) = doc.get_document("m") {
-        for minute in m.keys() {
-            let entry = m
-                .get_document(minute)
-                .map_err(|e| StoreError::Unreadable(format!("m.{minute}: {e}")))?;
+    if let Some(m) = minutes
+        && let RawBsonRef::Document(m) = m
+    {
+        for e in elements(m) {
+            let (minute, entry) = e?;
+            let entry = sub_document(entry, &format_args!("m.{minute}"))?;
             read.slots.push((small_key(minute)?, aggregates(entry)?));
         }
         read.slots.sort_by_key(|&(minute, _)| minute);
     }
-    if let Ok(v) = doc.get_document("v") {
+    if let Some(v) = values
+        && let RawBsonRef::Document(v) = v
+    {
         match granularity {
             Granularity::Minute => seconds_into(v, 0, &mut read.values)?,
             Granularity::Hour => {
-                for (minute, seconds) in v {
-                    let Bson::Document(seconds) = seconds else {
-                        return Err(StoreError::Unreadable(format!(
-                            "v.{minute} is not a document"
-                        )));
-                    };
+                for e in elements(v) {
+                    let (minute, seconds) = e?;
+                    let seconds = sub_document(seconds, &format_args!("v.{minute}"))?;
                     seconds_into(seconds, small_key(minute)? * 60, &mut read.values)?;
                 }
             }
@@ -376,6 +460,10 @@ mod tests {
 
     use super::*;
     use crate::domain::{BucketKey, MetricName, SensorId};
+
+    fn raw(d: &Document) -> RawDocumentBuf {
+        RawDocumentBuf::from_document(d).expect("encodes")
+    }
 
     /// The filter of a bucket: exactly the fields of the unique index, so an upsert
     /// that loses a race fails with a duplicate key and can be retried.
@@ -597,7 +685,7 @@ mod tests {
     fn buckets_of_an_unknown_schema_version_are_refused() {
         let d = doc! { "start": start_date(60), "count": 0, "schema_version": 2 };
         assert!(matches!(
-            read_bucket(&d, Granularity::Minute),
+            read_bucket(&raw(&d), Granularity::Minute),
             Err(StoreError::Unreadable(_))
         ));
     }
@@ -610,7 +698,7 @@ mod tests {
             "m": { "1": { "count": 2, "sum": 3.0, "min": 1.0, "max": 2.0 } },
             "v": { "1": { "2": 2.0, "1": 1 } },
         };
-        let r = read_bucket(&d, Granularity::Hour).expect("readable");
+        let r = read_bucket(&raw(&d), Granularity::Hour).expect("readable");
         assert_eq!(r.start, 3600);
         assert_eq!(r.agg.count, 2);
         assert_eq!(r.values, vec![(61, 1.0), (62, 2.0)]);

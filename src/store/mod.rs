@@ -78,6 +78,20 @@ pub struct Read {
     pub round_trips: u64,
 }
 
+/// A stored dead letter, as an operator lists it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeadLetterInfo {
+    pub sensor: String,
+    pub metric: String,
+    /// Epoch seconds of its bucket's start.
+    pub bucket_start: i64,
+    /// How many readings it holds.
+    pub readings: usize,
+    pub reason: String,
+    /// Epoch seconds when it was written.
+    pub at: i64,
+}
+
 /// Where buckets live: the batcher's [`Sink`] plus the reads queries need.
 pub trait BucketStore: Sink {
     /// Streams the documents of the fetch's series to `each` with the index
@@ -128,6 +142,14 @@ pub trait BucketStore: Sink {
         sensor: &str,
         labels: &[(String, String)],
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// The newest dead letters whose sensor `keep` accepts, newest first, at
+    /// most `limit`, and how many are stored in all.
+    fn dead_letters<F: FnMut(&str) -> bool + Send>(
+        &self,
+        limit: usize,
+        keep: F,
+    ) -> impl Future<Output = Result<(Vec<DeadLetterInfo>, u64), StoreError>> + Send;
 
     /// The newest stored reading of a series, found from its newest bucket.
     fn latest(

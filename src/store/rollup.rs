@@ -34,10 +34,12 @@
 //! Pure: this encodes slots and builds statements; `mongo::rollups` reads
 //! and writes.
 
-use mongodb::bson::{Bson, Document, doc};
+use std::sync::LazyLock;
+
+use mongodb::bson::{RawArrayBuf, RawBson, RawBsonRef, RawDocument, RawDocumentBuf, rawdoc};
 
 use super::StoreError;
-use super::document::start_date;
+use super::document::{elements, raw_number, raw_seconds, start_date};
 use crate::domain::{
     BucketRead, Granularity, Moments, Period, Rest, RollupRead, Sample, Slot, Summary,
 };
@@ -49,101 +51,125 @@ use crate::domain::{
 /// replaces it.
 pub const ROLLUP_SCHEMA_VERSION: i32 = 2;
 
-fn small(n: u64) -> Bson {
+fn small(n: u64) -> RawBson {
     match i32::try_from(n) {
-        Ok(x) => Bson::Int32(x),
-        Err(_) => Bson::Int64(i64::try_from(n).unwrap_or(i64::MAX)),
+        Ok(x) => RawBson::Int32(x),
+        Err(_) => RawBson::Int64(i64::try_from(n).unwrap_or(i64::MAX)),
     }
 }
 
-fn offset(t: i64, start: i64) -> Bson {
+fn offset(t: i64, start: i64) -> RawBson {
     small(u64::try_from(t - start).unwrap_or(0))
 }
 
 /// A slot as stored, its times in seconds from the slot's start; fields
 /// that follow from others are left out (see the README's "Rollups").
-pub fn encode_slot(slot: &Slot) -> Option<Document> {
+/// Encoded straight to bytes: the upkeep writes one per rolled-up span.
+pub fn encode_slot(slot: &Slot) -> Option<RawDocumentBuf> {
     let s = slot.summary.as_ref()?;
     let at = slot.start;
-    let mut d = doc! { "w": small(slot.n), "c": small(s.count) };
-    d.insert("f", s.first.v);
-    d.insert("ft", offset(s.first.t, at));
+    let mut d = RawDocumentBuf::new();
+    d.append("w", small(slot.n));
+    d.append("c", small(s.count));
+    d.append("f", s.first.v);
+    d.append("ft", offset(s.first.t, at));
     if s.count == 1 {
         return Some(d);
     }
-    d.insert("s", s.sum);
-    d.insert("lo", s.min);
-    d.insert("hi", s.max);
-    d.insert("l", s.last.v);
-    d.insert("lt", offset(s.last.t, at));
+    d.append("s", s.sum);
+    d.append("lo", s.min);
+    d.append("hi", s.max);
+    d.append("l", s.last.v);
+    d.append("lt", offset(s.last.t, at));
     if s.count >= 3
         && let Some(p) = s.penult
     {
-        d.insert("p", p.v);
-        d.insert("pt", offset(p.t, at));
+        d.append("p", p.v);
+        d.append("pt", offset(p.t, at));
     }
     if s.inc != 0.0 {
-        d.insert("i", s.inc);
+        d.append("i", s.inc);
     }
     if s.resets != 0 {
-        d.insert("r", small(u64::from(s.resets)));
+        d.append("r", small(u64::from(s.resets)));
     }
     if s.changes != 0 {
-        d.insert("x", small(u64::from(s.changes)));
+        d.append("x", small(u64::from(s.changes)));
     }
-    d.insert("m1", s.moments.st);
-    d.insert("m2", s.moments.stt);
-    d.insert("m3", s.moments.stv);
-    d.insert("q", s.moments.svv);
+    d.append("m1", s.moments.st);
+    d.append("m2", s.moments.stt);
+    d.append("m3", s.moments.stv);
+    d.append("q", s.moments.svv);
     if s.count >= 3
         && let Some(r) = &slot.rest
     {
-        d.insert("b", r.second.v);
-        d.insert("bt", offset(r.second.t, at));
-        d.insert("rs", r.sum);
-        d.insert("rl", r.min);
-        d.insert("rh", r.max);
+        d.append("b", r.second.v);
+        d.append("bt", offset(r.second.t, at));
+        d.append("rs", r.sum);
+        d.append("rl", r.min);
+        d.append("rh", r.max);
     }
     Some(d)
 }
 
-fn number(d: &Document, key: &str) -> Result<f64, StoreError> {
-    match d.get(key) {
-        Some(Bson::Double(x)) => Ok(*x),
-        Some(Bson::Int32(x)) => Ok(f64::from(*x)),
-        Some(Bson::Int64(x)) => Ok(*x as f64),
-        other => Err(StoreError::Unreadable(format!(
-            "rollup slot field {key} is {other:?}, not a number"
-        ))),
-    }
-}
+/// The fields a stored slot may hold, in the order of [`SlotFields`].
+const SLOT_KEYS: [&str; 23] = [
+    "w", "c", "f", "ft", "s", "lo", "hi", "l", "lt", "p", "pt", "i", "r", "x", "m1", "m2", "m3",
+    "q", "b", "bt", "rs", "rl", "rh",
+];
 
-fn number_or(d: &Document, key: &str, default: f64) -> Result<f64, StoreError> {
-    if d.contains_key(key) {
-        number(d, key)
-    } else {
-        Ok(default)
-    }
-}
+/// A stored slot's numbers by key, read in one pass over its bytes.
+struct SlotFields([Option<f64>; SLOT_KEYS.len()]);
 
-fn count(d: &Document, key: &str) -> Result<u64, StoreError> {
-    let x = number_or(d, key, 0.0)?;
-    if x < 0.0 || x.fract() != 0.0 {
-        return Err(StoreError::Unreadable(format!(
-            "rollup slot field {key} is {x}, not a count"
-        )));
+impl SlotFields {
+    fn read(d: &RawDocument) -> Result<Self, StoreError> {
+        let mut fields = [None; SLOT_KEYS.len()];
+        for e in elements(d) {
+            let (key, value) = e?;
+            if let Some(i) = SLOT_KEYS.iter().position(|k| *k == key) {
+                fields[i] = Some(raw_number(value, &format_args!("rollup slot field {key}"))?);
+            }
+        }
+        Ok(Self(fields))
     }
-    Ok(x as u64)
+
+    fn get(&self, key: &str) -> Option<f64> {
+        SLOT_KEYS
+            .iter()
+            .position(|k| *k == key)
+            .and_then(|i| self.0[i])
+    }
+
+    fn number(&self, key: &str) -> Result<f64, StoreError> {
+        self.get(key).ok_or_else(|| {
+            StoreError::Unreadable(format!("rollup slot field {key} is missing, not a number"))
+        })
+    }
+
+    fn number_or(&self, key: &str, default: f64) -> f64 {
+        self.get(key).unwrap_or(default)
+    }
+
+    fn count(&self, key: &str) -> Result<u64, StoreError> {
+        let x = self.number_or(key, 0.0);
+        if x < 0.0 || x.fract() != 0.0 {
+            return Err(StoreError::Unreadable(format!(
+                "rollup slot field {key} is {x}, not a count"
+            )));
+        }
+        Ok(x as u64)
+    }
 }
 
 /// A stored slot starting at `start`.
-pub fn decode_slot(d: &Document, start: i64) -> Result<Slot, StoreError> {
-    let n = count(d, "w")?;
-    let c = count(d, "c")?;
-    let at = |key: &str| -> Result<i64, StoreError> { Ok(start + count(d, key)? as i64) };
+pub fn decode_slot(d: &RawDocument, start: i64) -> Result<Slot, StoreError> {
+    let d = SlotFields::read(d)?;
+    let n = d.count("w")?;
+    let c = d.count("c")?;
+    let at = |key: &str| -> Result<i64, StoreError> { Ok(start + d.count(key)? as i64) };
     let first = Sample {
         t: at("ft")?,
-        v: number(d, "f")?,
+        v: d.number("f")?,
     };
     if c <= 1 {
         return Ok(Slot {
@@ -155,33 +181,33 @@ pub fn decode_slot(d: &Document, start: i64) -> Result<Slot, StoreError> {
     }
     let last = Sample {
         t: at("lt")?,
-        v: number(d, "l")?,
+        v: d.number("l")?,
     };
     let penult = if c >= 3 {
         Sample {
             t: at("pt")?,
-            v: number(d, "p")?,
+            v: d.number("p")?,
         }
     } else {
         first
     };
     let moments = Moments {
-        st: number(d, "m1")?,
-        stt: number(d, "m2")?,
-        stv: number(d, "m3")?,
-        svv: number(d, "q")?,
+        st: d.number("m1")?,
+        stt: d.number("m2")?,
+        stv: d.number("m3")?,
+        svv: d.number("q")?,
     };
     let summary = Summary {
         count: c,
-        sum: number(d, "s")?,
-        min: number(d, "lo")?,
-        max: number(d, "hi")?,
+        sum: d.number("s")?,
+        min: d.number("lo")?,
+        max: d.number("hi")?,
         first,
         penult: Some(penult),
         last,
-        inc: number_or(d, "i", 0.0)?,
-        resets: u32::try_from(count(d, "r")?).unwrap_or(u32::MAX),
-        changes: u32::try_from(count(d, "x")?).unwrap_or(u32::MAX),
+        inc: d.number_or("i", 0.0),
+        resets: u32::try_from(d.count("r")?).unwrap_or(u32::MAX),
+        changes: u32::try_from(d.count("x")?).unwrap_or(u32::MAX),
         moments,
     };
     let rest = if first.t != start {
@@ -197,11 +223,11 @@ pub fn decode_slot(d: &Document, start: i64) -> Result<Slot, StoreError> {
         Some(Rest {
             second: Sample {
                 t: at("bt")?,
-                v: number(d, "b")?,
+                v: d.number("b")?,
             },
-            sum: number(d, "rs")?,
-            min: number(d, "rl")?,
-            max: number(d, "rh")?,
+            sum: d.number("rs")?,
+            min: d.number("rl")?,
+            max: d.number("rh")?,
         })
     };
     Ok(Slot {
@@ -214,15 +240,23 @@ pub fn decode_slot(d: &Document, start: i64) -> Result<Slot, StoreError> {
 
 /// Parses a rollup document of `period`. A version-1 document holds
 /// nothing complete; a newer version is refused rather than misread.
-pub fn read_rollup(d: &Document, period: Period) -> Result<RollupRead, StoreError> {
-    let start = d
-        .get_datetime("start")
-        .map_err(|e| StoreError::Unreadable(format!("rollup start: {e}")))?
-        .timestamp_millis()
-        .div_euclid(1000);
-    match d.get("schema_version") {
-        Some(Bson::Int32(2)) | Some(Bson::Int64(2)) => {}
-        Some(Bson::Int32(1)) | Some(Bson::Int64(1)) => {
+pub fn read_rollup(d: &RawDocument, period: Period) -> Result<RollupRead, StoreError> {
+    let (mut start, mut version, mut complete, mut stored) = (None, None, None, None);
+    for e in elements(d) {
+        let (key, value) = e?;
+        match key {
+            "start" => start = Some(raw_seconds(value, "rollup start")?),
+            "schema_version" => version = Some(value),
+            "complete" => complete = Some(value),
+            "s" => stored = Some(value),
+            _ => {}
+        }
+    }
+    let start =
+        start.ok_or_else(|| StoreError::Unreadable("rollup start is missing".to_owned()))?;
+    match version {
+        Some(RawBsonRef::Int32(2)) | Some(RawBsonRef::Int64(2)) => {}
+        Some(RawBsonRef::Int32(1)) | Some(RawBsonRef::Int64(1)) => {
             return Ok(RollupRead {
                 start,
                 ..RollupRead::default()
@@ -234,27 +268,31 @@ pub fn read_rollup(d: &Document, period: Period) -> Result<RollupRead, StoreErro
             )));
         }
     }
-    let complete = match d.get("complete") {
-        Some(Bson::Int64(x)) => *x as u64,
-        Some(Bson::Int32(x)) => *x as u32 as u64,
+    let complete = match complete {
+        Some(RawBsonRef::Int64(x)) => x as u64,
+        Some(RawBsonRef::Int32(x)) => x as u32 as u64,
         None => 0,
-        other => {
+        Some(other) => {
             return Err(StoreError::Unreadable(format!(
-                "rollup complete is {other:?}"
+                "rollup complete is {:?}",
+                other.element_type()
             )));
         }
     };
     let mut slots = Vec::new();
-    if let Ok(s) = d.get_document("s") {
-        for (k, v) in s {
+    if let Some(RawBsonRef::Document(s)) = stored {
+        for e in elements(s) {
+            let (k, v) = e?;
             let index: i64 = k
                 .parse()
                 .ok()
                 .filter(|&i| i >= 0 && i < period.seconds() / period.slot_seconds())
                 .ok_or_else(|| StoreError::Unreadable(format!("rollup slot key {k:?}")))?;
-            let v = v
-                .as_document()
-                .ok_or_else(|| StoreError::Unreadable(format!("rollup slot {k} is no document")))?;
+            let RawBsonRef::Document(v) = v else {
+                return Err(StoreError::Unreadable(format!(
+                    "rollup slot {k} is no document"
+                )));
+            };
             slots.push(decode_slot(v, start + index * period.slot_seconds())?);
         }
     }
@@ -283,9 +321,8 @@ pub fn statement(
     period: Period,
     start: i64,
     slots: &[Slot],
-) -> Document {
-    let current_is_v2 = doc! { "$eq": ["$schema_version", ROLLUP_SCHEMA_VERSION] };
-    let mut written = Document::new();
+) -> RawDocumentBuf {
+    let mut written = RawDocumentBuf::new();
     let mut bits: u64 = 0;
     for slot in slots {
         let k = (slot.start - start) / period.slot_seconds();
@@ -293,36 +330,68 @@ pub fn statement(
         let Some(encoded) = encode_slot(slot) else {
             continue;
         };
-        let path = format!("$s.{k}");
-        written.insert(
-            k.to_string(),
-            doc! { "$cond": [
-                { "$gt": [ { "$ifNull": [format!("{path}.w"), -1] }, small(slot.n) ] },
+        let field = SLOT_PATHS.get(k as usize);
+        let (key, path, w) = match field {
+            Some((key, path, w)) => (key.as_str(), path.as_str(), w.as_str()),
+            None => continue,
+        };
+        written.append(
+            key,
+            rawdoc! { "$cond": [
+                { "$gt": [ { "$ifNull": [w, -1] }, small(slot.n) ] },
                 path,
                 { "$literal": encoded },
             ]},
         );
     }
-    doc! {
-        "q": { "sensor": sensor, "metric": metric, "period": period.name(), "start": start_date(start) },
-        "u": [
-            { "$set": {
-                "s": { "$mergeObjects": [
-                    { "$cond": [current_is_v2.clone(), { "$ifNull": ["$s", {}] }, {}] },
-                    written,
-                ]},
-                "complete": { "$bitOr": [
-                    { "$cond": [current_is_v2, { "$ifNull": ["$complete", 0_i64] }, 0_i64] },
-                    bits as i64,
-                ]},
-                "schema_version": ROLLUP_SCHEMA_VERSION,
-            }},
-            // What version 1 kept beside the slots.
-            { "$unset": ["count", "sum", "min", "max", "n"] },
-        ],
-        "upsert": true,
-    }
+    let mut statement = RawDocumentBuf::new();
+    statement.append(
+        "q",
+        rawdoc! { "sensor": sensor, "metric": metric, "period": period.name(), "start": start_date(start) },
+    );
+    let mut merge = RawArrayBuf::new();
+    merge.push(STORED_SLOTS.clone());
+    merge.push(written);
+    let mut bit_or = RawArrayBuf::new();
+    bit_or.push(STORED_COMPLETE.clone());
+    bit_or.push(bits as i64);
+    let mut pipeline = RawArrayBuf::new();
+    pipeline.push(rawdoc! { "$set": {
+        "s": { "$mergeObjects": merge },
+        "complete": { "$bitOr": bit_or },
+        "schema_version": ROLLUP_SCHEMA_VERSION,
+    }});
+    // What version 1 kept beside the slots.
+    pipeline.push(rawdoc! { "$unset": ["count", "sum", "min", "max", "n"] });
+    statement.append("u", pipeline);
+    statement.append("upsert", true);
+    statement
 }
+
+/// Per slot number: the key, `$s.<k>` and `$s.<k>.w` (at most 60 slots).
+static SLOT_PATHS: LazyLock<Vec<(String, String, String)>> = LazyLock::new(|| {
+    (0..60)
+        .map(|k| (k.to_string(), format!("$s.{k}"), format!("$s.{k}.w")))
+        .collect()
+});
+
+/// The stored slots, kept only from a document of this layout.
+static STORED_SLOTS: LazyLock<RawDocumentBuf> = LazyLock::new(|| {
+    rawdoc! { "$cond": [
+        { "$eq": ["$schema_version", ROLLUP_SCHEMA_VERSION] },
+        { "$ifNull": ["$s", {}] },
+        {},
+    ]}
+});
+
+/// The stored completeness bits, kept only from a document of this layout.
+static STORED_COMPLETE: LazyLock<RawDocumentBuf> = LazyLock::new(|| {
+    rawdoc! { "$cond": [
+        { "$eq": ["$schema_version", ROLLUP_SCHEMA_VERSION] },
+        { "$ifNull": ["$complete", 0_i64] },
+        0_i64,
+    ]}
+});
 
 /// A bucket's readings as samples, in time order.
 pub fn samples(b: &BucketRead) -> Vec<Sample> {
@@ -382,6 +451,7 @@ pub fn roll_day(day: &RollupRead) -> Option<Slot> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mongodb::bson::{Bson, doc};
     use proptest::prelude::*;
 
     fn samples_in(span: i64) -> impl Strategy<Value = Vec<Sample>> {
@@ -419,7 +489,9 @@ mod tests {
         let xs = [Sample { t: 3600, v: 1.5 }, Sample { t: 3661, v: 2.0 }];
         let slot = Slot::of(3600, &xs, 7);
         let empty = Slot::of(3600 + 3 * 60, &[], 0);
-        let s = statement("a$b", "m", Period::Hour, 3600, &[slot, empty]);
+        let s = statement("a$b", "m", Period::Hour, 3600, &[slot, empty])
+            .to_document()
+            .expect("decodes");
         let set = s.get_array("u").expect("pipeline")[0]
             .as_document()
             .and_then(|d| d.get_document("$set").ok())
@@ -452,10 +524,20 @@ mod tests {
             "s": { "0": { "count": 1, "sum": 1.0, "min": 1.0, "max": 1.0, "n": 1 } },
             "count": 1,
         };
-        let r = read_rollup(&v1, Period::Hour).expect("readable");
+        let r = read_rollup(
+            &mongodb::bson::RawDocumentBuf::from_document(&v1).expect("encodes"),
+            Period::Hour,
+        )
+        .expect("readable");
         assert_eq!((r.complete, r.slots.len()), (0, 0));
         let v3 = doc! { "start": start_date(3600), "schema_version": 3 };
-        assert!(read_rollup(&v3, Period::Hour).is_err());
+        assert!(
+            read_rollup(
+                &mongodb::bson::RawDocumentBuf::from_document(&v3).expect("encodes"),
+                Period::Hour
+            )
+            .is_err()
+        );
     }
 
     #[test]

@@ -61,23 +61,12 @@ pub(crate) async fn members<S: BucketStore>(
     params: &Params,
     metric: &MetricName<'_>,
 ) -> Result<Vec<SensorInfo>, ApiError> {
-    let glob = params.get("sensor").unwrap_or("*");
-    if glob.is_empty()
-        || !glob
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"_.:-*?".contains(&b))
-    {
-        return Err(ApiError::bad_request(
-            "sensor must be a sensor id or a glob of one (* and ?)",
-        ));
-    }
+    let (prefix, pattern) = sensor_glob(params)?;
     for (name, value) in params.labels() {
         if value.is_empty() {
             return Err(ApiError::bad_request(format!("label.{name} needs a value")));
         }
     }
-    let prefix = &glob[..glob.find(['*', '?']).unwrap_or(glob.len())];
-    let pattern = WildMatch::new(glob);
     let max = state.settings.query.max_series;
     let query = SensorQuery {
         after: None,
@@ -106,6 +95,23 @@ pub(crate) async fn members<S: BucketStore>(
         )));
     }
     Ok(found)
+}
+
+/// `sensor=`, a sensor id or a glob of one (all sensors when absent): the
+/// literal prefix the registry's index narrows to, and the pattern.
+pub(super) fn sensor_glob(params: &Params) -> Result<(&str, WildMatch), ApiError> {
+    let glob = params.get("sensor").unwrap_or("*");
+    if glob.is_empty()
+        || !glob
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.:-*?".contains(&b))
+    {
+        return Err(ApiError::bad_request(
+            "sensor must be a sensor id or a glob of one (* and ?)",
+        ));
+    }
+    let prefix = &glob[..glob.find(['*', '?']).unwrap_or(glob.len())];
+    Ok((prefix, WildMatch::new(glob)))
 }
 
 pub(crate) const GROUP_PARAMS: [&str; 8] = [

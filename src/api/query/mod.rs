@@ -8,10 +8,12 @@
 //! - [`csv`]: CSV answers for spreadsheets.
 //! - [`groups`]: groups of sensors from the registry.
 //! - [`registry`]: the sensor listing and labels.
+//! - [`dead_letters`]: the newest dead letters.
 //! - this module: the answers' types and the one-sensor routes.
 
 mod admission;
 mod csv;
+mod dead_letters;
 mod groups;
 mod range;
 mod registry;
@@ -34,6 +36,9 @@ use crate::store::BucketStore;
 pub(super) use admission::{Admitted, admit};
 use admission::{evaluate, store_error};
 use csv::{POINT_COLUMNS, csv_point, csv_response, wants_csv};
+pub use dead_letters::{
+    __path_list_dead_letters, DeadLetterEntry, DeadLetterList, list_dead_letters,
+};
 pub use groups::{__path_group_average, __path_group_series, group_average, group_series};
 use range::range;
 use range::{format_ms, format_start, metric, parse_tz, points_of, series_grid};

@@ -7,6 +7,7 @@ use axum::extract::{Extension, Path, RawQuery, State};
 use axum::http::StatusCode;
 
 use super::admission::{admit, store_error};
+use super::groups::sensor_glob;
 use super::range::format_start;
 use super::{SensorEntry, SensorList, sensor_param};
 use crate::api::params::Params;
@@ -20,8 +21,8 @@ pub const MAX_PAGE: usize = 1000;
 pub(crate) const DEFAULT_PAGE: usize = 100;
 
 #[utoipa::path(get, path = "/api/v1/sensors",
-    params(("prefix" = Option<String>, Query), ("limit" = Option<usize>, Query), ("after" = Option<String>, Query),
-        ("metric" = Option<String>, Query)),
+    params(("prefix" = Option<String>, Query), ("sensor" = Option<String>, Query, description = "A sensor id or glob"),
+        ("limit" = Option<usize>, Query), ("after" = Option<String>, Query), ("metric" = Option<String>, Query)),
     responses((status = 200, body = SensorList)))]
 pub async fn list_sensors<S: BucketStore>(
     State(state): State<AppState<S>>,
@@ -30,7 +31,7 @@ pub async fn list_sensors<S: BucketStore>(
 ) -> Result<Json<SensorList>, ApiError> {
     let params = Params::parse(
         raw.as_deref(),
-        &["prefix", "limit", "after", "metric"],
+        &["prefix", "sensor", "limit", "after", "metric"],
         true,
     )?;
     let limit = match params.get("limit") {
@@ -45,16 +46,27 @@ pub async fn list_sensors<S: BucketStore>(
         .get("metric")
         .map(|m| MetricName::parse(m).map_err(|e| ApiError::bad_request(e.to_string())))
         .transpose()?;
+    let (glob_prefix, pattern) = sensor_glob(&params)?;
+    // Both narrow the range read: the longer prefix of the two (a `sensor`
+    // glob and a `prefix` that disagree match nothing).
+    let prefix = params.get("prefix").unwrap_or_default();
+    let prefix = if prefix.len() >= glob_prefix.len() {
+        prefix
+    } else {
+        glob_prefix
+    };
     let query = SensorQuery {
         after: params.get("after"),
-        prefix: params.get("prefix").unwrap_or_default(),
+        prefix,
         labels: params.labels(),
         metric: metric.as_ref().map(MetricName::as_str),
     };
     let admitted = admit(&state).await?;
-    let work = state
-        .store
-        .sensors(query, limit, |s| principal.may_access(&s.sensor));
+    let work = state.store.sensors(query, limit, |s| {
+        pattern.matches(&s.sensor)
+            && s.sensor.starts_with(prefix)
+            && principal.may_access(&s.sensor)
+    });
     let found = admitted
         .within(async { work.await.map_err(store_error) })
         .await?;

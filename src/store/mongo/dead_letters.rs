@@ -12,6 +12,9 @@ use crate::batcher::{Outcome, Sink};
 use crate::domain::{BucketKey, BucketUpdate, MetricName, SensorId};
 use crate::store::StoreError;
 
+/// Dead letters an operator lists at most: the newest few are what a console shows.
+pub const MAX_LISTED: usize = 100;
+
 /// Dead letters re-driven at a time.
 const BATCH: usize = 500;
 
@@ -181,6 +184,55 @@ impl MongoStore {
             }
         }
         Ok(())
+    }
+}
+
+impl MongoStore {
+    /// The newest dead letters whose sensor `keep` accepts (at most
+    /// [`MAX_LISTED`] are read, newest first, on the `at` index), and the
+    /// collection's size.
+    pub(super) async fn list_dead_letters<F: FnMut(&str) -> bool + Send>(
+        &self,
+        limit: usize,
+        mut keep: F,
+    ) -> Result<(Vec<crate::store::DeadLetterInfo>, u64), StoreError> {
+        let total = self
+            .dead_letters
+            .estimated_document_count()
+            .await
+            .map_err(super::classify_read)?;
+        let mut cursor = self
+            .dead_letters
+            .find(doc! {})
+            .sort(doc! { "at": -1 })
+            .projection(doc! { "sensor": 1, "metric": 1, "bucket_start": 1, "readings.ts": 1, "reason": 1, "at": 1 })
+            .limit(MAX_LISTED as i64)
+            .await
+            .map_err(super::classify_read)?;
+        let seconds = |d: &Document, k: &str| {
+            d.get_datetime(k)
+                .map(|t| t.timestamp_millis().div_euclid(1000))
+                .unwrap_or_default()
+        };
+        let mut out = Vec::new();
+        while out.len() < limit.min(MAX_LISTED) {
+            let Some(d) = cursor.try_next().await.map_err(super::classify_read)? else {
+                break;
+            };
+            let sensor = d.get_str("sensor").unwrap_or_default();
+            if !keep(sensor) {
+                continue;
+            }
+            out.push(crate::store::DeadLetterInfo {
+                sensor: sensor.to_owned(),
+                metric: d.get_str("metric").unwrap_or_default().to_owned(),
+                bucket_start: seconds(&d, "bucket_start"),
+                readings: d.get_array("readings").map(Vec::len).unwrap_or_default(),
+                reason: d.get_str("reason").unwrap_or_default().to_owned(),
+                at: seconds(&d, "at"),
+            });
+        }
+        Ok((out, total))
     }
 }
 

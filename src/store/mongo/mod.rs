@@ -32,7 +32,7 @@ mod rollups;
 mod settings;
 mod write;
 
-pub use dead_letters::Redriven;
+pub use dead_letters::{MAX_LISTED as MAX_LISTED_DEAD_LETTERS, Redriven};
 pub use settings::{Settings, tls_options};
 
 pub const BUCKET_INDEX: &str = "sensor_metric_start";
@@ -526,14 +526,12 @@ impl BucketStore for MongoStore {
                 documents += 1;
                 let raw = cursor.current();
                 bytes += raw.as_bytes().len() as u64;
-                let doc = Document::try_from(raw)
-                    .map_err(|e| StoreError::Unreadable(format!("a {kind} document: {e}")))?;
-                let Some(&i) = doc.get_str("sensor").ok().and_then(|s| index.get(s)) else {
+                let Some(&i) = raw.get_str("sensor").ok().and_then(|s| index.get(s)) else {
                     continue;
                 };
                 let d = match fetch.level {
-                    Level::Buckets => Doc::Bucket(read_bucket(&doc, self.granularity)?),
-                    Level::Rollups(period) => Doc::Rollup(read_rollup(&doc, period)?),
+                    Level::Buckets => Doc::Bucket(read_bucket(raw, self.granularity)?),
+                    Level::Rollups(period) => Doc::Rollup(read_rollup(raw, period)?),
                 };
                 each(i, d);
             }
@@ -589,6 +587,14 @@ impl BucketStore for MongoStore {
         self.add_labels(sensor, labels).await
     }
 
+    async fn dead_letters<F: FnMut(&str) -> bool + Send>(
+        &self,
+        limit: usize,
+        keep: F,
+    ) -> Result<(Vec<crate::store::DeadLetterInfo>, u64), StoreError> {
+        self.list_dead_letters(limit, keep).await
+    }
+
     async fn latest(
         &self,
         sensor: &str,
@@ -597,6 +603,7 @@ impl BucketStore for MongoStore {
     ) -> Result<Option<(i64, f64)>, StoreError> {
         let newest = self
             .buckets
+            .clone_with_type::<RawDocumentBuf>()
             .find_one(doc! { "sensor": sensor, "metric": metric })
             .projection(doc! { "_id": 0, "start": 1, "schema_version": 1, "count": 1, "sum": 1, "min": 1, "max": 1, "v": 1 })
             .sort(doc! { "start": -1 })

@@ -229,6 +229,7 @@ impl MongoStore {
                 };
                 let mut cursor = self
                     .buckets
+                    .clone_with_type::<RawDocumentBuf>()
                     .find(filter)
                     .projection(doc! { "_id": 0, "sensor": 1, "metric": 1, "start": 1, "v": 1, "n": 1, "count": 1, "sum": 1, "min": 1, "max": 1, "schema_version": 1 })
                     .await
@@ -324,6 +325,7 @@ impl MongoStore {
                 };
                 let mut cursor = self
                     .buckets
+                    .clone_with_type::<RawDocumentBuf>()
                     .find(filter)
                     .projection(doc! { "_id": 0, "sensor": 1, "metric": 1, "start": 1, "v": 1, "n": 1, "count": 1, "sum": 1, "min": 1, "max": 1, "schema_version": 1 })
                     .await
@@ -414,6 +416,7 @@ impl MongoStore {
             };
             let mut cursor = self
                 .rollups
+                .clone_with_type::<RawDocumentBuf>()
                 .find(filter)
                 .projection(doc! { "_id": 0, "sensor": 1, "metric": 1, "start": 1, "s": 1, "complete": 1, "schema_version": 1 })
                 .await
@@ -440,21 +443,14 @@ impl MongoStore {
     /// again, or the operator rebuilds).
     async fn write_rollups(
         &self,
-        statements: Vec<Document>,
+        encoded: Vec<RawDocumentBuf>,
         cost: &mut Upkept,
     ) -> Result<(), StoreError> {
-        if statements.is_empty() {
+        if encoded.is_empty() {
             return Ok(());
         }
         let budget = self.limits.command_budget() / 2;
         let max = self.limits.max_write_batch_size.max(1);
-        let mut encoded = Vec::with_capacity(statements.len());
-        for s in statements {
-            encoded.push(
-                RawDocumentBuf::from_document(&s)
-                    .map_err(|e| StoreError::Poison(format!("a rollup statement: {e}")))?,
-            );
-        }
         let mut start = 0;
         while start < encoded.len() {
             let mut end = start;
