@@ -137,6 +137,12 @@ pub fn classify_write_error(code: i32) -> Class {
 /// Codes of a read the server stopped at its time limit.
 pub const TIME_LIMIT_CODES: &[i32] = &[50, 262];
 
+/// What the server said, without the driver's debug dump of its reply: the
+/// reason a dead letter keeps and the console shows.
+pub fn describe(e: &MongoError) -> String {
+    e.kind.to_string()
+}
+
 /// The server's code of a command error, if it is one.
 pub fn command_code(e: &MongoError) -> Option<i32> {
     match &*e.kind {

@@ -6,6 +6,7 @@ mod auth;
 mod broker;
 mod buckets;
 mod conformance;
+mod console;
 mod database;
 mod deployment;
 mod engine;

@@ -115,6 +115,9 @@ def scenario_open(driver, url, out, args, downloads):
     driver.find_element(By.CSS_SELECTOR, "#fleet-filter button").click()
     wait(driver, "the label filter", lambda d: fleet_loaded(d) and len(rows(d)) != len(seen["page1"]))
     seen["label"] = [r[0] for r in rows(driver)]
+    driver.find_element(By.ID, "label-filter").clear()
+    driver.find_element(By.CSS_SELECTOR, "#fleet-filter button").click()
+    wait(driver, "the whole fleet again", lambda d: fleet_loaded(d) and rows(d) and rows(d)[0][0] == seen["page1"][0][0])
 
     # A sensor, by clicking its name in the list.
     driver.find_element(By.CSS_SELECTOR, f"#sensors tr[data-sensor='{args['sensor']}'] button").click()

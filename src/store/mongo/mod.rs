@@ -441,7 +441,7 @@ impl Sink for MongoStore {
             Err(e) if only_duplicates(&e) => Outcome::Stored,
             Err(e) => match errors::classify(&e) {
                 Class::Outage => Outcome::Outage(e.to_string()),
-                Class::Poison => Outcome::Poison(e.to_string()),
+                Class::Poison => Outcome::Poison(errors::describe(&e)),
             },
         }
     }

@@ -92,7 +92,8 @@ impl MongoStore {
                         let message = e.to_string();
                         match class {
                             Class::Poison if command.indexes.len() == 1 => {
-                                outcomes[command.indexes[0]] = Some(Outcome::Poison(message));
+                                outcomes[command.indexes[0]] =
+                                    Some(Outcome::Poison(errors::describe(&e)));
                             }
                             Class::Poison => {
                                 let mut indexes = command.indexes;

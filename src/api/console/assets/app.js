@@ -338,15 +338,6 @@
       $('stat-pending').textContent = fmtNumber(m.get('hourglass_pending_readings') || 0);
       $('stat-journal').textContent = m.has('hourglass_journal_bytes') ? fmtBytes(m.get('hourglass_journal_bytes')) : 'off';
       $('stat-lag').textContent = m.has('hourglass_journal_behind_seconds') ? fmtNumber(m.get('hourglass_journal_behind_seconds')) + ' s' : 'off';
-      const mqtt = $('stat-mqtt');
-      if (!m.has('hourglass_mqtt_connected') || !m.has('hourglass_mqtt_connections_total')) {
-        mqtt.textContent = 'off';
-        mqtt.className = '';
-      } else {
-        const up = m.get('hourglass_mqtt_connected') > 0;
-        mqtt.textContent = up ? 'connected' : 'disconnected';
-        mqtt.className = up ? 'good' : 'bad';
-      }
     } catch (_) {
       $('stat-rate').textContent = 'unreachable';
     }
@@ -357,6 +348,11 @@
       const failing = Object.values(body.checks || {}).filter((c) => c && !c.ok).map((c) => c.reason);
       ready.textContent = body.ready ? 'yes' : 'no: ' + failing.join('; ');
       ready.className = body.ready ? 'good' : 'bad';
+      // The readiness checks name MQTT only when the service subscribes.
+      const mqtt = $('stat-mqtt');
+      const check = (body.checks || {}).mqtt;
+      mqtt.textContent = !check ? 'off' : check.ok ? 'connected' : 'disconnected';
+      mqtt.className = !check ? '' : check.ok ? 'good' : 'bad';
     } catch (_) { /* shown as unreachable above */ }
     if (!signedIn()) return;
     try {
