@@ -181,6 +181,19 @@ async fn plant_broken_bucket(app: &TestApp, sensor: &str, start: i64) {
         .expect("insert");
 }
 
+/// A `datetime-local` value in UTC.
+fn minute_text(t: i64) -> String {
+    let d = time::OffsetDateTime::from_unix_timestamp(t).expect("a time");
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}",
+        d.year(),
+        u8::from(d.month()),
+        d.day(),
+        d.hour(),
+        d.minute()
+    )
+}
+
 fn now() -> i64 {
     time::OffsetDateTime::now_utc().unix_timestamp()
 }
@@ -239,7 +252,10 @@ async fn the_console_shows_the_fleet_a_sensor_chart_and_ingest_health_in_a_real_
     let seen = drive(
         &app,
         "open",
-        json!({ "glob": "con-01*", "label": "site=b", "sensor": "con-000", "tz": "Asia/Kolkata" }),
+        json!({
+            "glob": "con-01*", "label": "site=b", "sensor": "con-000", "tz": "Asia/Kolkata",
+            "custom": [minute_text(hour - 6 * 3600), minute_text(hour - 3600)],
+        }),
     )
     .await;
 
@@ -310,6 +326,15 @@ async fn the_console_shows_the_fleet_a_sensor_chart_and_ingest_health_in_a_real_
             }
         }
     }
+    // The custom range is the one typed, read in the chosen zone.
+    let custom = charts["custom-utc"]["url"].as_str().expect("url");
+    assert_eq!(
+        param(custom, "from"),
+        ((hour - 6 * 3600) * 1000).to_string()
+    );
+    assert_eq!(param(custom, "to"), ((hour - 3600) * 1000).to_string());
+    assert_eq!(charts.len(), 7, "every preset and the custom range");
+
     // The long range steps by calendar weeks, which start at midnight of the
     // chosen zone: switching zones moves every point.
     let (local, utc) = (&charts["400d"], &charts["400d-utc"]);

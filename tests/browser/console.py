@@ -133,6 +133,14 @@ def scenario_open(driver, url, out, args, downloads):
     before = charts["400d-utc"]["url"]
     click_range(driver, 2592000)
     charts["30d-utc"] = chart(driver, "sensor", before)
+    click_range(driver, 3600)
+    charts["1h-utc"] = chart(driver, "sensor", charts["30d-utc"]["url"])
+    # A custom range, typed in the chosen zone (UTC here).
+    click_range(driver, "custom")
+    for key, value in zip(("from", "to"), args["custom"]):
+        driver.execute_script("document.getElementById(arguments[0]).value = arguments[1]", key, value)
+    driver.find_element(By.CSS_SELECTOR, "#custom button").click()
+    charts["custom-utc"] = chart(driver, "sensor", charts["1h-utc"]["url"])
     seen["charts"] = charts
 
     Select(driver.find_element(By.ID, "group-by")).select_by_value("label.site")
