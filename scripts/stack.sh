@@ -157,6 +157,20 @@ ensure_browser() {
   export HOURGLASS_TEST_PYTHON="$VENV/bin/python"
 }
 
+# pysparkplug (Sparkplug B edge nodes written by others) in .venv, for the
+# Sparkplug host tests; exports HOURGLASS_TEST_PYTHON.
+SPARKPLUG_CLIENTS="pysparkplug==0.6.1"
+ensure_sparkplug_clients() {
+  ensure_secantus
+  local stamp="$VENV/.sparkplug-${SPARKPLUG_CLIENTS//[ =]/_}"
+  if [[ ! -f "$stamp" ]]; then
+    log "Installing pysparkplug into $VENV (first run only)."
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check $SPARKPLUG_CLIENTS
+    touch "$stamp"
+  fi
+  export HOURGLASS_TEST_PYTHON="$VENV/bin/python"
+}
+
 stack_stop() {
   local pid
   for pid in "${STACK_PIDS[@]}"; do

@@ -9,6 +9,7 @@ start_mosquitto
 ensure_peers
 ensure_influx_clients
 ensure_browser
+ensure_sparkplug_clients
 # Bins first: the loadtest smoke tests spawn target/debug/hourglass.
 cargo build --workspace --bins
 cargo test --workspace --all-targets "$@" || status=$?

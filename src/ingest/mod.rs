@@ -6,5 +6,6 @@ pub mod decode;
 pub mod line_protocol;
 pub mod mqtt;
 mod settings;
+pub mod sparkplug;
 
 pub use settings::Settings;

@@ -86,6 +86,11 @@ pub struct Metrics {
     pub readings_dead_lettered: IntCounter,
     pub mqtt_skipped_retained: IntCounter,
     pub line_protocol_strings: IntCounter,
+    /// Sparkplug metrics not stored, by `reason` (and rounded ones, stored).
+    pub sparkplug_metrics: IntCounterVec,
+    /// Sparkplug rebirth requests, by `outcome` (`sent` or `held` by the cooldown).
+    pub sparkplug_rebirths: IntCounterVec,
+    pub sparkplug_stale_deaths: IntCounter,
     pub bucket_updates: IntCounter,
     pub write_round_trips: IntCounter,
     pub flush_duration: Histogram,
@@ -249,6 +254,23 @@ impl Metrics {
                 &r,
                 "hourglass_mqtt_retained_skipped_total",
                 "Retained MQTT messages not ingested (mqtt.ingest_retained = false).",
+            ),
+            sparkplug_metrics: counter_vec(
+                &r,
+                "hourglass_sparkplug_metrics_total",
+                "Sparkplug metrics not stored as readings (reason: not_numeric, null, transient, control) or stored rounded (reason: rounded).",
+                &["reason"],
+            ),
+            sparkplug_rebirths: counter_vec(
+                &r,
+                "hourglass_sparkplug_rebirth_requests_total",
+                "Node Control/Rebirth requests: sent, or held back by mqtt.sparkplug.rebirth_cooldown.",
+                &["outcome"],
+            ),
+            sparkplug_stale_deaths: counter(
+                &r,
+                "hourglass_sparkplug_stale_deaths_total",
+                "NDEATH messages ignored because their bdSeq is not the current birth's.",
             ),
             line_protocol_strings: counter(
                 &r,

@@ -22,4 +22,5 @@ mod operations;
 mod prom;
 mod query;
 mod scale;
+mod sparkplug;
 mod write_path;

@@ -35,9 +35,18 @@ fn read(what: &'static str, path: &std::path::Path) -> Result<Vec<u8>, MqttError
     })
 }
 
+/// A Sparkplug primary host's STATE payload (the Will says offline, with
+/// the timestamp of the connection's birth).
+pub(super) fn state_payload(online: bool, timestamp_ms: u64) -> Vec<u8> {
+    serde_json::json!({ "online": online, "timestamp": timestamp_ms })
+        .to_string()
+        .into_bytes()
+}
+
 /// The client options for `settings`: persistent session, manual acks, TLS
-/// and credentials as configured.
-pub fn mqtt_options(settings: &Settings) -> Result<MqttOptions, MqttError> {
+/// and credentials as configured, and a Sparkplug primary host's Will
+/// stamped `state_ms`.
+pub fn mqtt_options(settings: &Settings, state_ms: u64) -> Result<MqttOptions, MqttError> {
     let (host, port) = settings.host_port()?;
     let mut options = MqttOptions::new(settings.client_id.clone(), host, port);
     options
@@ -49,6 +58,14 @@ pub fn mqtt_options(settings: &Settings) -> Result<MqttOptions, MqttError> {
             settings.max_payload_bytes + PACKET_OVERHEAD,
         )
         .set_request_channel_capacity(REQUEST_CAPACITY);
+    if let Some(topic) = settings.sparkplug.state_topic() {
+        options.set_last_will(rumqttc::LastWill::new(
+            topic,
+            state_payload(false, state_ms),
+            QoS::AtLeastOnce,
+            true,
+        ));
+    }
     if let Some(user) = &settings.username {
         use secrecy::ExposeSecret;
         let password = settings
@@ -91,6 +108,17 @@ fn subscribe(shared: &Shared) {
     let mut topics = vec![subscription(&settings.topic_prefix, group)];
     if let Some(filter) = settings.line_protocol() {
         topics.push(shared_filter(filter, group));
+    }
+    if settings.sparkplug.enabled {
+        // Per-node `seq` needs every message of a node at one instance: see
+        // the README before sharing a Sparkplug subscription.
+        topics.extend(
+            settings
+                .sparkplug
+                .filters()
+                .iter()
+                .map(|f| shared_filter(f, group)),
+        );
     }
     let filters = topics
         .iter()
@@ -141,6 +169,17 @@ pub(super) async fn event_loop(
                 if !ack.session_present {
                     // A new session has no subscriptions: the broker forgot ours.
                     subscribe(&shared);
+                }
+                if let Some(topic) = settings.sparkplug.state_topic() {
+                    // Edge nodes hold their data while the primary host is
+                    // away and send it as history once it is back.
+                    let state = state_payload(true, shared.state_ms);
+                    if let Err(e) = shared
+                        .client
+                        .try_publish(topic, QoS::AtLeastOnce, true, state)
+                    {
+                        error!(error = %e, "Could not queue the Sparkplug STATE birth; edge nodes see this host as offline.");
+                    }
                 }
             }
             Ok(Event::Incoming(Packet::ConnAck(ack))) => {
@@ -210,14 +249,14 @@ mod tests {
             url: "mqtt://broker:1883".into(),
             ..Settings::default()
         };
-        let o = mqtt_options(&s).expect("options");
+        let o = mqtt_options(&s, 0).expect("options");
         assert!(!o.clean_session() && o.manual_acks());
         assert!(matches!(o.transport(), rumqttc::Transport::Tcp));
         s.url = "mqtts://broker:8883".into();
         s.tls.ca_file = Some(ca.clone());
         s.username = Some("hg".into());
         s.password = Some("pw".into());
-        let o = mqtt_options(&s).expect("options");
+        let o = mqtt_options(&s, 0).expect("options");
         assert!(matches!(o.transport(), rumqttc::Transport::Tls(_)));
         let login = o.credentials().expect("credentials");
         assert_eq!(
@@ -225,7 +264,7 @@ mod tests {
             ("hg", "pw")
         );
         s.tls.ca_file = Some(dir.path().join("missing.pem"));
-        let err = mqtt_options(&s).expect_err("missing CA").to_string();
+        let err = mqtt_options(&s, 0).expect_err("missing CA").to_string();
         assert!(err.contains("mqtt.tls.ca_file"), "{err}");
     }
 

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use super::acks::Pending;
+use super::sparkplug;
 use super::topics::parse_topic;
 use super::{Shared, Unusable};
 use bumpalo::Bump;
@@ -58,14 +59,19 @@ impl DropLog {
     }
 }
 
+/// A dead-lettered message: its payload as text, or in base64 when it is
+/// not UTF-8 (Sparkplug's protobuf), so it can be published again as it was.
 #[derive(Serialize)]
 struct DeadLetter<'a> {
     topic: &'a str,
     reason: &'a str,
-    payload: std::borrow::Cow<'a, str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload_base64: Option<String>,
 }
 
-enum Submit {
+pub(super) enum Submit {
     /// Nothing of the message was taken (the second part is always `None`
     /// here; it lets one match arm settle both cases).
     Unusable(Unusable, Option<Ack>),
@@ -73,7 +79,7 @@ enum Submit {
 }
 
 /// A message's readings, submitted, and what of it was refused.
-type Submitted = (Option<Ack>, Option<Unusable>);
+pub(super) type Submitted = (Option<Ack>, Option<Unusable>);
 
 pub(super) async fn process(
     shared: Arc<Shared>,
@@ -86,6 +92,9 @@ pub(super) async fn process(
     };
     let flush_at = (shared.settings.max_unacked / 2).max(1);
     let shutdown = shared.shutdown.clone();
+    let mut host = sparkplug::host(&shared).await;
+    let mut ticks = tokio::time::interval(sparkplug::TICK);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let (epoch, publish) = tokio::select! {
             biased;
@@ -94,6 +103,12 @@ pub(super) async fn process(
                 Some(next) => next,
                 None => break,
             },
+            _ = ticks.tick(), if host.is_some() => {
+                if let Some(host) = host.as_mut() {
+                    sparkplug::tick(&shared, host);
+                }
+                continue;
+            }
         };
         let stored = if publish.retain && !shared.settings.ingest_retained {
             // Delivered because we subscribed, not because it was published
@@ -101,7 +116,13 @@ pub(super) async fn process(
             shared.metrics.mqtt_skipped_retained.inc();
             None
         } else {
-            match submit(&shared, &publish).await {
+            let submitted = match host.as_mut() {
+                Some(host) if publish.topic.starts_with("spBv1.0/") => {
+                    sparkplug::submit(&shared, host, &publish).await
+                }
+                _ => submit(&shared, &publish).await,
+            };
+            match submitted {
                 Ok((stored, None)) => stored,
                 // Line protocol: the valid lines are stored, the message
                 // (with the refused lines' numbers) dead-lettered.
@@ -138,19 +159,53 @@ pub(super) async fn process(
     }
 }
 
+/// A payload over `mqtt.max_payload_bytes` is unusable.
+pub(super) fn check_size(shared: &Shared, publish: &Publish) -> Result<(), Submit> {
+    let max = shared.settings.max_payload_bytes;
+    if publish.payload.len() > max {
+        return Err(Submit::Unusable(
+            Unusable::new(
+                Rejection::TooLarge,
+                format!(
+                    "payload of {} bytes is over mqtt.max_payload_bytes ({max})",
+                    publish.payload.len(),
+                ),
+            ),
+            None,
+        ));
+    }
+    Ok(())
+}
+
+/// Offers `readings` to the intake until it takes them, pausing while it
+/// is full (unacknowledged messages hold the broker's window meanwhile).
+pub(super) async fn offer<'a>(
+    shared: &Shared,
+    mut readings: impl FnMut() -> Vec<Reading<'a>>,
+) -> Result<Option<Ack>, Submit> {
+    loop {
+        let batch = readings();
+        let n = batch.len();
+        match shared.intake.submit(batch, Wait::Safe) {
+            Ok(ack) => {
+                shared.metrics.received(Source::Mqtt, n);
+                return Ok(Some(ack));
+            }
+            Err(IntakeError::Closed) => return Err(Submit::Stopped),
+            Err(IntakeError::Full(_) | IntakeError::JournalFull { .. } | IntakeError::Busy) => {
+                tokio::select! {
+                    _ = tokio::time::sleep(FULL_RETRY) => {}
+                    _ = shared.shutdown.triggered() => return Err(Submit::Stopped),
+                }
+            }
+        }
+    }
+}
+
 async fn submit(shared: &Shared, publish: &Publish) -> Result<Submitted, Submit> {
     let settings = &shared.settings;
     let unusable = |u| Submit::Unusable(u, None);
-    if publish.payload.len() > settings.max_payload_bytes {
-        return Err(unusable(Unusable::new(
-            Rejection::TooLarge,
-            format!(
-                "payload of {} bytes is over mqtt.max_payload_bytes ({})",
-                publish.payload.len(),
-                settings.max_payload_bytes
-            ),
-        )));
-    }
+    check_size(shared, publish)?;
     let line_protocol = settings
         .line_protocol()
         .is_some_and(|filter| rumqttc::matches(&publish.topic, filter));
@@ -250,10 +305,15 @@ async fn dead_letter(shared: &Shared, publish: &Publish, reason: &str) {
     let Some(topic) = &shared.settings.dead_letter_topic else {
         return;
     };
+    let text = std::str::from_utf8(&publish.payload).ok();
     let letter = DeadLetter {
         topic: &publish.topic,
         reason,
-        payload: String::from_utf8_lossy(&publish.payload),
+        payload: text,
+        payload_base64: text.is_none().then(|| {
+            use base64::Engine;
+            base64::engine::general_purpose::STANDARD.encode(&publish.payload)
+        }),
     };
     let Ok(body) = serde_json::to_vec(&letter) else {
         return;

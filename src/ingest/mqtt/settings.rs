@@ -51,6 +51,7 @@ pub struct Settings {
     pub reconnect_min: Duration,
     #[serde(with = "humantime_serde")]
     pub reconnect_max: Duration,
+    pub sparkplug: crate::ingest::sparkplug::Settings,
 }
 
 impl Default for Settings {
@@ -72,6 +73,7 @@ impl Default for Settings {
             max_unacked: DEFAULT_MAX_UNACKED,
             reconnect_min: DEFAULT_RECONNECT_MIN,
             reconnect_max: DEFAULT_RECONNECT_MAX,
+            sparkplug: crate::ingest::sparkplug::Settings::default(),
         }
     }
 }
@@ -129,6 +131,16 @@ impl Settings {
             ));
         }
         self.host_port()?;
+        self.sparkplug.validate()?;
+        if self.sparkplug.enabled
+            && (self.topic_prefix == crate::ingest::sparkplug::NAMESPACE
+                || self.topic_prefix.starts_with("spBv1.0/"))
+        {
+            return Err(invalid(
+                "mqtt.topic_prefix",
+                "may not lie under spBv1.0/ while mqtt.sparkplug is enabled",
+            ));
+        }
         if self.uses_tls() && self.tls.ca_file.is_none() {
             return Err(invalid(
                 "mqtt.tls.ca_file",

@@ -161,6 +161,52 @@ impl MongoStore {
     }
 }
 
+/// Documents other components keep beside the format document (Sparkplug
+/// birth certificates): `_id`s under a prefix, read back at start.
+impl MongoStore {
+    /// Saves `value` as the document `_id` (replacing an older one).
+    pub async fn put_metadata<T: serde::Serialize>(
+        &self,
+        id: &str,
+        value: &T,
+    ) -> Result<(), StoreError> {
+        let mut body = mongodb::bson::to_document(value)
+            .map_err(|e| StoreError::Poison(format!("{id} was not encoded: {e}")))?;
+        body.insert("_id", id);
+        self.metadata
+            .replace_one(doc! { "_id": id }, body)
+            .upsert(true)
+            .await
+            .map_err(classify)?;
+        self.count(|m| m.db_documents("written", "metadata", "sparkplug_birth", 1));
+        Ok(())
+    }
+
+    /// Every document whose `_id` starts with `prefix` (on the `_id` index).
+    pub async fn metadata_under<T: serde::de::DeserializeOwned>(
+        &self,
+        prefix: &str,
+    ) -> Result<Vec<T>, StoreError> {
+        use futures_util::TryStreamExt;
+        let pattern = format!("^{}", regex::escape(prefix));
+        let docs: Vec<Document> = self
+            .metadata
+            .find(doc! { "_id": { "$regex": pattern } })
+            .await
+            .map_err(super::classify_read)?
+            .try_collect()
+            .await
+            .map_err(super::classify_read)?;
+        self.count(|m| m.db_documents("read", "metadata", "sparkplug_birth", docs.len() as u64));
+        docs.into_iter()
+            .map(|d| {
+                mongodb::bson::from_document(d)
+                    .map_err(|e| StoreError::Poison(format!("a {prefix} document: {e}")))
+            })
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

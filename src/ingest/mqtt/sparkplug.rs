@@ -1,0 +1,184 @@
+//! The Sparkplug host's driver: feeds messages and the clock to the pure
+//! [`Host`], and carries out what it asks (readings to the intake, rebirth
+//! commands to the broker, presence and labels to the registry).
+
+use std::borrow::Cow;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rumqttc::{Publish, QoS};
+use tracing::{info, warn};
+
+use super::processor::{Submit, Submitted, check_size, offer};
+use super::{Shared, Unusable};
+use crate::domain::{MetricName, Reading, SensorId, TimeWindow};
+use crate::ingest::line_protocol::SensorLabels;
+use crate::ingest::sparkplug::payload::{self, Parsed};
+use crate::ingest::sparkplug::{Effects, Host};
+use crate::telemetry::metrics::Rejection;
+
+/// How often open sequence gaps are checked against the reorder timeout.
+pub(super) const TICK: Duration = Duration::from_millis(250);
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The host, when Sparkplug is enabled, with the births kept before.
+pub(super) async fn host(shared: &Shared) -> Option<Host> {
+    let s = &shared.settings.sparkplug;
+    if !s.enabled {
+        return None;
+    }
+    let mut host = Host::new(s.rules(TimeWindow {
+        max_age: shared.ingest.max_age,
+        max_future: shared.ingest.max_future,
+    }));
+    if let Some(book) = &shared.births {
+        match book.load().await {
+            Ok(births) => {
+                info!(
+                    births = births.len(),
+                    "Read the Sparkplug birth certificates kept before."
+                );
+                host.restore(births);
+            }
+            Err(e) => warn!(error = %e,
+                "Could not read the Sparkplug birth certificates kept before; edge nodes are asked to rebirth as their data arrives."),
+        }
+    }
+    Some(host)
+}
+
+pub(super) fn tick(shared: &Shared, host: &mut Host) {
+    if host.next_deadline().is_some() {
+        let fx = host.tick(now_ms());
+        apply(shared, &fx);
+    }
+}
+
+/// One Sparkplug message: judged by the host, its readings submitted.
+pub(super) async fn submit(
+    shared: &Shared,
+    host: &mut Host,
+    publish: &Publish,
+) -> Result<Submitted, Submit> {
+    check_size(shared, publish)?;
+    let unusable = |kind, reason: String| Submit::Unusable(Unusable::new(kind, reason), None);
+    let topic = match payload::parse_topic(&publish.topic) {
+        Ok(Parsed::Message(t)) => t,
+        // Primary hosts' state (ours included): not data.
+        Ok(Parsed::State) => return Ok((None, None)),
+        Err(reason) => return Err(unusable(Rejection::Topic, reason)),
+    };
+    let decoded =
+        payload::decode(&publish.payload).map_err(|r| unusable(Rejection::Malformed, r))?;
+    let fx = host.handle(&topic, &decoded, now_ms());
+    apply(shared, &fx);
+    if let Some(reason) = fx.dead_letter {
+        return Err(Submit::Unusable(
+            Unusable {
+                reason,
+                kind: Rejection::Invalid,
+                readings: decoded.metrics.len().max(1),
+            },
+            None,
+        ));
+    }
+    if fx.readings.is_empty() {
+        return Ok((None, None));
+    }
+    let ack = offer(shared, || {
+        fx.readings
+            .iter()
+            .map(|o| Reading {
+                sensor: SensorId::trusted(&o.sensor),
+                metric: MetricName::trusted(&o.metric),
+                ts: o.ts,
+                value: o.value,
+            })
+            .collect()
+    })
+    .await?;
+    Ok((ack, None))
+}
+
+/// Carries out the host's requests other than readings and dead letters.
+fn apply(shared: &Shared, fx: &Effects) {
+    let m = &shared.metrics;
+    if let Some(book) = &shared.births {
+        for b in &fx.births {
+            book.save(b.clone());
+        }
+    }
+    for (reason, n) in [
+        ("not_numeric", fx.skipped.not_numeric),
+        ("null", fx.skipped.null),
+        ("transient", fx.skipped.transient),
+        ("control", fx.skipped.control),
+        ("rounded", fx.skipped.rounded),
+    ] {
+        if n > 0 {
+            m.sparkplug_metrics.with_label_values(&[reason]).inc_by(n);
+        }
+    }
+    if fx.stale_death {
+        m.sparkplug_stale_deaths.inc();
+    }
+    if fx.rebirths_held > 0 {
+        m.sparkplug_rebirths
+            .with_label_values(&["held"])
+            .inc_by(fx.rebirths_held);
+    }
+    for (group, node) in &fx.rebirth {
+        let topic = format!("{}/{group}/NCMD/{node}", payload::NAMESPACE);
+        match shared.client.try_publish(
+            topic,
+            QoS::AtMostOnce,
+            false,
+            payload::rebirth_command(now_ms()),
+        ) {
+            Ok(()) => {
+                m.sparkplug_rebirths.with_label_values(&["sent"]).inc();
+                info!(
+                    group,
+                    edge_node = node,
+                    "Asked a Sparkplug edge node to rebirth."
+                );
+            }
+            Err(e) => warn!(group, edge_node = node, error = %e,
+                "Could not queue a Sparkplug rebirth request; the next unusable message asks again."),
+        }
+    }
+    // Registry: the Sparkplug ids as labels, and presence with its time.
+    let at = time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default();
+    let mut sets: Vec<SensorLabels<'_>> = fx
+        .labels
+        .iter()
+        .map(|(sensor, labels)| SensorLabels {
+            sensor,
+            labels: labels
+                .iter()
+                .map(|(k, v)| (Cow::Borrowed(k.as_str()), Cow::Borrowed(v.as_str())))
+                .collect(),
+        })
+        .collect();
+    for (sensor, online) in &fx.presence {
+        sets.push(SensorLabels {
+            sensor,
+            labels: vec![
+                (
+                    Cow::Borrowed("sparkplug_state"),
+                    Cow::Borrowed(if *online { "online" } else { "offline" }),
+                ),
+                (Cow::Borrowed("sparkplug_state_at"), Cow::Owned(at.clone())),
+            ],
+        });
+    }
+    if !sets.is_empty() {
+        shared.line_protocol.labels.offer(&sets);
+    }
+}

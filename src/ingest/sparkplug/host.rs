@@ -1,0 +1,566 @@
+//! The Sparkplug host application as a pure state machine: births and
+//! aliases, sequence numbers, deaths and rebirth requests. Time (`now_ms`)
+//! and I/O are the caller's; every decision is here, property-tested
+//! against a model.
+
+use std::collections::{BTreeMap, HashMap};
+
+use srad_types::payload::{Metric, Payload};
+
+use super::payload::{Kind, Number, Topic, metric_name, number, sensor_part};
+use crate::domain::{SensorId, TimeWindow};
+
+/// How the host maps and paces (from [`super::Settings`]).
+#[derive(Debug, Clone)]
+pub struct Rules {
+    /// Sensor id of a device's metrics: `{group}`, `{edge_node}`, `{device}`.
+    pub device_sensor: String,
+    /// Sensor id of an edge node's own metrics: `{group}`, `{edge_node}`.
+    pub node_sensor: String,
+    /// How long a sequence gap may stay open before a rebirth is asked for.
+    pub reorder_timeout_ms: u64,
+    /// At most one rebirth request per edge node within this time.
+    pub rebirth_cooldown_ms: u64,
+    pub window: TimeWindow,
+}
+
+/// One stored reading, owned (the message's payload is gone by then).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Out {
+    pub sensor: String,
+    pub metric: String,
+    /// Epoch seconds.
+    pub ts: i64,
+    pub value: f64,
+}
+
+/// Metrics not stored, by why.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Skipped {
+    /// Strings, bytes, data sets, templates, files, arrays.
+    pub not_numeric: u64,
+    pub null: u64,
+    pub transient: u64,
+    /// `Node Control/*`, `bdSeq` and `Properties/*`: the protocol's own.
+    pub control: u64,
+    /// 64-bit integers beyond 2^53, stored rounded.
+    pub rounded: u64,
+}
+
+/// A birth certificate: enough to resolve aliases after a restart.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Birth {
+    pub group: String,
+    pub node: String,
+    pub device: Option<String>,
+    pub bd_seq: Option<u64>,
+    /// `(alias, Sparkplug name, datatype)`.
+    pub metrics: Vec<(Option<u64>, String, u32)>,
+}
+
+/// What one message (or a tick) asks of the caller.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Effects {
+    pub readings: Vec<Out>,
+    /// The message cannot be used: dead-letter it with this reason. None of
+    /// its readings are in `readings`.
+    pub dead_letter: Option<String>,
+    /// Publish `Node Control/Rebirth` to these `(group, edge node)`s.
+    pub rebirth: Vec<(String, String)>,
+    /// Sensors whose Sparkplug state changed: `(sensor, online)`.
+    pub presence: Vec<(String, bool)>,
+    /// Labels to merge into the registry: `(sensor, labels)`.
+    pub labels: Vec<(String, Vec<(String, String)>)>,
+    /// Births to persist.
+    pub births: Vec<Birth>,
+    pub skipped: Skipped,
+    /// A death whose `bdSeq` is not the current birth's (a late Will).
+    pub stale_death: bool,
+    /// Rebirth requests not sent because of the cooldown.
+    pub rebirths_held: u64,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Table {
+    by_alias: HashMap<u64, String>,
+    by_name: HashMap<String, u32>,
+}
+
+impl Table {
+    fn of(metrics: &[(Option<u64>, String, u32)]) -> Self {
+        let mut t = Table::default();
+        for (alias, name, datatype) in metrics {
+            if let Some(a) = alias {
+                t.by_alias.insert(*a, name.clone());
+            }
+            t.by_name.insert(name.clone(), *datatype);
+        }
+        t
+    }
+}
+
+#[derive(Debug, Default)]
+struct Device {
+    online: bool,
+    table: Option<Table>,
+}
+
+#[derive(Debug, Default)]
+struct Node {
+    online: bool,
+    bd_seq: Option<u64>,
+    table: Option<Table>,
+    /// The next `seq` expected; `None` until a birth (or after a restore).
+    next_seq: Option<u8>,
+    /// Sequence numbers skipped over, and when the wait for them ends.
+    missing: Vec<u8>,
+    gap_deadline: Option<u64>,
+    last_rebirth: Option<u64>,
+    devices: BTreeMap<String, Device>,
+}
+
+/// The host's view of every edge node.
+#[derive(Debug)]
+pub struct Host {
+    rules: Rules,
+    nodes: HashMap<(String, String), Node>,
+}
+
+fn substitute(template: &str, group: &str, node: &str, device: &str) -> String {
+    template
+        .replace("{group}", &sensor_part(group))
+        .replace("{edge_node}", &sensor_part(node))
+        .replace("{device}", &sensor_part(device))
+}
+
+/// Names that are Sparkplug's bookkeeping, not process data.
+fn is_control(name: &str) -> bool {
+    name == "bdSeq" || name.starts_with("Node Control/") || name.starts_with("Properties/")
+}
+
+fn bd_seq_of(payload: &Payload) -> Option<u64> {
+    payload
+        .metrics
+        .iter()
+        .find(|m| m.name.as_deref() == Some("bdSeq"))
+        .and_then(|m| match m.value {
+            Some(srad_types::payload::metric::Value::LongValue(v)) => Some(v),
+            Some(srad_types::payload::metric::Value::IntValue(v)) => Some(u64::from(v)),
+            _ => None,
+        })
+}
+
+impl Birth {
+    /// Where it is kept: `sparkplug/<group>/<edge node>[/<device>]`.
+    pub fn id(&self) -> String {
+        match &self.device {
+            Some(d) => format!("{}{}/{}/{d}", BIRTH_PREFIX, self.group, self.node),
+            None => format!("{}{}/{}", BIRTH_PREFIX, self.group, self.node),
+        }
+    }
+}
+
+/// The prefix of stored births' ids.
+pub const BIRTH_PREFIX: &str = "sparkplug/";
+
+impl Host {
+    pub fn new(rules: Rules) -> Self {
+        Self {
+            rules,
+            nodes: HashMap::new(),
+        }
+    }
+
+    /// The sensor id of a node's (or a device's) metrics.
+    pub fn sensor(&self, group: &str, node: &str, device: Option<&str>) -> String {
+        match device {
+            Some(d) => substitute(&self.rules.device_sensor, group, node, d),
+            None => substitute(&self.rules.node_sensor, group, node, ""),
+        }
+    }
+
+    /// Takes back births persisted before a restart: aliases resolve at
+    /// once, and the next `seq` seen starts the count.
+    pub fn restore(&mut self, births: impl IntoIterator<Item = Birth>) {
+        for b in births {
+            let node = self.nodes.entry((b.group, b.node)).or_default();
+            match b.device {
+                None => {
+                    node.bd_seq = b.bd_seq;
+                    node.table = Some(Table::of(&b.metrics));
+                    node.online = true;
+                }
+                Some(d) => {
+                    let dev = node.devices.entry(d).or_default();
+                    dev.table = Some(Table::of(&b.metrics));
+                    dev.online = true;
+                }
+            }
+        }
+    }
+
+    /// Handles one message received at `now_ms`.
+    pub fn handle(&mut self, topic: &Topic<'_>, payload: &Payload, now_ms: u64) -> Effects {
+        let mut fx = Effects::default();
+        let key = (topic.group.to_owned(), topic.node.to_owned());
+        match topic.kind {
+            Kind::NCmd | Kind::DCmd => return fx,
+            Kind::NDeath => {
+                self.death(&key, topic, payload, &mut fx);
+                return fx;
+            }
+            Kind::NBirth => self.node_birth(&key, topic, payload, &mut fx),
+            _ => {}
+        }
+        let node = self.nodes.entry(key.clone()).or_default();
+        if topic.kind != Kind::NBirth {
+            if !node.online || node.table.is_none() {
+                fx.dead_letter = Some(format!(
+                    "{:?} from edge node {}/{} before its NBIRTH",
+                    topic.kind, topic.group, topic.node
+                ));
+                self.ask_rebirth(&key, now_ms, &mut fx);
+                return fx;
+            }
+            Self::sequence(node, payload.seq, now_ms, self.rules.reorder_timeout_ms);
+        }
+        match topic.kind {
+            Kind::DBirth => {
+                let device = topic.device.unwrap_or_default().to_owned();
+                let metrics = definitions(payload);
+                let sensor = self.sensor(topic.group, topic.node, Some(&device));
+                let node = self.nodes.entry(key.clone()).or_default();
+                let dev = node.devices.entry(device.clone()).or_default();
+                dev.table = Some(Table::of(&metrics));
+                if !dev.online {
+                    fx.presence.push((sensor.clone(), true));
+                }
+                dev.online = true;
+                fx.labels.push((sensor, labels(topic)));
+                fx.births.push(Birth {
+                    group: topic.group.to_owned(),
+                    node: topic.node.to_owned(),
+                    device: Some(device),
+                    bd_seq: None,
+                    metrics,
+                });
+            }
+            Kind::DDeath => {
+                let sensor = self.sensor(topic.group, topic.node, topic.device);
+                let node = self.nodes.entry(key.clone()).or_default();
+                if let Some(dev) = node.devices.get_mut(topic.device.unwrap_or_default())
+                    && dev.online
+                {
+                    dev.online = false;
+                    fx.presence.push((sensor, false));
+                }
+                return fx;
+            }
+            _ => {}
+        }
+        // Readings: births carry current values too.
+        let sensor = self.sensor(topic.group, topic.node, topic.device);
+        let node = self.nodes.entry(key.clone()).or_default();
+        let table = match topic.device {
+            None => node.table.as_ref(),
+            Some(d) => match node.devices.get(d) {
+                Some(dev) if dev.online => dev.table.as_ref(),
+                _ => None,
+            },
+        };
+        let Some(table) = table else {
+            fx.dead_letter = Some(format!(
+                "{:?} from device {}/{}/{} before its DBIRTH",
+                topic.kind,
+                topic.group,
+                topic.node,
+                topic.device.unwrap_or_default()
+            ));
+            self.ask_rebirth(&key, now_ms, &mut fx);
+            return fx;
+        };
+        if SensorId::parse(sensor.as_str()).is_err() {
+            fx.dead_letter = Some(format!(
+                "the sensor id {sensor:?} mapped from the topic is not a valid sensor id"
+            ));
+            return fx;
+        }
+        match readings(
+            table,
+            &sensor,
+            payload,
+            now_ms,
+            &self.rules.window,
+            &mut fx.skipped,
+        ) {
+            Ok(out) => fx.readings = out,
+            Err(Refusal::UnknownAlias(reason)) => {
+                fx.dead_letter = Some(reason);
+                fx.skipped = Skipped::default();
+                self.ask_rebirth(&key, now_ms, &mut fx);
+            }
+            Err(Refusal::Invalid(reason)) => {
+                fx.dead_letter = Some(reason);
+                fx.skipped = Skipped::default();
+            }
+        }
+        fx
+    }
+
+    fn node_birth(
+        &mut self,
+        key: &(String, String),
+        topic: &Topic<'_>,
+        payload: &Payload,
+        fx: &mut Effects,
+    ) {
+        let sensor = self.sensor(topic.group, topic.node, None);
+        let metrics = definitions(payload);
+        let node = self.nodes.entry(key.clone()).or_default();
+        // A new birth ends the devices' lives: they are born again after it.
+        for (d, dev) in &mut node.devices {
+            if dev.online {
+                dev.online = false;
+                fx.presence.push((
+                    substitute(&self.rules.device_sensor, topic.group, topic.node, d),
+                    false,
+                ));
+            }
+        }
+        if !node.online {
+            fx.presence.push((sensor.clone(), true));
+        }
+        node.online = true;
+        node.bd_seq = bd_seq_of(payload);
+        node.table = Some(Table::of(&metrics));
+        node.next_seq = payload.seq.map(|s| (s as u8).wrapping_add(1));
+        node.missing.clear();
+        node.gap_deadline = None;
+        fx.labels.push((sensor, labels(topic)));
+        fx.births.push(Birth {
+            group: topic.group.to_owned(),
+            node: topic.node.to_owned(),
+            device: None,
+            bd_seq: node.bd_seq,
+            metrics,
+        });
+    }
+
+    fn death(
+        &mut self,
+        key: &(String, String),
+        topic: &Topic<'_>,
+        payload: &Payload,
+        fx: &mut Effects,
+    ) {
+        let Some(node) = self.nodes.get_mut(key) else {
+            return;
+        };
+        // A Will from an older session arriving after the next birth.
+        let bd = bd_seq_of(payload);
+        if node.bd_seq.is_some() && bd.is_some() && bd != node.bd_seq {
+            fx.stale_death = true;
+            return;
+        }
+        if node.online {
+            fx.presence.push((
+                substitute(&self.rules.node_sensor, topic.group, topic.node, ""),
+                false,
+            ));
+        }
+        node.online = false;
+        node.next_seq = None;
+        node.missing.clear();
+        node.gap_deadline = None;
+        for (d, dev) in &mut node.devices {
+            if dev.online {
+                dev.online = false;
+                fx.presence.push((
+                    substitute(&self.rules.device_sensor, topic.group, topic.node, d),
+                    false,
+                ));
+            }
+        }
+    }
+
+    /// Counts `seq`: a number skipped opens a gap that the late message may
+    /// close before the reorder timeout.
+    fn sequence(node: &mut Node, seq: Option<u64>, now_ms: u64, timeout: u64) {
+        let Some(seq) = seq.map(|s| s as u8) else {
+            return;
+        };
+        let Some(next) = node.next_seq else {
+            node.next_seq = Some(seq.wrapping_add(1));
+            return;
+        };
+        if seq == next {
+            node.next_seq = Some(seq.wrapping_add(1));
+        } else if let Some(i) = node.missing.iter().position(|&m| m == seq) {
+            node.missing.swap_remove(i);
+        } else {
+            // Ahead: everything between is missing for now. (A number
+            // neither expected nor missing is a duplicate or a reset; it
+            // also counts as a gap, so the node is asked to rebirth.)
+            let ahead = seq.wrapping_sub(next);
+            if ahead < 128 {
+                node.missing
+                    .extend((0..ahead).map(|k| next.wrapping_add(k)));
+                node.next_seq = Some(seq.wrapping_add(1));
+            } else {
+                node.missing.push(seq);
+            }
+            if node.gap_deadline.is_none() {
+                node.gap_deadline = Some(now_ms + timeout);
+            }
+        }
+        if node.missing.is_empty() {
+            node.gap_deadline = None;
+        }
+    }
+
+    fn ask_rebirth(&mut self, key: &(String, String), now_ms: u64, fx: &mut Effects) {
+        let node = self.nodes.entry(key.clone()).or_default();
+        if node
+            .last_rebirth
+            .is_some_and(|t| now_ms < t + self.rules.rebirth_cooldown_ms)
+        {
+            fx.rebirths_held += 1;
+            return;
+        }
+        node.last_rebirth = Some(now_ms);
+        fx.rebirth.push(key.clone());
+    }
+
+    /// Gaps whose time is up ask for a rebirth (the birth resets the count).
+    pub fn tick(&mut self, now_ms: u64) -> Effects {
+        let mut fx = Effects::default();
+        let due: Vec<(String, String)> = self
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.gap_deadline.is_some_and(|d| now_ms >= d))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in due {
+            if let Some(node) = self.nodes.get_mut(&key) {
+                node.missing.clear();
+                node.gap_deadline = None;
+                node.next_seq = None;
+            }
+            self.ask_rebirth(&key, now_ms, &mut fx);
+        }
+        fx
+    }
+
+    /// The earliest gap deadline, for the caller's timer.
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.nodes.values().filter_map(|n| n.gap_deadline).min()
+    }
+}
+
+fn labels(topic: &Topic<'_>) -> Vec<(String, String)> {
+    let mut l = vec![
+        ("group".to_owned(), topic.group.to_owned()),
+        ("edge_node".to_owned(), topic.node.to_owned()),
+    ];
+    if let Some(d) = topic.device {
+        l.push(("device".to_owned(), d.to_owned()));
+    }
+    l
+}
+
+fn definitions(payload: &Payload) -> Vec<(Option<u64>, String, u32)> {
+    payload
+        .metrics
+        .iter()
+        .filter_map(|m| Some((m.alias, m.name.clone()?, m.datatype.unwrap_or(0))))
+        .collect()
+}
+
+enum Refusal {
+    UnknownAlias(String),
+    Invalid(String),
+}
+
+fn readings(
+    table: &Table,
+    sensor: &str,
+    payload: &Payload,
+    now_ms: u64,
+    window: &TimeWindow,
+    skipped: &mut Skipped,
+) -> Result<Vec<Out>, Refusal> {
+    let now_s = (now_ms / 1000) as i64;
+    let mut out = Vec::with_capacity(payload.metrics.len());
+    for (i, m) in payload.metrics.iter().enumerate() {
+        let name = resolve(table, m).ok_or_else(|| {
+            Refusal::UnknownAlias(format!(
+                "metric {i}: {} is not in the birth certificate",
+                match (&m.name, m.alias) {
+                    (Some(n), _) => format!("name {n:?}"),
+                    (None, Some(a)) => format!("alias {a}"),
+                    (None, None) => "a metric without name or alias".to_owned(),
+                }
+            ))
+        })?;
+        if is_control(name) {
+            skipped.control += 1;
+            continue;
+        }
+        if m.is_null == Some(true) {
+            skipped.null += 1;
+            continue;
+        }
+        if m.is_transient == Some(true) {
+            skipped.transient += 1;
+            continue;
+        }
+        let datatype = m
+            .datatype
+            .or_else(|| table.by_name.get(name).copied())
+            .unwrap_or(0);
+        let value = match number(datatype, m.value.as_ref()) {
+            Number::Exact(v) => v,
+            Number::Rounded(v) => {
+                skipped.rounded += 1;
+                v
+            }
+            Number::NotNumeric => {
+                skipped.not_numeric += 1;
+                continue;
+            }
+            Number::Mismatch => {
+                return Err(Refusal::Invalid(format!(
+                    "metric {i} ({name}): the value does not match datatype {datatype}"
+                )));
+            }
+        };
+        let metric = metric_name(name).ok_or_else(|| {
+            Refusal::Invalid(format!(
+                "metric {i}: {name:?} does not map to a metric name of at most 64 characters"
+            ))
+        })?;
+        let ms = m.timestamp.or(payload.timestamp).unwrap_or(now_ms);
+        let ts = i64::try_from(ms / 1000).unwrap_or(i64::MAX);
+        window
+            .check(ts, now_s)
+            .map_err(|e| Refusal::Invalid(format!("metric {i} ({name}): {e}")))?;
+        out.push(Out {
+            sensor: sensor.to_owned(),
+            metric,
+            ts,
+            value,
+        });
+    }
+    Ok(out)
+}
+
+fn resolve<'t>(table: &'t Table, m: &'t Metric) -> Option<&'t str> {
+    match (&m.name, m.alias) {
+        (Some(n), _) if table.by_name.contains_key(n) => Some(n.as_str()),
+        (_, Some(a)) => table.by_alias.get(&a).map(String::as_str),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests;

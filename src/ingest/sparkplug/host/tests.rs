@@ -1,0 +1,494 @@
+use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use srad_types::payload::metric::Value;
+use srad_types::payload::{DataType, Metric, Payload};
+
+use super::*;
+
+const NOW: u64 = 1_800_000_000_000;
+
+fn rules() -> Rules {
+    Rules {
+        device_sensor: "{edge_node}.{device}".into(),
+        node_sensor: "{edge_node}".into(),
+        reorder_timeout_ms: 2_000,
+        rebirth_cooldown_ms: 30_000,
+        window: TimeWindow {
+            max_age: Duration::from_secs(86_400),
+            max_future: Duration::from_secs(600),
+        },
+    }
+}
+
+fn topic<'a>(kind: Kind, node: &'a str, device: Option<&'a str>) -> Topic<'a> {
+    Topic {
+        group: "plant",
+        kind,
+        node,
+        device,
+    }
+}
+
+fn metric(name: Option<&str>, alias: Option<u64>, t: DataType, value: Option<Value>) -> Metric {
+    Metric {
+        name: name.map(str::to_owned),
+        alias,
+        datatype: Some(t as u32),
+        value,
+        ..Metric::new()
+    }
+}
+
+fn payload(seq: Option<u64>, ts: u64, metrics: Vec<Metric>) -> Payload {
+    Payload {
+        timestamp: Some(ts),
+        metrics,
+        seq,
+        uuid: None,
+        body: None,
+    }
+}
+
+fn birth(seq: u64, bd: u64, ts: u64) -> Payload {
+    payload(
+        Some(seq),
+        ts,
+        vec![
+            metric(
+                Some("bdSeq"),
+                None,
+                DataType::Int64,
+                Some(Value::LongValue(bd)),
+            ),
+            metric(
+                Some("Node Control/Rebirth"),
+                None,
+                DataType::Boolean,
+                Some(Value::BooleanValue(false)),
+            ),
+            metric(
+                Some("Inputs/temp"),
+                Some(1),
+                DataType::Double,
+                Some(Value::DoubleValue(20.5)),
+            ),
+            metric(
+                Some("level"),
+                Some(2),
+                DataType::Int8,
+                Some(Value::IntValue(255)),
+            ),
+        ],
+    )
+}
+
+fn data(seq: u64, ts: u64, v: f64) -> Payload {
+    payload(
+        Some(seq),
+        ts,
+        vec![metric(
+            None,
+            Some(1),
+            DataType::Double,
+            Some(Value::DoubleValue(v)),
+        )],
+    )
+}
+
+fn death(bd: u64) -> Payload {
+    payload(
+        None,
+        NOW,
+        vec![metric(
+            Some("bdSeq"),
+            None,
+            DataType::Int64,
+            Some(Value::LongValue(bd)),
+        )],
+    )
+}
+
+#[test]
+fn a_birth_stores_its_values_and_data_by_alias_resolves_through_it() {
+    let mut h = Host::new(rules());
+    let fx = h.handle(&topic(Kind::NBirth, "gw", None), &birth(0, 0, NOW), NOW);
+    assert_eq!(fx.dead_letter, None);
+    let got: Vec<(String, f64)> = fx
+        .readings
+        .iter()
+        .map(|r| (r.metric.clone(), r.value))
+        .collect();
+    assert_eq!(
+        got,
+        vec![("Inputs__temp".into(), 20.5), ("level".into(), -1.0)]
+    );
+    assert_eq!(fx.skipped.control, 2);
+    assert_eq!(fx.presence, vec![("gw".to_owned(), true)]);
+    assert_eq!(fx.births.len(), 1);
+    let fx = h.handle(
+        &topic(Kind::NData, "gw", None),
+        &data(1, NOW + 1000, 21.0),
+        NOW + 1000,
+    );
+    assert_eq!(
+        fx.readings,
+        vec![Out {
+            sensor: "gw".into(),
+            metric: "Inputs__temp".into(),
+            ts: (NOW / 1000 + 1) as i64,
+            value: 21.0
+        }]
+    );
+    assert!(fx.rebirth.is_empty());
+}
+
+#[test]
+fn data_before_a_birth_or_with_an_unknown_alias_is_dead_lettered_and_asks_for_one_rebirth() {
+    let mut h = Host::new(rules());
+    let fx = h.handle(&topic(Kind::NData, "gw", None), &data(1, NOW, 1.0), NOW);
+    assert!(fx.dead_letter.is_some() && fx.readings.is_empty());
+    assert_eq!(fx.rebirth, vec![("plant".to_owned(), "gw".to_owned())]);
+    // Within the cooldown: dead-lettered again, no second request.
+    let fx = h.handle(
+        &topic(Kind::NData, "gw", None),
+        &data(2, NOW, 1.0),
+        NOW + 1000,
+    );
+    assert!(fx.dead_letter.is_some());
+    assert!(fx.rebirth.is_empty());
+    assert_eq!(fx.rebirths_held, 1);
+    h.handle(
+        &topic(Kind::NBirth, "gw", None),
+        &birth(0, 0, NOW),
+        NOW + 2000,
+    );
+    let mut unknown = data(1, NOW, 1.0);
+    unknown.metrics.push(metric(
+        None,
+        Some(9),
+        DataType::Double,
+        Some(Value::DoubleValue(2.0)),
+    ));
+    let fx = h.handle(&topic(Kind::NData, "gw", None), &unknown, NOW + 3000);
+    assert!(
+        fx.dead_letter
+            .as_deref()
+            .is_some_and(|r| r.contains("alias 9")),
+        "{fx:?}"
+    );
+    assert!(
+        fx.readings.is_empty(),
+        "nothing of a dead-lettered message is stored"
+    );
+    assert!(fx.rebirth.is_empty(), "still within the cooldown");
+    let fx = h.handle(&topic(Kind::NData, "gw", None), &unknown, NOW + 40_000);
+    assert_eq!(fx.rebirth.len(), 1, "after the cooldown");
+}
+
+#[test]
+fn nulls_transients_strings_and_history_are_handled_as_the_spec_says() {
+    let mut h = Host::new(rules());
+    let mut b = birth(0, 0, NOW);
+    b.metrics.push(metric(
+        Some("note"),
+        Some(3),
+        DataType::String,
+        Some(Value::StringValue("x".into())),
+    ));
+    b.metrics.push(metric(
+        Some("big"),
+        Some(4),
+        DataType::UInt64,
+        Some(Value::LongValue(u64::MAX)),
+    ));
+    h.handle(&topic(Kind::NBirth, "gw", None), &b, NOW);
+    let mut null = metric(None, Some(1), DataType::Double, None);
+    null.is_null = Some(true);
+    let mut transient = metric(None, Some(2), DataType::Int8, Some(Value::IntValue(3)));
+    transient.is_transient = Some(true);
+    let mut old = metric(
+        None,
+        Some(1),
+        DataType::Double,
+        Some(Value::DoubleValue(7.0)),
+    );
+    old.is_historical = Some(true);
+    old.timestamp = Some(NOW - 3_600_000);
+    let p = payload(
+        Some(1),
+        NOW,
+        vec![
+            null,
+            transient,
+            metric(
+                None,
+                Some(3),
+                DataType::String,
+                Some(Value::StringValue("y".into())),
+            ),
+            metric(
+                None,
+                Some(4),
+                DataType::UInt64,
+                Some(Value::LongValue(1 << 60)),
+            ),
+            old,
+        ],
+    );
+    let fx = h.handle(&topic(Kind::NData, "gw", None), &p, NOW);
+    assert_eq!(fx.dead_letter, None);
+    assert_eq!(
+        fx.skipped,
+        Skipped {
+            not_numeric: 1,
+            null: 1,
+            transient: 1,
+            control: 0,
+            rounded: 1
+        }
+    );
+    let got: Vec<(&str, i64, f64)> = fx
+        .readings
+        .iter()
+        .map(|r| (r.metric.as_str(), r.ts, r.value))
+        .collect();
+    let s = (NOW / 1000) as i64;
+    assert_eq!(
+        got,
+        vec![
+            ("big", s, (1u64 << 60) as f64),
+            ("Inputs__temp", s - 3600, 7.0)
+        ]
+    );
+}
+
+#[test]
+fn a_stale_death_is_ignored_and_a_current_one_takes_the_node_and_its_devices_offline() {
+    let mut h = Host::new(rules());
+    h.handle(&topic(Kind::NBirth, "gw", None), &birth(0, 1, NOW), NOW);
+    let db = payload(
+        Some(1),
+        NOW,
+        vec![metric(
+            Some("rpm"),
+            Some(1),
+            DataType::UInt16,
+            Some(Value::IntValue(1200)),
+        )],
+    );
+    let fx = h.handle(&topic(Kind::DBirth, "gw", Some("press")), &db, NOW);
+    assert_eq!(fx.presence, vec![("gw.press".to_owned(), true)]);
+    assert_eq!(fx.readings[0].sensor, "gw.press");
+    let fx = h.handle(&topic(Kind::NDeath, "gw", None), &death(0), NOW);
+    assert!(fx.stale_death && fx.presence.is_empty());
+    let fx = h.handle(&topic(Kind::NDeath, "gw", None), &death(1), NOW);
+    assert_eq!(
+        fx.presence,
+        vec![("gw".to_owned(), false), ("gw.press".to_owned(), false)]
+    );
+    let fx = h.handle(&topic(Kind::NData, "gw", None), &data(2, NOW, 1.0), NOW);
+    assert!(
+        fx.dead_letter.is_some(),
+        "data after a death waits for a birth"
+    );
+}
+
+#[test]
+fn a_sequence_gap_waits_for_the_reorder_timeout_then_asks_for_a_rebirth() {
+    let mut h = Host::new(rules());
+    h.handle(&topic(Kind::NBirth, "gw", None), &birth(0, 0, NOW), NOW);
+    // 2 before 1: closed in time, no rebirth.
+    h.handle(&topic(Kind::NData, "gw", None), &data(2, NOW, 1.0), NOW);
+    assert!(h.next_deadline().is_some());
+    h.handle(
+        &topic(Kind::NData, "gw", None),
+        &data(1, NOW, 1.0),
+        NOW + 500,
+    );
+    assert_eq!(h.next_deadline(), None);
+    assert!(h.tick(NOW + 10_000).rebirth.is_empty());
+    // 4 never comes.
+    h.handle(&topic(Kind::NData, "gw", None), &data(3, NOW, 1.0), NOW);
+    let fx = h.handle(
+        &topic(Kind::NData, "gw", None),
+        &data(5, NOW, 1.0),
+        NOW + 1000,
+    );
+    assert!(
+        fx.rebirth.is_empty() && !fx.readings.is_empty(),
+        "stored at once"
+    );
+    assert!(h.tick(NOW + 2_999).rebirth.is_empty());
+    assert_eq!(h.tick(NOW + 3_000).rebirth.len(), 1);
+    assert_eq!(h.next_deadline(), None);
+}
+
+#[test]
+fn sequence_numbers_wrap_at_256() {
+    let mut h = Host::new(rules());
+    h.handle(&topic(Kind::NBirth, "gw", None), &birth(0, 0, NOW), NOW);
+    for k in 1..600u64 {
+        h.handle(
+            &topic(Kind::NData, "gw", None),
+            &data(k % 256, NOW, 1.0),
+            NOW,
+        );
+    }
+    assert_eq!(h.next_deadline(), None);
+}
+
+#[test]
+fn restored_births_resolve_aliases_without_a_rebirth() {
+    let mut first = Host::new(rules());
+    let births = first
+        .handle(&topic(Kind::NBirth, "gw", None), &birth(0, 0, NOW), NOW)
+        .births;
+    let mut h = Host::new(rules());
+    h.restore(births);
+    let fx = h.handle(&topic(Kind::NData, "gw", None), &data(77, NOW, 3.0), NOW);
+    assert_eq!(fx.dead_letter, None);
+    assert!(fx.rebirth.is_empty());
+    assert_eq!(fx.readings.len(), 1);
+    assert_eq!(
+        h.next_deadline(),
+        None,
+        "the first seq after a restart starts the count"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Against a model: random births, data, deaths, stale deaths, lost and
+// reordered messages, over time.
+
+#[derive(Debug, Clone)]
+enum Op {
+    Birth(usize),
+    Data {
+        node: usize,
+        value: i16,
+        alias: bool,
+        skip: bool,
+    },
+    UnknownAlias(usize),
+    Death {
+        node: usize,
+        stale: bool,
+    },
+    Advance(u32),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (0..3usize).prop_map(Op::Birth),
+        (
+            0..3usize,
+            any::<i16>(),
+            any::<bool>(),
+            prop::bool::weighted(0.1)
+        )
+            .prop_map(|(node, value, alias, skip)| Op::Data {
+                node,
+                value,
+                alias,
+                skip
+            }),
+        (0..3usize).prop_map(Op::UnknownAlias),
+        (0..3usize, any::<bool>()).prop_map(|(node, stale)| Op::Death { node, stale }),
+        (0..5_000u32).prop_map(Op::Advance),
+    ]
+}
+
+#[derive(Default, Clone)]
+struct ModelNode {
+    online: bool,
+    bd: u64,
+    seq: u64,
+}
+
+proptest! {
+    #[test]
+    fn the_host_stores_exactly_what_a_model_says_and_never_floods_rebirths(ops in proptest::collection::vec(op(), 1..120)) {
+        let mut h = Host::new(rules());
+        let mut model: Vec<ModelNode> = vec![ModelNode::default(); 3];
+        let mut now = NOW;
+        let names = ["n0", "n1", "n2"];
+        let mut rebirths: HashMap<usize, Vec<u64>> = HashMap::new();
+        let mut record = |fx: &Effects, now: u64| {
+            for (_, n) in &fx.rebirth {
+                let i = names.iter().position(|x| x == n).expect("a node");
+                rebirths.entry(i).or_default().push(now);
+            }
+        };
+        for op in ops {
+            match op {
+                Op::Birth(i) => {
+                    let m = &mut model[i];
+                    m.bd += 1;
+                    m.seq = 0;
+                    let fx = h.handle(&topic(Kind::NBirth, names[i], None), &birth(0, m.bd, now), now);
+                    prop_assert_eq!(fx.readings.len(), 2);
+                    prop_assert!(fx.dead_letter.is_none());
+                    m.online = true;
+                    record(&fx, now);
+                }
+                Op::Data { node: i, value, alias, skip } => {
+                    let m = &mut model[i];
+                    m.seq += if skip { 2 } else { 1 };
+                    let mut p = data(m.seq % 256, now, f64::from(value));
+                    if !alias {
+                        p.metrics[0].name = Some("Inputs/temp".into());
+                        p.metrics[0].alias = None;
+                    }
+                    let fx = h.handle(&topic(Kind::NData, names[i], None), &p, now);
+                    if m.online {
+                        prop_assert!(fx.dead_letter.is_none());
+                        prop_assert_eq!(fx.readings.len(), 1);
+                        prop_assert_eq!(fx.readings[0].value, f64::from(value));
+                        prop_assert_eq!(&fx.readings[0].sensor, names[i]);
+                    } else {
+                        prop_assert!(fx.dead_letter.is_some());
+                        prop_assert!(fx.readings.is_empty());
+                    }
+                    record(&fx, now);
+                }
+                Op::UnknownAlias(i) => {
+                    let m = &mut model[i];
+                    m.seq += 1;
+                    let mut p = data(m.seq % 256, now, 1.0);
+                    p.metrics[0].alias = Some(99);
+                    let fx = h.handle(&topic(Kind::NData, names[i], None), &p, now);
+                    prop_assert!(fx.dead_letter.is_some());
+                    prop_assert!(fx.readings.is_empty());
+                    record(&fx, now);
+                }
+                Op::Death { node: i, stale } => {
+                    let m = &mut model[i];
+                    let bd = if stale { m.bd.wrapping_sub(1) } else { m.bd };
+                    let fx = h.handle(&topic(Kind::NDeath, names[i], None), &death(bd), now);
+                    if !stale || m.bd == 0 {
+                        m.online = false;
+                    } else {
+                        prop_assert!(fx.stale_death || !m.online);
+                    }
+                    record(&fx, now);
+                }
+                Op::Advance(ms) => {
+                    now += u64::from(ms);
+                    let fx = h.tick(now);
+                    record(&fx, now);
+                }
+            }
+        }
+        // Never two rebirth requests to one node within the cooldown.
+        for times in rebirths.values() {
+            let sorted: BTreeSet<u64> = times.iter().copied().collect();
+            prop_assert_eq!(sorted.len(), times.len());
+            let v: Vec<u64> = sorted.into_iter().collect();
+            for w in v.windows(2) {
+                prop_assert!(w[1] - w[0] >= rules().rebirth_cooldown_ms);
+            }
+        }
+    }
+}

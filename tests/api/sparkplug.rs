@@ -1,0 +1,247 @@
+//! Sparkplug B edge nodes simulated with pysparkplug (`tests/sparkplug/edge.py`)
+//! against Mosquitto: Hourglass as the host application.
+
+use std::time::Duration;
+
+use hourglass::Granularity;
+use hourglass::Settings;
+use serde_json::{Value, json};
+
+use crate::broker::Broker;
+use crate::helpers::*;
+use crate::mqtt::mqtt_settings;
+
+const WAIT: Duration = Duration::from_secs(90);
+const DEAD: &str = "hourglass/dead";
+
+fn python() -> String {
+    std::env::var("HOURGLASS_TEST_PYTHON").unwrap_or_else(|_| ".venv/bin/python".into())
+}
+
+async fn edge(broker: &Broker, scenario: &str, args: Value) -> Value {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sparkplug/edge.py");
+    let out = tokio::process::Command::new(python())
+        .arg(script)
+        .arg("127.0.0.1")
+        .arg(broker.port.to_string())
+        .arg(scenario)
+        .arg(args.to_string())
+        .output()
+        .await
+        .expect("the edge script runs (make test installs pysparkplug)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the edge script failed: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("the script's JSON")
+}
+
+fn sparkplug_settings(broker: &Broker) -> Settings {
+    let mut s = mqtt_settings(broker);
+    s.mqtt.dead_letter_topic = Some(DEAD.into());
+    s.mqtt.sparkplug.enabled = true;
+    s.mqtt.sparkplug.reorder_timeout = Duration::from_millis(500);
+    s.mqtt.sparkplug.rebirth_cooldown = Duration::from_secs(600);
+    s.mqtt.sparkplug.primary_host_id = Some("hourglass-test".into());
+    s
+}
+
+/// What the script published that must be stored, as the buckets hold it.
+fn model(expected: &[Value]) -> std::collections::BTreeMap<(String, String, i64), f64> {
+    expected
+        .iter()
+        .map(|e| {
+            (
+                (
+                    e[0].as_str().expect("sensor").to_owned(),
+                    e[1].as_str().expect("metric").to_owned(),
+                    e[2].as_i64().expect("ts"),
+                ),
+                e[3].as_f64().expect("value"),
+            )
+        })
+        .collect()
+}
+
+async fn metric(app: &TestApp, line_start: &str) -> f64 {
+    let text = app.get("/metrics").await.text().await.expect("metrics");
+    text.lines()
+        .filter(|l| l.starts_with(line_start))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test]
+async fn sparkplug_edge_nodes_publish_unchanged_and_their_values_are_stored_exactly() {
+    let broker = Broker::start().await;
+    let settings = sparkplug_settings(&broker);
+    let app = spawn_app_with(settings.clone()).await;
+    subscribed(&app).await;
+    let t0_ms = (base_time() + 120) * 1000 + 250;
+    let seen = edge(
+        &broker,
+        "plant",
+        json!({ "t0_ms": t0_ms, "dead_topic": DEAD }),
+    )
+    .await;
+    let mut want = model(seen["expected"].as_array().expect("expected"));
+    eventually(WAIT, "every Sparkplug value is stored", || async {
+        all_values(&app.buckets().await, Granularity::Minute) == want
+    })
+    .await;
+    assert_invariants(&app.buckets().await, Granularity::Minute);
+
+    // Averages through the API: −1 and −128 of an Int8, exactly.
+    let avg = app
+        .get_json(&format!(
+            "/api/v1/sensors/gw1/average?metric=Inputs__i8&from={}&to={}",
+            t0_ms / 1000 * 1000,
+            t0_ms / 1000 * 1000 + 60_000
+        ))
+        .await;
+    assert_eq!(
+        (&avg["count"], &avg["sum"], &avg["min"]),
+        (&json!(2), &json!(-129.0), &json!(-128.0)),
+        "{avg}"
+    );
+
+    // The primary host's STATE: online, retained.
+    let state = seen["state"].as_array().expect("state");
+    assert!(
+        state.iter().any(|s| s["topic"] == "spBv1.0/STATE/hourglass-test"
+            && s["payload"]["online"] == true),
+        "{state:?}"
+    );
+    // One rebirth request for gw1's gap (the unknown alias came within the
+    // cooldown), one for gw2 (data before any birth).
+    assert_eq!(seen["gap_rebirths"], 1);
+    let ncmd: Vec<&str> = seen["ncmd"]
+        .as_array()
+        .expect("ncmd")
+        .iter()
+        .map(|c| c["topic"].as_str().expect("topic"))
+        .collect();
+    assert_eq!(
+        ncmd,
+        vec!["spBv1.0/plant/NCMD/gw1", "spBv1.0/plant/NCMD/gw2"]
+    );
+    assert_eq!(
+        seen["ncmd"][0]["metrics"],
+        json!([["Node Control/Rebirth", true]])
+    );
+    assert_eq!(
+        metric(
+            &app,
+            "hourglass_sparkplug_rebirth_requests_total{outcome=\"held\"}"
+        )
+        .await,
+        1.0
+    );
+    // Dead letters: the unknown alias and the unborn node, payloads intact.
+    let dead = seen["dead"].as_array().expect("dead");
+    assert_eq!(dead.len(), 2, "{dead:?}");
+    assert!(
+        dead[0]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("alias 999")),
+        "{dead:?}"
+    );
+    assert!(
+        dead[1]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("before its NBIRTH")),
+        "{dead:?}"
+    );
+    assert!(dead.iter().all(|d| d["payload_base64"].is_string()));
+    // Skipped metrics are counted.
+    assert_eq!(
+        metric(&app, "hourglass_sparkplug_metrics_total{reason=\"null\"}").await,
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &app,
+            "hourglass_sparkplug_metrics_total{reason=\"transient\"}"
+        )
+        .await,
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &app,
+            "hourglass_sparkplug_metrics_total{reason=\"not_numeric\"}"
+        )
+        .await,
+        1.0
+    );
+    assert_eq!(
+        metric(&app, "hourglass_sparkplug_stale_deaths_total").await,
+        1.0
+    );
+
+    // Presence in the registry: gw1 online again (the stale death ignored),
+    // its press offline, with the ids as labels.
+    let presence = |body: &Value| {
+        let labels = |s: &str| {
+            body["sensors"]
+                .as_array()
+                .and_then(|a| a.iter().find(|x| x["sensor"] == s))
+                .map(|x| x["labels"].clone())
+                .unwrap_or_default()
+        };
+        (
+            labels("gw1")["sparkplug_state"].clone(),
+            labels("gw1")["group"].clone(),
+            labels("gw1.press")["sparkplug_state"].clone(),
+            labels("gw1.press")["device"].clone(),
+            labels("gw1.press")["sparkplug_state_at"].is_string(),
+        )
+    };
+    let want_presence = (
+        json!("online"),
+        json!("plant"),
+        json!("offline"),
+        json!("press"),
+        true,
+    );
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let body = app.get_json("/api/v1/sensors?sensor=gw1*").await;
+        if presence(&body) == want_presence {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "presence in the registry: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // Hourglass stops; gw1 goes on by alias (QoS 1, kept by the broker).
+    // The restarted service resolves the aliases from the births it kept,
+    // without asking for a rebirth.
+    app.stop().await.expect("clean stop");
+    let late = edge(
+        &broker,
+        "offline",
+        json!({ "t0_ms": t0_ms, "seq": seen["next_seq"] }),
+    )
+    .await;
+    let app = spawn_app_with(settings).await;
+    want.extend(model(late["expected"].as_array().expect("expected")));
+    eventually(
+        WAIT,
+        "the values sent while it was down are stored",
+        || async { all_values(&app.buckets().await, Granularity::Minute) == want },
+    )
+    .await;
+    assert_eq!(
+        metric(&app, "hourglass_sparkplug_rebirth_requests_total").await,
+        0.0,
+        "no rebirth after a restart"
+    );
+    app.stop().await.expect("clean stop");
+}
