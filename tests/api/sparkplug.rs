@@ -18,17 +18,26 @@ fn python() -> String {
     std::env::var("HOURGLASS_TEST_PYTHON").unwrap_or_else(|_| ".venv/bin/python".into())
 }
 
-async fn edge(broker: &Broker, scenario: &str, args: Value) -> Value {
+fn edge_command(broker: &Broker, scenario: &str, args: &Value) -> tokio::process::Command {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sparkplug/edge.py");
-    let out = tokio::process::Command::new(python())
-        .arg(script)
+    let mut cmd = tokio::process::Command::new(python());
+    cmd.arg(script)
         .arg("127.0.0.1")
         .arg(broker.port.to_string())
         .arg(scenario)
-        .arg(args.to_string())
+        .arg(args.to_string());
+    cmd
+}
+
+async fn edge(broker: &Broker, scenario: &str, args: Value) -> Value {
+    let out = edge_command(broker, scenario, &args)
         .output()
         .await
         .expect("the edge script runs (make test installs pysparkplug)");
+    script_output(out)
+}
+
+fn script_output(out: std::process::Output) -> Value {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -244,4 +253,101 @@ async fn sparkplug_edge_nodes_publish_unchanged_and_their_values_are_stored_exac
         "no rebirth after a restart"
     );
     app.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn a_sigkilled_host_restarts_mid_stream_losing_nothing_and_asking_no_rebirth() {
+    let broker = Broker::start().await;
+    let mut settings = mqtt_settings(&broker);
+    settings.journal.enabled = true;
+    let reader = spawn_app_with(test_settings()).await;
+    let mut settings_of_reader = settings.clone();
+    settings_of_reader.mongodb.database = reader.settings.mongodb.database.clone();
+    let settings = settings_of_reader;
+    let env = [
+        ("HOURGLASS__MQTT__SPARKPLUG__ENABLED", "true"),
+        ("HOURGLASS__MQTT__DEAD_LETTER_TOPIC", DEAD),
+    ];
+    let logs = tempfile::tempdir().expect("temp dir");
+    let log = logs.path().join("first.log");
+    let mut first = spawn_binary(&settings, &env, &log);
+    let address = binary_address(&log).await;
+    let client = reqwest::Client::new();
+    let ready = |address: String| {
+        let client = client.clone();
+        async move {
+            client
+                .get(format!("{address}/health/ready"))
+                .send()
+                .await
+                .is_ok_and(|r| r.status() == 200)
+        }
+    };
+    eventually(WAIT, "the first instance subscribed", || {
+        ready(address.clone())
+    })
+    .await;
+
+    let t0_ms = (base_time() + 300) * 1000;
+    let stream = edge_command(
+        &broker,
+        "stream",
+        &json!({ "t0_ms": t0_ms, "n": 400, "rate": 100 }),
+    )
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .expect("the edge script starts");
+    // Mid-stream: once some readings are in, SIGKILL.
+    let received = |address: String| {
+        let client = client.clone();
+        async move {
+            let text = client
+                .get(format!("{address}/metrics"))
+                .send()
+                .await
+                .ok()?
+                .text()
+                .await
+                .ok()?;
+            text.lines()
+                .filter(|l| l.starts_with("hourglass_readings_received_total"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .reduce(|a, b| a + b)
+        }
+    };
+    eventually(WAIT, "readings arrive", || {
+        let r = received(address.clone());
+        async move { r.await.is_some_and(|n| n >= 100.0) }
+    })
+    .await;
+    first.kill().expect("SIGKILL");
+    first.wait().expect("reaped");
+
+    let log = logs.path().join("second.log");
+    let mut second = spawn_binary(&settings, &env, &log);
+    let address = binary_address(&log).await;
+    let out = stream.wait_with_output().await.expect("the stream ends");
+    let want = model(script_output(out)["expected"].as_array().expect("expected"));
+    eventually(WAIT, "every value of the stream is stored", || async {
+        all_values(&reader.buckets().await, Granularity::Minute) == want
+    })
+    .await;
+    assert_invariants(&reader.buckets().await, Granularity::Minute);
+    let text = client
+        .get(format!("{address}/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        !text.lines().any(
+            |l| l.starts_with("hourglass_sparkplug_rebirth_requests_total") && !l.ends_with(" 0")
+        ),
+        "the restarted host asked for no rebirth"
+    );
+    assert!(terminate(&mut second).success());
+    reader.stop().await.expect("clean stop");
 }

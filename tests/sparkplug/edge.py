@@ -201,9 +201,27 @@ def scenario_offline(host, port, args):
     return {"expected": expected}
 
 
+def scenario_stream(host, port, args):
+    """A birth, then one value a message by alias (QoS 1), at a steady pace."""
+    t0, n, pause = args["t0_ms"], args["n"], 1.0 / args["rate"]
+    gw = edge(host, port, "gw9", 0)
+    send(gw, spb.MessageType.NBIRTH, spb.NBirth(timestamp=t0, seq=0, metrics=(
+        m("bdSeq", None, DataType.INT64, 0, t0), m("flow", 1, DataType.FLOAT, 0.5, t0))), "gw9")
+    expected = [["gw9", "flow", t0 // 1000, 0.5]]
+    for k in range(1, n + 1):
+        t = t0 + k * 1000
+        v = float(k % 97) - 40.0
+        send(gw, spb.MessageType.NDATA, spb.NData(timestamp=t, seq=k % 256, metrics=(m(None, 1, DataType.FLOAT, v, t),)), "gw9")
+        expected.append(["gw9", "flow", t // 1000, v])
+        time.sleep(pause)
+    time.sleep(0.5)
+    gw.disconnect()
+    return {"expected": expected}
+
+
 def main():
     host, port, scenario, args = sys.argv[1], int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
-    out = {"plant": scenario_plant, "offline": scenario_offline}[scenario](host, port, args)
+    out = {"plant": scenario_plant, "offline": scenario_offline, "stream": scenario_stream}[scenario](host, port, args)
     print(json.dumps(out))
 
 

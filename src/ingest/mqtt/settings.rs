@@ -132,6 +132,12 @@ impl Settings {
         }
         self.host_port()?;
         self.sparkplug.validate()?;
+        if self.sparkplug.enabled && self.dead_letter_topic.is_none() {
+            return Err(invalid(
+                "mqtt.dead_letter_topic",
+                "must be set while mqtt.sparkplug is enabled: unusable Sparkplug messages (data before a birth, unknown aliases) are republished there, never dropped",
+            ));
+        }
         if self.sparkplug.enabled
             && (self.topic_prefix == crate::ingest::sparkplug::NAMESPACE
                 || self.topic_prefix.starts_with("spBv1.0/"))

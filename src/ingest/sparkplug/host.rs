@@ -398,17 +398,17 @@ impl Host {
         } else if let Some(i) = node.missing.iter().position(|&m| m == seq) {
             node.missing.swap_remove(i);
         } else {
-            // Ahead: everything between is missing for now. (A number
-            // neither expected nor missing is a duplicate or a reset; it
-            // also counts as a gap, so the node is asked to rebirth.)
             let ahead = seq.wrapping_sub(next);
-            if ahead < 128 {
-                node.missing
-                    .extend((0..ahead).map(|k| next.wrapping_add(k)));
-                node.next_seq = Some(seq.wrapping_add(1));
-            } else {
-                node.missing.push(seq);
+            if ahead >= 128 {
+                // Behind: a message seen before, delivered again (QoS 1
+                // after a reconnect). Its readings are stored again, which
+                // last-write-wins makes harmless; no gap.
+                return;
             }
+            // Ahead: everything between is missing for now.
+            node.missing
+                .extend((0..ahead).map(|k| next.wrapping_add(k)));
+            node.next_seq = Some(seq.wrapping_add(1));
             if node.gap_deadline.is_none() {
                 node.gap_deadline = Some(now_ms + timeout);
             }

@@ -326,6 +326,18 @@ fn a_sequence_gap_waits_for_the_reorder_timeout_then_asks_for_a_rebirth() {
 }
 
 #[test]
+fn a_message_delivered_again_is_no_gap() {
+    let mut h = Host::new(rules());
+    h.handle(&topic(Kind::NBirth, "gw", None), &birth(0, 0, NOW), NOW);
+    for seq in [1, 2, 3, 2, 3, 4] {
+        let fx = h.handle(&topic(Kind::NData, "gw", None), &data(seq, NOW, 1.0), NOW);
+        assert_eq!(fx.readings.len(), 1);
+    }
+    assert_eq!(h.next_deadline(), None);
+    assert!(h.tick(NOW + 60_000).rebirth.is_empty());
+}
+
+#[test]
 fn sequence_numbers_wrap_at_256() {
     let mut h = Host::new(rules());
     h.handle(&topic(Kind::NBirth, "gw", None), &birth(0, 0, NOW), NOW);
