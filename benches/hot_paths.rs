@@ -217,5 +217,86 @@ fn plans(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(hot, benches, plans);
+/// Sparkplug B: 100 NDATA payloads of 100 metrics each, by alias (a
+/// gateway's shape), decoded from protobuf and resolved by the host.
+fn sparkplug(c: &mut Criterion) {
+    use hourglass::pure::{
+        SparkplugHost, SparkplugKind, SparkplugRules, SparkplugTopic, sparkplug_decode,
+    };
+    use prost::Message;
+    use srad_types::payload::metric::Value;
+    use srad_types::payload::{DataType, Metric, Payload};
+
+    let now_ms = (NOW as u64) * 1000;
+    let metric = |k: u64, name: bool, v: f64| Metric {
+        name: name.then(|| format!("Line {}/Sensor {k}", k % 4)),
+        alias: Some(k),
+        timestamp: Some(now_ms - 3_600_000),
+        datatype: Some(if k.is_multiple_of(2) {
+            DataType::Double
+        } else {
+            DataType::Int32
+        } as u32),
+        value: Some(if k.is_multiple_of(2) {
+            Value::DoubleValue(v)
+        } else {
+            Value::IntValue((v as i32) as u32)
+        }),
+        ..Metric::new()
+    };
+    let payload = |seq: u64, name: bool| {
+        Payload {
+            timestamp: Some(now_ms - 3_600_000),
+            metrics: (0..100)
+                .map(|k| metric(k, name, (seq * 7 + k) as f64 - 50.0))
+                .collect(),
+            seq: Some(seq),
+            uuid: None,
+            body: None,
+        }
+        .encode_to_vec()
+    };
+    let birth = sparkplug_decode(&payload(0, true)).expect("a birth");
+    let data: Vec<Vec<u8>> = (1..=100).map(|s| payload(s % 256, false)).collect();
+    let topic = |kind| SparkplugTopic {
+        group: "plant",
+        kind,
+        node: "gw-1",
+        device: None,
+    };
+    let rules = SparkplugRules {
+        device_sensor: "{edge_node}.{device}".into(),
+        node_sensor: "{edge_node}".into(),
+        reorder_timeout_ms: 2000,
+        rebirth_cooldown_ms: 30_000,
+        window: ctx().window,
+    };
+    let mut group = c.benchmark_group("hot_paths");
+    group.throughput(Throughput::Elements(READINGS as u64));
+    group.bench_function("sparkplug_10k_metrics", |b| {
+        b.iter_batched(
+            || {
+                let mut host = SparkplugHost::new(rules.clone());
+                host.handle(&topic(SparkplugKind::NBirth), &birth, now_ms);
+                host
+            },
+            |mut host| {
+                let mut n = 0;
+                for p in &data {
+                    let decoded = sparkplug_decode(black_box(p)).expect("decodes");
+                    n += host
+                        .handle(&topic(SparkplugKind::NData), &decoded, now_ms)
+                        .readings
+                        .len();
+                }
+                assert_eq!(n, READINGS);
+                n
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    group.finish();
+}
+
+criterion_group!(hot, benches, plans, sparkplug);
 criterion_main!(hot);

@@ -76,7 +76,7 @@ pub const MALLOC_CONF: &[u8; 44] = b"dirty_decay_ms:120000,muzzy_decay_ms:120000
 /// The pure cores behind the service (no I/O, no clock): for the benchmarks,
 /// the fuzz targets, and the load test's direct writes. Not the service's API.
 pub mod pure {
-    pub use crate::api::query::{parse_instant, parse_step};
+    pub use crate::api::query::{Step, parse_instant, parse_step};
     pub use crate::batcher::{
         Batch, Batcher, BatcherLimits, Hold, Item, Settings as BatcherSettings, Settled,
     };
@@ -92,6 +92,11 @@ pub mod pure {
         Decoded as LineProtocolDecoded, Precision, decode as decode_line_protocol,
     };
     pub use crate::ingest::mqtt::parse_topic;
+    pub use crate::ingest::sparkplug::payload::{
+        Kind as SparkplugKind, Parsed as SparkplugParsed, Topic as SparkplugTopic,
+        decode as sparkplug_decode, parse_topic as sparkplug_topic,
+    };
+    pub use crate::ingest::sparkplug::{Host as SparkplugHost, Rules as SparkplugRules};
     pub use crate::journal::{decode_frame as journal_decode, encode_frame as journal_encode};
     pub use crate::query::{Calendar, Grid, Need, Plan};
     pub use crate::store::command::{Chunk, Commands, Limits, Target};

@@ -41,8 +41,8 @@ pub use dead_letters::{
 };
 pub use groups::{__path_group_average, __path_group_series, group_average, group_series};
 use range::range;
+pub use range::{Step, parse_instant, parse_step};
 use range::{format_ms, format_start, metric, parse_tz, points_of, series_grid};
-pub use range::{parse_instant, parse_step};
 pub use registry::{__path_list_sensors, __path_put_labels, list_sensors, put_labels};
 
 /// Aggregates of one point, range or group.

@@ -4,6 +4,7 @@
 //! against a model.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use srad_types::payload::{Metric, Payload};
 
@@ -27,8 +28,9 @@ pub struct Rules {
 /// One stored reading, owned (the message's payload is gone by then).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Out {
-    pub sensor: String,
-    pub metric: String,
+    /// Shared by the readings of one message (and the metric by a birth's).
+    pub sensor: Arc<str>,
+    pub metric: Arc<str>,
     /// Epoch seconds.
     pub ts: i64,
     pub value: f64,
@@ -80,20 +82,34 @@ pub struct Effects {
     pub rebirths_held: u64,
 }
 
+/// A metric a birth defined, with its Hourglass name mapped once.
+#[derive(Debug)]
+struct Def {
+    name: String,
+    datatype: u32,
+    /// `None` when the name does not map to a metric name.
+    metric: Option<Arc<str>>,
+}
+
 #[derive(Debug, Clone, Default)]
 struct Table {
-    by_alias: HashMap<u64, String>,
-    by_name: HashMap<String, u32>,
+    by_alias: HashMap<u64, Arc<Def>>,
+    by_name: HashMap<String, Arc<Def>>,
 }
 
 impl Table {
     fn of(metrics: &[(Option<u64>, String, u32)]) -> Self {
         let mut t = Table::default();
         for (alias, name, datatype) in metrics {
+            let def = Arc::new(Def {
+                name: name.clone(),
+                datatype: *datatype,
+                metric: metric_name(name).map(Arc::from),
+            });
             if let Some(a) = alias {
-                t.by_alias.insert(*a, name.clone());
+                t.by_alias.insert(*a, def.clone());
             }
-            t.by_name.insert(name.clone(), *datatype);
+            t.by_name.insert(name.clone(), def);
         }
         t
     }
@@ -490,9 +506,10 @@ fn readings(
     skipped: &mut Skipped,
 ) -> Result<Vec<Out>, Refusal> {
     let now_s = (now_ms / 1000) as i64;
+    let sensor: Arc<str> = Arc::from(sensor);
     let mut out = Vec::with_capacity(payload.metrics.len());
     for (i, m) in payload.metrics.iter().enumerate() {
-        let name = resolve(table, m).ok_or_else(|| {
+        let def = resolve(table, m).ok_or_else(|| {
             Refusal::UnknownAlias(format!(
                 "metric {i}: {} is not in the birth certificate",
                 match (&m.name, m.alias) {
@@ -502,6 +519,7 @@ fn readings(
                 }
             ))
         })?;
+        let name = def.name.as_str();
         if is_control(name) {
             skipped.control += 1;
             continue;
@@ -514,10 +532,7 @@ fn readings(
             skipped.transient += 1;
             continue;
         }
-        let datatype = m
-            .datatype
-            .or_else(|| table.by_name.get(name).copied())
-            .unwrap_or(0);
+        let datatype = m.datatype.unwrap_or(def.datatype);
         let value = match number(datatype, m.value.as_ref()) {
             Number::Exact(v) => v,
             Number::Rounded(v) => {
@@ -534,7 +549,7 @@ fn readings(
                 )));
             }
         };
-        let metric = metric_name(name).ok_or_else(|| {
+        let metric = def.metric.clone().ok_or_else(|| {
             Refusal::Invalid(format!(
                 "metric {i}: {name:?} does not map to a metric name of at most 64 characters"
             ))
@@ -545,7 +560,7 @@ fn readings(
             .check(ts, now_s)
             .map_err(|e| Refusal::Invalid(format!("metric {i} ({name}): {e}")))?;
         out.push(Out {
-            sensor: sensor.to_owned(),
+            sensor: sensor.clone(),
             metric,
             ts,
             value,
@@ -554,10 +569,10 @@ fn readings(
     Ok(out)
 }
 
-fn resolve<'t>(table: &'t Table, m: &'t Metric) -> Option<&'t str> {
+fn resolve<'t>(table: &'t Table, m: &Metric) -> Option<&'t Def> {
     match (&m.name, m.alias) {
-        (Some(n), _) if table.by_name.contains_key(n) => Some(n.as_str()),
-        (_, Some(a)) => table.by_alias.get(&a).map(String::as_str),
+        (Some(n), _) if table.by_name.contains_key(n) => table.by_name.get(n).map(|d| &**d),
+        (_, Some(a)) => table.by_alias.get(&a).map(|d| &**d),
         _ => None,
     }
 }

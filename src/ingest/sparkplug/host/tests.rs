@@ -118,7 +118,7 @@ fn a_birth_stores_its_values_and_data_by_alias_resolves_through_it() {
     let got: Vec<(String, f64)> = fx
         .readings
         .iter()
-        .map(|r| (r.metric.clone(), r.value))
+        .map(|r| (r.metric.to_string(), r.value))
         .collect();
     assert_eq!(
         got,
@@ -252,7 +252,7 @@ fn nulls_transients_strings_and_history_are_handled_as_the_spec_says() {
     let got: Vec<(&str, i64, f64)> = fx
         .readings
         .iter()
-        .map(|r| (r.metric.as_str(), r.ts, r.value))
+        .map(|r| (&*r.metric, r.ts, r.value))
         .collect();
     let s = (NOW / 1000) as i64;
     assert_eq!(
@@ -280,7 +280,7 @@ fn a_stale_death_is_ignored_and_a_current_one_takes_the_node_and_its_devices_off
     );
     let fx = h.handle(&topic(Kind::DBirth, "gw", Some("press")), &db, NOW);
     assert_eq!(fx.presence, vec![("gw.press".to_owned(), true)]);
-    assert_eq!(fx.readings[0].sensor, "gw.press");
+    assert_eq!(&*fx.readings[0].sensor, "gw.press");
     let fx = h.handle(&topic(Kind::NDeath, "gw", None), &death(0), NOW);
     assert!(fx.stale_death && fx.presence.is_empty());
     let fx = h.handle(&topic(Kind::NDeath, "gw", None), &death(1), NOW);
@@ -458,7 +458,7 @@ proptest! {
                         prop_assert!(fx.dead_letter.is_none());
                         prop_assert_eq!(fx.readings.len(), 1);
                         prop_assert_eq!(fx.readings[0].value, f64::from(value));
-                        prop_assert_eq!(&fx.readings[0].sensor, names[i]);
+                        prop_assert_eq!(&*fx.readings[0].sensor, names[i]);
                     } else {
                         prop_assert!(fx.dead_letter.is_some());
                         prop_assert!(fx.readings.is_empty());
