@@ -29,8 +29,9 @@
 //! - `auth`: bearer tokens, scopes and per-device sensor patterns.
 //! - `ingest`: the shared JSON decoder, InfluxDB line protocol (a parser
 //!   that borrows everything, the mapping onto sensors, metrics and labels,
-//!   and the background writer of labels), and MQTT (connection, topics,
-//!   processor, and acknowledgements as a pure state machine).
+//!   and the background writer of labels), MQTT (connection, topics,
+//!   processor, and acknowledgements as a pure state machine), and the
+//!   Sparkplug B host (payloads, and the host as a pure state machine).
 //! - `api`: everything HTTP: routes, limits, auth middleware, the write and
 //!   query handlers (JSON, InfluxDB's write API, the Prometheus query API),
 //!   health and metrics.
