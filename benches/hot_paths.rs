@@ -270,6 +270,7 @@ fn sparkplug(c: &mut Criterion) {
         reorder_timeout_ms: 2000,
         rebirth_cooldown_ms: 30_000,
         window: ctx().window,
+        property_labels: false,
     };
     let mut group = c.benchmark_group("hot_paths");
     group.throughput(Throughput::Elements(READINGS as u64));

@@ -15,6 +15,7 @@ thread_local! {
         reorder_timeout_ms: 2000,
         rebirth_cooldown_ms: 30_000,
         window: TimeWindow { max_age: Duration::from_secs(86_400 * 3650), max_future: Duration::from_secs(300) },
+        property_labels: true,
     }));
 }
 

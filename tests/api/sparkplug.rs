@@ -55,6 +55,7 @@ fn sparkplug_settings(broker: &Broker) -> Settings {
     s.mqtt.sparkplug.reorder_timeout = Duration::from_millis(500);
     s.mqtt.sparkplug.rebirth_cooldown = Duration::from_secs(600);
     s.mqtt.sparkplug.primary_host_id = Some("hourglass-test".into());
+    s.mqtt.sparkplug.property_labels = true;
     s
 }
 
@@ -204,6 +205,7 @@ async fn sparkplug_edge_nodes_publish_unchanged_and_their_values_are_stored_exac
         (
             labels("gw1")["sparkplug_state"].clone(),
             labels("gw1")["group"].clone(),
+            labels("gw1")["Location"].clone(),
             labels("gw1.press")["sparkplug_state"].clone(),
             labels("gw1.press")["device"].clone(),
             labels("gw1.press")["sparkplug_state_at"].is_string(),
@@ -212,6 +214,7 @@ async fn sparkplug_edge_nodes_publish_unchanged_and_their_values_are_stored_exac
     let want_presence = (
         json!("online"),
         json!("plant"),
+        json!("Hall 3"),
         json!("offline"),
         json!("press"),
         true,

@@ -111,6 +111,7 @@ def scenario_plant(host, port, args):
     # NBIRTH: every numeric datatype with an alias, a string, bdSeq, Node Control.
     birth = [m(n, a, dt, b, t0) for n, a, dt, b, _ in NODE]
     birth += [m("serial", 20, DataType.STRING, "SN-1", t0),
+              m("Properties/Location", None, DataType.STRING, "Hall 3", t0),
               m("bdSeq", None, DataType.INT64, 0, t0),
               m("Node Control/Rebirth", 21, DataType.BOOLEAN, False, t0)]
     send(gw, spb.MessageType.NBIRTH, spb.NBirth(timestamp=t0, seq=0, metrics=tuple(birth)), "gw1")

@@ -23,6 +23,8 @@ pub struct Rules {
     /// At most one rebirth request per edge node within this time.
     pub rebirth_cooldown_ms: u64,
     pub window: TimeWindow,
+    /// Births' `Properties/<name>` strings become labels.
+    pub property_labels: bool,
 }
 
 /// One stored reading, owned (the message's payload is gone by then).
@@ -252,7 +254,8 @@ impl Host {
                     fx.presence.push((sensor.clone(), true));
                 }
                 dev.online = true;
-                fx.labels.push((sensor, labels(topic)));
+                fx.labels
+                    .push((sensor, labels(topic, payload, self.rules.property_labels)));
                 fx.births.push(Birth {
                     group: topic.group.to_owned(),
                     node: topic.node.to_owned(),
@@ -352,7 +355,8 @@ impl Host {
         node.next_seq = payload.seq.map(|s| (s as u8).wrapping_add(1));
         node.missing.clear();
         node.gap_deadline = None;
-        fx.labels.push((sensor, labels(topic)));
+        fx.labels
+            .push((sensor, labels(topic, payload, self.rules.property_labels)));
         fx.births.push(Birth {
             group: topic.group.to_owned(),
             node: topic.node.to_owned(),
@@ -473,13 +477,35 @@ impl Host {
     }
 }
 
-fn labels(topic: &Topic<'_>) -> Vec<(String, String)> {
+/// The registry labels of a birth: the Sparkplug ids, and with
+/// `properties` the birth's `Properties/<name>` strings as `<name>` labels.
+fn labels(topic: &Topic<'_>, payload: &Payload, properties: bool) -> Vec<(String, String)> {
+    use crate::domain::{valid_label_name, valid_label_value};
     let mut l = vec![
         ("group".to_owned(), topic.group.to_owned()),
         ("edge_node".to_owned(), topic.node.to_owned()),
     ];
     if let Some(d) = topic.device {
         l.push(("device".to_owned(), d.to_owned()));
+    }
+    if properties {
+        for m in &payload.metrics {
+            let (Some(name), Some(srad_types::payload::metric::Value::StringValue(v))) =
+                (&m.name, &m.value)
+            else {
+                continue;
+            };
+            let Some(key) = name.strip_prefix("Properties/") else {
+                continue;
+            };
+            let key: String = key
+                .chars()
+                .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+                .collect();
+            if valid_label_name(&key) && valid_label_value(v) && !l.iter().any(|(k, _)| *k == key) {
+                l.push((key, v.clone()));
+            }
+        }
     }
     l
 }

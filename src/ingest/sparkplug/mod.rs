@@ -28,6 +28,7 @@ impl Settings {
             reorder_timeout_ms: self.reorder_timeout.as_millis() as u64,
             rebirth_cooldown_ms: self.rebirth_cooldown.as_millis() as u64,
             window,
+            property_labels: self.property_labels,
         }
     }
 }

@@ -25,6 +25,8 @@ pub struct Settings {
     pub rebirth_cooldown: Duration,
     /// Act as the Primary Host with this id: publish `spBv1.0/STATE/<id>`.
     pub primary_host_id: Option<String>,
+    /// A birth's `Properties/<name>` string metrics become `<name>` labels.
+    pub property_labels: bool,
 }
 
 impl Default for Settings {
@@ -37,6 +39,7 @@ impl Default for Settings {
             reorder_timeout: Duration::from_secs(2),
             rebirth_cooldown: Duration::from_secs(30),
             primary_host_id: None,
+            property_labels: false,
         }
     }
 }

@@ -19,6 +19,7 @@ fn rules() -> Rules {
             max_age: Duration::from_secs(86_400),
             max_future: Duration::from_secs(600),
         },
+        property_labels: true,
     }
 }
 
@@ -323,6 +324,31 @@ fn a_sequence_gap_waits_for_the_reorder_timeout_then_asks_for_a_rebirth() {
     assert!(h.tick(NOW + 2_999).rebirth.is_empty());
     assert_eq!(h.tick(NOW + 3_000).rebirth.len(), 1);
     assert_eq!(h.next_deadline(), None);
+}
+
+#[test]
+fn birth_properties_become_labels_when_asked() {
+    let mut h = Host::new(rules());
+    let mut b = birth(0, 0, NOW);
+    b.metrics.push(metric(
+        Some("Properties/Hardware Make"),
+        None,
+        DataType::String,
+        Some(Value::StringValue("Acme".into())),
+    ));
+    let fx = h.handle(&topic(Kind::NBirth, "gw", None), &b, NOW);
+    assert_eq!(
+        fx.labels,
+        vec![(
+            "gw".to_owned(),
+            vec![
+                ("group".to_owned(), "plant".to_owned()),
+                ("edge_node".to_owned(), "gw".to_owned()),
+                ("Hardware_Make".to_owned(), "Acme".to_owned()),
+            ]
+        )]
+    );
+    assert_eq!(fx.skipped.control, 3, "properties are not readings");
 }
 
 #[test]
