@@ -2,6 +2,8 @@
 //!
 //! - `payload`: topics, protobuf payloads (`srad-types`), datatypes to
 //!   numbers, Sparkplug names to Hourglass's;
+//! - `birth`: birth certificates, and metrics resolved through them into
+//!   readings;
 //! - `host`: the pure state machine of births, aliases, `seq`/`bdSeq`,
 //!   deaths and rebirth requests, driven by the MQTT processor with the
 //!   clock passed in;
@@ -11,6 +13,7 @@
 //! acknowledged once its readings are journaled, and an unusable one is
 //! dead-lettered like any other MQTT message.
 
+mod birth;
 pub mod host;
 pub mod payload;
 mod settings;
