@@ -250,11 +250,21 @@ async fn counted(app: &TestApp, name: &str, with: &str) -> f64 {
 #[tokio::test]
 async fn a_flush_of_65_late_sensors_in_a_fleet_of_10000_does_rollup_work_for_65() {
     let app = spawn_app_with(fleet_settings(Granularity::Minute)).await;
-    let now = time::OffsetDateTime::now_utc().unix_timestamp();
     // The fleet: 10 000 sensors in the current hour (still open: nothing to
-    // roll up yet).
+    // roll up yet). Near an hour's end, wait for the next one, so the hour
+    // stays open for the whole test.
+    let mut now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let left = 3600 - now.rem_euclid(3600);
+    if left < 240 {
+        tokio::time::sleep(Duration::from_secs(left as u64 + 2)).await;
+        now = time::OffsetDateTime::now_utc().unix_timestamp();
+    }
+    let hour_start = now - now.rem_euclid(3600);
     let live: Vec<Value> = (0..10_000)
-        .map(|i| reading(&format!("big-{i:05}"), "temp", now - 30 - i % 20, 1.0))
+        .map(|i| {
+            let ts = (now - 30 - i % 20).max(hour_start);
+            reading(&format!("big-{i:05}"), "temp", ts, 1.0)
+        })
         .collect();
     for chunk in live.chunks(5000) {
         let r = app.post_readings(&Value::Array(chunk.to_vec())).await;

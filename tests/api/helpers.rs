@@ -204,13 +204,15 @@ impl TestApp {
         let late = self
             .db
             .collection::<Document>(&self.settings.mongodb.late_collection);
-        for _ in 0..600 {
+        // Generous: the stand-in is slow, and slower still beside the
+        // browser tests on two cores.
+        for _ in 0..1800 {
             if late.count_documents(doc! {}).await.expect("count") == 0 {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        panic!("hours marked late were not rolled up within a minute");
+        panic!("hours marked late were not rolled up within three minutes");
     }
 
     /// Stops the service gracefully and returns how it ended.
