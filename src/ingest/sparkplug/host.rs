@@ -77,6 +77,17 @@ pub struct Host {
     nodes: HashMap<(String, String), Node>,
 }
 
+/// Takes a node's online devices offline, telling the registry.
+fn devices_offline(node: &mut Node, template: &str, topic: &Topic<'_>, fx: &mut Effects) {
+    for (d, dev) in &mut node.devices {
+        if dev.online {
+            dev.online = false;
+            fx.presence
+                .push((substitute(template, topic.group, topic.node, d), false));
+        }
+    }
+}
+
 fn substitute(template: &str, group: &str, node: &str, device: &str) -> String {
     template
         .replace("{group}", &sensor_part(group))
@@ -240,15 +251,7 @@ impl Host {
         let metrics = definitions(payload);
         let node = self.nodes.entry(key.clone()).or_default();
         // A new birth ends the devices' lives: they are born again after it.
-        for (d, dev) in &mut node.devices {
-            if dev.online {
-                dev.online = false;
-                fx.presence.push((
-                    substitute(&self.rules.device_sensor, topic.group, topic.node, d),
-                    false,
-                ));
-            }
-        }
+        devices_offline(node, &self.rules.device_sensor, topic, fx);
         if !node.online {
             fx.presence.push((sensor.clone(), true));
         }
@@ -295,15 +298,7 @@ impl Host {
         node.next_seq = None;
         node.missing.clear();
         node.gap_deadline = None;
-        for (d, dev) in &mut node.devices {
-            if dev.online {
-                dev.online = false;
-                fx.presence.push((
-                    substitute(&self.rules.device_sensor, topic.group, topic.node, d),
-                    false,
-                ));
-            }
-        }
+        devices_offline(node, &self.rules.device_sensor, topic, fx);
     }
 
     /// Counts `seq`: a number skipped opens a gap that the late message may
