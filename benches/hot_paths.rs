@@ -7,7 +7,7 @@ use bumpalo::Bump;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use hourglass::Granularity;
 use hourglass::pure::{
-    Batcher, BatcherLimits, BucketUpdate, DecodeContext, Hold, Precision, TimeWindow,
+    Batcher, BatcherLimits, BucketUpdate, DecodeContext, Hold, Precision, TimeWindow, Versioning,
     decode_line_protocol, decode_readings, journal_decode, journal_encode, update_statement,
 };
 use tokio::time::{Duration, Instant};
@@ -85,7 +85,7 @@ const LIMITS: BatcherLimits = BatcherLimits {
 fn updates(body: &[u8], g: Granularity) -> Vec<BucketUpdate> {
     let readings = decode_readings(body, &ctx()).expect("valid");
     let mut b: Batcher<()> = Batcher::new(g, LIMITS);
-    b.offer(readings, None, Instant::now()).expect("room");
+    b.offer(readings, None, Instant::now(), 0).expect("room");
     b.take_all()
         .expect("a batch")
         .items
@@ -140,7 +140,7 @@ fn benches(c: &mut Criterion) {
             |readings| {
                 let mut batcher: Batcher<()> = Batcher::new(Granularity::Minute, LIMITS);
                 batcher
-                    .offer_held(readings, 1, Instant::now(), 0)
+                    .offer_held(readings, 1, Instant::now(), 0, 0)
                     .expect("room");
                 batcher.take_all().expect("a batch")
             },
@@ -153,7 +153,9 @@ fn benches(c: &mut Criterion) {
             || decode_readings(&body, &ctx()).expect("valid"),
             |readings| {
                 let mut batcher: Batcher<()> = Batcher::new(Granularity::Minute, LIMITS);
-                batcher.offer(readings, None, Instant::now()).expect("room");
+                batcher
+                    .offer(readings, None, Instant::now(), 0)
+                    .expect("room");
                 batcher.take_all().expect("a batch")
             },
             BatchSize::SmallInput,
@@ -165,7 +167,7 @@ fn benches(c: &mut Criterion) {
         group.bench_function(format!("update_documents_10k_{g:?}").to_lowercase(), |b| {
             b.iter(|| {
                 ups.iter()
-                    .map(|u| update_statement(u, g).expect("encoded"))
+                    .map(|u| update_statement(u, g, Versioning::PLAIN).expect("encoded"))
                     .collect::<Vec<_>>()
             })
         });
@@ -175,12 +177,17 @@ fn benches(c: &mut Criterion) {
         b.iter(|| {
             let readings = decode_readings(black_box(&body), &ctx()).expect("valid");
             let mut batcher: Batcher<()> = Batcher::new(Granularity::Minute, LIMITS);
-            batcher.offer(readings, None, Instant::now()).expect("room");
+            batcher
+                .offer(readings, None, Instant::now(), 0)
+                .expect("room");
             let batch = batcher.take_all().expect("a batch");
             batch
                 .items
                 .iter()
-                .map(|i| update_statement(&i.update, Granularity::Minute).expect("encoded"))
+                .map(|i| {
+                    update_statement(&i.update, Granularity::Minute, Versioning::PLAIN)
+                        .expect("encoded")
+                })
                 .collect::<Vec<_>>()
         })
     });

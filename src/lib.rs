@@ -101,7 +101,7 @@ pub mod pure {
     pub use crate::journal::{decode_frame as journal_decode, encode_frame as journal_encode};
     pub use crate::query::{Calendar, Grid, Need, Plan};
     pub use crate::store::command::{Chunk, Commands, Limits, Target};
-    pub use crate::store::document::update_statement;
+    pub use crate::store::document::{Form, Versioning, update_statement};
 }
 
 #[cfg(test)]

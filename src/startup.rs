@@ -20,6 +20,7 @@ use crate::ingest::mqtt::{LineProtocol, MqttIngest, MqttStats};
 use crate::journal::{Intake, Journal, JournalTask};
 use crate::shutdown::Shutdown;
 use crate::store::MongoStore;
+use crate::store::floor;
 use crate::telemetry::metrics::Metrics;
 
 pub struct Application {
@@ -29,6 +30,8 @@ pub struct Application {
     batcher: BatcherHandle,
     driver: tokio::task::JoinHandle<driver::Drained>,
     journal: Option<(Journal, tokio::task::JoinHandle<JournalTask>)>,
+    /// Who this instance is to the others (see `store::floor`).
+    instance: floor::Instance,
     store: Arc<MongoStore>,
     mqtt_stats: Option<Arc<MqttStats>>,
     metrics: Arc<Metrics>,
@@ -122,14 +125,33 @@ impl Application {
                 &target,
                 batcher.clone(),
                 metrics.clone(),
+                store.watermarks(),
                 shutdown.clone(),
             )?;
             let task = tokio::spawn(task.run());
-            replay(&journal, &batcher).await;
             Some((journal, task))
         } else {
             None
         };
+        // Published before the replay writes anything: until it is done,
+        // every value any instance stores keeps its version.
+        let instance = floor::Instance {
+            id: journal.as_ref().map_or_else(
+                || uuid::Uuid::new_v4().to_string(),
+                |(j, _)| j.instance_id().to_owned(),
+            ),
+            durable: journal.is_some(),
+        };
+        floor::join(
+            &instance,
+            &store,
+            &batcher,
+            journal.as_ref().map(|(j, _)| j),
+        )
+        .await;
+        if let Some((journal, _)) = &journal {
+            replay(journal, &batcher).await;
+        }
         let listener = TcpListener::bind(settings.http.listen)
             .await
             .with_context(|| format!("binding http.listen = {}", settings.http.listen))?;
@@ -145,6 +167,7 @@ impl Application {
             batcher,
             driver,
             journal,
+            instance,
             store,
             mqtt_stats,
             metrics,
@@ -180,6 +203,7 @@ impl Application {
             batcher,
             driver: driver_task,
             journal,
+            instance,
             store,
             mqtt_stats,
             metrics,
@@ -191,6 +215,17 @@ impl Application {
             journal.as_ref().map(|(j, _)| j.clone()),
             Some(store.clone() as Arc<dyn crate::journal::Registrar>),
         );
+        // This instance's floor is published until everything is drained.
+        let (end_floor, floor_ends) = tokio::sync::oneshot::channel::<()>();
+        let floor_task = tokio::spawn(floor::run(
+            instance,
+            store.clone(),
+            batcher.clone(),
+            journal.as_ref().map(|(j, _)| j.clone()),
+            async move {
+                let _ = floor_ends.await;
+            },
+        ));
         let (labels, label_writer) = LabelSync::new();
         tokio::spawn(label_writer.run(store.clone(), shutdown.clone()));
         // The rollup upkeep runs until the batcher has drained, then rolls
@@ -276,6 +311,7 @@ impl Application {
             _ = grace => batcher.buffered(),
         };
         let _ = end_upkeep.send(());
+        let _ = end_floor.send(());
         tokio::select! {
             _ = upkeep => {}
             _ = shutdown.deadline_passed() => {
@@ -286,6 +322,7 @@ impl Application {
             // Everything stored has its acknowledgement sent before we disconnect.
             mqtt.finish().await;
         }
+        let _ = floor_task.await;
         if let Some((_, task)) = journal {
             // Appends already queued are committed; stored segments deleted.
             match task.await {

@@ -84,7 +84,9 @@ impl BatcherHandle {
         } else {
             (None, None)
         };
-        let offered = self.core().offer(readings, tx, Instant::now())?;
+        let offered = self
+            .core()
+            .offer(readings, tx, Instant::now(), super::clock::ack_ms())?;
         if offered.wake_driver {
             self.shared.wake.notify_one();
         }
@@ -99,10 +101,11 @@ impl BatcherHandle {
         readings: Vec<Reading<'_>>,
         origin: u64,
         unix_ms: i64,
+        ack_ms: i64,
     ) -> Result<(), Full> {
         let offered = self
             .core()
-            .offer_held(readings, origin, Instant::now(), unix_ms);
+            .offer_held(readings, origin, Instant::now(), unix_ms, ack_ms);
         // Refused: the driver writes the oldest buckets early to make room.
         if offered.is_err() || offered.is_ok_and(|o| o.wake_driver) {
             self.shared.wake.notify_one();
@@ -126,6 +129,11 @@ impl BatcherHandle {
     /// How long the oldest held reading has waited for its bucket write.
     pub fn oldest_held_age(&self) -> Option<Duration> {
         self.core().oldest_held_since().map(|since| since.elapsed())
+    }
+
+    /// The earliest acknowledgement held, pending or in flight.
+    pub fn oldest_ack(&self) -> Option<i64> {
+        self.core().oldest_ack()
     }
 
     /// See [`Batcher::lowest_unsettled_origin`].

@@ -12,6 +12,7 @@
 //! `max_hold` at the latest, or earlier when memory runs short: one bucket
 //! write per window instead of one per flush.
 
+pub mod clock;
 pub mod driver;
 mod settings;
 mod sink;
@@ -130,6 +131,10 @@ pub struct Offered {
 #[derive(Debug)]
 struct Open {
     values: Vec<(u16, f64)>,
+    /// When each value was acknowledged (epoch ms), beside `values`.
+    acks: Vec<i64>,
+    /// The earliest of `acks`.
+    min_ack: i64,
     tickets: Vec<u64>,
     readings: usize,
     /// When the first reading since the bucket's last write arrived.
@@ -152,6 +157,8 @@ impl Open {
     fn new(since: Instant) -> Self {
         Self {
             values: Vec::with_capacity(INITIAL_VALUES),
+            acks: Vec::with_capacity(INITIAL_VALUES),
+            min_ack: i64::MAX,
             tickets: Vec::new(),
             readings: 0,
             since,
@@ -207,6 +214,8 @@ pub struct Batcher<W> {
     /// The size of the last held offer refused for room: pressure frees
     /// enough for it.
     wanted: usize,
+    /// The earliest acknowledgement of each bucket in flight.
+    in_flight_acks: BTreeMap<i64, usize>,
 }
 
 impl<W> Batcher<W> {
@@ -226,6 +235,7 @@ impl<W> Batcher<W> {
             next_held_due: None,
             outstanding: BTreeMap::new(),
             wanted: 0,
+            in_flight_acks: BTreeMap::new(),
         }
     }
 
@@ -258,6 +268,18 @@ impl<W> Batcher<W> {
         self.outstanding.first_key_value().map(|(&o, _)| o)
     }
 
+    /// The earliest acknowledgement among the values held, pending or in
+    /// flight: no value acknowledged before it waits here. A scan of the
+    /// pending buckets, once a second or so.
+    pub fn oldest_ack(&self) -> Option<i64> {
+        let pending = self.pending.values().map(|o| o.min_ack).min();
+        let in_flight = self.in_flight_acks.first_key_value().map(|(&a, _)| a);
+        match (pending, in_flight) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     /// When the oldest held reading not yet settled arrived (pending buckets
     /// only: in-flight ones are moments from settling). A scan: for metrics.
     pub fn oldest_held_since(&self) -> Option<Instant> {
@@ -281,6 +303,7 @@ impl<W> Batcher<W> {
         readings: Vec<Reading<'_>>,
         waiter: Option<W>,
         now: Instant,
+        ack_ms: i64,
     ) -> Result<Offered, Full> {
         let n = readings.len();
         self.check_room(&readings)?;
@@ -294,7 +317,7 @@ impl<W> Batcher<W> {
         });
         let mut buckets = 0;
         for r in readings {
-            buckets += usize::from(self.insert(r, Kind::Prompt { ticket }, now));
+            buckets += usize::from(self.insert(r, Kind::Prompt { ticket }, now, ack_ms));
         }
         self.prompt_readings += n;
         if let (Some(waiter), Some(ticket)) = (waiter, ticket)
@@ -319,13 +342,15 @@ impl<W> Batcher<W> {
     /// Adds all of `readings` or none of them, held until their buckets are
     /// due. `origin` (a journal segment) is what [`Self::lowest_unsettled_origin`]
     /// reports until they are settled; `unix_ms` is the wall clock now, which
-    /// places the end of each bucket's window.
+    /// places the end of each bucket's window; `ack_ms` is when the journal
+    /// acknowledged them.
     pub fn offer_held(
         &mut self,
         readings: Vec<Reading<'_>>,
         origin: u64,
         now: Instant,
         unix_ms: i64,
+        ack_ms: i64,
     ) -> Result<Offered, Full> {
         if let Err(full) = self.check_room(&readings) {
             self.wanted = readings.len();
@@ -335,7 +360,7 @@ impl<W> Batcher<W> {
         let before = self.next_held_due;
         let was_pressured = self.pressured();
         for r in readings {
-            self.insert(r, Kind::Held { origin, unix_ms }, now);
+            self.insert(r, Kind::Held { origin, unix_ms }, now, ack_ms);
         }
         let earlier = match (before, self.next_held_due) {
             (Some(b), Some(a)) => a < b,
@@ -409,7 +434,10 @@ impl<W> Batcher<W> {
 
     /// Inserts one reading; returns whether a prompt ticket was newly tied to
     /// its bucket.
-    fn insert(&mut self, r: Reading<'_>, kind: Kind, now: Instant) -> bool {
+    ///
+    /// Per second the value acknowledged last wins (the later offer on a tie):
+    /// a journal replayed behind fresher readings never overwrites them.
+    fn insert(&mut self, r: Reading<'_>, kind: Kind, now: Instant, ack: i64) -> bool {
         let start = self.granularity.bucket_start(r.ts);
         let offset = self.granularity.offset(r.ts);
         let key = BucketKeyRef {
@@ -433,31 +461,28 @@ impl<W> Batcher<W> {
                 .or_insert_with(|| Open::new(now)),
         };
         open.readings += 1;
-        let values = &mut open.values;
+        open.min_ack = open.min_ack.min(ack);
+        let (values, acks) = (&mut open.values, &mut open.acks);
         // Readings mostly arrive in time order: check the end before searching.
-        let added = match values.last_mut() {
-            Some(last) if last.0 == offset => {
-                last.1 = r.value;
+        let at = match values.last() {
+            Some(last) if last.0 == offset => Ok(values.len() - 1),
+            Some(last) if last.0 < offset => Err(values.len()),
+            None => Err(0),
+            Some(_) => values.binary_search_by_key(&offset, |&(o, _)| o),
+        };
+        let added = match at {
+            Ok(i) => {
+                if ack >= acks[i] {
+                    values[i].1 = r.value;
+                    acks[i] = ack;
+                }
                 false
             }
-            Some(last) if last.0 < offset => {
-                values.push((offset, r.value));
+            Err(i) => {
+                values.insert(i, (offset, r.value));
+                acks.insert(i, ack);
                 true
             }
-            None => {
-                values.push((offset, r.value));
-                true
-            }
-            Some(_) => match values.binary_search_by_key(&offset, |&(o, _)| o) {
-                Ok(i) => {
-                    values[i].1 = r.value;
-                    false
-                }
-                Err(i) => {
-                    values.insert(i, (offset, r.value));
-                    true
-                }
-            },
         };
         self.pending_values += usize::from(added);
         match kind {
@@ -622,6 +647,11 @@ impl<W> Batcher<W> {
         }
         let values: usize = items.iter().map(|i| i.update.values.len()).sum();
         let readings: usize = items.iter().map(|i| i.readings).sum();
+        for item in &items {
+            if let Some(&a) = item.update.acks.iter().min() {
+                *self.in_flight_acks.entry(a).or_default() += 1;
+            }
+        }
         self.pending_values -= values;
         self.in_flight_values += values;
         self.in_flight_buckets += items.len();
@@ -635,6 +665,14 @@ impl<W> Batcher<W> {
             .in_flight_values
             .saturating_sub(item.update.values.len());
         self.in_flight_buckets = self.in_flight_buckets.saturating_sub(1);
+        if let Some(a) = item.update.acks.iter().min()
+            && let Some(n) = self.in_flight_acks.get_mut(a)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.in_flight_acks.remove(a);
+            }
+        }
         if settled != Settled::Unstored {
             // Unstored held readings stay owed: the journal keeps them.
             for &(origin, n) in &item.origins {
@@ -746,6 +784,7 @@ impl From<(BucketKey, Open)> for Item {
             update: BucketUpdate {
                 key,
                 values: open.values,
+                acks: open.acks,
             },
             tickets: open.tickets,
             readings: open.readings,
@@ -803,7 +842,7 @@ mod tests {
             reading("s1", 125, 3.0),
             reading("s1", 179, 4.0),
         ];
-        b.offer(rs, Some(7), now).expect("room");
+        b.offer(rs, Some(7), now, 0).expect("room");
         let batch = b.take_all().expect("a batch");
         assert_eq!(batch.items.len(), 1);
         assert_eq!(batch.items[0].update.key.start, 120);
@@ -823,7 +862,7 @@ mod tests {
     #[test]
     fn hour_buckets_key_seconds_by_offset_in_the_hour() {
         let mut b: Batcher<()> = Batcher::new(Granularity::Hour, LIMITS);
-        b.offer(vec![reading("s", 3600 + 61, 1.0)], None, Instant::now())
+        b.offer(vec![reading("s", 3600 + 61, 1.0)], None, Instant::now(), 0)
             .expect("room");
         let batch = b.take_all().expect("a batch");
         assert_eq!(batch.items[0].update.key.start, 3600);
@@ -839,13 +878,19 @@ mod tests {
         let mut b: Batcher<()> = Batcher::new(Granularity::Minute, limits);
         let t0 = Instant::now();
         assert_eq!(b.deadline(t0), None);
-        let o = b.offer(vec![reading("a", 1, 1.0)], None, t0).expect("room");
+        let o = b
+            .offer(vec![reading("a", 1, 1.0)], None, t0, 0)
+            .expect("room");
         assert!(o.wake_driver, "the first reading sets a deadline");
         assert!(!b.is_due(t0 + Duration::from_millis(999)));
         assert!(b.is_due(t0 + Duration::from_secs(1)));
-        let o = b.offer(vec![reading("a", 2, 1.0)], None, t0).expect("room");
+        let o = b
+            .offer(vec![reading("a", 2, 1.0)], None, t0, 0)
+            .expect("room");
         assert!(!o.wake_driver);
-        let o = b.offer(vec![reading("b", 2, 1.0)], None, t0).expect("room");
+        let o = b
+            .offer(vec![reading("b", 2, 1.0)], None, t0, 0)
+            .expect("room");
         assert!(o.wake_driver, "a full batch wakes the driver");
         assert!(b.is_due(t0));
     }
@@ -855,11 +900,13 @@ mod tests {
         let mut b: Batcher<()> = Batcher::new(Granularity::Minute, LIMITS);
         let t0 = Instant::now();
         assert!(!b.hurry(), "nothing to hurry");
-        b.offer(vec![reading("a", 1, 1.0)], None, t0).expect("room");
+        b.offer(vec![reading("a", 1, 1.0)], None, t0, 0)
+            .expect("room");
         assert!(b.hurry());
         assert!(b.is_due(t0));
         b.take_all().expect("batch");
-        b.offer(vec![reading("a", 2, 1.0)], None, t0).expect("room");
+        b.offer(vec![reading("a", 2, 1.0)], None, t0, 0)
+            .expect("room");
         assert!(!b.is_due(t0), "hurrying applied to the batch that was open");
     }
 
@@ -876,6 +923,7 @@ mod tests {
             (0..2i32).map(|i| reading("a", i64::from(i), 1.0)).collect(),
             Some(1),
             now,
+            0,
         )
         .expect("room");
         let batch = b.take_all().expect("batch");
@@ -885,6 +933,7 @@ mod tests {
                 (0..2i32).map(|i| reading("b", i64::from(i), 1.0)).collect(),
                 Some(2),
                 now,
+                0,
             )
             .expect_err("over the bound");
         assert_eq!(
@@ -908,6 +957,7 @@ mod tests {
             (0..3i32).map(|i| reading("b", i64::from(i), 1.0)).collect(),
             Some(3),
             now,
+            0,
         )
         .expect("room after the flush completed");
     }
@@ -924,12 +974,22 @@ mod tests {
         let two: Vec<_> = (0..100)
             .map(|i| reading(if i % 2 == 0 { "a" } else { "b" }, i % 60, 1.0))
             .collect();
-        b.offer(two, None, now).expect("two buckets fit");
+        b.offer(two, None, now, 0).expect("two buckets fit");
         // Existing buckets do not count again; one new one fits.
-        b.offer(vec![reading("a", 1, 2.0), reading("c", 1, 1.0)], None, now)
-            .expect("one new bucket fits");
+        b.offer(
+            vec![reading("a", 1, 2.0), reading("c", 1, 1.0)],
+            None,
+            now,
+            0,
+        )
+        .expect("one new bucket fits");
         let err = b
-            .offer(vec![reading("a", 2, 1.0), reading("d", 1, 1.0)], None, now)
+            .offer(
+                vec![reading("a", 2, 1.0), reading("d", 1, 1.0)],
+                None,
+                now,
+                0,
+            )
             .expect_err("a fourth bucket");
         assert_eq!(
             err,
@@ -942,9 +1002,9 @@ mod tests {
         let batch = b.take_all().expect("batch");
         assert_eq!(batch.items.len(), 3, "the refused offer added nothing");
         // In-flight buckets still count until their batch completes.
-        assert!(b.offer(vec![reading("d", 1, 1.0)], None, now).is_err());
+        assert!(b.offer(vec![reading("d", 1, 1.0)], None, now, 0).is_err());
         settle_all(&mut b, &batch, Settled::Stored);
-        b.offer(vec![reading("d", 1, 1.0)], None, now)
+        b.offer(vec![reading("d", 1, 1.0)], None, now, 0)
             .expect("room after the flush");
     }
 
@@ -956,11 +1016,12 @@ mod tests {
             vec![reading("a", 1, 1.0), reading("b", 1, 1.0)],
             Some("ab"),
             now,
+            0,
         )
         .expect("room");
-        b.offer(vec![reading("b", 2, 1.0)], Some("b"), now)
+        b.offer(vec![reading("b", 2, 1.0)], Some("b"), now, 0)
             .expect("room");
-        b.offer(vec![reading("c", 2, 1.0)], Some("c"), now)
+        b.offer(vec![reading("c", 2, 1.0)], Some("c"), now, 0)
             .expect("room");
         let batch = b.take_all().expect("batch");
         let item = |sensor: &str| {
@@ -1000,7 +1061,7 @@ mod tests {
             .iter()
             .map(|s| reading(s, 1, 1.0))
             .collect();
-        b.offer(five, Some(1), t0).expect("room");
+        b.offer(five, Some(1), t0, 0).expect("room");
         let first = b.take_all().expect("batch");
         assert_eq!(first.items.len(), 2);
         assert!(b.is_due(t0), "the rest is due at once");
@@ -1028,7 +1089,7 @@ mod tests {
                 .map(|s| reading(&format!("s{s}"), unix0 + sec, 1.0))
                 .collect();
             readings += rs.len();
-            b.offer_held(rs, 1, now, (unix0 + sec) * 1000)
+            b.offer_held(rs, 1, now, (unix0 + sec) * 1000, 0)
                 .expect("room");
             while let Some(batch) = b.take_due(now) {
                 writes += batch.items.len();
@@ -1065,14 +1126,14 @@ mod tests {
         let mut b: Batcher<()> = Batcher::new(Granularity::Minute, LIMITS);
         let t0 = Instant::now();
         let unix = 1_700_000_050_000i64; // 10 s into a minute
-        b.offer_held(vec![reading("a", 1_700_000_050, 1.0)], 7, t0, unix)
+        b.offer_held(vec![reading("a", 1_700_000_050, 1.0)], 7, t0, unix, 0)
             .expect("room");
         // 50 s to the end of the window, then 10 s of grace.
         assert_eq!(b.deadline(t0), Some(t0 + Duration::from_secs(60)));
         assert!(b.take_due(t0 + Duration::from_secs(59)).is_none());
         assert_eq!(b.lowest_unsettled_origin(), Some(7));
         // A reading for a window long past is due at once.
-        b.offer_held(vec![reading("b", 1_600_000_000, 1.0)], 8, t0, unix)
+        b.offer_held(vec![reading("b", 1_600_000_000, 1.0)], 8, t0, unix, 0)
             .expect("room");
         let late = b.take_due(t0).expect("due at once");
         assert_eq!(late.items.len(), 1);
@@ -1089,7 +1150,7 @@ mod tests {
     fn unstored_held_readings_stay_owed_to_the_journal() {
         let mut b: Batcher<()> = Batcher::new(Granularity::Minute, LIMITS);
         let t0 = Instant::now();
-        b.offer_held(vec![reading("a", 1, 1.0)], 3, t0, 10_000_000)
+        b.offer_held(vec![reading("a", 1, 1.0)], 3, t0, 10_000_000, 0)
             .expect("room");
         let batch = b.take_all().expect("batch");
         settle_all(&mut b, &batch, Settled::Unstored);
@@ -1110,6 +1171,7 @@ mod tests {
             ],
             1,
             t0,
+            0,
             0,
         )
         .expect("room");
@@ -1180,7 +1242,7 @@ mod tests {
                         let readings: Vec<_> = rs.iter().map(|&(s, ts, v)| reading(sensors[s], ts, f64::from(v))).collect();
                         let mut tries = 0;
                         loop {
-                            match b.offer_held(readings.clone(), origin, now, unix_ms) {
+                            match b.offer_held(readings.clone(), origin, now, unix_ms, 0) {
                                 Ok(_) => break,
                                 Err(_) => {
                                     // Full: the driver must be able to free room now.
@@ -1291,7 +1353,7 @@ mod tests {
                         for &(s, ts, v) in &rs { model.insert((s, ts), f64::from(v)); }
                         expect_dead.insert(i, rs.iter().any(|&(s, _, _)| Some(s) == dead_sensor));
                         let readings: Vec<_> = rs.iter().map(|&(s, ts, v)| reading(sensors[s], ts, f64::from(v))).collect();
-                        b.offer(readings, Some(i), now).expect("room");
+                        b.offer(readings, Some(i), now, 0).expect("room");
                     }
                     None => if let Some(batch) = b.take_all() {
                         apply(&mut b, batch, &mut stored, &mut answered);

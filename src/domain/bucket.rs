@@ -147,4 +147,7 @@ pub struct BucketUpdate {
     pub key: BucketKey,
     /// `(offset in seconds from the bucket start, value)`, sorted by offset.
     pub values: Vec<(u16, f64)>,
+    /// When each value was acknowledged (epoch ms), beside `values`: its
+    /// version, so the write acknowledged last wins wherever it was taken.
+    pub acks: Vec<i64>,
 }

@@ -30,7 +30,7 @@ pub use settings::Settings;
 
 /// One framed journal record of `readings` (for the benchmarks).
 pub fn encode_frame(readings: &[Reading<'_>]) -> Vec<u8> {
-    record::encode(readings)
+    record::encode(readings, 0)
 }
 
 /// The readings of a framed record, checksum verified (for the benchmarks).
@@ -38,11 +38,13 @@ pub fn decode_frame(frame: &[u8]) -> Option<Vec<Reading<'_>>> {
     let record::Frame::Valid { len } = record::frame_at(frame, 0) else {
         return None;
     };
-    record::decode(&frame[FRAME_HEADER..FRAME_HEADER + len]).ok()
+    record::decode(&frame[FRAME_HEADER..FRAME_HEADER + len])
+        .ok()
+        .map(|d| d.readings)
 }
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
@@ -53,6 +55,7 @@ use tracing::{error, info, warn};
 use self::cursor::{Cursor, Step};
 use self::record::FRAME_HEADER;
 use self::segments::{ReadRecord, Recovered, Segments};
+use crate::batcher::clock::{self, Watermarks, unix_ms};
 use crate::batcher::driver::{BatcherHandle, SubmitError};
 use crate::batcher::{FlushResult, NotStored};
 use crate::domain::{BucketKey, Reading};
@@ -91,10 +94,36 @@ pub enum OpenError {
 /// The file in the journal directory naming the target its readings were
 /// acknowledged for: `database/collection (granularity)`.
 const TARGET_FILE: &str = "TARGET";
+const INSTANCE_FILE: &str = "INSTANCE";
 
 /// Binds the journal in `dir` to `target`: refuses when it holds readings of
 /// another target, and records `target` otherwise. A journal from before the
 /// target was recorded is taken as this target's.
+/// This journal's instance id: the name its floor is published under (see
+/// `store::mongo::instances`), kept beside the segments so a restart over
+/// the same journal is the same instance.
+fn instance_id(dir: &std::path::Path) -> Result<String, OpenError> {
+    let path = dir.join(INSTANCE_FILE);
+    let io = |source| OpenError::Io {
+        dir: dir.display().to_string(),
+        source,
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_owned()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(e)),
+    }
+    let id = uuid::Uuid::new_v4().to_string();
+    let tmp = dir.join(format!("{INSTANCE_FILE}.tmp"));
+    std::fs::write(&tmp, format!("{id}\n")).map_err(io)?;
+    std::fs::File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(io)?;
+    std::fs::rename(&tmp, &path).map_err(io)?;
+    Ok(id)
+}
+
 fn bind(dir: &std::path::Path, target: &str, readings: u64) -> Result<(), OpenError> {
     let path = dir.join(TARGET_FILE);
     let io = |source| OpenError::Io {
@@ -174,6 +203,13 @@ struct Shared {
     caught_up: AtomicBool,
     /// When the oldest segment not yet read back was started, while behind.
     behind_since: Mutex<Option<SystemTime>>,
+    /// The acknowledgement time of the group being committed, until the
+    /// batcher holds it (`i64::MAX`: none).
+    committing: AtomicI64,
+    /// Told whether readings older than the batcher's wait on disk.
+    watermarks: Arc<Watermarks>,
+    /// The id this instance publishes its floor under.
+    instance: String,
     shutdown: Shutdown,
 }
 
@@ -193,6 +229,7 @@ impl Journal {
         target: &str,
         batcher: BatcherHandle,
         metrics: Arc<Metrics>,
+        watermarks: Arc<Watermarks>,
         shutdown: Shutdown,
     ) -> Result<(Journal, JournalTask), OpenError> {
         let (segments, recovered) =
@@ -203,6 +240,7 @@ impl Journal {
                 }
             })?;
         bind(&settings.dir, target, recovered.readings)?;
+        let instance = instance_id(&settings.dir)?;
         report(&recovered, &settings.dir.display().to_string());
         let (tx, rx) = mpsc::channel(QUEUE);
         let first = segments.first().unwrap_or(0);
@@ -214,8 +252,14 @@ impl Journal {
             full: AtomicBool::new(false),
             caught_up: AtomicBool::new(false),
             behind_since: Mutex::new(None),
+            committing: AtomicI64::new(i64::MAX),
+            watermarks,
+            instance,
             shutdown,
         });
+        // Until the replay is done, what is on disk may be older than
+        // anything: every value stored keeps its version.
+        shared.watermarks.set_backlog(i64::MIN);
         let task = JournalTask {
             segments: Arc::new(Mutex::new(segments)),
             rx,
@@ -239,7 +283,8 @@ impl Journal {
         if self.shared.shutdown.is_triggered() {
             return Err(IntakeError::Closed);
         }
-        let frame = record::encode(readings);
+        // Stamped with its acknowledgement time when committed.
+        let frame = record::encode(readings, 0);
         let len = frame.len() as u64;
         let bytes = self.bytes();
         if bytes.saturating_add(len) > self.shared.max_bytes {
@@ -281,6 +326,22 @@ impl Journal {
     /// queries see them): false during a replay and while behind.
     pub fn caught_up(&self) -> bool {
         self.shared.caught_up.load(Ordering::Acquire)
+    }
+
+    /// The earliest acknowledgement this journal holds that the batcher may
+    /// not: `i64::MIN` while a backlog or replay is on disk, the group being
+    /// committed, else `i64::MAX`. Read after the clock and before the
+    /// batcher (see `startup::floor`).
+    pub fn instance_id(&self) -> &str {
+        &self.shared.instance
+    }
+
+    pub fn floor(&self) -> i64 {
+        let committing = self.shared.committing.load(Ordering::Acquire);
+        if !self.caught_up() {
+            return i64::MIN;
+        }
+        committing
     }
 
     /// How long the oldest journaled reading not yet read back has waited,
@@ -349,12 +410,6 @@ fn lock(segments: &Mutex<Segments>) -> MutexGuard<'_, Segments> {
     segments.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn unix_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
 impl JournalTask {
     /// Commits, feeds and tidies until the shutdown starts; then commits what
     /// was already queued and returns itself for [`Self::finish`].
@@ -415,6 +470,13 @@ impl JournalTask {
                 Err(_) => break,
             }
         }
+        // The group's acknowledgement time, published as this instance's
+        // floor until the batcher holds the readings (see `floor`).
+        let ack = clock::ack_ms();
+        self.shared.committing.store(ack, Ordering::Release);
+        for a in &mut group {
+            record::stamp(&mut a.frame, ack);
+        }
         let frames: Vec<u8> = if group.len() == 1 {
             std::mem::take(&mut group[0].frame)
         } else {
@@ -450,9 +512,11 @@ impl JournalTask {
             Ok((segment, at)) => {
                 self.metrics.journal_appended_bytes.inc_by(size as u64);
                 self.offer_committed(segment, at, &group);
+                self.shared.committing.store(i64::MAX, Ordering::Release);
                 Ok(())
             }
             Err(e) => {
+                self.shared.committing.store(i64::MAX, Ordering::Release);
                 warn!(error = %e, appends = group.len(),
                     "Could not write to the journal; the writers were refused and nothing was acknowledged.");
                 Err(JournalError(e.kind().to_string()))
@@ -479,7 +543,10 @@ impl JournalTask {
         for a in group {
             let end = offset + a.frame.len() as u64;
             let offered = match record::decode_trusted(&a.frame[FRAME_HEADER..]) {
-                Ok(readings) => self.batcher.submit_held(readings, segment, now).is_ok(),
+                Ok(d) => self
+                    .batcher
+                    .submit_held(d.readings, segment, now, d.ack_ms)
+                    .is_ok(),
                 // Encoded here a moment ago: this cannot happen.
                 Err(e) => {
                     error!(error = %e, "A journal record just written does not read back; skipping it.");
@@ -499,6 +566,7 @@ impl JournalTask {
         if !self.cursor.refused(segment, offset) {
             return;
         }
+        self.shared.watermarks.set_backlog(i64::MIN);
         self.shared.caught_up.store(false, Ordering::Release);
         let created = lock(&self.segments)
             .list()
@@ -528,7 +596,7 @@ impl JournalTask {
                         None
                     }
                     Some(payload) => match record::decode(payload) {
-                        Ok(readings) => Some(readings),
+                        Ok(d) => Some(d),
                         Err(e) => {
                             error!(segment, offset, error = %e,
                                 "A journal record does not read back; its readings are lost.");
@@ -536,11 +604,11 @@ impl JournalTask {
                         }
                     },
                 };
-                if let Some(readings) = readings {
-                    let n = readings.len() as u64;
+                if let Some(d) = readings {
+                    let n = d.readings.len() as u64;
                     if self
                         .batcher
-                        .submit_held(readings, segment, unix_ms())
+                        .submit_held(d.readings, segment, unix_ms(), d.ack_ms)
                         .is_err()
                     {
                         // Full: the driver is writing; come back when it made room.
@@ -600,6 +668,7 @@ impl JournalTask {
 
     fn catch_up(&mut self) {
         self.shared.caught_up.store(true, Ordering::Release);
+        self.shared.watermarks.set_backlog(i64::MAX);
         *self
             .shared
             .behind_since

@@ -3,16 +3,19 @@
 //!
 //! A segment is [`SEGMENT_MAGIC`] followed by frames. A frame is
 //! `len: u32 LE`, `crc: u32 LE` (CRC-32C over the length bytes, then the
-//! payload), `payload: len bytes`. A payload is a version byte, a count, and
-//! per reading `sensor_len: u8, sensor, metric_len: u8, metric, ts: i64 LE,
-//! value: f64 LE bits`.
+//! payload), `payload: len bytes`. A payload is a version byte, a count, the
+//! acknowledgement time (`ack_ms: i64 LE`, epoch milliseconds; version 2 on),
+//! and per reading `sensor_len: u8, sensor, metric_len: u8, metric, ts: i64
+//! LE, value: f64 LE bits`. A version 1 record (no acknowledgement time)
+//! reads back acknowledged at 0: older than anything acknowledged since.
 
 use crate::domain::{MetricName, Reading, SensorId};
 
 pub const SEGMENT_MAGIC: &[u8; 8] = b"HGJRNL01";
 pub const HEADER: usize = SEGMENT_MAGIC.len();
 pub const FRAME_HEADER: usize = 8;
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
+const VERSION_1: u8 = 1;
 /// No record is larger: a length beyond it is corruption, not a record.
 pub const MAX_RECORD: usize = 1 << 30;
 
@@ -25,16 +28,18 @@ fn checksum(len: [u8; 4], payload: &[u8]) -> u32 {
     crc32c::crc32c_append(crc32c::crc32c(&len), payload)
 }
 
-/// One framed record holding `readings`, ready to append.
-pub fn encode(readings: &[Reading<'_>]) -> Vec<u8> {
+/// One framed record holding `readings`, acknowledged at `ack_ms`, ready
+/// to append.
+pub fn encode(readings: &[Reading<'_>], ack_ms: i64) -> Vec<u8> {
     let size: usize = readings
         .iter()
         .map(|r| 18 + r.sensor.as_str().len() + r.metric.as_str().len())
         .sum();
-    let mut out = Vec::with_capacity(FRAME_HEADER + 5 + size);
+    let mut out = Vec::with_capacity(FRAME_HEADER + 13 + size);
     out.extend_from_slice(&[0; FRAME_HEADER]);
     out.push(VERSION);
     out.extend_from_slice(&(readings.len() as u32).to_le_bytes());
+    out.extend_from_slice(&ack_ms.to_le_bytes());
     for r in readings {
         // Names are validated to at most 128 bytes, so a byte holds the length.
         for name in [r.sensor.as_str(), r.metric.as_str()] {
@@ -51,23 +56,51 @@ pub fn encode(readings: &[Reading<'_>]) -> Vec<u8> {
     out
 }
 
+/// Sets the acknowledgement time of a framed record [`encode`] made, and
+/// its checksum again: the journal task stamps each group as it commits it,
+/// so a reading's version is never earlier than the moment it could be
+/// found unstored in this process.
+pub fn stamp(frame: &mut [u8], ack_ms: i64) {
+    const AT: usize = FRAME_HEADER + 5;
+    if frame.len() < AT + 8 || frame[FRAME_HEADER] != VERSION {
+        return;
+    }
+    frame[AT..AT + 8].copy_from_slice(&ack_ms.to_le_bytes());
+    let len = [frame[0], frame[1], frame[2], frame[3]];
+    let crc = checksum(len, &frame[FRAME_HEADER..]);
+    frame[4..FRAME_HEADER].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// A record read back: its readings and when they were acknowledged.
+#[derive(Debug)]
+pub struct Decoded<'a> {
+    pub readings: Vec<Reading<'a>>,
+    pub ack_ms: i64,
+}
+
 /// The readings of a record's payload, borrowing their names from it.
-pub fn decode(payload: &[u8]) -> Result<Vec<Reading<'_>>, Malformed> {
+pub fn decode(payload: &[u8]) -> Result<Decoded<'_>, Malformed> {
     read_payload(payload, true)
 }
 
 /// The readings of a payload this process encoded a moment ago from
 /// readings it had validated: their names are not checked again.
-pub fn decode_trusted(payload: &[u8]) -> Result<Vec<Reading<'_>>, Malformed> {
+pub fn decode_trusted(payload: &[u8]) -> Result<Decoded<'_>, Malformed> {
     read_payload(payload, false)
 }
 
-fn read_payload(payload: &[u8], check: bool) -> Result<Vec<Reading<'_>>, Malformed> {
+fn read_payload(payload: &[u8], check: bool) -> Result<Decoded<'_>, Malformed> {
     let mut at = Cursor { buf: payload };
-    if at.take(1)?[0] != VERSION {
+    let version = at.take(1)?[0];
+    if version != VERSION && version != VERSION_1 {
         return Err(Malformed("unknown version"));
     }
     let count = u32::from_le_bytes(at.array()?) as usize;
+    let ack_ms = if version == VERSION_1 {
+        0
+    } else {
+        i64::from_le_bytes(at.array()?)
+    };
     // Each reading takes at least 20 bytes: a count beyond that is corruption.
     if count > payload.len() / 20 + 1 {
         return Err(Malformed("count beyond the payload"));
@@ -100,7 +133,10 @@ fn read_payload(payload: &[u8], check: bool) -> Result<Vec<Reading<'_>>, Malform
     if !at.buf.is_empty() {
         return Err(Malformed("bytes after the readings"));
     }
-    Ok(out)
+    Ok(Decoded {
+        readings: out,
+        ack_ms,
+    })
 }
 
 struct Cursor<'a> {
@@ -228,7 +264,7 @@ mod tests {
         let mut offsets = Vec::new();
         for r in records {
             offsets.push(buf.len());
-            buf.extend(encode(r));
+            buf.extend(encode(r, 7));
         }
         (buf, offsets)
     }
@@ -249,6 +285,8 @@ mod tests {
         assert_eq!(scan.records.len(), 1);
         assert_eq!(scan.end, buf.len());
         let back = decode(payload(&buf, scan.records[0])).expect("decodes");
+        assert_eq!(back.ack_ms, 7);
+        let back = back.readings;
         assert_eq!(back, rs);
         assert_eq!(back[1].value.to_bits(), (-0.0f64).to_bits());
     }
@@ -281,7 +319,9 @@ mod tests {
         assert_eq!(s.skipped, vec![(offsets[1], offsets[2] - offsets[1])]);
         assert_eq!(s.end, buf.len());
         assert_eq!(
-            decode(payload(&buf, s.records[1])).expect("decodes")[0]
+            decode(payload(&buf, s.records[1]))
+                .expect("decodes")
+                .readings[0]
                 .sensor
                 .as_str(),
             "c"
@@ -325,9 +365,37 @@ mod tests {
         assert!(decode(&[]).is_err());
         assert!(decode(&[2, 0, 0, 0, 0]).is_err());
         assert!(decode(&[1, 255, 255, 255, 255]).is_err());
-        let mut ok = encode(&[reading("a", "m", 1, 1.0)]);
+        let mut ok = encode(&[reading("a", "m", 1, 1.0)], 5);
         ok.push(0);
         assert!(decode(&ok[FRAME_HEADER..]).is_err());
+    }
+
+    #[test]
+    fn a_stamped_record_reads_back_with_its_new_time_and_a_valid_checksum() {
+        let mut frame = encode(&[reading("a", "m", 1, 1.0)], 5);
+        stamp(&mut frame, 1_700_000_000_123);
+        let mut buf = SEGMENT_MAGIC.to_vec();
+        buf.extend(&frame);
+        let s = scan(&buf);
+        assert_eq!(s.records.len(), 1);
+        let back = decode(payload(&buf, s.records[0])).expect("decodes");
+        assert_eq!(back.ack_ms, 1_700_000_000_123);
+    }
+
+    #[test]
+    fn a_version_1_record_reads_back_acknowledged_at_zero() {
+        // Version 1: no acknowledgement time after the count.
+        let mut payload = vec![1u8];
+        payload.extend(1u32.to_le_bytes());
+        for name in ["s", "m"] {
+            payload.push(1);
+            payload.extend(name.as_bytes());
+        }
+        payload.extend(60i64.to_le_bytes());
+        payload.extend(2.5f64.to_bits().to_le_bytes());
+        let back = decode(&payload).expect("decodes");
+        assert_eq!(back.ack_ms, 0);
+        assert_eq!(back.readings, vec![reading("s", "m", 60, 2.5)]);
     }
 
     proptest! {
@@ -350,11 +418,13 @@ mod tests {
 
         /// Readings survive a round trip whatever their values.
         #[test]
-        fn any_readings_round_trip(rs in prop::collection::vec((0..3usize, any::<i64>(), any::<f64>()), 0..50)) {
+        fn any_readings_round_trip(rs in prop::collection::vec((0..3usize, any::<i64>(), any::<f64>()), 0..50), ack in any::<i64>()) {
             let names = ["a", "sensor-7", "z.y:x"];
             let readings: Vec<_> = rs.iter().map(|&(s, ts, v)| reading(names[s], "m", ts, v)).collect();
-            let frame = encode(&readings);
+            let frame = encode(&readings, ack);
             let back = decode(&frame[FRAME_HEADER..]).expect("decodes");
+            prop_assert_eq!(back.ack_ms, ack);
+            let back = back.readings;
             prop_assert_eq!(back.len(), readings.len());
             for (a, b) in back.iter().zip(&readings) {
                 prop_assert_eq!((a.sensor.as_str(), a.ts, a.value.to_bits()), (b.sensor.as_str(), b.ts, b.value.to_bits()));

@@ -315,12 +315,15 @@ mod tests {
     use crate::domain::{MetricName, Reading, SensorId};
 
     fn frame(sensor: &str, ts: i64) -> Vec<u8> {
-        record::encode(&[Reading {
-            sensor: SensorId::parse(sensor.to_owned()).expect("valid"),
-            metric: MetricName::default_metric(),
-            ts,
-            value: 1.0,
-        }])
+        record::encode(
+            &[Reading {
+                sensor: SensorId::parse(sensor.to_owned()).expect("valid"),
+                metric: MetricName::default_metric(),
+                ts,
+                value: 1.0,
+            }],
+            1,
+        )
     }
 
     #[test]
@@ -418,12 +421,15 @@ mod tests {
                 value: 2.0,
             })
             .collect();
-        let (id, at) = segs.append(&record::encode(&big)).expect("append");
+        let (id, at) = segs.append(&record::encode(&big, 1)).expect("append");
         segs.append(&frame("after", 1)).expect("append");
         let first = segs.read(id, at, 100).expect("read");
         assert_eq!(first.len(), 1, "one record larger than the read size");
         let payload = first[0].payload.as_ref().expect("intact");
-        assert_eq!(record::decode(payload).expect("decodes").len(), 1000);
+        assert_eq!(
+            record::decode(payload).expect("decodes").readings.len(),
+            1000
+        );
         let rest = segs.read(id, first[0].end, 100).expect("read");
         assert_eq!(rest.len(), 1);
         assert!(segs.read(id, rest[0].end, 100).expect("read").is_empty());

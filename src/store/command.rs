@@ -3,7 +3,7 @@
 
 use mongodb::bson::{RawDocument, RawDocumentBuf};
 
-use super::document::write_statement;
+use super::document::{Versioning, write_statement};
 use super::raw_writer::{Open, Writer, index_key};
 use crate::domain::{BucketUpdate, Granularity};
 
@@ -72,6 +72,7 @@ pub struct Target<'a> {
     pub write_concern: Option<&'a RawDocument>,
     pub granularity: Granularity,
     pub limits: Limits,
+    pub versioning: Versioning,
 }
 
 /// Builds the commands for a write, one at a time, so a large batch never
@@ -159,7 +160,13 @@ impl<I: Iterator<Item = usize>> Iterator for Commands<'_, I> {
             let position = index_key(indexes.len(), &mut key);
             // The element's type byte, its key and the key's NUL.
             let overhead = 2 + position.len();
-            write_statement(&mut w, position, self.updates[i], self.target.granularity);
+            write_statement(
+                &mut w,
+                position,
+                self.updates[i],
+                self.target.granularity,
+                self.target.versioning,
+            );
             if w.written() + tail > budget {
                 if indexes.is_empty() {
                     // Too large even alone: it can never be sent.
@@ -207,6 +214,7 @@ mod tests {
                 start: 1_700_000_000 / 3600 * 3600,
             },
             values,
+            acks: Vec::new(),
         }
     }
 
@@ -216,6 +224,7 @@ mod tests {
             write_concern: None,
             granularity,
             limits,
+            versioning: Versioning::PLAIN,
         }
     }
 
@@ -230,6 +239,11 @@ mod tests {
             write_concern: Some(&wc),
             granularity: Granularity::Hour,
             limits,
+            // The largest statements: every value compared and versioned.
+            versioning: Versioning {
+                form: crate::store::document::Form::Guarded,
+                keep_from: i64::MIN,
+            },
         };
         for chunk in Commands::new(&refs, 0..refs.len(), target) {
             let Chunk::Command(c) = chunk else {

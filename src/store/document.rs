@@ -87,6 +87,10 @@ fn aggregates_of(path: &str) -> RawDocumentBuf {
 static STORED_VALUES: LazyLock<RawDocumentBuf> =
     LazyLock::new(|| rawdoc! { "$ifNull": ["$v", {}] });
 
+/// `{"$ifNull": ["$a", {}]}`: the stored versions, or none.
+static STORED_VERSIONS: LazyLock<RawDocumentBuf> =
+    LazyLock::new(|| rawdoc! { "$ifNull": ["$a", {}] });
+
 /// `{"$ifNull": ["$m", {}]}`: an hour bucket's stored minute aggregates.
 static STORED_MINUTES: LazyLock<RawDocumentBuf> =
     LazyLock::new(|| rawdoc! { "$ifNull": ["$m", {}] });
@@ -98,6 +102,60 @@ static STORED_MINUTE_VALUES: LazyLock<Vec<RawDocumentBuf>> = LazyLock::new(|| {
         .map(|p| rawdoc! { "$ifNull": [p.as_str(), {}] })
         .collect()
 });
+
+/// `"$a.0"` … `"$a.3599"`: the paths of the versions of a bucket's seconds,
+/// keyed by offset from the bucket start.
+static VERSION_PATHS: LazyLock<Vec<String>> =
+    LazyLock::new(|| (0..3600).map(|o| format!("$a.{o}")).collect());
+
+/// `"$v.<m>.<s>"`: the path of each second of an hour bucket, by offset.
+static HOUR_SECOND_PATHS: LazyLock<Vec<String>> = LazyLock::new(|| {
+    (0..3600)
+        .map(|o| format!("$v.{}.{}", o / 60, o % 60))
+        .collect()
+});
+
+/// How a statement treats the versions a bucket may already hold (see the
+/// README's "Last write wins").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Form {
+    /// Matches only a bucket that holds no versions, and merges plainly:
+    /// every stored value is then older than any still unstored. On a
+    /// bucket that does hold versions the upsert fails on the unique index,
+    /// and the statement goes again [`Form::Guarded`].
+    Plain,
+    /// Compares each second's acknowledgement with the stored version and
+    /// keeps the later.
+    Guarded,
+}
+
+/// How one write treats versions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Versioning {
+    pub form: Form,
+    /// Values acknowledged at or after this (epoch ms) keep their version:
+    /// an older value of the same second may still be unstored somewhere.
+    pub keep_from: i64,
+}
+
+impl Versioning {
+    /// No versions kept: one writer that has nothing older unstored.
+    pub const PLAIN: Versioning = Versioning {
+        form: Form::Plain,
+        keep_from: i64::MAX,
+    };
+}
+
+/// A version as stored: milliseconds from the bucket start (short, and an
+/// int32 for anything acknowledged within 24 days of its bucket).
+fn relative_ack(start: i64, ack: i64) -> i64 {
+    ack.saturating_sub(start.saturating_mul(1000))
+}
+
+/// The offset key of `offset` (`"0"` … `"3599"`).
+fn offset_key(offset: u16, buf: &mut [u8; 20]) -> &str {
+    super::raw_writer::index_key(usize::from(offset), buf)
+}
 
 /// `{"$literal": {<second>: value, …}}` as element `key` of an array.
 fn write_literal_seconds<'a>(
@@ -124,25 +182,69 @@ fn write_literal_seconds<'a>(
 /// them exact; applying the same update twice changes nothing. Every
 /// user-supplied value sits inside `$literal` or a filter value, never in a
 /// field name or operator position.
-pub fn write_statement(w: &mut Writer, key: &str, update: &BucketUpdate, granularity: Granularity) {
+pub fn write_statement(
+    w: &mut Writer,
+    key: &str,
+    update: &BucketUpdate,
+    granularity: Granularity,
+    versioning: Versioning,
+) {
     let statement = w.document(key);
-    statement_fields(w, update, granularity);
+    statement_fields(w, update, granularity, versioning);
     w.end(statement);
 }
 
-fn statement_fields(w: &mut Writer, update: &BucketUpdate, granularity: Granularity) {
+/// The acknowledgement of the `i`th value; 0 (older than anything) if the
+/// update carries none.
+fn ack_of(update: &BucketUpdate, i: usize) -> i64 {
+    update.acks.get(i).copied().unwrap_or(0)
+}
+
+fn statement_fields(
+    w: &mut Writer,
+    update: &BucketUpdate,
+    granularity: Granularity,
+    versioning: Versioning,
+) {
     // Exactly the fields of the unique index, so an upsert that loses a race
     // fails with a duplicate key and can be retried.
     let q = w.document("q");
     w.string("sensor", update.key.sensor.as_str());
     w.string("metric", update.key.metric.as_str());
     w.datetime("start", start_date(update.key.start).timestamp_millis());
+    if versioning.form == Form::Plain {
+        let a = w.document("a");
+        w.boolean("$exists", false);
+        w.end(a);
+    }
     w.end(q);
     let u = w.array("u");
+    if versioning.form == Form::Guarded {
+        guarded_values_stage(w, update, granularity, versioning.keep_from);
+        match granularity {
+            Granularity::Minute => {
+                for (key, stage) in ["1", "2", "3"].into_iter().zip(MINUTE_TOTALS.iter()) {
+                    w.raw_document(key, stage);
+                }
+            }
+            Granularity::Hour => {
+                hour_minutes_stage(w, update);
+                w.raw_document("2", &HOUR_TOTALS);
+            }
+        }
+        w.end(u);
+        w.boolean("upsert", true);
+        return;
+    }
+    let keep_from = versioning.keep_from;
     match granularity {
         Granularity::Minute => {
             // {$set: {v: {$mergeObjects: [stored, {$literal: new}]}, schema_version, n}}
-            values_stage(w, |w| write_literal_seconds(w, "1", update.values.iter()));
+            values_stage(
+                w,
+                |w| write_literal_seconds(w, "1", update.values.iter()),
+                |w| plain_versions(w, update, keep_from),
+            );
             for (key, stage) in ["1", "2", "3"].into_iter().zip(MINUTE_TOTALS.iter()) {
                 w.raw_document(key, stage);
             }
@@ -152,35 +254,24 @@ fn statement_fields(w: &mut Writer, update: &BucketUpdate, granularity: Granular
             let minute_of = |values: &[(u16, f64)]| usize::from(values[0].0 / 60 % 60);
             // {$set: {v: {$mergeObjects: [stored, {<m>: {$mergeObjects:
             //   [stored minute, {$literal: new}]}, …}]}, schema_version, n}}
-            values_stage(w, |w| {
-                let changed = w.document("1");
-                for values in minutes() {
-                    let minute = minute_of(values);
-                    let element = w.document(SECOND_FIELDS[minute]);
-                    let inner = w.array("$mergeObjects");
-                    w.raw_document("0", &STORED_MINUTE_VALUES[minute]);
-                    write_literal_seconds(w, "1", values.iter());
-                    w.end(inner);
-                    w.end(element);
-                }
-                w.end(changed);
-            });
-            // {$set: {m: {$mergeObjects: [stored, {<m>: <aggregates of v.<m>>, …}]}}}
-            let stage = w.document("1");
-            let set = w.document("$set");
-            let m = w.document("m");
-            let merge = w.array("$mergeObjects");
-            w.raw_document("0", &STORED_MINUTES);
-            let changed = w.document("1");
-            for values in minutes() {
-                let minute = minute_of(values);
-                w.raw_document(SECOND_FIELDS[minute], &MINUTE_AGGREGATES[minute]);
-            }
-            w.end(changed);
-            w.end(merge);
-            w.end(m);
-            w.end(set);
-            w.end(stage);
+            values_stage(
+                w,
+                |w| {
+                    let changed = w.document("1");
+                    for values in minutes() {
+                        let minute = minute_of(values);
+                        let element = w.document(SECOND_FIELDS[minute]);
+                        let inner = w.array("$mergeObjects");
+                        w.raw_document("0", &STORED_MINUTE_VALUES[minute]);
+                        write_literal_seconds(w, "1", values.iter());
+                        w.end(inner);
+                        w.end(element);
+                    }
+                    w.end(changed);
+                },
+                |w| plain_versions(w, update, keep_from),
+            );
+            hour_minutes_stage(w, update);
             w.raw_document("2", &HOUR_TOTALS);
         }
     }
@@ -188,9 +279,158 @@ fn statement_fields(w: &mut Writer, update: &BucketUpdate, granularity: Granular
     w.boolean("upsert", true);
 }
 
+/// An hour bucket's second stage: `{$set: {m: {$mergeObjects: [stored,
+/// {<m>: <aggregates of v.<m>>, …}]}}}` for the minutes the update touches.
+fn hour_minutes_stage(w: &mut Writer, update: &BucketUpdate) {
+    let stage = w.document("1");
+    let set = w.document("$set");
+    let m = w.document("m");
+    let merge = w.array("$mergeObjects");
+    w.raw_document("0", &STORED_MINUTES);
+    let changed = w.document("1");
+    let mut last = None;
+    for &(offset, _) in &update.values {
+        let minute = usize::from(offset / 60 % 60);
+        if last != Some(minute) {
+            w.raw_document(SECOND_FIELDS[minute], &MINUTE_AGGREGATES[minute]);
+            last = Some(minute);
+        }
+    }
+    w.end(changed);
+    w.end(merge);
+    w.end(m);
+    w.end(set);
+    w.end(stage);
+}
+
+/// The versions a [`Form::Plain`] statement stores, on a bucket that holds
+/// none: `a: {$literal: {<offset>: <ms from start>}}` and `amax`, the latest
+/// (epoch ms), for the values acknowledged at or after `keep_from`.
+fn plain_versions(w: &mut Writer, update: &BucketUpdate, keep_from: i64) {
+    let start = update.key.start;
+    let kept = || (0..update.values.len()).filter(|&i| ack_of(update, i) >= keep_from);
+    let Some(latest) = kept().map(|i| ack_of(update, i)).max() else {
+        return;
+    };
+    let mut buf = [0; 20];
+    let a = w.document("a");
+    let literal = w.document("$literal");
+    for i in kept() {
+        let key = offset_key(update.values[i].0, &mut buf);
+        w.integer(key, relative_ack(start, ack_of(update, i)));
+    }
+    w.end(literal);
+    w.end(a);
+    w.int64("amax", latest);
+}
+
+/// A [`Form::Guarded`] statement's first stage: each second takes the new
+/// value unless the stored version is later,
+/// `<s>: {$cond: [{$gt: ["$a.<offset>", <ack>]}, "$v.<s>", <value>]}`
+/// (a second without a version compares as missing: older than any), and
+/// the versions kept move forward, `a.<offset>: {$max: ["$a.<offset>", <ack>]}`.
+fn guarded_values_stage(
+    w: &mut Writer,
+    update: &BucketUpdate,
+    granularity: Granularity,
+    keep_from: i64,
+) {
+    let start = update.key.start;
+    let hour = granularity == Granularity::Hour;
+    let value_path = |offset: u16| -> &str {
+        if hour {
+            &HOUR_SECOND_PATHS[usize::from(offset % 3600)]
+        } else {
+            &MINUTE_PATHS[usize::from(offset % 60)]
+        }
+    };
+    let second = |w: &mut Writer, i: usize| {
+        let (offset, value) = update.values[i];
+        let cell = w.document(field_name(offset % 60));
+        let cond = w.array("$cond");
+        let gt = w.document("0");
+        let args = w.array("$gt");
+        w.string("0", &VERSION_PATHS[usize::from(offset % 3600)]);
+        w.integer("1", relative_ack(start, ack_of(update, i)));
+        w.end(args);
+        w.end(gt);
+        w.string("1", value_path(offset));
+        w.double("2", value);
+        w.end(cond);
+        w.end(cell);
+    };
+    let stage = w.document("0");
+    let set = w.document("$set");
+    let v = w.document("v");
+    let merge = w.array("$mergeObjects");
+    w.raw_document("0", &STORED_VALUES);
+    let changed = w.document("1");
+    if hour {
+        let mut i = 0;
+        while i < update.values.len() {
+            let minute = usize::from(update.values[i].0 / 60 % 60);
+            let element = w.document(SECOND_FIELDS[minute]);
+            let inner = w.array("$mergeObjects");
+            w.raw_document("0", &STORED_MINUTE_VALUES[minute]);
+            let seconds = w.document("1");
+            while i < update.values.len() && usize::from(update.values[i].0 / 60 % 60) == minute {
+                second(w, i);
+                i += 1;
+            }
+            w.end(seconds);
+            w.end(inner);
+            w.end(element);
+        }
+    } else {
+        for i in 0..update.values.len() {
+            second(w, i);
+        }
+    }
+    w.end(changed);
+    w.end(merge);
+    w.end(v);
+    let kept: Vec<usize> = (0..update.values.len())
+        .filter(|&i| ack_of(update, i) >= keep_from)
+        .collect();
+    if let Some(latest) = kept.iter().map(|&i| ack_of(update, i)).max() {
+        let mut buf = [0; 20];
+        let a = w.document("a");
+        let merge = w.array("$mergeObjects");
+        w.raw_document("0", &STORED_VERSIONS);
+        let changed = w.document("1");
+        for &i in &kept {
+            let offset = update.values[i].0;
+            let cell = w.document(offset_key(offset, &mut buf));
+            let max = w.array("$max");
+            w.string("0", &VERSION_PATHS[usize::from(offset % 3600)]);
+            w.integer("1", relative_ack(start, ack_of(update, i)));
+            w.end(max);
+            w.end(cell);
+        }
+        w.end(changed);
+        w.end(merge);
+        w.end(a);
+        let amax = w.document("amax");
+        let max = w.array("$max");
+        w.string("0", "$amax");
+        w.int64("1", latest);
+        w.end(max);
+        w.end(amax);
+    }
+    w.int32("schema_version", SCHEMA_VERSION);
+    w.raw_document("n", &WRITE_COUNTER);
+    w.end(set);
+    w.end(stage);
+}
+
 /// The pipeline's first stage: `{$set: {v: {$mergeObjects: [stored,
-/// <changed>]}, schema_version, n}}`, with `changed` written as element "1".
-fn values_stage(w: &mut Writer, changed: impl FnOnce(&mut Writer)) {
+/// <changed>]}, <versions>, schema_version, n}}`, with `changed` written as
+/// element "1".
+fn values_stage(
+    w: &mut Writer,
+    changed: impl FnOnce(&mut Writer),
+    versions: impl FnOnce(&mut Writer),
+) {
     let stage = w.document("0");
     let set = w.document("$set");
     let v = w.document("v");
@@ -199,6 +439,7 @@ fn values_stage(w: &mut Writer, changed: impl FnOnce(&mut Writer)) {
     changed(w);
     w.end(merge);
     w.end(v);
+    versions(w);
     w.int32("schema_version", SCHEMA_VERSION);
     w.raw_document("n", &WRITE_COUNTER);
     w.end(set);
@@ -211,7 +452,7 @@ fn values_stage(w: &mut Writer, changed: impl FnOnce(&mut Writer)) {
 pub fn estimated_len(update: &BucketUpdate) -> usize {
     512 + update.key.sensor.as_str().len()
         + update.key.metric.as_str().len()
-        + 16 * update.values.len()
+        + 24 * update.values.len()
 }
 
 /// One bucket's statement as a document of its own: what
@@ -219,10 +460,11 @@ pub fn estimated_len(update: &BucketUpdate) -> usize {
 pub fn update_statement(
     update: &BucketUpdate,
     granularity: Granularity,
+    versioning: Versioning,
 ) -> Result<RawDocumentBuf, StoreError> {
     let mut w = Writer::with_capacity(estimated_len(update));
     let root = w.root();
-    statement_fields(&mut w, update, granularity);
+    statement_fields(&mut w, update, granularity, versioning);
     w.end(root);
     w.finish()
         .map_err(|e| StoreError::Poison(format!("a statement was not encoded: {e}")))
@@ -251,15 +493,26 @@ pub fn dead_letter_id(update: &BucketUpdate) -> String {
 /// be applied, each with its own timestamp, and why.
 pub fn dead_letter_document(letter: &DeadLetter<'_>, granularity: Granularity) -> Document {
     let key = &letter.update.key;
+    let acks = letter
+        .update
+        .acks
+        .iter()
+        .map(|&a| Some(a))
+        .chain(std::iter::repeat(None));
     let readings: Vec<Bson> = letter
         .update
         .values
         .iter()
-        .map(|&(offset, value)| {
-            Bson::Document(doc! {
+        .zip(acks)
+        .map(|(&(offset, value), ack)| {
+            let mut d = doc! {
                 "ts": start_date(key.start.saturating_add(i64::from(offset))),
                 "value": value,
-            })
+            };
+            if let Some(ack) = ack {
+                d.insert("ack", ack);
+            }
+            Bson::Document(d)
         })
         .collect();
     doc! {
@@ -465,13 +718,15 @@ mod tests {
         RawDocumentBuf::from_document(d).expect("encodes")
     }
 
-    /// The filter of a bucket: exactly the fields of the unique index, so an upsert
-    /// that loses a race fails with a duplicate key and can be retried.
+    /// The filter of a plain statement: the fields of the unique index, so an
+    /// upsert that loses a race (or finds versions) fails with a duplicate
+    /// key and is sent again, and no versions.
     fn key_filter(key: &BucketKey) -> RawDocumentBuf {
         rawdoc! {
             "sensor": key.sensor.as_str(),
             "metric": key.metric.as_str(),
             "start": start_date(key.start),
+            "a": { "$exists": false },
         }
     }
 
@@ -483,6 +738,7 @@ mod tests {
                 start: 3600,
             },
             values,
+            acks: Vec::new(),
         }
     }
 
@@ -574,8 +830,9 @@ mod tests {
                     start: g.bucket_start(start),
                 },
                 values,
-            };
-            let built = update_statement(&u, g).expect("encoded");
+            acks: Vec::new(),
+        };
+            let built = update_statement(&u, g, Versioning::PLAIN).expect("encoded");
             let reference = reference_statement(&u, g);
             proptest::prop_assert_eq!(built.as_bytes(), reference.as_bytes());
         }
@@ -594,14 +851,15 @@ mod tests {
                     start: 60,
                 },
                 values: seconds.into_iter().collect(),
-            };
-            let built = update_statement(&u, Granularity::Minute).expect("encoded");
+            acks: Vec::new(),
+        };
+            let built = update_statement(&u, Granularity::Minute, Versioning::PLAIN).expect("encoded");
             proptest::prop_assert!(built.as_bytes().len() <= estimated_len(&u));
         }
     }
 
     fn pipeline_of(update: &BucketUpdate, granularity: Granularity) -> RawArrayBuf {
-        update_statement(update, granularity)
+        update_statement(update, granularity, Versioning::PLAIN)
             .expect("encoded")
             .get_array("u")
             .expect("a pipeline")
@@ -664,20 +922,28 @@ mod tests {
 
     #[test]
     fn statements_name_the_bucket_and_upsert() {
-        let s = update_statement(&update(vec![(1, 2.0)]), Granularity::Minute)
-            .expect("encoded")
-            .to_document()
-            .expect("decodes");
+        let s = update_statement(
+            &update(vec![(1, 2.0)]),
+            Granularity::Minute,
+            Versioning::PLAIN,
+        )
+        .expect("encoded")
+        .to_document()
+        .expect("decodes");
         assert_eq!(
             s.get_document("q").expect("q"),
-            &doc! { "sensor": "s", "metric": "value", "start": start_date(3600) }
+            &doc! { "sensor": "s", "metric": "value", "start": start_date(3600), "a": { "$exists": false } }
         );
         assert_eq!(s.get_bool("upsert"), Ok(true));
         assert_eq!(s.get_array("u").expect("u").len(), 4);
-        let h = update_statement(&update(vec![(1, 2.0)]), Granularity::Hour)
-            .expect("encoded")
-            .to_document()
-            .expect("decodes");
+        let h = update_statement(
+            &update(vec![(1, 2.0)]),
+            Granularity::Hour,
+            Versioning::PLAIN,
+        )
+        .expect("encoded")
+        .to_document()
+        .expect("decodes");
         assert_eq!(h.get_array("u").expect("u").len(), 3);
     }
 

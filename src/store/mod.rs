@@ -3,6 +3,7 @@
 pub mod command;
 pub mod document;
 pub mod errors;
+pub mod floor;
 pub mod late;
 pub mod mongo;
 pub mod raw_writer;

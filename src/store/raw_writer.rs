@@ -18,6 +18,7 @@ const ARRAY: u8 = 0x04;
 const BOOLEAN: u8 = 0x08;
 const DATETIME: u8 = 0x09;
 const INT32: u8 = 0x10;
+const INT64: u8 = 0x12;
 
 /// A document or array opened by [`Writer`], to be closed with [`Writer::end`].
 #[must_use = "an opened document must be ended"]
@@ -93,6 +94,19 @@ impl Writer {
     pub fn int32(&mut self, key: &str, value: i32) {
         self.key(INT32, key);
         self.buf.extend_from_slice(&value.to_le_bytes());
+    }
+
+    pub fn int64(&mut self, key: &str, value: i64) {
+        self.key(INT64, key);
+        self.buf.extend_from_slice(&value.to_le_bytes());
+    }
+
+    /// An integer as int32 when it fits, else int64: the shorter encoding.
+    pub fn integer(&mut self, key: &str, value: i64) {
+        match i32::try_from(value) {
+            Ok(v) => self.int32(key, v),
+            Err(_) => self.int64(key, value),
+        }
     }
 
     pub fn boolean(&mut self, key: &str, value: bool) {

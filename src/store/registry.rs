@@ -178,6 +178,7 @@ mod tests {
                 start,
             },
             values: vec![(0, 1.0), (last, 2.0)],
+            acks: Vec::new(),
         }
     }
 

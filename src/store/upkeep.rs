@@ -162,6 +162,7 @@ pub(crate) mod tests {
                 start,
             },
             values: vec![(0, 1.0)],
+            acks: Vec::new(),
         }
     }
 

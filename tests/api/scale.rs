@@ -162,3 +162,165 @@ async fn three_instances_with_one_killed_mid_stream_store_every_acknowledged_rea
     }
     reader.stop().await.expect("clean stop");
 }
+
+/// One reading as the JSON write API takes it.
+fn one(sensor: &str, ts: i64, value: f64) -> Vec<u8> {
+    serde_json::to_vec(
+        &json!([{ "sensor": sensor, "metric": "m", "ts": rfc3339(ts), "value": value }]),
+    )
+    .expect("json")
+}
+
+/// The stored value of `sensor`'s second `ts`.
+async fn stored(app: &TestApp, g: Granularity, sensor: &str, ts: i64) -> Option<f64> {
+    let docs = app.buckets().await;
+    assert_invariants(&docs, g);
+    all_values(&docs, g)
+        .get(&(sensor.to_owned(), "m".to_owned(), ts))
+        .copied()
+}
+
+/// Instance A acknowledges a value and holds it in its journal; instance B
+/// then acknowledges a correction of the same second and stores it at once
+/// (`wait=stored`). A's write lands afterwards and loses: the value
+/// acknowledged last is the one stored, wherever each was acknowledged. And
+/// the other way round, a value A acknowledges after B's stored one wins
+/// when A writes it.
+#[tokio::test]
+async fn a_correction_acknowledged_later_on_another_instance_is_the_value_stored() {
+    for g in [Granularity::Minute, Granularity::Hour] {
+        let mut a_settings = journal_settings();
+        a_settings.buckets.granularity = g;
+        // A holds what it journals for a few seconds, however young the window.
+        a_settings.batcher.max_hold = Duration::from_secs(3);
+        a_settings.batcher.hold_grace = Duration::from_secs(3);
+        let mut b_settings = a_settings.clone();
+        b_settings.journal.enabled = false;
+        b_settings.journal.dir = journal_dir();
+        let a = spawn_app_with(a_settings).await;
+        let b = spawn_app_with(b_settings).await;
+        let t = now() - 2;
+
+        // Earlier on A (held), later on B (stored at once): B's stands.
+        let r = a.post_raw("application/json", one("c", t, 1.0), "").await;
+        assert_eq!(r.status(), 200, "{g:?}");
+        let r = b
+            .post_raw("application/json", one("c", t, 2.0), "?wait=stored")
+            .await;
+        assert_eq!(r.status(), 200, "{g:?}");
+        assert_eq!(stored(&b, g, "c", t).await, Some(2.0), "{g:?}");
+
+        // Earlier on B (stored), later on A (held): A's wins once written.
+        let r = b
+            .post_raw("application/json", one("c", t + 1, 3.0), "?wait=stored")
+            .await;
+        assert_eq!(r.status(), 200, "{g:?}");
+        let r = a
+            .post_raw("application/json", one("c", t + 1, 4.0), "")
+            .await;
+        assert_eq!(r.status(), 200, "{g:?}");
+
+        // A drains: both its held values go out now.
+        a.stop().await.expect("A drains");
+        assert_eq!(
+            stored(&b, g, "c", t).await,
+            Some(2.0),
+            "{g:?}: A's earlier value lost"
+        );
+        assert_eq!(
+            stored(&b, g, "c", t + 1).await,
+            Some(4.0),
+            "{g:?}: A's later value won"
+        );
+        b.stop().await.expect("B drains");
+    }
+}
+
+/// The replay variant: A acknowledges a value into its journal and is
+/// SIGKILLed before writing it; B stores a correction; A comes back on its
+/// journal and replays the older value, which must not overwrite the newer.
+#[tokio::test]
+async fn a_journal_replayed_after_a_correction_elsewhere_never_overwrites_it() {
+    let logs = tempfile::tempdir().expect("temp dir");
+    let mut a_settings = journal_settings();
+    a_settings.mqtt.enabled = false;
+    let mut b_settings = a_settings.clone();
+    b_settings.journal.enabled = false;
+    b_settings.journal.dir = journal_dir();
+    let b = spawn_app_with(b_settings).await;
+    let extra = [("HOURGLASS__BATCHER__MAX_HOLD", "60s")];
+    let mut a = spawn_binary(&a_settings, &extra, &logs.path().join("a.log"));
+    let a_url = binary_address(&logs.path().join("a.log")).await;
+    let client = reqwest::Client::new();
+    let t = now() - 2;
+    let r = client
+        .post(format!("{a_url}/api/v1/readings"))
+        .header("content-type", "application/json")
+        .body(one("r", t, 1.0))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(r.status(), 200);
+    a.kill().expect("SIGKILL");
+    a.wait().expect("reaped");
+    assert_eq!(
+        stored(&b, Granularity::Minute, "r", t).await,
+        None,
+        "A held it"
+    );
+    let r = b
+        .post_raw("application/json", one("r", t, 2.0), "?wait=stored")
+        .await;
+    assert_eq!(r.status(), 200);
+    // A again, on the same journal, then stopped by SIGTERM, which drains:
+    // the replayed 1.0, acknowledged first, is written now.
+    let log = logs.path().join("a-again.log");
+    let mut again = spawn_binary(&a_settings, &extra, &log);
+    binary_address(&log).await;
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &again.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(term.success());
+    let exit = again.wait().expect("reaped");
+    assert!(exit.success(), "A drained and stopped cleanly: {exit:?}");
+    let docs = b
+        .documents(&b.settings.mongodb.collection, mongodb::bson::doc! {})
+        .await;
+    assert_eq!(docs.len(), 1);
+    let n = docs[0]
+        .get_i32("n")
+        .map(i64::from)
+        .or_else(|_| docs[0].get_i64("n"));
+    assert!(
+        n.is_ok_and(|n| n >= 2),
+        "the replay wrote the bucket: {docs:?}"
+    );
+    assert_eq!(stored(&b, Granularity::Minute, "r", t).await, Some(2.0));
+}
+
+/// A lone instance keeps no versions: nothing it holds can be older than
+/// what it stores, and it knows of no other instance.
+#[tokio::test]
+async fn a_lone_instance_stores_no_versions() {
+    let app = spawn_app_with(journal_settings()).await;
+    let t = now() - 120;
+    for i in 0..5 {
+        let r = app
+            .post_raw(
+                "application/json",
+                one("alone", t + i, i as f64),
+                "?wait=stored",
+            )
+            .await;
+        assert_eq!(r.status(), 200);
+    }
+    let docs = app.buckets().await;
+    assert!(!docs.is_empty());
+    assert!(
+        docs.iter()
+            .all(|d| !d.contains_key("a") && !d.contains_key("amax")),
+        "{docs:?}"
+    );
+    app.stop().await.expect("drains");
+}

@@ -43,7 +43,7 @@ fn updates_of(
     let metric = MetricName::parse(metric.to_owned())
         .map_err(|e| e.to_string())?
         .into_owned();
-    let mut by_bucket: BTreeMap<i64, BTreeMap<u16, f64>> = BTreeMap::new();
+    let mut by_bucket: BTreeMap<i64, BTreeMap<u16, (f64, i64)>> = BTreeMap::new();
     for r in d
         .get_array("readings")
         .map_err(|e| format!("readings: {e}"))?
@@ -60,10 +60,21 @@ fn updates_of(
             Some(Bson::Int64(v)) => *v as f64,
             other => return Err(format!("value {other:?}")),
         };
-        by_bucket
+        // Written back with its own acknowledgement time, so a correction
+        // acknowledged since still wins; a letter from before versions, 0.
+        let ack = match r.get("ack") {
+            Some(Bson::Int64(a)) => *a,
+            Some(Bson::Int32(a)) => i64::from(*a),
+            _ => 0,
+        };
+        let slot = by_bucket
             .entry(granularity.bucket_start(ts))
             .or_default()
-            .insert(granularity.offset(ts), value);
+            .entry(granularity.offset(ts))
+            .or_insert((value, ack));
+        if ack >= slot.1 {
+            *slot = (value, ack);
+        }
     }
     Ok(by_bucket
         .into_iter()
@@ -73,7 +84,8 @@ fn updates_of(
                 metric: metric.clone(),
                 start,
             },
-            values: values.into_iter().collect(),
+            acks: values.values().map(|&(_, a)| a).collect(),
+            values: values.into_iter().map(|(o, (v, _))| (o, v)).collect(),
         })
         .collect())
 }

@@ -43,6 +43,21 @@ impl MongoStore {
             .create_index(by_start)
             .await
             .map_err(classify)?;
+        // The version prune finds buckets still holding versions by their
+        // latest: sparse, so only those few are in it.
+        let versioned = IndexModel::builder()
+            .keys(doc! { "amax": 1 })
+            .options(
+                IndexOptions::builder()
+                    .name("amax".to_owned())
+                    .sparse(true)
+                    .build(),
+            )
+            .build();
+        self.buckets
+            .create_index(versioned)
+            .await
+            .map_err(classify)?;
         let rollup = IndexModel::builder()
             .keys(doc! { "sensor": 1, "metric": 1, "period": 1, "start": 1 })
             .options(

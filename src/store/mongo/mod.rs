@@ -16,6 +16,7 @@ use super::errors::{self, Class};
 use super::rollup::read_rollup;
 use super::upkeep::{Job, Upkeep};
 use super::{BucketStore, Doc, Fetch, Labels, Read, SensorInfo, SensorQuery, StoreError};
+use crate::batcher::clock::Watermarks;
 use crate::batcher::{DeadLetter, Outcome, Sink, UNKNOWN_ERROR_ATTEMPTS, Written};
 use crate::domain::{BucketUpdate, Granularity, field_name};
 use crate::domain::{Level, Starts, Values};
@@ -25,6 +26,7 @@ use crate::telemetry::metrics::Metrics;
 /// the range on `start` also serves every query, so it is the only index.
 mod dead_letters;
 mod indexes;
+mod instances;
 mod late;
 mod metadata;
 mod registry;
@@ -33,6 +35,7 @@ mod settings;
 mod write;
 
 pub use dead_letters::{MAX_LISTED as MAX_LISTED_DEAD_LETTERS, Redriven};
+pub use instances::Others;
 pub use settings::{Settings, tls_options};
 
 pub const BUCKET_INDEX: &str = "sensor_metric_start";
@@ -79,6 +82,8 @@ pub struct MongoStore {
     metrics: Option<Arc<Metrics>>,
     /// New series of accepted readings, to register ahead of storage.
     registering: Option<tokio::sync::mpsc::Sender<registry::Registering>>,
+    /// What is unstored elsewhere: which values keep their version.
+    watermarks: Arc<Watermarks>,
 }
 
 impl std::fmt::Debug for MongoStore {
@@ -204,7 +209,14 @@ impl MongoStore {
             dead_letter_retention: settings.dead_letter_retention,
             metrics: None,
             registering: None,
+            watermarks: Arc::default(),
         })
+    }
+
+    /// The watermarks its writes keep versions by (the instance publisher
+    /// and the journal move them).
+    pub fn watermarks(&self) -> Arc<Watermarks> {
+        self.watermarks.clone()
     }
 
     /// Counts the documents this store reads and writes into `metrics`.

@@ -8,7 +8,7 @@ use super::{MongoStore, unconfirmed};
 use crate::batcher::{Outcome, Written};
 use crate::domain::BucketUpdate;
 use crate::store::command::{Chunk, Commands, Target};
-use crate::store::document::estimated_len;
+use crate::store::document::{Form, Versioning, estimated_len};
 use crate::store::errors::{self, Class, DUPLICATE_KEY};
 
 /// Times an upsert that lost a race to create its bucket is sent again.
@@ -21,13 +21,24 @@ impl MongoStore {
         let mut round_trips = 0;
         let mut group: Vec<usize> = (0..updates.len()).collect();
         // Two writers creating the same bucket at once: one insert wins, the
-        // other fails on the unique index and succeeds as an update when resent.
-        for _ in 0..=DUPLICATE_KEY_RETRIES {
+        // other fails on the unique index and succeeds as an update when
+        // resent. A plain statement on a bucket that holds versions fails the
+        // same way, and goes again guarded.
+        let keep_from = self.watermarks.keep_from();
+        for round in 0..=DUPLICATE_KEY_RETRIES {
             if group.is_empty() {
                 break;
             }
+            let versioning = Versioning {
+                form: if round == 0 {
+                    Form::Plain
+                } else {
+                    Form::Guarded
+                },
+                keep_from,
+            };
             group = self
-                .send_group(updates, group, &mut outcomes, &mut round_trips)
+                .send_group(updates, group, versioning, &mut outcomes, &mut round_trips)
                 .await;
         }
         for i in group {
@@ -51,6 +62,7 @@ impl MongoStore {
         &self,
         updates: &[&BucketUpdate],
         group: Vec<usize>,
+        versioning: Versioning,
         outcomes: &mut [Option<Outcome>],
         round_trips: &mut usize,
     ) -> Vec<usize> {
@@ -64,6 +76,7 @@ impl MongoStore {
                 write_concern: self.write_concern.as_deref(),
                 granularity: self.granularity,
                 limits: self.limits,
+                versioning,
             };
             let capacity = group.iter().map(|&i| estimated_len(updates[i])).sum();
             let mut commands =
