@@ -9,7 +9,7 @@ use futures_util::{StreamExt, TryStreamExt};
 use hourglass::Granularity;
 use hourglass::pure::{
     Batch, Batcher, BatcherSettings, BucketUpdate, Chunk, Commands, Limits, MetricName, Reading,
-    SensorId, Settled, Target,
+    SensorId, Settled, Target, Versioning,
 };
 use mongodb::bson::{Bson, DateTime, Document, doc};
 use mongodb::{Database, IndexModel};
@@ -256,7 +256,7 @@ async fn direct_updates(ctx: &Ctx, data: &Dataset, batch: usize) -> anyhow::Resu
                 value: *v,
             })
             .collect();
-        core.offer(readings, None, now)
+        core.offer(readings, None, now, 0)
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         // Flushed when full, as Hourglass does under a backfill.
         if core.is_due(now)
@@ -280,6 +280,7 @@ async fn write_all(db: &Database, core: &mut Batcher<()>, batch: Batch) -> anyho
         write_concern: None,
         granularity: Granularity::Minute,
         limits: Limits::default(),
+        versioning: Versioning::PLAIN,
     };
     let commands = Commands::new(&updates, 0..updates.len(), target);
     for chunk in commands {

@@ -12,6 +12,7 @@ mod query;
 mod ranges;
 mod report;
 mod verify;
+mod versions;
 
 use clap::{Parser, Subcommand};
 
@@ -48,6 +49,15 @@ enum Cmd {
         #[arg(long)]
         no_journal: bool,
         /// Bucket granularity: minute or hour.
+        #[arg(long, default_value = "minute")]
+        granularity: String,
+    },
+    /// Several instances round robin on one database: what versions cost in bytes.
+    Versions {
+        #[command(flatten)]
+        data: DatasetArgs,
+        #[arg(long, default_value_t = 2)]
+        instances: usize,
         #[arg(long, default_value = "minute")]
         granularity: String,
     },
@@ -218,6 +228,23 @@ async fn main() -> anyhow::Result<()> {
                 concurrency,
                 !no_verify,
                 !no_journal,
+                match granularity.as_str() {
+                    "hour" => "hour",
+                    _ => "minute",
+                },
+            )
+            .await?,
+        ),
+        Cmd::Versions {
+            data,
+            instances,
+            granularity,
+        } => (
+            "versions",
+            versions::run(
+                &ctx,
+                Dataset::recent(data, 0),
+                instances,
                 match granularity.as_str() {
                     "hour" => "hour",
                     _ => "minute",

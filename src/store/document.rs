@@ -665,10 +665,11 @@ pub fn read_bucket(doc: &RawDocument, granularity: Granularity) -> Result<Bucket
             _ => {}
         }
     }
-    // Version 1 is the only layout so far; a newer one is refused rather than misread.
+    // Versions 1 and 2 read the same (2 adds versions, which reads skip); a
+    // newer one is refused rather than misread.
     match version {
-        Some(RawBsonRef::Int32(1)) | Some(RawBsonRef::Int64(1)) => {}
-        Some(RawBsonRef::Double(1.0)) => {}
+        Some(RawBsonRef::Int32(1 | 2)) | Some(RawBsonRef::Int64(1 | 2)) => {}
+        Some(RawBsonRef::Double(x)) if x == 1.0 || x == 2.0 => {}
         other => {
             return Err(StoreError::Unreadable(format!(
                 "unknown schema_version {:?}",

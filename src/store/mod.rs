@@ -24,7 +24,9 @@ pub use registry::{SensorInfo, SensorQuery};
 pub use settings::BucketSettings;
 
 /// The current bucket document layout; every bucket written carries it.
-pub const SCHEMA_VERSION: i32 = 1;
+/// 2: values may carry versions (`a`, `amax`) that every writer must
+/// respect, so an instance that writes 1 must not write beside it.
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// A failed storage operation, in the two classes of [`errors`] (plus reads
 /// of buckets this version cannot parse).

@@ -272,6 +272,13 @@ fn condition(values: &[&Bson], cond: &Bson, shape: &str) -> bool {
                 .iter()
                 .any(|x| values.iter().any(|v| compare(v, x) == Some(Equal))),
             "$exists" => arg.as_bool() == Some(!values.is_empty()),
+            "$regex" => {
+                let re = regex::Regex::new(arg.as_str().expect("$regex takes a string"))
+                    .expect("a valid pattern");
+                values
+                    .iter()
+                    .any(|v| v.as_str().is_some_and(|s| re.is_match(s)))
+            }
             other => panic!("the evaluator does not know {other} (in {shape}): extend it"),
         }
     })
