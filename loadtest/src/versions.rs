@@ -4,6 +4,7 @@
 //! balancer); then the buckets' bytes are counted with and without their
 //! versions (`a`, `amax`), and once more after a lone instance's prune.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use futures_util::TryStreamExt;
@@ -11,8 +12,17 @@ use mongodb::bson::{RawDocumentBuf, doc};
 
 use crate::ctx::Ctx;
 use crate::dataset::{Dataset, Row};
-use crate::procs::{HourglassSpec, spawn_hourglass};
+use crate::procs::{HourglassSpec, scrape, scrape_by, spawn_hourglass};
 use crate::report::{Report, Section, f};
+
+/// The kinds `loadtest fleet` counts as the database's work per reading
+/// (instance floors and version prunes are reported beside them).
+const DATA_KINDS: [&str; 4] = [
+    "bucket_update",
+    "rollup_upkeep",
+    "registry_update",
+    "dead_letter",
+];
 
 /// Bytes of the buckets, of their versions, and values stored.
 #[derive(Debug, Default, Clone, Copy, serde::Serialize)]
@@ -135,6 +145,43 @@ pub async fn run(
         bar.inc(1);
     }
     bar.finish_and_clear();
+    // Everything stored (a window is written after its end plus the grace),
+    // then what each instance wrote, summed: instances that share windows
+    // should not multiply the work beyond what each wrote.
+    let offered = data.len() as f64;
+    let base: Vec<String> = procs.iter().map(|p| p.url.clone()).collect();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(240);
+    while tokio::time::Instant::now() < deadline {
+        let mut stored = 0.0;
+        for url in &base {
+            stored += scrape(url)
+                .await
+                .unwrap_or_default()
+                .get("hourglass_readings_stored_total")
+                .copied()
+                .unwrap_or(0.0);
+        }
+        if stored >= offered {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let mut written: HashMap<String, f64> = HashMap::new();
+    let mut upkeep_read = 0.0;
+    for url in &base {
+        for (kind, n) in scrape_by(url, "hourglass_db_documents_written_total", "kind")
+            .await
+            .unwrap_or_default()
+        {
+            *written.entry(kind).or_default() += n;
+        }
+        upkeep_read += scrape_by(url, "hourglass_db_documents_read_total", "kind")
+            .await
+            .unwrap_or_default()
+            .get("rollup_upkeep")
+            .copied()
+            .unwrap_or(0.0);
+    }
     // SIGTERM: every instance stores what it holds and leaves.
     for p in procs {
         p.stop();
@@ -143,7 +190,7 @@ pub async fn run(
     let coll = client
         .database(&database)
         .collection::<RawDocumentBuf>("buckets");
-    let written = measure(&coll).await?;
+    let stored_bytes = measure(&coll).await?;
     let (verdict, ok) = crate::verify::run(ctx, &data, granularity, &database).await?;
     // A lone instance prunes a minute after it starts: every version is
     // older than any floor then.
@@ -167,13 +214,47 @@ pub async fn run(
             "versions add",
         ],
     );
-    row(&mut s, "all written", written);
+    row(&mut s, "all written", stored_bytes);
     row(&mut s, "after the prune", pruned);
     report.sections.push(s);
+    let mut w = Section::new(
+        &format!("Documents written by the {instances} instances together (kinds as in /metrics)"),
+        &["kind", "documents", "per reading", "1 in …"],
+    );
+    let mut kinds: Vec<_> = written.iter().collect();
+    kinds.sort_by(|a, b| a.0.cmp(b.0));
+    let data_writes: f64 = kinds
+        .iter()
+        .filter(|(k, _)| DATA_KINDS.contains(&k.as_str()))
+        .map(|(_, n)| **n)
+        .sum();
+    for (kind, n) in &kinds {
+        w.row(vec![
+            (*kind).clone(),
+            f(**n),
+            f(**n / offered),
+            f(offered / n.max(1.0)),
+        ]);
+    }
+    w.row(vec![
+        "buckets, rollups, registry, dead letters".into(),
+        f(data_writes),
+        f(data_writes / offered),
+        f(offered / data_writes.max(1.0)),
+    ]);
+    w.row(vec![
+        "documents the rollup upkeep read".into(),
+        f(upkeep_read),
+        f(upkeep_read / offered),
+        "-".into(),
+    ]);
+    report.sections.push(w);
     report.sections.extend(verdict.sections);
     report.set(
         &format!("versions_{granularity}"),
-        serde_json::json!({ "written": written, "pruned": pruned, "errors": errors, "exact": ok }),
+        serde_json::json!({ "written": stored_bytes, "pruned": pruned, "errors": errors, "exact": ok,
+            "documents_written": written, "data_writes_per_reading": data_writes / offered,
+            "rollup_upkeep_read": upkeep_read, "instances": instances }),
     );
     Ok((report, ok && errors == 0 && pruned.versioned == 0))
 }

@@ -14,6 +14,7 @@ use tracing::{Instrument, debug, error, info_span, warn};
 
 use super::{
     Batch, Batcher, BatcherLimits, DeadLetter, FlushResult, Full, Outcome, Settled, Sink, Unstored,
+    UnstoredValue, with_acks,
 };
 use crate::domain::{BucketUpdate, Granularity, Reading};
 use crate::shutdown::Shutdown;
@@ -167,7 +168,7 @@ impl BatcherHandle {
         };
         let index: std::collections::HashMap<&str, usize> =
             sensors.iter().enumerate().map(|(i, &s)| (s, i)).collect();
-        let mut merged: Vec<std::collections::BTreeMap<i64, Vec<(u16, f64)>>> =
+        let mut merged: Vec<std::collections::BTreeMap<i64, Vec<UnstoredValue>>> =
             vec![std::collections::BTreeMap::new(); sensors.len()];
         for u in batch.items.iter().map(|i| &i.update) {
             if u.key.metric.as_str() == metric
@@ -175,7 +176,7 @@ impl BatcherHandle {
                 && u.key.start < to
                 && let Some(&i) = index.get(u.key.sensor.as_str())
             {
-                merged[i].insert(u.key.start, u.values.clone());
+                merged[i].insert(u.key.start, with_acks(&u.values, &u.acks));
             }
         }
         for (into, pending) in merged.iter_mut().zip(pending) {
@@ -183,12 +184,13 @@ impl BatcherHandle {
                 let into = into.entry(start).or_default();
                 // Pending values are newer: they win per second.
                 into.extend(values);
-                into.sort_by_key(|&(o, _)| o);
-                let mut dedup: Vec<(u16, f64)> = Vec::with_capacity(into.len());
-                for (o, v) in into.drain(..) {
+                // Stable: per second, the pending value stays last.
+                into.sort_by_key(|&(o, _, _)| o);
+                let mut dedup: Vec<UnstoredValue> = Vec::with_capacity(into.len());
+                for value in into.drain(..) {
                     match dedup.last_mut() {
-                        Some(last) if last.0 == o => last.1 = v,
-                        _ => dedup.push((o, v)),
+                        Some(last) if last.0 == value.0 => *last = value,
+                        _ => dedup.push(value),
                     }
                 }
                 *into = dedup;

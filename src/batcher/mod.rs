@@ -56,8 +56,24 @@ pub struct Hold {
     pub max_hold: Duration,
 }
 
-/// One series' buckets with readings not stored yet: `(start, values)`.
-pub type Unstored = Vec<(i64, Vec<(u16, f64)>)>;
+/// One series' buckets with readings not stored yet, sorted by start:
+/// `(start, values)`.
+pub type Unstored = Vec<(i64, Vec<UnstoredValue>)>;
+
+/// `(offset in seconds, value, acknowledgement in epoch ms)`: the
+/// acknowledgement decides against a version stored meanwhile by another
+/// instance (see the README's "Last write wins").
+pub type UnstoredValue = (u16, f64, i64);
+
+/// Values beside their acknowledgements (0, older than any, where an update
+/// carries none).
+pub fn with_acks(values: &[(u16, f64)], acks: &[i64]) -> Vec<UnstoredValue> {
+    values
+        .iter()
+        .enumerate()
+        .map(|(i, &(o, v))| (o, v, acks.get(i).copied().unwrap_or(0)))
+        .collect()
+}
 
 /// The batcher is at a bound: the caller must refuse the input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -711,13 +727,7 @@ impl<W> Batcher<W> {
 
     /// The pending values of one series in buckets starting in `[from, to)`,
     /// per bucket start: what queries merge over the stored buckets.
-    pub fn pending_values_of(
-        &self,
-        sensor: &str,
-        metric: &str,
-        from: i64,
-        to: i64,
-    ) -> Vec<(i64, Vec<(u16, f64)>)> {
+    pub fn pending_values_of(&self, sensor: &str, metric: &str, from: i64, to: i64) -> Unstored {
         self.pending_values_of_many(&[sensor], metric, from, to)
             .pop()
             .unwrap_or_default()
@@ -753,7 +763,7 @@ impl<W> Batcher<W> {
                         start,
                     };
                     if let Some(open) = self.pending.get(&key) {
-                        out[i].push((start, open.values.clone()));
+                        out[i].push((start, with_acks(&open.values, &open.acks)));
                     }
                     start += len;
                 }
@@ -767,7 +777,7 @@ impl<W> Batcher<W> {
                     && k.start < to
                     && let Some(&i) = index.get(k.sensor.as_str())
                 {
-                    out[i].push((k.start, open.values.clone()));
+                    out[i].push((k.start, with_acks(&open.values, &open.acks)));
                 }
             }
             for o in &mut out {
@@ -1172,12 +1182,12 @@ mod tests {
             1,
             t0,
             0,
-            0,
+            7,
         )
         .expect("room");
         let mut got = b.pending_values_of("a", "value", 0, 180);
         got.sort_by_key(|(s, _)| *s);
-        assert_eq!(got, vec![(60, vec![(0, 1.0), (1, 2.0)])]);
+        assert_eq!(got, vec![(60, vec![(0, 1.0, 7), (1, 2.0, 7)])]);
         let mut wide = b.pending_values_of("a", "value", i64::MIN / 2, i64::MAX / 2);
         wide.sort_by_key(|(s, _)| *s);
         assert_eq!(wide.len(), 2, "a long range scans instead of probing");

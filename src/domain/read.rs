@@ -113,4 +113,8 @@ pub struct BucketRead {
     pub values: Vec<(u16, f64)>,
     /// The bucket's write count (`n`): what rollups computed from it carry.
     pub n: u64,
+    /// `(offset in seconds, acknowledgement in epoch ms)` of the values that
+    /// still keep a version (see the README's "Last write wins"), sorted;
+    /// read when the values are.
+    pub versions: Vec<(u16, i64)>,
 }

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use super::plan::{Ask, Cell, Need, SeriesPlan};
 use super::{Grid, Plan};
-use crate::batcher::Unstored;
 use crate::batcher::driver::BatcherHandle;
+use crate::batcher::{Unstored, UnstoredValue};
 use crate::domain::{BucketRead, Granularity, Level, Values};
 use crate::store::{BucketStore, Doc, Fetch, StoreError};
 
@@ -204,7 +204,7 @@ async fn read_level<S: BucketStore>(
                         return;
                     }
                     if overlaid[i].binary_search(&b.start).is_ok() {
-                        b.values = overlay(&b.values, newer(&unstored[i], b.start));
+                        b.values = overlay(&b.values, &b.versions, newer(&unstored[i], b.start));
                         seen[i].push(b.start);
                     }
                     plan.answer_bucket(&mut plans[i], &b);
@@ -228,7 +228,10 @@ async fn read_level<S: BucketStore>(
             if !seen[i].contains(&start) {
                 let b = BucketRead {
                     start,
-                    values: newer(&unstored[i], start).to_vec(),
+                    values: newer(&unstored[i], start)
+                        .iter()
+                        .map(|&(o, v, _)| (o, v))
+                        .collect(),
                     ..BucketRead::default()
                 };
                 plan.answer_bucket(&mut plans[i], &b);
@@ -238,22 +241,40 @@ async fn read_level<S: BucketStore>(
     Ok(())
 }
 
-fn newer(unstored: &Unstored, start: i64) -> &[(u16, f64)] {
+fn newer(unstored: &Unstored, start: i64) -> &[UnstoredValue] {
     unstored
         .binary_search_by_key(&start, |(s, _)| *s)
         .map(|i| unstored[i].1.as_slice())
         .unwrap_or_default()
 }
 
-/// A bucket's values as stored with the unstored ones laid over them (they
-/// are newer: they win per second).
-fn overlay(stored: &[(u16, f64)], newer: &[(u16, f64)]) -> Vec<(u16, f64)> {
+/// A bucket's values as stored with the unstored ones laid over them: per
+/// second the one acknowledged later wins, as it will once written. A stored
+/// value without a version is older than anything this instance still holds
+/// (it would have kept one otherwise); one with a version wins over an
+/// unstored value acknowledged before it, as the guarded statement will.
+fn overlay(
+    stored: &[(u16, f64)],
+    versions: &[(u16, i64)],
+    unstored: &[UnstoredValue],
+) -> Vec<(u16, f64)> {
+    let version = |o: u16| {
+        versions
+            .binary_search_by_key(&o, |&(k, _)| k)
+            .ok()
+            .map(|i| versions[i].1)
+    };
+    let wins = |&(o, _, ack): &UnstoredValue| version(o).is_none_or(|stored| ack >= stored);
     let mut values: Vec<(u16, f64)> = stored
         .iter()
         .copied()
-        .filter(|(o, _)| newer.binary_search_by_key(o, |&(n, _)| n).is_err())
+        .filter(|&(o, _)| {
+            unstored
+                .binary_search_by_key(&o, |&(n, _, _)| n)
+                .map_or(true, |i| !wins(&unstored[i]))
+        })
         .collect();
-    values.extend_from_slice(newer);
+    values.extend(unstored.iter().filter(|u| wins(u)).map(|&(o, v, _)| (o, v)));
     values.sort_by_key(|&(o, _)| o);
     values
 }
@@ -268,7 +289,7 @@ pub async fn latest<S: BucketStore>(
     max_time: Duration,
 ) -> Result<Option<(i64, f64)>, StoreError> {
     let stored = store.latest(sensor, metric, max_time).await?;
-    let from = stored.map_or(i64::MIN / 2, |(ts, _)| ts);
+    let from = stored.map_or(i64::MIN / 2, |(ts, _, _)| ts);
     let unstored = batcher
         .unstored_values_of(&[sensor], metric, from, i64::MAX / 2)
         .into_iter()
@@ -276,13 +297,16 @@ pub async fn latest<S: BucketStore>(
         .flat_map(|(start, values)| {
             values
                 .into_iter()
-                .map(move |(o, v)| (start + i64::from(o), v))
+                .map(move |(o, v, ack)| (start + i64::from(o), v, ack))
         })
-        .max_by_key(|&(ts, _)| ts);
+        .max_by_key(|&(ts, _, _)| ts);
+    // Of one second, the value acknowledged later (see `overlay`).
     Ok(match (stored, unstored) {
-        (Some(s), Some(u)) if u.0 >= s.0 => Some(u),
-        (Some(s), _) => Some(s),
-        (None, u) => u,
+        (Some(s), Some(u)) if u.0 > s.0 || (u.0 == s.0 && s.2.is_none_or(|v| u.2 >= v)) => {
+            Some((u.0, u.1))
+        }
+        (Some(s), _) => Some((s.0, s.1)),
+        (None, u) => u.map(|(ts, v, _)| (ts, v)),
     })
 }
 
@@ -294,9 +318,30 @@ mod tests {
     fn unstored_values_win_per_second() {
         let stored = [(1, 1.0), (2, 2.0), (5, 5.0)];
         assert_eq!(
-            overlay(&stored, &[(2, 20.0), (3, 30.0)]),
+            overlay(&stored, &[], &[(2, 20.0, 0), (3, 30.0, 0)]),
             vec![(1, 1.0), (2, 20.0), (3, 30.0), (5, 5.0)]
         );
-        assert_eq!(overlay(&[], &[(3, 30.0)]), vec![(3, 30.0)]);
+        assert_eq!(overlay(&[], &[], &[(3, 30.0, 0)]), vec![(3, 30.0)]);
+    }
+
+    #[test]
+    fn a_stored_value_acknowledged_later_wins_over_an_unstored_one() {
+        let stored = [(1, 1.0), (2, 2.0), (5, 5.0)];
+        // Seconds 2 and 5 keep versions: 2 was acknowledged after this
+        // instance's unstored value, 5 before; 1 keeps none (older than any).
+        let versions = [(2, 2_000), (5, 500)];
+        assert_eq!(
+            overlay(
+                &stored,
+                &versions,
+                &[(1, 10.0, 100), (2, 20.0, 1_000), (5, 50.0, 1_000)]
+            ),
+            vec![(1, 10.0), (2, 2.0), (5, 50.0)]
+        );
+        // A tie goes to the unstored value: it is written last.
+        assert_eq!(
+            overlay(&stored, &versions, &[(2, 20.0, 2_000)]),
+            vec![(1, 1.0), (2, 20.0), (5, 5.0)]
+        );
     }
 }

@@ -643,6 +643,7 @@ pub fn read_bucket(doc: &RawDocument, granularity: Granularity) -> Result<Bucket
     let mut read = BucketRead::default();
     let mut minutes = None;
     let mut values = None;
+    let mut versions = None;
     for e in elements(doc) {
         let (key, value) = e?;
         match key {
@@ -662,6 +663,7 @@ pub fn read_bucket(doc: &RawDocument, granularity: Granularity) -> Result<Bucket
             }
             "m" => minutes = Some(value),
             "v" => values = Some(value),
+            "a" => versions = Some(value),
             _ => {}
         }
     }
@@ -704,6 +706,30 @@ pub fn read_bucket(doc: &RawDocument, granularity: Granularity) -> Result<Bucket
             }
         }
         read.values.sort_by_key(|&(offset, _)| offset);
+    }
+    if let Some(RawBsonRef::Document(a)) = versions {
+        let base = read.start.saturating_mul(1000);
+        for e in elements(a) {
+            let (offset, ack) = e?;
+            let offset = offset
+                .parse::<u16>()
+                .ok()
+                .filter(|&o| i64::from(o) < granularity.seconds())
+                .ok_or_else(|| {
+                    StoreError::Unreadable(format!("unexpected version key {offset:?}"))
+                })?;
+            let relative = match ack {
+                RawBsonRef::Int32(x) => i64::from(x),
+                RawBsonRef::Int64(x) => x,
+                _ => {
+                    return Err(StoreError::Unreadable(format!(
+                        "version a.{offset} is not an integer"
+                    )));
+                }
+            };
+            read.versions.push((offset, base.saturating_add(relative)));
+        }
+        read.versions.sort_by_key(|&(offset, _)| offset);
     }
     Ok(read)
 }
@@ -950,11 +976,29 @@ mod tests {
 
     #[test]
     fn buckets_of_an_unknown_schema_version_are_refused() {
-        let d = doc! { "start": start_date(60), "count": 0, "schema_version": 2 };
+        let d = doc! { "start": start_date(60), "count": 0, "schema_version": 3 };
         assert!(matches!(
             read_bucket(&raw(&d), Granularity::Minute),
             Err(StoreError::Unreadable(_))
         ));
+    }
+
+    #[test]
+    fn versions_read_back_as_acknowledgement_times() {
+        let d = doc! {
+            "start": start_date(3600), "schema_version": 2,
+            "count": 2, "sum": 3.0, "min": 1.0, "max": 2.0,
+            "v": { "1": { "2": 2.0, "1": 1.0 } },
+            "a": { "62": 1_500_i32, "61": 3_600_000_000_i64 },
+        };
+        let read = read_bucket(&raw(&d), Granularity::Hour).expect("reads");
+        assert_eq!(
+            read.versions,
+            vec![(61, 3_600_000 + 3_600_000_000), (62, 3_600_000 + 1_500)]
+        );
+        let odd =
+            doc! { "start": start_date(0), "schema_version": 2, "count": 0, "a": { "60": 1 } };
+        assert!(read_bucket(&raw(&odd), Granularity::Minute).is_err());
     }
 
     #[test]

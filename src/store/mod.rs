@@ -154,11 +154,13 @@ pub trait BucketStore: Sink {
         keep: F,
     ) -> impl Future<Output = Result<(Vec<DeadLetterInfo>, u64), StoreError>> + Send;
 
-    /// The newest stored reading of a series, found from its newest bucket.
+    /// The newest stored reading of a series, found from its newest bucket:
+    /// `(ts, value, version)`, the version (acknowledgement, epoch ms) if
+    /// the value still keeps one.
     fn latest(
         &self,
         sensor: &str,
         metric: &str,
         max_time: Duration,
-    ) -> impl Future<Output = Result<Option<(i64, f64)>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Option<(i64, f64, Option<i64>)>, StoreError>> + Send;
 }

@@ -237,7 +237,7 @@ async fn a_fleet_of_200_sensors_is_answered_exactly_at_every_level_with_hour_buc
 }
 
 /// A counter of `/metrics`, summed over the series whose labels contain `with`.
-async fn counted(app: &TestApp, name: &str, with: &str) -> f64 {
+pub async fn counted(app: &TestApp, name: &str, with: &str) -> f64 {
     let text = app.get("/metrics").await.text().await.expect("metrics");
     text.lines()
         .filter(|l| l.starts_with(name) && l.contains(with))

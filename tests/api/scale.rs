@@ -191,9 +191,10 @@ async fn a_correction_acknowledged_later_on_another_instance_is_the_value_stored
     for g in [Granularity::Minute, Granularity::Hour] {
         let mut a_settings = journal_settings();
         a_settings.buckets.granularity = g;
-        // A holds what it journals for a few seconds, however young the window.
-        a_settings.batcher.max_hold = Duration::from_secs(3);
-        a_settings.batcher.hold_grace = Duration::from_secs(3);
+        // A holds what it journals until it stops (which drains it).
+        a_settings.batcher.max_hold = Duration::from_secs(300);
+        a_settings.batcher.hold_grace = Duration::from_secs(120);
+        a_settings.buckets.rollup_after = Duration::from_secs(180);
         let mut b_settings = a_settings.clone();
         b_settings.journal.enabled = false;
         b_settings.journal.dir = journal_dir();
@@ -209,6 +210,9 @@ async fn a_correction_acknowledged_later_on_another_instance_is_the_value_stored
             .await;
         assert_eq!(r.status(), 200, "{g:?}");
         assert_eq!(stored(&b, g, "c", t).await, Some(2.0), "{g:?}");
+        // A, still holding its older value, answers with B's.
+        let latest = a.get_json("/api/v1/sensors/c/latest?metric=m").await;
+        assert_eq!(latest["value"].as_f64(), Some(2.0), "{g:?}: {latest}");
 
         // Earlier on B (stored), later on A (held): A's wins once written.
         let r = b
@@ -219,6 +223,24 @@ async fn a_correction_acknowledged_later_on_another_instance_is_the_value_stored
             .post_raw("application/json", one("c", t + 1, 4.0), "")
             .await;
         assert_eq!(r.status(), 200, "{g:?}");
+
+        // Before A writes, its answers lay its unstored values over the
+        // buckets as its writes will: B's later value stands, A's wins.
+        assert_eq!(
+            crate::fleet::counted(&a, "hourglass_readings_stored_total", "").await,
+            0.0,
+            "{g:?}: A still holds both"
+        );
+        for (ts, want) in [(t, 2.0), (t + 1, 4.0)] {
+            let got = a
+                .get_json(&format!(
+                    "/api/v1/sensors/c/average?metric=m&from={}&to={}",
+                    rfc3339(ts),
+                    rfc3339(ts + 1)
+                ))
+                .await;
+            assert_eq!(got["sum"].as_f64(), Some(want), "{g:?} at {ts}: {got}");
+        }
 
         // A drains: both its held values go out now.
         a.stop().await.expect("A drains");

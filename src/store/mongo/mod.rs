@@ -507,6 +507,11 @@ impl BucketStore for MongoStore {
                         }
                     }
                 }
+                // Versions, where a bucket still keeps them, decide between
+                // its values and this instance's unstored ones.
+                if fetch.values != Values::None {
+                    projection.insert("a", 1);
+                }
             }
         }
         let mut bytes: u64 = 0;
@@ -612,12 +617,12 @@ impl BucketStore for MongoStore {
         sensor: &str,
         metric: &str,
         max_time: Duration,
-    ) -> Result<Option<(i64, f64)>, StoreError> {
+    ) -> Result<Option<(i64, f64, Option<i64>)>, StoreError> {
         let newest = self
             .buckets
             .clone_with_type::<RawDocumentBuf>()
             .find_one(doc! { "sensor": sensor, "metric": metric })
-            .projection(doc! { "_id": 0, "start": 1, "schema_version": 1, "count": 1, "sum": 1, "min": 1, "max": 1, "v": 1 })
+            .projection(doc! { "_id": 0, "start": 1, "schema_version": 1, "count": 1, "sum": 1, "min": 1, "max": 1, "v": 1, "a": 1 })
             .sort(doc! { "start": -1 })
             .max_time(max_time)
             .await
@@ -626,10 +631,14 @@ impl BucketStore for MongoStore {
             return Ok(None);
         };
         let read = read_bucket(&doc, self.granularity)?;
-        Ok(read
-            .values
-            .last()
-            .map(|&(offset, value)| (read.start + i64::from(offset), value)))
+        Ok(read.values.last().map(|&(offset, value)| {
+            let version = read
+                .versions
+                .binary_search_by_key(&offset, |&(o, _)| o)
+                .ok()
+                .map(|i| read.versions[i].1);
+            (read.start + i64::from(offset), value, version)
+        }))
     }
 }
 
