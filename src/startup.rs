@@ -44,6 +44,9 @@ pub struct Application {
 /// a shutdown lasts.
 const DEADLINE_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
+/// How long a stopping instance tries to leave its floor (see `store::floor`).
+const FLOOR_FAREWELL: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// How often startup looks whether the replay is done.
 const REPLAY_POLL: std::time::Duration = std::time::Duration::from_millis(20);
 
@@ -322,7 +325,23 @@ impl Application {
             // Everything stored has its acknowledgement sent before we disconnect.
             mqtt.finish().await;
         }
-        let _ = floor_task.await;
+        // Its last write says whether this instance still owes readings;
+        // bounded, since the database may be gone. Cut short, the floor it
+        // published last stays: never later than what it owes.
+        let mut floor_task = floor_task;
+        let left = tokio::select! {
+            done = tokio::time::timeout(FLOOR_FAREWELL, &mut floor_task) => done.is_ok(),
+            _ = async {
+                shutdown.deadline_passed().await;
+                tokio::time::sleep(DEADLINE_GRACE).await;
+            } => false,
+        };
+        if !left {
+            floor_task.abort();
+            warn!(
+                "Could not update this instance's floor on the way out; the last one published stands."
+            );
+        }
         if let Some((_, task)) = journal {
             // Appends already queued are committed; stored segments deleted.
             match task.await {

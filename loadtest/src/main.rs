@@ -60,6 +60,9 @@ enum Cmd {
         instances: usize,
         #[arg(long, default_value = "minute")]
         granularity: String,
+        /// Skip the lone instance's prune (it waits 70 s for it).
+        #[arg(long)]
+        no_prune: bool,
     },
     /// History uploaded in large batches as fast as the service takes it.
     Backfill {
@@ -239,6 +242,7 @@ async fn main() -> anyhow::Result<()> {
             data,
             instances,
             granularity,
+            no_prune,
         } => (
             "versions",
             versions::run(
@@ -249,6 +253,7 @@ async fn main() -> anyhow::Result<()> {
                     "hour" => "hour",
                     _ => "minute",
                 },
+                !no_prune,
             )
             .await?,
         ),

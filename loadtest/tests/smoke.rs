@@ -86,6 +86,28 @@ fn fleet_over_http_and_mqtt_verifies_exactly_with_and_without_the_journal() {
 }
 
 #[test]
+fn two_instances_round_robin_verify_exactly_and_count_every_write() {
+    let r: serde_json::Value = serde_json::from_str(&loadtest(&[
+        "versions",
+        "--sensors",
+        "4",
+        "--metrics",
+        "1",
+        "--seconds",
+        "3",
+        "--no-prune",
+    ]))
+    .expect("json");
+    let v = &r["data"]["versions_minute"];
+    assert_eq!(v["exact"], true, "{r}");
+    assert_eq!(v["written"]["values"], 12, "{r}");
+    assert!(
+        v["documents_written"]["bucket_update"].as_f64() >= Some(1.0),
+        "{r}"
+    );
+}
+
+#[test]
 fn queries_report_latency_per_kind() {
     let r = run("query", &["--queries", "8"]);
     assert_eq!(
