@@ -61,8 +61,8 @@ pub use config::{ConfigError, Settings};
 pub use domain::{Agg, Granularity};
 pub use ingest::mqtt::MqttStats;
 pub use shutdown::signal;
-pub use startup::{Application, rebuild_rollups, redrive};
-pub use store::Redriven;
+pub use startup::{Application, forget_instance, instances, rebuild_rollups, redrive};
+pub use store::{InstanceInfo, Redriven};
 pub use telemetry::{LogFormat, init as init_logging};
 
 /// jemalloc's options for the binaries that run on it (the service and the

@@ -47,6 +47,14 @@ enum Command {
         #[arg(long)]
         to: Option<String>,
     },
+    /// Lists the instances recorded on this database with their floors
+    /// (see the README's "Last write wins"), or forgets one whose journal is
+    /// gone for good so that versions are pruned again.
+    Instances {
+        /// Remove this instance's record (refused while it runs).
+        #[arg(long, value_name = "ID")]
+        forget: Option<String>,
+    },
     /// Writes dead letters into their buckets (with rollups and registry)
     /// once what refused them is fixed, deleting each one stored; one
     /// refused again stays with the new reason. Idempotent, safe while the
@@ -90,6 +98,47 @@ async fn main() -> anyhow::Result<()> {
         let (from, to) = (instant("from", from)?, instant("to", to)?);
         let days = hourglass::rebuild_rollups(&settings, sensor.as_deref(), from, to).await?;
         println!("Rebuilt the rollups of {days} days.");
+        return Ok(());
+    }
+    if let Some(Command::Instances { forget }) = args.command {
+        if let Some(id) = forget {
+            hourglass::forget_instance(&settings, &id).await?;
+            println!(
+                "Forgot instance {id}; versions older than the other floors are pruned within a minute."
+            );
+            return Ok(());
+        }
+        let now = time::OffsetDateTime::now_utc();
+        let at = |ms: Option<i64>| {
+            ms.and_then(|ms| {
+                time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000).ok()
+            })
+        };
+        println!(
+            "{:<38} {:<8} {:<32} last published",
+            "instance", "journal", "floor"
+        );
+        for i in hourglass::instances(&settings).await? {
+            let floor = match i.floor {
+                Some(i64::MIN) => "owes readings (replay pending)".to_owned(),
+                f => at(f)
+                    .and_then(|t| {
+                        t.format(&time::format_description::well_known::Rfc3339)
+                            .ok()
+                    })
+                    .unwrap_or_else(|| "-".to_owned()),
+            };
+            let seen = at(i.at).map_or_else(
+                || "-".to_owned(),
+                |t| format!("{} s ago", (now - t).whole_seconds()),
+            );
+            println!(
+                "{:<38} {:<8} {:<32} {seen}",
+                i.id,
+                if i.durable { "yes" } else { "no" },
+                floor
+            );
+        }
         return Ok(());
     }
     if let Some(Command::Redrive { sensor, dry_run }) = args.command {

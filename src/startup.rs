@@ -390,6 +390,27 @@ async fn operator_store(settings: &Settings) -> anyhow::Result<MongoStore> {
     Ok(store)
 }
 
+/// `hourglass instances`: every instance recorded on this database, as it
+/// last published its floor.
+pub async fn instances(settings: &Settings) -> anyhow::Result<Vec<crate::store::InstanceInfo>> {
+    operator_store(settings)
+        .await?
+        .instances()
+        .await
+        .context("reading the instances' floors")
+}
+
+/// `hourglass instances --forget ID`: removes the record of an instance
+/// that is gone for good (its journal lost), so that versions are pruned
+/// again. Refuses one that published within the last 30 s.
+pub async fn forget_instance(settings: &Settings, id: &str) -> anyhow::Result<()> {
+    operator_store(settings)
+        .await?
+        .forget_stopped_instance(id, crate::batcher::clock::unix_ms())
+        .await
+        .with_context(|| format!("forgetting instance {id:?}"))
+}
+
 /// `hourglass redrive`: writes the dead letters of `sensor` (an id, or a
 /// prefix ending in `*`; all when absent) into their buckets and deletes
 /// them, or (`dry_run`) counts them.

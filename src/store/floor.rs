@@ -23,6 +23,11 @@ const PUBLISH_EVERY: Duration = Duration::from_secs(1);
 const SILENT_AFTER: Duration = Duration::from_secs(5);
 const JOIN_POLL: Duration = Duration::from_millis(200);
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
+/// A floor this far back is held by an instance that is not coming back
+/// soon: operators are told which one, at most this often.
+const STALE_FLOOR: Duration = Duration::from_secs(3600);
+/// How long a floor must stay that far back before anyone is told.
+const STALE_FOR: Duration = Duration::from_secs(300);
 
 /// The earliest acknowledgement this instance may hold unstored, `now` if
 /// none. The clock is read first: anything acknowledged after that read is
@@ -137,15 +142,38 @@ pub async fn run(
     let mut tick = tokio::time::interval(PUBLISH_EVERY);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut last_prune = Instant::now();
+    let mut holder = None;
+    let mut last_warned: Option<Instant> = None;
+    let mut stale_since: Option<Instant> = None;
     tokio::pin!(end);
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = &mut end => break,
         }
-        let _ = publish(&instance, &store, &batcher, journal.as_ref()).await;
+        if let Some(others) = publish(&instance, &store, &batcher, journal.as_ref()).await {
+            holder = others.holder;
+        }
         if last_prune.elapsed() >= PRUNE_EVERY {
             last_prune = Instant::now();
+            // An hour back, or MIN (a backlog) for longer than a replay takes.
+            let held_for = clock::unix_ms().saturating_sub(watermarks.others());
+            if held_for > STALE_FLOOR.as_millis() as i64 {
+                stale_since.get_or_insert_with(Instant::now);
+            } else {
+                stale_since = None;
+            }
+            if stale_since.is_some_and(|since| since.elapsed() >= STALE_FOR)
+                && last_warned.is_none_or(|at| at.elapsed() >= STALE_FLOOR)
+                && let Some(id) = &holder
+            {
+                last_warned = Some(Instant::now());
+                warn!(
+                    instance = %id,
+                    held_for_s = held_for / 1000,
+                    "Another instance's floor has held versions back for over an hour: new buckets keep their versions until it returns and drains its journal. If its journal is gone for good, run `hourglass instances --forget <id>`."
+                );
+            }
             let all = watermarks
                 .others()
                 .min(own_floor(&batcher, journal.as_ref()));

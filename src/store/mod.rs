@@ -19,7 +19,7 @@ use crate::batcher::Sink;
 use crate::domain::{BucketRead, Level, RollupRead, Starts, Values};
 
 pub use crate::domain::Labels;
-pub use mongo::{MongoStore, Redriven};
+pub use mongo::{InstanceInfo, MongoStore, Redriven};
 pub use registry::{SensorInfo, SensorQuery};
 pub use settings::BucketSettings;
 

@@ -346,3 +346,87 @@ async fn a_lone_instance_stores_no_versions() {
     );
     app.stop().await.expect("drains");
 }
+
+/// An instance whose journal is gone for good leaves its floor behind: what
+/// the others store keeps its version. `hourglass instances` shows it, and
+/// `--forget` removes it (never a running instance, never an unknown one),
+/// after which values are stored without versions again.
+#[tokio::test]
+async fn forgetting_an_instance_gone_for_good_lets_values_be_stored_without_versions() {
+    let app = spawn_app().await;
+    let floor = (now() - 7200) * 1000;
+    let gone_at = mongodb::bson::DateTime::from_millis(floor);
+    app.db
+        .collection::<mongodb::bson::Document>(&app.settings.mongodb.metadata_collection)
+        .insert_one(mongodb::bson::doc! {
+            "_id": "instance:gone", "floor": floor, "durable": true, "at": gone_at,
+        })
+        .await
+        .expect("insert");
+    let versioned = |docs: &[mongodb::bson::Document], sensor: &str| {
+        docs.iter()
+            .find(|d| d.get_str("sensor") == Ok(sensor))
+            .map(|d| d.contains_key("a"))
+    };
+    // Each try a new sensor: a bucket that holds versions keeps them.
+    let tries = std::sync::atomic::AtomicUsize::new(0);
+    let stored_with_version = |prefix: &'static str, ts: i64| {
+        let sensor = format!(
+            "{prefix}-{}",
+            tries.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let app = &app;
+        async move {
+            let r = app
+                .post_raw("application/json", one(&sensor, ts, 1.0), "?wait=stored")
+                .await;
+            assert_eq!(r.status(), 200);
+            versioned(&app.buckets().await, &sensor)
+        }
+    };
+    // The floor is read within a second; a value stored after it keeps a version.
+    let t = now() - 300;
+    eventually(Duration::from_secs(10), "a version kept", || async {
+        stored_with_version("held", t).await == Some(true)
+    })
+    .await;
+
+    let listed = hourglass::instances(&app.settings).await.expect("listed");
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    let gone = listed.iter().find(|i| i.id == "gone").expect("listed");
+    assert_eq!((gone.floor, gone.durable), (Some(floor), true));
+    let running = listed.iter().find(|i| i.id != "gone").expect("this one");
+    let refused = hourglass::forget_instance(&app.settings, &running.id).await;
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|e| format!("{e:#}").contains("it is running")),
+        "{refused:?}"
+    );
+    let unknown = hourglass::forget_instance(&app.settings, "nobody").await;
+    assert!(
+        unknown
+            .as_ref()
+            .is_err_and(|e| format!("{e:#}").contains("no instance \"nobody\"")),
+        "{unknown:?}"
+    );
+    assert_eq!(
+        hourglass::instances(&app.settings)
+            .await
+            .expect("listed")
+            .len(),
+        2,
+        "refusals change nothing"
+    );
+
+    hourglass::forget_instance(&app.settings, "gone")
+        .await
+        .expect("forgotten");
+    eventually(
+        Duration::from_secs(10),
+        "stored without a version",
+        || async { stored_with_version("free", t + 120).await == Some(false) },
+    )
+    .await;
+    app.stop().await.expect("drains");
+}

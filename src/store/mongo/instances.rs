@@ -50,14 +50,58 @@ pub fn beats(docs: &[Document], own: &str) -> Vec<(String, i64)> {
         .collect()
 }
 
+/// The instance (id without the prefix) whose floor is the earliest of the
+/// others', the one that holds versions back.
+pub fn holder(docs: &[Document], own: &str, now: i64) -> Option<String> {
+    let floor = others_floor(docs, own, now);
+    docs.iter()
+        .filter(|d| d.get_str("_id").is_ok_and(|id| id != own))
+        .find(|d| match d.get("floor") {
+            Some(Bson::Int64(f)) => *f == floor,
+            Some(Bson::Int32(f)) => i64::from(*f) == floor,
+            _ => floor == i64::MIN,
+        })
+        .and_then(|d| d.get_str("_id").ok())
+        .map(|id| id.trim_start_matches(PREFIX).to_owned())
+}
+
 /// What one publish learnt of the other instances.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Others {
     /// Their earliest floor (`i64::MAX` if none).
     pub floor: i64,
+    /// Whose floor that is.
+    pub holder: Option<String>,
     /// When each last published.
     pub beats: Vec<(String, i64)>,
 }
+
+/// One instance as it last published, for operators (`hourglass instances`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct InstanceInfo {
+    pub id: String,
+    /// The earliest acknowledgement it may hold unstored (epoch ms).
+    pub floor: Option<i64>,
+    /// It has a journal: its floor counts until it comes back.
+    pub durable: bool,
+    /// When it last published (epoch ms, its own clock).
+    pub at: Option<i64>,
+}
+
+/// Why an instance's document was not removed.
+#[derive(Debug, thiserror::Error)]
+pub enum ForgetError {
+    #[error("no instance {0:?} is recorded")]
+    Unknown(String),
+    #[error("instance {id:?} published {seconds} s ago: it is running; stop it instead")]
+    Running { id: String, seconds: i64 },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// An instance that published this recently is taken to be running and is
+/// never forgotten by hand.
+const RUNNING_WITHIN_MS: i64 = 30_000;
 
 impl MongoStore {
     /// Publishes this instance's `floor` and reads the others'. Two round
@@ -93,8 +137,57 @@ impl MongoStore {
         });
         Ok(Others {
             floor: others_floor(&docs, &own, now),
+            holder: holder(&docs, &own, now),
             beats: beats(&docs, &own),
         })
+    }
+
+    /// Every instance recorded, as it last published.
+    pub async fn instances(&self) -> Result<Vec<InstanceInfo>, StoreError> {
+        let pattern = format!("^{}", regex::escape(PREFIX));
+        let docs: Vec<Document> = self
+            .metadata
+            .find(doc! { "_id": { "$regex": pattern } })
+            .await
+            .map_err(classify_read)?
+            .try_collect()
+            .await
+            .map_err(classify_read)?;
+        Ok(docs
+            .iter()
+            .filter_map(|d| {
+                Some(InstanceInfo {
+                    id: d.get_str("_id").ok()?.trim_start_matches(PREFIX).to_owned(),
+                    floor: match d.get("floor") {
+                        Some(Bson::Int64(f)) => Some(*f),
+                        Some(Bson::Int32(f)) => Some(i64::from(*f)),
+                        _ => None,
+                    },
+                    durable: d.get_bool("durable").unwrap_or(true),
+                    at: d.get_datetime("at").ok().map(|at| at.timestamp_millis()),
+                })
+            })
+            .collect())
+    }
+
+    /// Removes the record of an instance that is gone for good (its journal
+    /// lost), so that its floor stops holding versions back. Refuses one
+    /// that published within the last 30 s (at `now`, epoch ms).
+    pub async fn forget_stopped_instance(&self, id: &str, now: i64) -> Result<(), ForgetError> {
+        let known = self.instances().await?;
+        let Some(info) = known.iter().find(|i| i.id == id) else {
+            return Err(ForgetError::Unknown(id.to_owned()));
+        };
+        if let Some(at) = info.at
+            && now - at < RUNNING_WITHIN_MS
+        {
+            return Err(ForgetError::Running {
+                id: id.to_owned(),
+                seconds: (now - at).max(0) / 1000,
+            });
+        }
+        self.forget_instance(id).await?;
+        Ok(())
     }
 
     /// Removes this instance's document: it holds nothing unstored and stops.
@@ -143,6 +236,8 @@ mod tests {
             instance("d", 950_000, false, now - 10),
         ];
         assert_eq!(others_floor(&docs, "instance:me", now), 800_000);
+        assert_eq!(holder(&docs, "instance:me", now).as_deref(), Some("b"));
+        assert_eq!(holder(&docs[..1], "instance:me", now), None);
         assert_eq!(others_floor(&docs[..1], "instance:me", now), i64::MAX);
         let odd = vec![doc! { "_id": "instance:x", "floor": "soon" }];
         assert_eq!(others_floor(&odd, "instance:me", now), i64::MIN);
