@@ -1169,6 +1169,35 @@ mod tests {
     }
 
     #[test]
+    fn per_second_the_value_acknowledged_last_wins_and_the_oldest_acknowledgement_is_known() {
+        let mut b: Batcher<()> = Batcher::new(Granularity::Minute, LIMITS);
+        let t0 = Instant::now();
+        // A fresh value acknowledged at 200, then a journal replayed behind
+        // it: the same second acknowledged at 100 does not overwrite it.
+        b.offer_held(vec![reading("a", 61, 2.0)], 1, t0, 0, 200)
+            .expect("room");
+        b.offer_held(
+            vec![reading("a", 61, 1.0), reading("a", 62, 3.0)],
+            2,
+            t0,
+            0,
+            100,
+        )
+        .expect("room");
+        let held = |b: &Batcher<()>| b.pending_values_of("a", "value", 0, 180);
+        assert_eq!(held(&b), vec![(60, vec![(1, 2.0, 200), (2, 3.0, 100)])]);
+        assert_eq!(b.oldest_ack(), Some(100));
+        // An equal acknowledgement is a later offer: it wins.
+        b.offer_held(vec![reading("a", 61, 4.0)], 3, t0, 0, 200)
+            .expect("room");
+        assert_eq!(held(&b), vec![(60, vec![(1, 4.0, 200), (2, 3.0, 100)])]);
+        let batch = b.take_all().expect("batch");
+        assert_eq!(b.oldest_ack(), Some(100), "in flight, still unstored");
+        settle_all(&mut b, &batch, Settled::Stored);
+        assert_eq!(b.oldest_ack(), None);
+    }
+
+    #[test]
     fn queries_see_pending_values_of_their_series_only() {
         let mut b: Batcher<()> = Batcher::new(Granularity::Minute, LIMITS);
         let t0 = Instant::now();

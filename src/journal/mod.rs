@@ -96,9 +96,6 @@ pub enum OpenError {
 const TARGET_FILE: &str = "TARGET";
 const INSTANCE_FILE: &str = "INSTANCE";
 
-/// Binds the journal in `dir` to `target`: refuses when it holds readings of
-/// another target, and records `target` otherwise. A journal from before the
-/// target was recorded is taken as this target's.
 /// This journal's instance id: the name its floor is published under (see
 /// `store::mongo::instances`), kept beside the segments so a restart over
 /// the same journal is the same instance.
@@ -124,6 +121,9 @@ fn instance_id(dir: &std::path::Path) -> Result<String, OpenError> {
     Ok(id)
 }
 
+/// Binds the journal in `dir` to `target`: refuses when it holds readings of
+/// another target, and records `target` otherwise. A journal from before the
+/// target was recorded is taken as this target's.
 fn bind(dir: &std::path::Path, target: &str, readings: u64) -> Result<(), OpenError> {
     let path = dir.join(TARGET_FILE);
     let io = |source| OpenError::Io {
@@ -328,14 +328,15 @@ impl Journal {
         self.shared.caught_up.load(Ordering::Acquire)
     }
 
-    /// The earliest acknowledgement this journal holds that the batcher may
-    /// not: `i64::MIN` while a backlog or replay is on disk, the group being
-    /// committed, else `i64::MAX`. Read after the clock and before the
-    /// batcher (see `startup::floor`).
+    /// The id this instance publishes its floor under.
     pub fn instance_id(&self) -> &str {
         &self.shared.instance
     }
 
+    /// The earliest acknowledgement this journal holds that the batcher may
+    /// not: `i64::MIN` while a backlog or replay is on disk, the group being
+    /// committed, else `i64::MAX`. Read after the clock and before the
+    /// batcher (see `store::floor`).
     pub fn floor(&self) -> i64 {
         let committing = self.shared.committing.load(Ordering::Acquire);
         if !self.caught_up() {
