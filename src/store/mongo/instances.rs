@@ -17,6 +17,15 @@ const PREFIX: &str = "instance:";
 /// stopped: what it held unstored died with it, so its floor no longer counts.
 const VOLATILE_AFTER_MS: i64 = 30_000;
 
+/// A published floor; `None` if unreadable.
+fn floor_of(d: &Document) -> Option<i64> {
+    match d.get("floor") {
+        Some(Bson::Int64(f)) => Some(*f),
+        Some(Bson::Int32(f)) => Some(i64::from(*f)),
+        _ => None,
+    }
+}
+
 /// The earliest floor among the published documents other than `own`, at
 /// `now` (epoch ms); `i64::MAX` if there are none.
 pub fn others_floor(docs: &[Document], own: &str, now: i64) -> i64 {
@@ -29,12 +38,8 @@ pub fn others_floor(docs: &[Document], own: &str, now: i64) -> i64 {
                 || d.get_datetime("at")
                     .is_ok_and(|at| now - at.timestamp_millis() < VOLATILE_AFTER_MS)
         })
-        .map(|d| match d.get("floor") {
-            Some(Bson::Int64(f)) => *f,
-            Some(Bson::Int32(f)) => i64::from(*f),
-            // Unreadable: assume the worst, everything keeps its version.
-            _ => i64::MIN,
-        })
+        // Unreadable: assume the worst, everything keeps its version.
+        .map(|d| floor_of(d).unwrap_or(i64::MIN))
         .min()
         .unwrap_or(i64::MAX)
 }
@@ -56,11 +61,7 @@ pub fn holder(docs: &[Document], own: &str, now: i64) -> Option<String> {
     let floor = others_floor(docs, own, now);
     docs.iter()
         .filter(|d| d.get_str("_id").is_ok_and(|id| id != own))
-        .find(|d| match d.get("floor") {
-            Some(Bson::Int64(f)) => *f == floor,
-            Some(Bson::Int32(f)) => i64::from(*f) == floor,
-            _ => floor == i64::MIN,
-        })
+        .find(|d| floor_of(d).unwrap_or(i64::MIN) == floor)
         .and_then(|d| d.get_str("_id").ok())
         .map(|id| id.trim_start_matches(PREFIX).to_owned())
 }
@@ -122,15 +123,7 @@ impl MongoStore {
             .upsert(true)
             .await
             .map_err(classify)?;
-        let pattern = format!("^{}", regex::escape(PREFIX));
-        let docs: Vec<Document> = self
-            .metadata
-            .find(doc! { "_id": { "$regex": pattern } })
-            .await
-            .map_err(classify_read)?
-            .try_collect()
-            .await
-            .map_err(classify_read)?;
+        let docs = self.instance_documents().await?;
         self.count(|m| {
             m.db_documents("written", "metadata", "instance_floor", 1);
             m.db_documents("read", "metadata", "instance_floor", docs.len() as u64);
@@ -142,27 +135,27 @@ impl MongoStore {
         })
     }
 
-    /// Every instance recorded, as it last published.
-    pub async fn instances(&self) -> Result<Vec<InstanceInfo>, StoreError> {
+    /// Every instance's published document.
+    async fn instance_documents(&self) -> Result<Vec<Document>, StoreError> {
         let pattern = format!("^{}", regex::escape(PREFIX));
-        let docs: Vec<Document> = self
-            .metadata
+        self.metadata
             .find(doc! { "_id": { "$regex": pattern } })
             .await
             .map_err(classify_read)?
             .try_collect()
             .await
-            .map_err(classify_read)?;
+            .map_err(classify_read)
+    }
+
+    /// Every instance recorded, as it last published.
+    pub async fn instances(&self) -> Result<Vec<InstanceInfo>, StoreError> {
+        let docs = self.instance_documents().await?;
         Ok(docs
             .iter()
             .filter_map(|d| {
                 Some(InstanceInfo {
                     id: d.get_str("_id").ok()?.trim_start_matches(PREFIX).to_owned(),
-                    floor: match d.get("floor") {
-                        Some(Bson::Int64(f)) => Some(*f),
-                        Some(Bson::Int32(f)) => Some(i64::from(*f)),
-                        _ => None,
-                    },
+                    floor: floor_of(d),
                     durable: d.get_bool("durable").unwrap_or(true),
                     at: d.get_datetime("at").ok().map(|at| at.timestamp_millis()),
                 })
