@@ -37,6 +37,8 @@
 //!   health and metrics.
 //! - `config`: assembles, loads and validates the settings tree.
 //! - `startup`: `Application` wires it all, serves, and shuts down in order.
+//! - `transfer`: `hourglass import` and `hourglass export`, clients of a
+//!   running instance's HTTP API.
 
 // Modules are private: the service's API is what is re-exported below.
 // Dependencies point one way, top to bottom of this list (the layering test
@@ -54,6 +56,7 @@ mod shutdown;
 mod startup;
 mod store;
 mod telemetry;
+mod transfer;
 
 /// The service: what the binary and the integration tests use.
 pub use auth::{Scope, TokenSettings, hash_token};
@@ -64,6 +67,11 @@ pub use shutdown::signal;
 pub use startup::{Application, forget_instance, instances, rebuild_rollups, redrive};
 pub use store::{InstanceInfo, Redriven};
 pub use telemetry::{LogFormat, init as init_logging};
+pub use transfer::TransferError;
+pub use transfer::export::{ExportOptions, ExportSummary, run as export};
+pub use transfer::import::{
+    Format as ImportFormat, ImportOptions, ImportSummary, TsUnit, run as import,
+};
 
 /// jemalloc's options for the binaries that run on it (the service and the
 /// benchmarks, each exporting them as `_rjem_malloc_conf`; `_RJEM_MALLOC_CONF`
@@ -123,6 +131,7 @@ mod layering {
         "api",
         "config",
         "startup",
+        "transfer",
     ];
 
     fn files(dir: &Path, out: &mut Vec<PathBuf>) {

@@ -55,6 +55,81 @@ enum Command {
         #[arg(long, value_name = "ID")]
         forget: Option<String>,
     },
+    /// Imports files of readings (CSV, NDJSON, line protocol; gzip or
+    /// plain) into a running instance through its API (HOURGLASS_URL, or
+    /// this config's http.listen; HOURGLASS_TOKEN with the ingest scope).
+    /// Resumable: a checkpoint beside each file (or in --state-dir) records
+    /// what was stored; refused lines go to <file>.rejects with their line
+    /// numbers. Importing a file twice changes nothing.
+    Import {
+        /// The files, imported in order.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// The files' format; by default from each name (.csv, .ndjson,
+        /// .jsonl, .lp, with or without .gz).
+        #[arg(long, value_enum)]
+        format: Option<hourglass::ImportFormat>,
+        /// CSV: the column holding a field of the reading, as FIELD=COLUMN
+        /// (fields: sensor, metric, ts, value; each defaults to its own name).
+        #[arg(long = "column", value_name = "FIELD=COLUMN", value_parser = pair)]
+        columns: Vec<(String, String)>,
+        /// CSV: a column to leave out (any other unknown column stops the import).
+        #[arg(long = "ignore", value_name = "COLUMN")]
+        ignore: Vec<String>,
+        /// CSV: how integer timestamps count (auto: RFC 3339 or epoch ms).
+        #[arg(long, value_enum, default_value = "auto")]
+        ts_unit: hourglass::TsUnit,
+        /// Line protocol: the timestamps' unit (ns, us, ms, s).
+        #[arg(long, default_value = "ns")]
+        precision: String,
+        /// Readings per request (at most ingest.max_readings_per_request).
+        #[arg(long, default_value_t = 5000)]
+        batch: usize,
+        /// Requests in flight at once.
+        #[arg(long, default_value_t = 4)]
+        in_flight: usize,
+        /// Where checkpoints and rejects go (by default next to each file).
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// Import every file from its start, ignoring checkpoints.
+        #[arg(long)]
+        restart: bool,
+        /// No progress bar.
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Exports stored readings (or, with --step, their step series) as
+    /// NDJSON or CSV through a running instance's GET /api/v1/export
+    /// (HOURGLASS_URL, HOURGLASS_TOKEN with the query scope).
+    Export {
+        /// From this instant (RFC 3339 or epoch ms).
+        #[arg(long)]
+        from: String,
+        /// Up to this instant (excluded).
+        #[arg(long)]
+        to: String,
+        /// A sensor id or a glob of one (* and ?); all sensors by default.
+        #[arg(long)]
+        sensor: Option<String>,
+        /// One metric; every metric by default (readings).
+        #[arg(long)]
+        metric: Option<String>,
+        /// Only sensors with this label value, as NAME=VALUE (repeatable).
+        #[arg(long = "label", value_name = "NAME=VALUE", value_parser = pair)]
+        labels: Vec<(String, String)>,
+        /// Export the step series (1m, 1h, 1d, …) instead of the readings.
+        #[arg(long)]
+        step: Option<String>,
+        /// ndjson (which `hourglass import` takes back) or csv.
+        #[arg(long, default_value = "ndjson")]
+        format: String,
+        /// Compress with gzip.
+        #[arg(long)]
+        gzip: bool,
+        /// The file to write; standard output by default.
+        #[arg(long, short)]
+        output: Option<PathBuf>,
+    },
     /// Writes dead letters into their buckets (with rollups and registry)
     /// once what refused them is fixed, deleting each one stored; one
     /// refused again stays with the new reason. Idempotent, safe while the
@@ -67,6 +142,14 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+}
+
+/// `NAME=VALUE`.
+fn pair(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .filter(|(k, _)| !k.is_empty())
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .ok_or_else(|| format!("{s:?} is not NAME=VALUE"))
 }
 
 #[tokio::main]
@@ -155,6 +238,93 @@ async fn main() -> anyhow::Result<()> {
             r.refused,
             r.unreadable
         );
+        return Ok(());
+    }
+    if let Some(Command::Import {
+        files,
+        format,
+        columns,
+        ignore,
+        ts_unit,
+        precision,
+        batch,
+        in_flight,
+        state_dir,
+        restart,
+        quiet,
+    }) = args.command
+    {
+        let options = hourglass::ImportOptions {
+            files,
+            format,
+            columns,
+            ignore,
+            ts_unit,
+            precision,
+            batch,
+            in_flight,
+            state_dir,
+            restart,
+            progress: !quiet,
+        };
+        let s = hourglass::import(&settings, options).await?;
+        let secs = s.elapsed.as_secs_f64().max(1e-3);
+        println!(
+            "Imported {} files ({} already imported): {} readings stored, {} lines refused, in {:.1} s ({:.0} readings/s){}.",
+            s.files,
+            s.skipped_files,
+            s.readings,
+            s.rejected,
+            secs,
+            s.readings as f64 / secs,
+            if s.resumed > 0 {
+                format!("; resumed after {} records", s.resumed)
+            } else {
+                String::new()
+            }
+        );
+        for f in &s.rejects_files {
+            println!("Refused lines, with file and line number: {}", f.display());
+        }
+        return Ok(());
+    }
+    if let Some(Command::Export {
+        from,
+        to,
+        sensor,
+        metric,
+        labels,
+        step,
+        format,
+        gzip,
+        output,
+    }) = args.command
+    {
+        let mut query = vec![
+            ("from".to_owned(), from),
+            ("to".to_owned(), to),
+            ("format".to_owned(), format),
+        ];
+        for (k, v) in [("sensor", sensor), ("metric", metric), ("step", step)] {
+            if let Some(v) = v {
+                query.push((k.to_owned(), v));
+            }
+        }
+        for (k, v) in labels {
+            query.push((format!("label.{k}"), v));
+        }
+        let s = hourglass::export(
+            &settings,
+            hourglass::ExportOptions {
+                query,
+                output,
+                gzip,
+            },
+        )
+        .await?;
+        if let Some(path) = s.output {
+            eprintln!("Exported {} bytes into {}.", s.bytes, path.display());
+        }
         return Ok(());
     }
     let app = Application::build(settings).await?;

@@ -3,6 +3,7 @@
 
 mod auth;
 mod console;
+mod export;
 pub mod health;
 mod influx;
 mod ingest;
@@ -29,6 +30,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 use tower::ServiceBuilder;
 use tower::limit::GlobalConcurrencyLimitLayer;
+use tower_http::compression::CompressionLayer;
 use tower_http::decompression::RequestDecompressionLayer;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
@@ -90,7 +92,7 @@ impl<S> Clone for AppState<S> {
     }
 }
 
-pub fn router<S: BucketStore>(state: AppState<S>) -> Router {
+pub fn router<S: BucketStore + 'static>(state: AppState<S>) -> Router {
     let trace = TraceLayer::new_for_http()
         .make_span_with(|req: &Request| {
             let route = req
@@ -148,6 +150,10 @@ pub fn router<S: BucketStore>(state: AppState<S>) -> Router {
         .route("/api/v1/series", get(query::group_series::<S>))
         .route("/api/v1/dead_letters", get(query::list_dead_letters::<S>))
         .merge(prom::routes::<S>())
+        .route(
+            "/api/v1/export",
+            get(export::export::<S>).layer(CompressionLayer::new()),
+        )
         .route_layer(require(Scope::Query));
     let http = &state.settings.http;
     // The API shares one concurrency limit (a request beyond it is shed with

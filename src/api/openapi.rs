@@ -5,7 +5,7 @@
 use axum::Json;
 use utoipa::OpenApi;
 
-use super::{health, ingest, query};
+use super::{export, health, ingest, query};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -23,6 +23,7 @@ use super::{health, ingest, query};
         query::group_average,
         query::group_series,
         query::list_dead_letters,
+        export::export,
         document,
         health::live,
         health::ready,

@@ -81,6 +81,18 @@ pub struct Read {
     pub round_trips: u64,
 }
 
+/// A stored bucket with its series, as an export streams it.
+#[derive(Debug, Clone)]
+pub struct StoredBucket {
+    pub sensor: String,
+    pub metric: String,
+    /// Its values and aggregates (versions and minutes are not read).
+    pub bucket: BucketRead,
+}
+
+/// A stream of stored buckets, read through a cursor.
+pub type BucketStream = futures_util::stream::BoxStream<'static, Result<StoredBucket, StoreError>>;
+
 /// A stored dead letter, as an operator lists it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeadLetterInfo {
@@ -117,6 +129,18 @@ pub trait BucketStore: Sink {
         to: i64,
         max_time: Duration,
     ) -> impl Future<Output = Result<(Vec<Vec<i64>>, Read), StoreError>> + Send;
+
+    /// Streams the stored buckets of `sensors` (of `metric`, or of every
+    /// metric) that hold seconds of `[from, to)`, sorted by sensor, metric
+    /// and start, through one cursor: memory stays constant however many
+    /// there are. Without a time limit: an export may take long.
+    fn stored(
+        &self,
+        sensors: &[String],
+        metric: Option<&str>,
+        from: i64,
+        to: i64,
+    ) -> impl Future<Output = Result<BucketStream, StoreError>> + Send;
 
     /// Checks that the server answers.
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;

@@ -99,7 +99,7 @@ pub(crate) async fn members<S: BucketStore>(
 
 /// `sensor=`, a sensor id or a glob of one (all sensors when absent): the
 /// literal prefix the registry's index narrows to, and the pattern.
-pub(super) fn sensor_glob(params: &Params) -> Result<(&str, WildMatch), ApiError> {
+pub(crate) fn sensor_glob(params: &Params) -> Result<(&str, WildMatch), ApiError> {
     let glob = params.get("sensor").unwrap_or("*");
     if glob.is_empty()
         || !glob

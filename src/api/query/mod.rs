@@ -34,15 +34,16 @@ use crate::query::{Cost, Grid, Series};
 use crate::store::BucketStore;
 
 pub(super) use admission::{Admitted, admit};
-use admission::{evaluate, store_error};
+pub(super) use admission::{evaluate, store_error};
 use csv::{POINT_COLUMNS, csv_point, csv_response, wants_csv};
 pub use dead_letters::{
     __path_list_dead_letters, DeadLetterEntry, DeadLetterList, list_dead_letters,
 };
+pub(super) use groups::sensor_glob;
 pub use groups::{__path_group_average, __path_group_series, group_average, group_series};
-use range::range;
+pub(super) use range::{Range, metric, range, series_grid};
 pub use range::{Step, parse_instant, parse_step};
-use range::{format_ms, format_start, metric, parse_tz, points_of, series_grid};
+use range::{format_ms, format_start, parse_tz, points_of};
 pub use registry::{__path_list_sensors, __path_put_labels, list_sensors, put_labels};
 
 /// Aggregates of one point, range or group.

@@ -15,7 +15,10 @@ use super::document::{dead_letter_document, read_bucket, start_date};
 use super::errors::{self, Class};
 use super::rollup::read_rollup;
 use super::upkeep::{Job, Upkeep};
-use super::{BucketStore, Doc, Fetch, Labels, Read, SensorInfo, SensorQuery, StoreError};
+use super::{
+    BucketStore, BucketStream, Doc, Fetch, Labels, Read, SensorInfo, SensorQuery, StoreError,
+    StoredBucket,
+};
 use crate::batcher::clock::Watermarks;
 use crate::batcher::{DeadLetter, Outcome, Sink, UNKNOWN_ERROR_ATTEMPTS, Written};
 use crate::domain::{BucketUpdate, Granularity, field_name};
@@ -52,6 +55,10 @@ pub const DEAD_LETTER_RETENTION_INDEX: &str = "at_ttl";
 /// Documents a query's cursor asks for per batch: the server sends up to
 /// 16 MiB at a time, rather than its default first batch of 101.
 const BATCH_DOCUMENTS: u32 = 100_000;
+
+/// Documents an export's cursor asks for per batch: small enough that a
+/// slow reader holds a few megabytes, not a 16 MiB batch.
+const EXPORT_BATCH_DOCUMENTS: u32 = 2_000;
 
 #[derive(Clone)]
 pub struct MongoStore {
@@ -573,6 +580,61 @@ impl BucketStore for MongoStore {
         max_time: Duration,
     ) -> Result<(Vec<Vec<i64>>, Read), StoreError> {
         self.late_starts(sensors, metric, from, to, max_time).await
+    }
+
+    async fn stored(
+        &self,
+        sensors: &[String],
+        metric: Option<&str>,
+        from: i64,
+        to: i64,
+    ) -> Result<BucketStream, StoreError> {
+        use futures_util::StreamExt;
+        let first = from - from.rem_euclid(self.granularity.seconds());
+        let sensor = match sensors {
+            [one] => Bson::String(one.clone()),
+            many => Bson::Document(doc! { "$in": many.to_vec() }),
+        };
+        let mut filter = doc! { "sensor": sensor };
+        if let Some(metric) = metric {
+            filter.insert("metric", metric);
+        }
+        filter.insert(
+            "start",
+            doc! { "$gte": start_date(first), "$lt": start_date(to) },
+        );
+        let cursor = self
+            .buckets
+            .clone_with_type::<RawDocumentBuf>()
+            .find(filter)
+            .projection(
+                doc! { "_id": 0, "sensor": 1, "metric": 1, "start": 1, "schema_version": 1,
+                "count": 1, "sum": 1, "min": 1, "max": 1, "v": 1 },
+            )
+            .sort(doc! { "sensor": 1, "metric": 1, "start": 1 })
+            .batch_size(EXPORT_BATCH_DOCUMENTS)
+            .await
+            .map_err(classify_read)?;
+        let granularity = self.granularity;
+        let metrics = self.metrics.clone();
+        Ok(cursor
+            .map(move |doc| {
+                let doc = doc.map_err(classify_read)?;
+                if let Some(m) = &metrics {
+                    m.db_documents("read", "buckets", "export", 1);
+                }
+                let text = |key: &str| {
+                    doc.get_str(key)
+                        .map(str::to_owned)
+                        .map_err(|e| StoreError::Unreadable(format!("a bucket's {key}: {e}")))
+                };
+                Ok(StoredBucket {
+                    sensor: text("sensor")?,
+                    metric: text("metric")?,
+                    bucket: read_bucket(&doc, granularity)?,
+                })
+            })
+            .boxed())
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

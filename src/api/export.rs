@@ -1,0 +1,429 @@
+//! `GET /api/v1/export`: the stored readings of a selection of series, or
+//! their step series, as NDJSON or CSV, streamed.
+//!
+//! Sensors are read from the registry a page at a time (the `sensor` glob,
+//! `label.<name>` filters, the metric, and what the token may read), and
+//! each page's buckets through one cursor sorted by sensor, metric and
+//! start. Rows leave in chunks through a small channel, so a slow client
+//! slows the cursor down instead of filling memory: a year of a fleet
+//! costs what one page and a few chunks cost. The NDJSON rows are readings
+//! `POST /api/v1/readings` and `hourglass import` take back unchanged.
+
+use std::io::Write;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Extension, RawQuery, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+use tokio::sync::mpsc;
+use tracing::warn;
+
+use super::params::Params;
+use super::query::{Range, evaluate, metric, range, sensor_glob, series_grid, store_error};
+use super::{ApiError, AppState};
+use crate::auth::Principal;
+use crate::domain::Agg;
+use crate::query::{Grid, Series};
+use crate::store::{BucketStore, SensorQuery};
+
+const PARAMS: [&str; 6] = ["sensor", "metric", "from", "to", "step", "format"];
+
+/// Sensors read from the registry per page: one bucket cursor each.
+const RAW_PAGE: usize = 1_000;
+
+/// Aggregates a step export evaluates at once (page of sensors × points).
+const STEP_CELLS: usize = 200_000;
+
+/// Bytes gathered before a chunk is sent on.
+const CHUNK: usize = 64 << 10;
+
+/// Chunks in flight between the reader and the client.
+const IN_FLIGHT: usize = 4;
+
+/// How rows are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Format {
+    Ndjson,
+    Csv,
+}
+
+impl Format {
+    fn parse(s: Option<&str>) -> Result<Self, ApiError> {
+        match s {
+            None | Some("ndjson") => Ok(Format::Ndjson),
+            Some("csv") => Ok(Format::Csv),
+            Some(other) => Err(ApiError::bad_request(format!(
+                "format {other:?} is neither ndjson nor csv"
+            ))),
+        }
+    }
+
+    fn content_type(self) -> &'static str {
+        match self {
+            Format::Ndjson => "application/x-ndjson",
+            Format::Csv => "text/csv; charset=utf-8",
+        }
+    }
+}
+
+/// The rows of an export, written into a buffer. Sensor ids and metric
+/// names never hold a character JSON or CSV would have to escape (see
+/// `domain::reading`), so they are written as they are.
+pub(crate) struct Rows {
+    format: Format,
+    pub(crate) buf: Vec<u8>,
+}
+
+pub(crate) const READING_COLUMNS: &str = "sensor,metric,ts,value\n";
+pub(crate) const POINT_COLUMNS: &str = "sensor,metric,start,count,sum,avg,min,max\n";
+
+impl Rows {
+    pub(crate) fn new(format: Format) -> Self {
+        Self {
+            format,
+            buf: Vec::with_capacity(CHUNK + 4096),
+        }
+    }
+
+    fn header(&mut self, columns: &str) {
+        if self.format == Format::Csv {
+            self.buf.extend_from_slice(columns.as_bytes());
+        }
+    }
+
+    fn instant(&mut self, secs: i64) {
+        match OffsetDateTime::from_unix_timestamp(secs) {
+            Ok(t) if t.format_into(&mut self.buf, &Rfc3339).is_ok() => {}
+            // Stored seconds are within the representable years.
+            _ => {
+                let _ = write!(self.buf, "{secs}");
+            }
+        }
+    }
+
+    fn number(&mut self, x: f64) {
+        // serde_json writes the shortest text that reads back as the same
+        // double (ryu), with an exponent where one is shorter.
+        let _ = serde_json::to_writer(&mut self.buf, &x);
+    }
+
+    /// One reading: `{"sensor":…,"metric":…,"ts":…,"value":…}` or a CSV row.
+    pub(crate) fn reading(&mut self, sensor: &str, metric: &str, ts: i64, value: f64) {
+        match self.format {
+            Format::Ndjson => {
+                self.buf.extend_from_slice(b"{\"sensor\":\"");
+                self.buf.extend_from_slice(sensor.as_bytes());
+                self.buf.extend_from_slice(b"\",\"metric\":\"");
+                self.buf.extend_from_slice(metric.as_bytes());
+                self.buf.extend_from_slice(b"\",\"ts\":\"");
+                self.instant(ts);
+                self.buf.extend_from_slice(b"\",\"value\":");
+                self.number(value);
+                self.buf.extend_from_slice(b"}\n");
+            }
+            Format::Csv => {
+                self.buf.extend_from_slice(sensor.as_bytes());
+                self.buf.push(b',');
+                self.buf.extend_from_slice(metric.as_bytes());
+                self.buf.push(b',');
+                self.instant(ts);
+                self.buf.push(b',');
+                self.number(value);
+                self.buf.push(b'\n');
+            }
+        }
+    }
+
+    /// One point of a step series (only points holding readings are written).
+    pub(crate) fn point(&mut self, sensor: &str, metric: &str, start: i64, a: &Agg) {
+        let count = a.count;
+        match self.format {
+            Format::Ndjson => {
+                self.buf.extend_from_slice(b"{\"sensor\":\"");
+                self.buf.extend_from_slice(sensor.as_bytes());
+                self.buf.extend_from_slice(b"\",\"metric\":\"");
+                self.buf.extend_from_slice(metric.as_bytes());
+                self.buf.extend_from_slice(b"\",\"start\":\"");
+                self.instant(start);
+                let _ = write!(self.buf, "\",\"count\":{count},\"sum\":");
+                self.number(a.sum);
+                for (name, x) in [("avg", a.avg()), ("min", a.min()), ("max", a.max())] {
+                    let _ = write!(self.buf, ",\"{name}\":");
+                    match x {
+                        Some(x) => self.number(x),
+                        None => self.buf.extend_from_slice(b"null"),
+                    }
+                }
+                self.buf.extend_from_slice(b"}\n");
+            }
+            Format::Csv => {
+                self.buf.extend_from_slice(sensor.as_bytes());
+                self.buf.push(b',');
+                self.buf.extend_from_slice(metric.as_bytes());
+                self.buf.push(b',');
+                self.instant(start);
+                let _ = write!(self.buf, ",{count},");
+                self.number(a.sum);
+                for x in [a.avg(), a.min(), a.max()] {
+                    self.buf.push(b',');
+                    if let Some(x) = x {
+                        self.number(x);
+                    }
+                }
+                self.buf.push(b'\n');
+            }
+        }
+    }
+}
+
+/// What an export covers, checked before the answer starts.
+struct Selection {
+    prefix: String,
+    glob: wildmatch::WildMatch,
+    labels: Vec<(String, String)>,
+    /// `None`: every metric (raw exports only).
+    metric: Option<String>,
+    range: Range,
+    grid: Option<Grid>,
+    format: Format,
+}
+
+#[utoipa::path(get, path = "/api/v1/export",
+    params(("sensor" = Option<String>, Query, description = "A sensor id or a glob of one (* and ?); all sensors when absent"),
+        ("metric" = Option<String>, Query, description = "One metric; every metric when absent (raw exports)"),
+        ("from" = String, Query), ("to" = String, Query),
+        ("step" = Option<String>, Query, description = "Export the step series (points with readings) instead of the readings"),
+        ("format" = Option<String>, Query, description = "ndjson (default) or csv")),
+    responses((status = 200, content_type = "application/x-ndjson", body = String),
+        (status = 200, content_type = "text/csv", body = String)))]
+pub async fn export<S: BucketStore + 'static>(
+    State(state): State<AppState<S>>,
+    Extension(principal): Extension<Principal>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(raw.as_deref(), &PARAMS, true)?;
+    let format = Format::parse(params.get("format"))?;
+    let (prefix, glob) = sensor_glob(&params)?;
+    for (name, value) in params.labels() {
+        if value.is_empty() {
+            return Err(ApiError::bad_request(format!("label.{name} needs a value")));
+        }
+    }
+    let r = range(&state, &params)?;
+    let grid = match params.get("step") {
+        Some(_) => Some(series_grid(&state, &params, &r, None)?),
+        None => None,
+    };
+    let metric = match (params.get("metric"), &grid) {
+        (None, None) => None,
+        _ => Some(metric(&params)?.to_string()),
+    };
+    let selection = Selection {
+        prefix: prefix.to_owned(),
+        glob,
+        labels: params.labels().to_vec(),
+        metric,
+        range: r,
+        grid,
+        format,
+    };
+    let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(IN_FLIGHT);
+    tokio::spawn(async move {
+        if let Err(e) = produce(&state, &principal, &selection, &tx).await {
+            warn!(error = %e.message, "An export stopped before its end; the client sees the answer cut off.");
+            // An error item aborts the body: the client sees a transfer cut
+            // short, never a file that looks complete.
+            let _ = tx.send(Err(std::io::Error::other(e.message))).await;
+        }
+    });
+    let body = Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|chunk| (chunk, rx))
+    }));
+    let name = match format {
+        Format::Ndjson => "attachment; filename=\"hourglass-export.ndjson\"",
+        Format::Csv => "attachment; filename=\"hourglass-export.csv\"",
+    };
+    Ok((
+        [
+            (header::CONTENT_TYPE, format.content_type()),
+            (header::CONTENT_DISPOSITION, name),
+        ],
+        body,
+    )
+        .into_response())
+}
+
+/// Sends `rows` on once a chunk has gathered (or at the end); `false` when
+/// the client is gone.
+async fn flush(
+    rows: &mut Rows,
+    tx: &mpsc::Sender<Result<Bytes, std::io::Error>>,
+    at_least: usize,
+) -> bool {
+    if rows.buf.len() < at_least || rows.buf.is_empty() {
+        return true;
+    }
+    let chunk = Bytes::from(std::mem::replace(
+        &mut rows.buf,
+        Vec::with_capacity(CHUNK + 4096),
+    ));
+    tx.send(Ok(chunk)).await.is_ok()
+}
+
+async fn produce<S: BucketStore>(
+    state: &AppState<S>,
+    principal: &Principal,
+    sel: &Selection,
+    tx: &mpsc::Sender<Result<Bytes, std::io::Error>>,
+) -> Result<(), ApiError> {
+    let mut rows = Rows::new(sel.format);
+    let page = match &sel.grid {
+        None => RAW_PAGE,
+        Some(grid) => (STEP_CELLS / grid.points().max(1)).clamp(1, RAW_PAGE),
+    };
+    rows.header(if sel.grid.is_some() {
+        POINT_COLUMNS
+    } else {
+        READING_COLUMNS
+    });
+    let mut after: Option<String> = None;
+    loop {
+        let query = SensorQuery {
+            after: after.as_deref(),
+            prefix: &sel.prefix,
+            labels: &sel.labels,
+            metric: sel.metric.as_deref(),
+        };
+        let sensors = state
+            .store
+            .sensors(query, page, |s| {
+                sel.glob.matches(&s.sensor) && principal.may_access(&s.sensor)
+            })
+            .await
+            .map_err(store_error)?;
+        let Some(last) = sensors.last() else {
+            break;
+        };
+        after = Some(last.sensor.clone());
+        let ids: Vec<String> = sensors.iter().map(|s| s.sensor.clone()).collect();
+        match &sel.grid {
+            None => {
+                let mut buckets = state
+                    .store
+                    .stored(&ids, sel.metric.as_deref(), sel.range.from, sel.range.to)
+                    .await
+                    .map_err(store_error)?;
+                while let Some(b) = buckets.next().await {
+                    let b = b.map_err(store_error)?;
+                    for &(offset, value) in &b.bucket.values {
+                        let ts = b.bucket.start + i64::from(offset);
+                        if (sel.range.from..sel.range.to).contains(&ts) {
+                            rows.reading(&b.sensor, &b.metric, ts, value);
+                        }
+                    }
+                    if !flush(&mut rows, tx, CHUNK).await {
+                        return Ok(());
+                    }
+                }
+            }
+            Some(grid) => {
+                let metric =
+                    crate::domain::MetricName::trusted(sel.metric.as_deref().unwrap_or_default());
+                let series: Vec<(Series<'_>, usize)> = ids
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| (Series { sensor: s }, i))
+                    .collect();
+                let aggs = evaluate(
+                    state,
+                    "export",
+                    &metric,
+                    &sel.range,
+                    grid.clone(),
+                    &series,
+                    ids.len(),
+                )
+                .await?;
+                for (sensor, points) in ids.iter().zip(&aggs) {
+                    for (i, a) in points.iter().enumerate() {
+                        if a.count == 0 {
+                            continue;
+                        }
+                        let start = grid.start(i).ok_or_else(|| {
+                            ApiError::bad_request("the range lies beyond the representable times")
+                        })?;
+                        rows.point(sensor, metric.as_str(), start, a);
+                    }
+                    if !flush(&mut rows, tx, CHUNK).await {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        if sensors.len() < page {
+            break;
+        }
+    }
+    flush(&mut rows, tx, 0).await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ndjson_rows_are_readings_the_json_decoder_takes_back_exactly() {
+        let mut rows = Rows::new(Format::Ndjson);
+        let values = [21.5, -0.1, 1e300, 5e-324, 0.1 + 0.2, -0.0, 3.0];
+        for (i, v) in values.iter().enumerate() {
+            rows.reading("plant-1.line:3", "temp_c", 1_764_000_000 + i as i64, *v);
+        }
+        let text = String::from_utf8(rows.buf).expect("UTF-8");
+        let body = format!("[{}]", text.trim_end().replace('\n', ","));
+        let ctx = crate::ingest::decode::DecodeContext {
+            now: 1_764_000_000,
+            window: crate::domain::TimeWindow {
+                max_age: std::time::Duration::from_secs(86400),
+                max_future: std::time::Duration::from_secs(86400),
+            },
+            max_readings: 100,
+        };
+        let back = crate::ingest::decode::decode_readings(body.as_bytes(), &ctx).expect("valid");
+        assert_eq!(back.len(), values.len());
+        for (i, (r, v)) in back.iter().zip(values).enumerate() {
+            assert_eq!(r.sensor.as_str(), "plant-1.line:3");
+            assert_eq!(r.metric.as_str(), "temp_c");
+            assert_eq!(r.ts, 1_764_000_000 + i as i64);
+            assert_eq!(r.value.to_bits(), v.to_bits(), "{v}");
+        }
+    }
+
+    #[test]
+    fn csv_rows_have_the_header_and_points_leave_empty_figures_empty() {
+        let mut rows = Rows::new(Format::Csv);
+        rows.header(READING_COLUMNS);
+        rows.reading("s1", "value", 60, 2.5);
+        let mut a = Agg::default();
+        a.add(1.0);
+        a.add(2.0);
+        rows.point("s1", "value", 0, &a);
+        rows.point("s1", "value", 60, &Agg::default());
+        let text = String::from_utf8(rows.buf).expect("UTF-8");
+        assert_eq!(
+            text,
+            "sensor,metric,ts,value\ns1,value,1970-01-01T00:01:00Z,2.5\n\
+             s1,value,1970-01-01T00:00:00Z,2,3.0,1.5,1.0,2.0\n\
+             s1,value,1970-01-01T00:01:00Z,0,0.0,,,\n"
+        );
+    }
+
+    #[test]
+    fn unknown_formats_are_refused() {
+        assert!(Format::parse(Some("xml")).is_err());
+        assert_eq!(Format::parse(None).ok(), Some(Format::Ndjson));
+    }
+}

@@ -1,0 +1,452 @@
+//! One line of an import file at a time: checked with the service's own
+//! decoders and turned into what a batch sends (a JSON reading, or the
+//! line-protocol line itself), or refused with the reason.
+//!
+//! Every reading must carry its timestamp: one stamped on receipt would be
+//! a new reading at each import, and importing twice must change nothing.
+
+use std::io::Write;
+
+use bumpalo::Bump;
+
+use crate::domain::{MetricName, Reading, SensorId};
+use crate::ingest::decode::{DecodeContext, decode_readings};
+use crate::ingest::line_protocol::parse::{Line, parse_line};
+use crate::ingest::line_protocol::{Precision, decode as decode_line_protocol};
+
+/// What an import file holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// Comma-separated, with a header row (see `--column`).
+    Csv,
+    /// One JSON reading per line, as `POST /api/v1/readings` and the export take them.
+    Ndjson,
+    /// InfluxDB line protocol.
+    #[value(name = "lp")]
+    LineProtocol,
+}
+
+impl Format {
+    /// From the file name: `.csv`, `.ndjson`/`.jsonl`/`.json`, `.lp`/`.txt`
+    /// (with `.gz` after it or not).
+    pub fn of_path(path: &std::path::Path) -> Option<Self> {
+        let name = path.file_name()?.to_str()?.to_ascii_lowercase();
+        let name = name.strip_suffix(".gz").unwrap_or(&name);
+        let ext = name.rsplit_once('.')?.1;
+        Some(match ext {
+            "csv" => Format::Csv,
+            "ndjson" | "jsonl" | "json" => Format::Ndjson,
+            "lp" | "txt" | "line" => Format::LineProtocol,
+            _ => return None,
+        })
+    }
+}
+
+/// How integer timestamps in a CSV file count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TsUnit {
+    /// RFC 3339 text, or integer epoch milliseconds (as the JSON API).
+    Auto,
+    #[value(name = "s")]
+    Seconds,
+    #[value(name = "ms")]
+    Milliseconds,
+    #[value(name = "us")]
+    Microseconds,
+    #[value(name = "ns")]
+    Nanoseconds,
+}
+
+/// The fields of a reading a CSV column can hold.
+const FIELDS: [&str; 4] = ["sensor", "metric", "ts", "value"];
+
+/// Where each field of a reading is in a CSV row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CsvColumns {
+    sensor: usize,
+    /// Absent: the default metric.
+    metric: Option<usize>,
+    ts: usize,
+    value: usize,
+    width: usize,
+}
+
+impl CsvColumns {
+    /// From the header row: each field in the column of its own name, or
+    /// of the one `mapping` names (`field=column`); a column that is none of
+    /// them and not in `ignore` stops the import before anything is stored.
+    pub fn from_header(
+        header: &csv::StringRecord,
+        mapping: &[(String, String)],
+        ignore: &[String],
+    ) -> Result<Self, String> {
+        for (field, _) in mapping {
+            if !FIELDS.contains(&field.as_str()) {
+                return Err(format!(
+                    "--column {field}=…: {field:?} is not one of sensor, metric, ts, value"
+                ));
+            }
+        }
+        fn column_of<'a>(mapping: &'a [(String, String)], field: &'a str) -> &'a str {
+            mapping
+                .iter()
+                .find(|(f, _)| f == field)
+                .map_or(field, |(_, c)| c.as_str())
+        }
+        let find = |field: &str| {
+            header
+                .iter()
+                .position(|h| h.trim() == column_of(mapping, field))
+        };
+        let required = |field: &str| {
+            find(field).ok_or_else(|| {
+                format!(
+                    "the header has no column {:?} for the {field} of a reading; name it with --column {field}=<column>",
+                    column_of(mapping, field)
+                )
+            })
+        };
+        let columns = CsvColumns {
+            sensor: required("sensor")?,
+            metric: find("metric"),
+            ts: required("ts")?,
+            value: required("value")?,
+            width: header.len(),
+        };
+        let used = [
+            Some(columns.sensor),
+            columns.metric,
+            Some(columns.ts),
+            Some(columns.value),
+        ];
+        for (i, h) in header.iter().enumerate() {
+            if !used.contains(&Some(i)) && !ignore.iter().any(|x| x == h.trim()) {
+                return Err(format!(
+                    "column {:?} is not sensor, metric, ts or value; map it (--column value={0}) or leave it out (--ignore {0})",
+                    h.trim()
+                ));
+            }
+        }
+        Ok(columns)
+    }
+}
+
+/// Turns lines into what a batch sends.
+pub struct Converter {
+    format: Format,
+    ctx: DecodeContext,
+    ts_unit: TsUnit,
+    precision: Precision,
+    sensor_tags: Vec<String>,
+    columns: Option<CsvColumns>,
+}
+
+impl Converter {
+    pub fn new(
+        format: Format,
+        ctx: DecodeContext,
+        ts_unit: TsUnit,
+        precision: Precision,
+        sensor_tags: Vec<String>,
+    ) -> Self {
+        Self {
+            format,
+            ctx,
+            ts_unit,
+            precision,
+            sensor_tags,
+            columns: None,
+        }
+    }
+
+    pub fn set_columns(&mut self, columns: CsvColumns) {
+        self.columns = Some(columns);
+    }
+
+    /// Appends line `text` to `out` as the batch sends it, answering how
+    /// many readings it holds; or why it is refused (`out` unchanged).
+    pub fn line(
+        &self,
+        text: &str,
+        record: Option<&csv::StringRecord>,
+        out: &mut Vec<u8>,
+    ) -> Result<usize, String> {
+        match self.format {
+            Format::Csv => {
+                let (Some(columns), Some(record)) = (&self.columns, record) else {
+                    return Err("no header row".to_owned());
+                };
+                self.csv(columns, record, out).map(|()| 1)
+            }
+            Format::Ndjson => {
+                let readings =
+                    decode_readings(text.as_bytes(), &self.ctx).map_err(|e| match e {
+                        crate::ingest::decode::DecodeError::Invalid { ref details, .. } => details
+                            .first()
+                            .map_or_else(|| e.to_string(), |d| d.reason.clone()),
+                        e => e.to_string(),
+                    })?;
+                if !text.trim_start().starts_with('{') {
+                    return Err("a line must hold one reading object".to_owned());
+                }
+                if !has_ts(text) {
+                    return Err("ts is required in an import".to_owned());
+                }
+                out.extend_from_slice(text.trim().as_bytes());
+                Ok(readings.len())
+            }
+            Format::LineProtocol => {
+                let mut line = Line::default();
+                parse_line(text.as_bytes(), &mut line).map_err(|e| e.to_string())?;
+                if line.timestamp.is_none() {
+                    return Err("the timestamp is required in an import".to_owned());
+                }
+                let arena = Bump::new();
+                let decoded = decode_line_protocol(
+                    text.as_bytes(),
+                    self.precision,
+                    &self.ctx,
+                    &self.sensor_tags,
+                    &arena,
+                )
+                .map_err(|e| e.to_string())?;
+                if let Some(e) = decoded.errors.first() {
+                    return Err(e.reason.clone());
+                }
+                if decoded.readings.is_empty() {
+                    return Err("the line holds no numeric field".to_owned());
+                }
+                out.extend_from_slice(text.trim_end().as_bytes());
+                Ok(decoded.readings.len())
+            }
+        }
+    }
+
+    fn csv(
+        &self,
+        c: &CsvColumns,
+        record: &csv::StringRecord,
+        out: &mut Vec<u8>,
+    ) -> Result<(), String> {
+        if record.len() != c.width {
+            return Err(format!(
+                "{} fields where the header has {}",
+                record.len(),
+                c.width
+            ));
+        }
+        let field = |i: usize| record.get(i).unwrap_or_default().trim();
+        let sensor = SensorId::parse(field(c.sensor)).map_err(|e| e.to_string())?;
+        let metric = match c.metric.map(field) {
+            Some(m) if !m.is_empty() => MetricName::parse(m).map_err(|e| e.to_string())?,
+            _ => MetricName::default_metric(),
+        };
+        let value = field(c.value)
+            .parse::<f64>()
+            .map_err(|_| format!("value {:?} is not a number", field(c.value)))
+            .and_then(|v| Reading::check_value(v).map_err(|e| e.to_string()))?;
+        let ms = self.ts_ms(field(c.ts))?;
+        self.ctx
+            .window
+            .check(ms.div_euclid(1000), self.ctx.now)
+            .map_err(|e| e.to_string())?;
+        out.extend_from_slice(b"{\"sensor\":\"");
+        out.extend_from_slice(sensor.as_str().as_bytes());
+        out.extend_from_slice(b"\",\"metric\":\"");
+        out.extend_from_slice(metric.as_str().as_bytes());
+        let _ = write!(out, "\",\"ts\":{ms},\"value\":");
+        let _ = serde_json::to_writer(&mut *out, &value);
+        out.push(b'}');
+        Ok(())
+    }
+
+    /// A CSV timestamp in epoch milliseconds.
+    fn ts_ms(&self, text: &str) -> Result<i64, String> {
+        let bad = || format!("ts {text:?} is not a timestamp ({})", self.ts_unit_name());
+        if text.is_empty() {
+            return Err("ts is required in an import".to_owned());
+        }
+        let int = || text.parse::<i64>().map_err(|_| bad());
+        match self.ts_unit {
+            TsUnit::Auto => match text.parse::<i64>() {
+                Ok(ms) => Ok(ms),
+                Err(_) => time::OffsetDateTime::parse(
+                    text,
+                    &time::format_description::well_known::Rfc3339,
+                )
+                .ok()
+                .and_then(|t| i64::try_from(t.unix_timestamp_nanos().div_euclid(1_000_000)).ok())
+                .ok_or_else(bad),
+            },
+            TsUnit::Seconds => int()?.checked_mul(1000).ok_or_else(bad),
+            TsUnit::Milliseconds => int(),
+            TsUnit::Microseconds => Ok(int()?.div_euclid(1000)),
+            TsUnit::Nanoseconds => Ok(int()?.div_euclid(1_000_000)),
+        }
+    }
+
+    fn ts_unit_name(&self) -> &'static str {
+        match self.ts_unit {
+            TsUnit::Auto => "RFC 3339 or epoch milliseconds",
+            TsUnit::Seconds => "epoch seconds",
+            TsUnit::Milliseconds => "epoch milliseconds",
+            TsUnit::Microseconds => "epoch microseconds",
+            TsUnit::Nanoseconds => "epoch nanoseconds",
+        }
+    }
+}
+
+/// Whether a JSON reading names its `ts` (a non-null one).
+fn has_ts(text: &str) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Ts<'a> {
+        #[serde(borrow, default)]
+        ts: Option<&'a serde_json::value::RawValue>,
+    }
+    serde_json::from_str::<Ts<'_>>(text).is_ok_and(|t| t.ts.is_some_and(|v| v.get() != "null"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn ctx() -> DecodeContext {
+        DecodeContext {
+            now: 1_764_000_000,
+            window: crate::domain::TimeWindow {
+                max_age: Duration::from_secs(86400),
+                max_future: Duration::from_secs(300),
+            },
+            max_readings: 10,
+        }
+    }
+
+    fn converter(format: Format, unit: TsUnit) -> Converter {
+        let tags = crate::ingest::line_protocol::Settings::default().sensor_tags;
+        Converter::new(format, ctx(), unit, Precision::Nanoseconds, tags)
+    }
+
+    fn header(cols: &[&str]) -> csv::StringRecord {
+        csv::StringRecord::from(cols.to_vec())
+    }
+
+    #[test]
+    fn csv_columns_map_by_name_and_unknown_columns_stop_the_import() {
+        let h = header(&["time", "device", "reading", "note"]);
+        let map = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+                .collect()
+        };
+        let m = map(&[("ts", "time"), ("sensor", "device"), ("value", "reading")]);
+        let err = CsvColumns::from_header(&h, &m, &[]).expect_err("note is unknown");
+        assert!(err.contains("\"note\""), "{err}");
+        let c = CsvColumns::from_header(&h, &m, &["note".to_owned()]).expect("mapped");
+        assert_eq!((c.ts, c.sensor, c.value, c.metric), (0, 1, 2, None));
+        let err = CsvColumns::from_header(&h, &map(&[("ts", "time")]), &[]).expect_err("no sensor");
+        assert!(err.contains("--column sensor="), "{err}");
+        let err = CsvColumns::from_header(&h, &map(&[("temp", "x")]), &[]).expect_err("bad field");
+        assert!(err.contains("\"temp\""), "{err}");
+    }
+
+    #[test]
+    fn csv_rows_become_json_readings_in_epoch_milliseconds() {
+        let mut c = converter(Format::Csv, TsUnit::Seconds);
+        c.set_columns(
+            CsvColumns::from_header(&header(&["sensor", "metric", "ts", "value"]), &[], &[])
+                .expect("plain"),
+        );
+        let mut out = Vec::new();
+        let row = header(&["s1", "temp", "1764000000", "21.5"]);
+        assert_eq!(c.line("", Some(&row), &mut out), Ok(1));
+        assert_eq!(
+            String::from_utf8(out.clone()).expect("UTF-8"),
+            r#"{"sensor":"s1","metric":"temp","ts":1764000000000,"value":21.5}"#
+        );
+        for (bad, why) in [
+            (["s 1", "temp", "1764000000", "1"], "sensor"),
+            (["s1", "a.b", "1764000000", "1"], "metric"),
+            (["s1", "temp", "yesterday", "1"], "ts"),
+            (["s1", "temp", "1764000000", "NaN"], "finite"),
+            (["s1", "temp", "1764000000", "x"], "number"),
+            (["s1", "temp", "1000000000", "1"], "old"),
+            (["s1", "temp", "", "1"], "required"),
+        ] {
+            let before = out.len();
+            let err = c.line("", Some(&header(&bad)), &mut out).expect_err(why);
+            assert_eq!(out.len(), before, "a refused line adds nothing");
+            assert!(!err.is_empty());
+        }
+        let err = c
+            .line("", Some(&header(&["s1", "temp", "1764000000"])), &mut out)
+            .expect_err("short row");
+        assert!(err.contains("3 fields"), "{err}");
+    }
+
+    #[test]
+    fn csv_timestamps_read_in_every_unit() {
+        let c = converter(Format::Csv, TsUnit::Auto);
+        assert_eq!(c.ts_ms("1764000000123"), Ok(1_764_000_000_123));
+        assert_eq!(c.ts_ms("2025-11-24T16:00:00.5Z"), Ok(1_764_000_000_500));
+        for (unit, text, ms) in [
+            (TsUnit::Seconds, "1764000000", 1_764_000_000_000),
+            (TsUnit::Microseconds, "1764000000123456", 1_764_000_000_123),
+            (
+                TsUnit::Nanoseconds,
+                "1764000000123456789",
+                1_764_000_000_123,
+            ),
+        ] {
+            assert_eq!(converter(Format::Csv, unit).ts_ms(text), Ok(ms));
+        }
+    }
+
+    #[test]
+    fn ndjson_lines_are_checked_by_the_json_decoder_and_need_a_timestamp() {
+        let c = converter(Format::Ndjson, TsUnit::Auto);
+        let mut out = Vec::new();
+        let good = r#"{"sensor":"s1","metric":"temp","ts":"2025-11-24T16:00:00Z","value":1}"#;
+        assert_eq!(c.line(good, None, &mut out), Ok(1));
+        assert_eq!(out, good.as_bytes());
+        for bad in [
+            r#"{"sensor":"s1","value":1}"#,
+            r#"{"sensor":"s1","ts":null,"value":1}"#,
+            r#"{"sensor":"s1","ts":"2025-11-24T16:00:00Z","value":"x"}"#,
+            r#"{"sensor":"s1","ts":"2025-11-24T16:00:00Z","value":1,"extra":2}"#,
+            r#"[{"sensor":"s1","ts":"2025-11-24T16:00:00Z","value":1}]"#,
+            "not json",
+        ] {
+            let before = out.len();
+            assert!(c.line(bad, None, &mut out).is_err(), "{bad}");
+            assert_eq!(out.len(), before);
+        }
+    }
+
+    #[test]
+    fn line_protocol_lines_are_checked_by_the_service_decoder() {
+        let c = converter(Format::LineProtocol, TsUnit::Auto);
+        let mut out = Vec::new();
+        let good = "weather,sensor=s1 temp=1.5,hum=40 1764000000000000000";
+        assert_eq!(c.line(good, None, &mut out), Ok(2));
+        for bad in [
+            "weather,sensor=s1 temp=1.5",
+            "weather,sensor=s1 1764000000000000000",
+            "weather,sensor=s1 note=\"x\" 1764000000000000000",
+            "weather,sensor=s1 temp=1.5 1000000000000000000",
+        ] {
+            assert!(c.line(bad, None, &mut out).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn formats_follow_the_file_name() {
+        let f = |p: &str| Format::of_path(std::path::Path::new(p));
+        assert_eq!(f("a.csv.gz"), Some(Format::Csv));
+        assert_eq!(f("dir/a.NDJSON"), Some(Format::Ndjson));
+        assert_eq!(f("a.lp"), Some(Format::LineProtocol));
+        assert_eq!(f("a.parquet"), None);
+        assert_eq!(f("noext"), None);
+    }
+}

@@ -1,0 +1,561 @@
+//! `hourglass import`: files of readings into a running instance, through
+//! its HTTP API, so they take the same validation, journal and batcher as
+//! every other write.
+//!
+//! - [`formats`]: each line checked with the service's own decoders before
+//!   it is sent; a bad one goes to the file's rejects with its line number
+//!   while the good ones are stored.
+//! - [`checkpoint`]: after each batch is acknowledged (journaled), the
+//!   records consumed so far, so an interrupted import resumes where it
+//!   stopped. Batches in flight when it stopped are sent again: a reading
+//!   written twice at its second changes nothing, so nothing counts twice.
+//!
+//! A reader thread decodes (gzip or plain) and converts lines into batches;
+//! a few batches are in flight at once and settle in file order, each
+//! writing its rejects and then the checkpoint. A batch the service refuses
+//! (400) is split until the lines it refuses are found.
+
+pub mod checkpoint;
+pub mod formats;
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+
+use self::checkpoint::{Checkpoint, Rejects};
+use self::formats::{Converter, CsvColumns};
+pub use self::formats::{Format, TsUnit};
+use super::{Client, Posted, TransferError};
+use crate::config::Settings;
+use crate::ingest::line_protocol::Precision;
+
+/// What `hourglass import` was asked to do.
+#[derive(Debug, Clone)]
+pub struct ImportOptions {
+    pub files: Vec<PathBuf>,
+    /// `None`: from each file's name.
+    pub format: Option<Format>,
+    /// CSV: `(field, column)` pairs.
+    pub columns: Vec<(String, String)>,
+    /// CSV: columns to leave out.
+    pub ignore: Vec<String>,
+    pub ts_unit: TsUnit,
+    /// Line protocol: the timestamps' unit (`ns`, `us`, `ms`, `s`).
+    pub precision: String,
+    /// Readings per request.
+    pub batch: usize,
+    /// Requests in flight at once.
+    pub in_flight: usize,
+    /// Where checkpoints and rejects go; next to each file when `None`.
+    pub state_dir: Option<PathBuf>,
+    /// Ignore checkpoints: import every file from its start.
+    pub restart: bool,
+    /// Show a progress bar (on a terminal).
+    pub progress: bool,
+}
+
+/// What an import did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ImportSummary {
+    pub files: usize,
+    /// Files a checkpoint says were imported already.
+    pub skipped_files: usize,
+    /// Records resumed past (read before an interruption).
+    pub resumed: u64,
+    pub readings: u64,
+    pub rejected: u64,
+    /// The rejects files that hold lines.
+    pub rejects_files: Vec<PathBuf>,
+    pub elapsed: Duration,
+}
+
+/// One line of a batch: where it came from, its bytes in the batch text.
+#[derive(Debug, Clone, Copy)]
+struct Item {
+    line: u64,
+    start: usize,
+    end: usize,
+    readings: usize,
+}
+
+/// A refused line.
+#[derive(Debug, Clone)]
+pub struct Reject {
+    pub line: u64,
+    pub reason: String,
+    pub text: String,
+}
+
+/// Records of one file, sent as one request (or split if refused).
+struct Batch {
+    file: usize,
+    /// Records consumed up to the end of this batch.
+    records: u64,
+    text: Vec<u8>,
+    items: Vec<Item>,
+    rejects: Vec<Reject>,
+    /// The file's last batch.
+    last: bool,
+}
+
+/// A file with what was settled before it is read.
+struct Plan {
+    path: PathBuf,
+    format: Format,
+    columns: Option<CsvColumns>,
+    checkpoint: Checkpoint,
+    rejects: Rejects,
+}
+
+pub async fn run(
+    settings: &Settings,
+    options: ImportOptions,
+) -> Result<ImportSummary, TransferError> {
+    let started = Instant::now();
+    let precision = Precision::v2(&options.precision).ok_or_else(|| {
+        TransferError::Usage(format!(
+            "--precision {:?} is not one of ns, us, ms, s",
+            options.precision
+        ))
+    })?;
+    if options.batch == 0 || options.in_flight == 0 {
+        return Err(TransferError::Usage(
+            "--batch and --in-flight must be at least 1".into(),
+        ));
+    }
+    let batch = options.batch.min(settings.ingest.max_readings_per_request);
+    // Half the body limit: a JSON reading can grow on the server's side
+    // of the count, and a batch is cut by bytes as well as readings.
+    let max_bytes = settings.http.max_body_bytes / 2;
+    // Everything that can stop an import is checked before anything is sent.
+    let mut plans = Vec::new();
+    for path in &options.files {
+        plans.push(plan(path, &options)?);
+    }
+    let client = Client::new(settings)?;
+    client.check().await?;
+    let mut summary = ImportSummary {
+        files: plans.len(),
+        ..ImportSummary::default()
+    };
+    let total: u64 = plans
+        .iter()
+        .filter(|p| !p.checkpoint.done)
+        .map(|p| p.checkpoint.size)
+        .sum();
+    let progress = if options.progress {
+        indicatif::ProgressBar::new(total)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    progress.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{elapsed_precise} [{wide_bar}] {bytes}/{total_bytes} {msg} ETA {eta}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    let read_bytes = Arc::new(AtomicU64::new(0));
+    let (tx, rx) = mpsc::channel::<Result<Batch, TransferError>>(options.in_flight * 2);
+    let mut work = Vec::new();
+    for (i, p) in plans.iter().enumerate() {
+        if p.checkpoint.done {
+            summary.skipped_files += 1;
+            summary.readings += p.checkpoint.readings;
+            summary.rejected += p.checkpoint.rejected;
+            continue;
+        }
+        summary.resumed += p.checkpoint.records;
+        summary.readings += p.checkpoint.readings;
+        summary.rejected += p.checkpoint.rejected;
+        let ctx = settings
+            .ingest
+            .decode_context(time::OffsetDateTime::now_utc().unix_timestamp());
+        let mut converter = Converter::new(
+            p.format,
+            ctx,
+            options.ts_unit,
+            precision,
+            settings.line_protocol.sensor_tags.clone(),
+        );
+        if let Some(c) = &p.columns {
+            converter.set_columns(c.clone());
+        }
+        work.push(Reader {
+            file: i,
+            path: p.path.clone(),
+            format: p.format,
+            skip: p.checkpoint.records,
+            converter,
+            batch,
+            max_bytes,
+            read: read_bytes.clone(),
+        });
+    }
+    let reader = std::thread::Builder::new()
+        .name("import-reader".into())
+        .spawn(move || {
+            for r in work {
+                if !r.run(&tx) {
+                    return;
+                }
+            }
+        })
+        .map_err(|e| TransferError::Io(format!("starting the reader thread: {e}")))?;
+    let precision_param = options.precision.clone();
+    let formats: Vec<Format> = plans.iter().map(|p| p.format).collect();
+    let settled =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) })
+            .map(|batch| {
+                let client = &client;
+                let formats = &formats;
+                let precision = precision_param.as_str();
+                async move {
+                    let batch = batch?;
+                    let outcome = deliver(client, formats[batch.file], precision, &batch).await?;
+                    Ok::<_, TransferError>((batch, outcome))
+                }
+            })
+            .buffered(options.in_flight);
+    futures_util::pin_mut!(settled);
+    let since = Instant::now();
+    let mut sent = 0u64;
+    while let Some(result) = settled.next().await {
+        let (mut batch, (readings, refused)) = result?;
+        batch.rejects.extend(refused);
+        batch.rejects.sort_by_key(|r| r.line);
+        let plan = &mut plans[batch.file];
+        plan.rejects.append(&plan.path, &batch.rejects)?;
+        plan.checkpoint.records = batch.records;
+        plan.checkpoint.readings += readings;
+        plan.checkpoint.rejected += batch.rejects.len() as u64;
+        plan.checkpoint.rejects_bytes = plan.rejects.len();
+        plan.checkpoint.done = batch.last;
+        plan.checkpoint.save()?;
+        summary.readings += readings;
+        summary.rejected += batch.rejects.len() as u64;
+        sent += readings;
+        progress.set_position(read_bytes.load(Ordering::Relaxed));
+        let rate = sent as f64 / since.elapsed().as_secs_f64().max(1e-3);
+        progress.set_message(format!(
+            "{} readings stored, {rate:.0}/s, {} rejected",
+            summary.readings, summary.rejected
+        ));
+    }
+    progress.finish_and_clear();
+    let _ = reader.join();
+    summary.rejects_files = plans
+        .iter()
+        .filter(|p| p.checkpoint.rejected > 0)
+        .map(|p| p.rejects.path().to_path_buf())
+        .collect();
+    summary.elapsed = started.elapsed();
+    Ok(summary)
+}
+
+/// A file's format, CSV header, checkpoint and rejects, before anything is
+/// sent: an unknown column, an unreadable file or a changed one stops the
+/// import here.
+fn plan(path: &Path, options: &ImportOptions) -> Result<Plan, TransferError> {
+    let format = match options.format.or_else(|| formats::Format::of_path(path)) {
+        Some(f) => f,
+        None => {
+            return Err(TransferError::Usage(format!(
+                "{}: the format is not known from the name; give --format csv, ndjson or lp",
+                path.display()
+            )));
+        }
+    };
+    let columns = match format {
+        Format::Csv => {
+            let mut csv = csv::ReaderBuilder::new()
+                .has_headers(false)
+                .flexible(true)
+                .from_reader(open(path, Arc::new(AtomicU64::new(0)))?);
+            let mut header = csv::StringRecord::new();
+            let found = csv
+                .read_record(&mut header)
+                .map_err(|e| TransferError::Io(format!("{}: {e}", path.display())))?;
+            if !found {
+                return Err(TransferError::Usage(format!(
+                    "{}: the file is empty; a CSV file starts with its header row",
+                    path.display()
+                )));
+            }
+            Some(
+                CsvColumns::from_header(&header, &options.columns, &options.ignore)
+                    .map_err(|e| TransferError::Usage(format!("{}: {e}", path.display())))?,
+            )
+        }
+        _ => None,
+    };
+    let checkpoint = Checkpoint::load(path, options.state_dir.as_deref(), options.restart)?;
+    let rejects = Rejects::open(path, options.state_dir.as_deref(), checkpoint.rejects_bytes)?;
+    Ok(Plan {
+        path: path.to_path_buf(),
+        format,
+        columns,
+        checkpoint,
+        rejects,
+    })
+}
+
+/// Counts the bytes read from the file (before decompression): the progress.
+struct Counting<R> {
+    inner: R,
+    read: Arc<AtomicU64>,
+}
+
+impl<R: Read> Read for Counting<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
+/// The file's text: gunzipped if it starts with gzip's magic bytes.
+fn open(path: &Path, read: Arc<AtomicU64>) -> Result<Box<dyn BufRead + Send>, TransferError> {
+    let io = |e: std::io::Error| TransferError::Io(format!("{}: {e}", path.display()));
+    let file = File::open(path).map_err(io)?;
+    let mut buffered = BufReader::with_capacity(1 << 16, Counting { inner: file, read });
+    let gz = buffered.fill_buf().map_err(io)?.starts_with(&[0x1f, 0x8b]);
+    Ok(if gz {
+        Box::new(BufReader::with_capacity(
+            1 << 16,
+            flate2::bufread::MultiGzDecoder::new(buffered),
+        ))
+    } else {
+        Box::new(buffered)
+    })
+}
+
+/// Reads one file into batches on the reader thread.
+struct Reader {
+    file: usize,
+    path: PathBuf,
+    format: Format,
+    /// Records read before an interruption: skipped.
+    skip: u64,
+    converter: Converter,
+    batch: usize,
+    max_bytes: usize,
+    read: Arc<AtomicU64>,
+}
+
+impl Reader {
+    /// `false` when the import is over (an error sent, or nobody listens).
+    fn run(mut self, tx: &mpsc::Sender<Result<Batch, TransferError>>) -> bool {
+        match self.batches(tx) {
+            Ok(more) => more,
+            Err(e) => {
+                let _ = tx.blocking_send(Err(e));
+                false
+            }
+        }
+    }
+
+    fn fresh(&self, records: u64) -> Batch {
+        Batch {
+            file: self.file,
+            records,
+            text: Vec::with_capacity(self.max_bytes.min(1 << 20)),
+            items: Vec::new(),
+            rejects: Vec::new(),
+            last: false,
+        }
+    }
+
+    fn batches(
+        &mut self,
+        tx: &mpsc::Sender<Result<Batch, TransferError>>,
+    ) -> Result<bool, TransferError> {
+        let io =
+            |e: &dyn std::fmt::Display| TransferError::Io(format!("{}: {e}", self.path.display()));
+        let input = open(&self.path, self.read.clone())?;
+        let mut records: u64 = 0;
+        let mut batch = self.fresh(0);
+        let mut readings = 0;
+        // Each record is offered to `take`, which answers whether the batch is full.
+        let take = |this: &Self,
+                    batch: &mut Batch,
+                    line: u64,
+                    text: &str,
+                    record: Option<&csv::StringRecord>,
+                    readings: &mut usize| {
+            let start = batch.text.len();
+            match this.converter.line(text, record, &mut batch.text) {
+                Ok(n) => {
+                    batch.items.push(Item {
+                        line,
+                        start,
+                        end: batch.text.len(),
+                        readings: n,
+                    });
+                    *readings += n;
+                }
+                Err(reason) => batch.rejects.push(Reject {
+                    line,
+                    reason,
+                    text: match record {
+                        Some(r) => r.iter().collect::<Vec<_>>().join(","),
+                        None => text.to_owned(),
+                    },
+                }),
+            }
+            *readings >= this.batch || batch.text.len() >= this.max_bytes
+        };
+        match self.format {
+            Format::Csv => {
+                let mut csv = csv::ReaderBuilder::new()
+                    .has_headers(false)
+                    .flexible(true)
+                    .from_reader(input);
+                let mut record = csv::StringRecord::new();
+                // The header was checked when the import was planned.
+                csv.read_record(&mut record).map_err(|e| io(&e))?;
+                records += 1;
+                loop {
+                    match csv.read_record(&mut record) {
+                        Ok(false) => break,
+                        Ok(true) => {}
+                        Err(e) => {
+                            // A broken row (bad UTF-8, an unclosed quote) is
+                            // refused; the rest of the file is still read.
+                            let line = e.position().map_or(0, |p| p.line());
+                            records += 1;
+                            if records > self.skip {
+                                batch.rejects.push(Reject {
+                                    line,
+                                    reason: e.to_string(),
+                                    text: String::new(),
+                                });
+                            }
+                            if matches!(e.kind(), csv::ErrorKind::Io(_)) {
+                                return Err(io(&e));
+                            }
+                            continue;
+                        }
+                    }
+                    records += 1;
+                    if records <= self.skip {
+                        continue;
+                    }
+                    let line = record.position().map_or(records, |p| p.line());
+                    if take(self, &mut batch, line, "", Some(&record), &mut readings) {
+                        batch.records = records;
+                        let full = std::mem::replace(&mut batch, self.fresh(records));
+                        readings = 0;
+                        if tx.blocking_send(Ok(full)).is_err() {
+                            return Ok(false);
+                        }
+                    }
+                }
+            }
+            Format::Ndjson | Format::LineProtocol => {
+                let mut input = input;
+                let mut raw = Vec::new();
+                loop {
+                    raw.clear();
+                    let n = input.read_until(b'\n', &mut raw).map_err(|e| io(&e))?;
+                    if n == 0 {
+                        break;
+                    }
+                    records += 1;
+                    if records <= self.skip {
+                        continue;
+                    }
+                    let text = match std::str::from_utf8(&raw) {
+                        Ok(t) => t.trim_end_matches(['\n', '\r']),
+                        Err(_) => {
+                            batch.rejects.push(Reject {
+                                line: records,
+                                reason: "the line is not UTF-8".to_owned(),
+                                text: String::from_utf8_lossy(&raw).trim_end().to_owned(),
+                            });
+                            continue;
+                        }
+                    };
+                    // Blank lines and line-protocol comments hold nothing.
+                    let trimmed = text.trim();
+                    if trimmed.is_empty()
+                        || (self.format == Format::LineProtocol && trimmed.starts_with('#'))
+                    {
+                        continue;
+                    }
+                    if take(self, &mut batch, records, text, None, &mut readings) {
+                        batch.records = records;
+                        let full = std::mem::replace(&mut batch, self.fresh(records));
+                        readings = 0;
+                        if tx.blocking_send(Ok(full)).is_err() {
+                            return Ok(false);
+                        }
+                    }
+                }
+            }
+        }
+        batch.records = records.max(self.skip);
+        batch.last = true;
+        Ok(tx.blocking_send(Ok(batch)).is_ok())
+    }
+}
+
+/// Sends a batch; a part the service refuses is split until the refused
+/// lines are alone. Answers the readings stored and the lines refused.
+async fn deliver(
+    client: &Client,
+    format: Format,
+    precision: &str,
+    batch: &Batch,
+) -> Result<(u64, Vec<Reject>), TransferError> {
+    let mut stored = 0u64;
+    let mut refused = Vec::new();
+    let mut pending = vec![0..batch.items.len()];
+    let mut body = Vec::new();
+    while let Some(range) = pending.pop() {
+        let items = &batch.items[range.clone()];
+        if items.is_empty() {
+            continue;
+        }
+        body.clear();
+        let json = format != Format::LineProtocol;
+        if json {
+            body.push(b'[');
+        }
+        for (i, item) in items.iter().enumerate() {
+            if i > 0 {
+                body.push(if json { b',' } else { b'\n' });
+            }
+            body.extend_from_slice(&batch.text[item.start..item.end]);
+        }
+        if json {
+            body.push(b']');
+        }
+        let posted = if json {
+            client.post_readings(body.clone()).await?
+        } else {
+            client.post_line_protocol(body.clone(), precision).await?
+        };
+        match posted {
+            Posted::Stored => stored += items.iter().map(|i| i.readings as u64).sum::<u64>(),
+            Posted::Refused(reason) if items.len() == 1 => refused.push(Reject {
+                line: items[0].line,
+                reason,
+                text: String::from_utf8_lossy(&batch.text[items[0].start..items[0].end])
+                    .into_owned(),
+            }),
+            Posted::Refused(_) => {
+                let mid = range.start + range.len() / 2;
+                pending.push(mid..range.end);
+                pending.push(range.start..mid);
+            }
+        }
+    }
+    Ok((stored, refused))
+}

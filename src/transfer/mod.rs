@@ -1,0 +1,204 @@
+//! Bulk transfer for operators: `hourglass import` and `hourglass export`,
+//! clients of a running instance's HTTP API.
+//!
+//! Going through the API rather than the database keeps every promise a
+//! write or a read makes: the same validation, the journal's
+//! acknowledgement and the batcher for imports (and so last write wins by
+//! acknowledgement across instances), the same tokens and limits for both.
+//!
+//! - [`import`]: files into readings, with checkpoints and rejects.
+//! - [`export`]: `GET /api/v1/export` into a file, gzip if asked.
+//! - this module: the HTTP client both use.
+
+pub mod export;
+pub mod import;
+
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+
+use crate::config::Settings;
+
+/// Why a transfer stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum TransferError {
+    /// What was asked cannot be done as asked; nothing was sent.
+    #[error("{0}")]
+    Usage(String),
+    /// A local file could not be read or written.
+    #[error("{0}")]
+    Io(String),
+    /// The service could not be reached, or refused the token.
+    #[error("{0}")]
+    Service(String),
+}
+
+/// How long an import keeps retrying a service that does not answer, or
+/// answers 503, before it stops (its checkpoint keeps what was done).
+const RETRY_FOR: Duration = Duration::from_secs(600);
+
+/// The service's base URL and token, from the environment or the config.
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+    token: Option<String>,
+}
+
+/// What the service said to a batch.
+pub enum Posted {
+    Stored,
+    /// 400 or 413: something in the batch can never be stored as it is.
+    Refused(String),
+}
+
+impl Client {
+    /// `HOURGLASS_URL` or the configured `http.listen` (a wildcard address
+    /// read as loopback); `HOURGLASS_TOKEN` as the bearer token.
+    pub fn new(settings: &Settings) -> Result<Self, TransferError> {
+        let base = match std::env::var("HOURGLASS_URL") {
+            Ok(url) if !url.is_empty() => url.trim_end_matches('/').to_owned(),
+            _ => {
+                let mut addr = settings.http.listen;
+                if addr.ip().is_unspecified() {
+                    addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+                }
+                format!("http://{addr}")
+            }
+        };
+        // rustls without a default provider: ring, as the MQTT client uses.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| TransferError::Service(format!("building the HTTP client: {e}")))?;
+        Ok(Self {
+            http,
+            base,
+            token: std::env::var("HOURGLASS_TOKEN")
+                .ok()
+                .filter(|t| !t.is_empty()),
+        })
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    fn authorized(&self, r: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.token {
+            Some(t) => r.bearer_auth(t),
+            None => r,
+        }
+    }
+
+    /// Whether a service answers at all: a clear message before any work.
+    pub async fn check(&self) -> Result<(), TransferError> {
+        self.http
+            .get(format!("{}/health/live", self.base))
+            .send()
+            .await
+            .and_then(reqwest::Response::error_for_status)
+            .map(|_| ())
+            .map_err(|e| {
+                TransferError::Service(format!(
+                    "no Hourglass answers at {} ({e}); start it, or set HOURGLASS_URL",
+                    self.base
+                ))
+            })
+    }
+
+    pub async fn post_readings(&self, body: Vec<u8>) -> Result<Posted, TransferError> {
+        self.post("/api/v1/readings", "application/json", body)
+            .await
+    }
+
+    pub async fn post_line_protocol(
+        &self,
+        body: Vec<u8>,
+        precision: &str,
+    ) -> Result<Posted, TransferError> {
+        let path = format!("/api/v2/write?precision={precision}");
+        self.post(&path, "text/plain; charset=utf-8", body).await
+    }
+
+    /// Posts until the service answers for good: retried while it is
+    /// unreachable, overloaded or unavailable, for [`RETRY_FOR`].
+    async fn post(
+        &self,
+        path: &str,
+        content_type: &str,
+        body: Vec<u8>,
+    ) -> Result<Posted, TransferError> {
+        let url = format!("{}{path}", self.base);
+        let started = Instant::now();
+        let mut delay = Duration::from_millis(100);
+        loop {
+            let request = self
+                .authorized(self.http.post(&url))
+                .header(reqwest::header::CONTENT_TYPE, content_type)
+                .body(body.clone());
+            let wait = match request.send().await {
+                Ok(r) if r.status().is_success() => return Ok(Posted::Stored),
+                Ok(r) => {
+                    let status = r.status();
+                    let retry_after = r
+                        .headers()
+                        .get(reqwest::header::RETRY_AFTER)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .map(Duration::from_secs);
+                    let message = error_message(r).await;
+                    match status {
+                        StatusCode::BAD_REQUEST
+                        | StatusCode::PAYLOAD_TOO_LARGE
+                        | StatusCode::UNPROCESSABLE_ENTITY => return Ok(Posted::Refused(message)),
+                        StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
+                            return Err(TransferError::Service(format!(
+                                "the service refused the token ({status}: {message}); set HOURGLASS_TOKEN to a token with the ingest scope"
+                            )));
+                        }
+                        s if s == StatusCode::TOO_MANY_REQUESTS || s.is_server_error() => {
+                            retry_after.unwrap_or(delay)
+                        }
+                        s => {
+                            return Err(TransferError::Service(format!(
+                                "the service answered {s}: {message}"
+                            )));
+                        }
+                    }
+                }
+                Err(_) if started.elapsed() < RETRY_FOR => delay,
+                Err(e) => {
+                    return Err(TransferError::Service(format!(
+                        "the service at {} did not answer for {} ({e}); run the import again to resume",
+                        self.base,
+                        humantime::format_duration(RETRY_FOR)
+                    )));
+                }
+            };
+            if started.elapsed() >= RETRY_FOR {
+                return Err(TransferError::Service(format!(
+                    "the service at {} stayed unavailable for {}; run the import again to resume",
+                    self.base,
+                    humantime::format_duration(RETRY_FOR)
+                )));
+            }
+            tokio::time::sleep(wait).await;
+            delay = (delay * 2).min(Duration::from_secs(5));
+        }
+    }
+}
+
+/// The `error` (or InfluxDB's `message`) of an error answer, else its text.
+async fn error_message(r: reqwest::Response) -> String {
+    let text = r.text().await.unwrap_or_default();
+    serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| {
+            v.get("error")
+                .or_else(|| v.get("message"))
+                .and_then(|m| m.as_str())
+                .map(str::to_owned)
+        })
+        .unwrap_or(text)
+}
