@@ -239,9 +239,10 @@ pub async fn export<S: BucketStore + 'static>(
             let _ = tx.send(Err(std::io::Error::other(e.message))).await;
         }
     });
-    let body = Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|chunk| (chunk, rx))
-    }));
+    // `poll_recv` answers `None` again after the end (the compression layer
+    // polls once more), where `unfold` would panic.
+    let mut rx = rx;
+    let body = Body::from_stream(futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx)));
     let name = match format {
         Format::Ndjson => "attachment; filename=\"hourglass-export.ndjson\"",
         Format::Csv => "attachment; filename=\"hourglass-export.csv\"",

@@ -65,8 +65,11 @@ impl Client {
                 format!("http://{addr}")
             }
         };
-        // rustls without a default provider: ring, as the MQTT client uses.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        if !base.starts_with("http://") {
+            return Err(TransferError::Usage(format!(
+                "HOURGLASS_URL {base:?} must be an http:// address of an instance (run the command where it reaches one; TLS is its proxy's)"
+            )));
+        }
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .build()

@@ -17,6 +17,7 @@ mod hostile;
 mod influx;
 mod ingest;
 mod journal;
+mod lifecycle;
 mod mqtt;
 mod operations;
 mod prom;
