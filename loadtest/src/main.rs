@@ -11,6 +11,7 @@ mod promql;
 mod query;
 mod ranges;
 mod report;
+mod transfer;
 mod verify;
 mod versions;
 
@@ -74,6 +75,15 @@ enum Cmd {
         concurrency: usize,
         #[arg(long)]
         no_verify: bool,
+        /// Hours before now at which the data ends.
+        #[arg(long, default_value_t = 1)]
+        lag_hours: i64,
+    },
+    /// `hourglass import` of files (NDJSON, CSV) against the HTTP path on the
+    /// same data, and `hourglass export` of what was imported.
+    Transfer {
+        #[command(flatten)]
+        data: DatasetArgs,
         /// Hours before now at which the data ends.
         #[arg(long, default_value_t = 1)]
         lag_hours: i64,
@@ -195,6 +205,9 @@ async fn all(ctx: &Ctx, scale: f64) -> anyhow::Result<(Report, bool)> {
     report.merge(r);
     ok &= good;
     report.merge(peers::run(ctx, &recent(scaled(50, 2, 3600.0 * scale, 1), 1), 5000, 4).await?);
+    let (r, good) = transfer::run(ctx, &recent(scaled(50, 2, 3600.0 * scale, 1), 1)).await?;
+    report.merge(r);
+    ok &= good;
     Ok((report, ok))
 }
 
@@ -273,6 +286,10 @@ async fn main() -> anyhow::Result<()> {
                 !no_verify,
             )
             .await?,
+        ),
+        Cmd::Transfer { data, lag_hours } => (
+            "transfer",
+            transfer::run(&ctx, &recent(data, lag_hours)).await?,
         ),
         Cmd::Query {
             data,

@@ -318,7 +318,7 @@ pub(crate) async fn rolled_up(ctx: &Ctx, database: &str, within: Duration) -> an
 /// Waits until the service has stored `n` readings. Asked once a second: a
 /// `/metrics` scrape costs the measured service about 0.25 ms of CPU, which
 /// ten scrapes a second would add to its figure.
-async fn wait_stored(url: &str, n: u64) -> anyhow::Result<()> {
+pub async fn wait_stored(url: &str, n: u64) -> anyhow::Result<()> {
     let deadline = Instant::now() + STORED_WITHIN;
     loop {
         let stored = scrape(url)
