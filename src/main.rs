@@ -168,78 +168,8 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let settings = Settings::load(Some(&args.config))?;
-    hourglass::init_logging(&settings.log).context("installing the log subscriber")?;
-    if let Some(Command::RebuildRollups { sensor, from, to }) = args.command {
-        let instant = |name: &str, s: Option<String>| -> anyhow::Result<Option<i64>> {
-            s.map(|s| {
-                hourglass::pure::parse_instant(name, &s)
-                    .map(|ms| ms.div_euclid(1000))
-                    .map_err(|e| anyhow::anyhow!("--{name}: {}", e.message))
-            })
-            .transpose()
-        };
-        let (from, to) = (instant("from", from)?, instant("to", to)?);
-        let days = hourglass::rebuild_rollups(&settings, sensor.as_deref(), from, to).await?;
-        println!("Rebuilt the rollups of {days} days.");
-        return Ok(());
-    }
-    if let Some(Command::Instances { forget }) = args.command {
-        if let Some(id) = forget {
-            hourglass::forget_instance(&settings, &id).await?;
-            println!(
-                "Forgot instance {id}; versions older than the other floors are pruned within a minute."
-            );
-            return Ok(());
-        }
-        let now = time::OffsetDateTime::now_utc();
-        let at = |ms: Option<i64>| {
-            ms.and_then(|ms| {
-                time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000).ok()
-            })
-        };
-        println!(
-            "{:<38} {:<8} {:<32} last published",
-            "instance", "journal", "floor"
-        );
-        for i in hourglass::instances(&settings).await? {
-            let floor = match i.floor {
-                Some(i64::MIN) => "owes readings (replay pending)".to_owned(),
-                f => at(f)
-                    .and_then(|t| {
-                        t.format(&time::format_description::well_known::Rfc3339)
-                            .ok()
-                    })
-                    .unwrap_or_else(|| "-".to_owned()),
-            };
-            let seen = at(i.at).map_or_else(
-                || "-".to_owned(),
-                |t| format!("{} s ago", (now - t).whole_seconds()),
-            );
-            println!(
-                "{:<38} {:<8} {:<32} {seen}",
-                i.id,
-                if i.durable { "yes" } else { "no" },
-                floor
-            );
-        }
-        return Ok(());
-    }
-    if let Some(Command::Redrive { sensor, dry_run }) = args.command {
-        let r = hourglass::redrive(&settings, sensor.as_deref(), dry_run).await?;
-        println!(
-            "{} {} dead letters ({} readings); {} refused again, {} unreadable (kept).",
-            if dry_run {
-                "Would re-drive"
-            } else {
-                "Re-drove"
-            },
-            r.letters,
-            r.readings,
-            r.refused,
-            r.unreadable
-        );
-        return Ok(());
-    }
+    // Import and export print their own lines; standard output may be the
+    // exported file itself, so no log subscriber writes there.
     if let Some(Command::Import {
         files,
         format,
@@ -325,6 +255,78 @@ async fn main() -> anyhow::Result<()> {
         if let Some(path) = s.output {
             eprintln!("Exported {} bytes into {}.", s.bytes, path.display());
         }
+        return Ok(());
+    }
+    hourglass::init_logging(&settings.log).context("installing the log subscriber")?;
+    if let Some(Command::RebuildRollups { sensor, from, to }) = args.command {
+        let instant = |name: &str, s: Option<String>| -> anyhow::Result<Option<i64>> {
+            s.map(|s| {
+                hourglass::pure::parse_instant(name, &s)
+                    .map(|ms| ms.div_euclid(1000))
+                    .map_err(|e| anyhow::anyhow!("--{name}: {}", e.message))
+            })
+            .transpose()
+        };
+        let (from, to) = (instant("from", from)?, instant("to", to)?);
+        let days = hourglass::rebuild_rollups(&settings, sensor.as_deref(), from, to).await?;
+        println!("Rebuilt the rollups of {days} days.");
+        return Ok(());
+    }
+    if let Some(Command::Instances { forget }) = args.command {
+        if let Some(id) = forget {
+            hourglass::forget_instance(&settings, &id).await?;
+            println!(
+                "Forgot instance {id}; versions older than the other floors are pruned within a minute."
+            );
+            return Ok(());
+        }
+        let now = time::OffsetDateTime::now_utc();
+        let at = |ms: Option<i64>| {
+            ms.and_then(|ms| {
+                time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000).ok()
+            })
+        };
+        println!(
+            "{:<38} {:<8} {:<32} last published",
+            "instance", "journal", "floor"
+        );
+        for i in hourglass::instances(&settings).await? {
+            let floor = match i.floor {
+                Some(i64::MIN) => "owes readings (replay pending)".to_owned(),
+                f => at(f)
+                    .and_then(|t| {
+                        t.format(&time::format_description::well_known::Rfc3339)
+                            .ok()
+                    })
+                    .unwrap_or_else(|| "-".to_owned()),
+            };
+            let seen = at(i.at).map_or_else(
+                || "-".to_owned(),
+                |t| format!("{} s ago", (now - t).whole_seconds()),
+            );
+            println!(
+                "{:<38} {:<8} {:<32} {seen}",
+                i.id,
+                if i.durable { "yes" } else { "no" },
+                floor
+            );
+        }
+        return Ok(());
+    }
+    if let Some(Command::Redrive { sensor, dry_run }) = args.command {
+        let r = hourglass::redrive(&settings, sensor.as_deref(), dry_run).await?;
+        println!(
+            "{} {} dead letters ({} readings); {} refused again, {} unreadable (kept).",
+            if dry_run {
+                "Would re-drive"
+            } else {
+                "Re-drove"
+            },
+            r.letters,
+            r.readings,
+            r.refused,
+            r.unreadable
+        );
         return Ok(());
     }
     let app = Application::build(settings).await?;

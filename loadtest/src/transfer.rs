@@ -102,8 +102,7 @@ pub async fn run(ctx: &Ctx, data: &Dataset) -> anyhow::Result<(Report, bool)> {
             cpu: cpu0.zip(target.cpu()).map(|(a, b)| b - a),
         });
         wait_stored(&target.url, n).await?;
-        let (verdict, good) =
-            crate::verify::run(ctx, data, "minute", &target.database).await?;
+        let (verdict, good) = crate::verify::run(ctx, data, "minute", &target.database).await?;
         if !good {
             report.merge(verdict);
         }

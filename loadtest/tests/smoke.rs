@@ -112,7 +112,11 @@ fn import_and_export_store_and_verify_exactly_beside_the_http_path() {
     let r = run("transfer", &[]);
     let runs = r["data"]["transfer"].as_array().expect("runs");
     assert_eq!(runs.len(), 4, "{r}");
-    assert!(runs.iter().all(|x| x["readings_per_s"].as_f64() > Some(0.0)), "{r}");
+    assert!(
+        runs.iter()
+            .all(|x| x["readings_per_s"].as_f64() > Some(0.0)),
+        "{r}"
+    );
 }
 
 #[test]

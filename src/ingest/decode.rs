@@ -195,6 +195,17 @@ fn decode_one<'a>(
     validate(raw, implied, ctx).map_err(|e| e.to_string())
 }
 
+/// Decodes one reading object that must carry its `ts` (an import's line:
+/// a reading stamped on receipt would be a new one at each import), in one
+/// pass.
+pub fn decode_timestamped<'a>(json: &'a str, ctx: &DecodeContext) -> Result<Reading<'a>, String> {
+    let raw: RawReading<'a> = serde_json::from_str(json).map_err(|e| reason(&e))?;
+    if raw.ts.is_none() {
+        return Err("ts is required in an import".to_owned());
+    }
+    validate(raw, Implied::default(), ctx).map_err(|e| e.to_string())
+}
+
 /// Decodes a body that is one reading object or an array of them.
 pub fn decode_readings<'a>(
     body: &'a [u8],

@@ -794,6 +794,7 @@ async fn the_openapi_document_lists_every_route() {
         ("GET", "/api/v1/average"),
         ("GET", "/api/v1/series"),
         ("GET", "/api/v1/dead_letters"),
+        ("GET", "/api/v1/export"),
         ("GET", "/api/v1/openapi.json"),
         ("GET", "/health/live"),
         ("GET", "/health/ready"),

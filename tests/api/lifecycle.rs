@@ -68,7 +68,10 @@ fn rows(body: &str, csv: bool) -> BTreeMap<(String, String, i64), f64> {
                 v["value"].as_f64().expect("value"),
             )
         };
-        assert!(out.insert(key, value).is_none(), "each reading once: {line}");
+        assert!(
+            out.insert(key, value).is_none(),
+            "each reading once: {line}"
+        );
     }
     out
 }
@@ -151,7 +154,10 @@ async fn an_export_imports_back_unchanged_and_importing_twice_changes_nothing() 
         // CSV, gzipped by the service when the client accepts it.
         let r = source
             .client
-            .get(format!("{}/api/v1/export?{range}&format=csv", source.address))
+            .get(format!(
+                "{}/api/v1/export?{range}&format=csv",
+                source.address
+            ))
             .header("accept-encoding", "gzip")
             .send()
             .await
@@ -226,7 +232,11 @@ async fn an_export_imports_back_unchanged_and_importing_twice_changes_nothing() 
         // same values land on the same seconds.
         let out = cli(&target.address, &["import", "--quiet", path]).await;
         assert!(out.status.success(), "{}", text(&out));
-        assert!(text(&out).contains("(1 already imported)"), "{}", text(&out));
+        assert!(
+            text(&out).contains("(1 already imported)"),
+            "{}",
+            text(&out)
+        );
         let out = cli(&target.address, &["import", "--quiet", "--restart", path]).await;
         assert!(out.status.success(), "{}", text(&out));
         let after = target.buckets().await;
@@ -236,7 +246,11 @@ async fn an_export_imports_back_unchanged_and_importing_twice_changes_nothing() 
                 .map(|d| d.get("count").cloned())
                 .collect::<Vec<_>>()
         };
-        assert_eq!(counts(&after), counts(&before), "{g:?}: nothing counted twice");
+        assert_eq!(
+            counts(&after),
+            counts(&before),
+            "{g:?}: nothing counted twice"
+        );
         target.stop().await.expect("stops");
         source.stop().await.expect("stops");
     }
@@ -295,7 +309,11 @@ async fn line_protocol_and_csv_files_import_with_labels_and_bad_lines_go_to_the_
     )
     .await;
     assert!(out.status.success(), "{}", text(&out));
-    assert!(text(&out).contains("140 readings stored, 4 lines refused"), "{}", text(&out));
+    assert!(
+        text(&out).contains("140 readings stored, 4 lines refused"),
+        "{}",
+        text(&out)
+    );
     let values = all_values(&app.buckets().await, Granularity::Minute);
     assert_eq!(values.len(), 140);
     assert_eq!(
@@ -309,8 +327,7 @@ async fn line_protocol_and_csv_files_import_with_labels_and_bad_lines_go_to_the_
     let roof = app.get_json("/api/v1/sensors?prefix=roof").await;
     assert_eq!(roof["sensors"][0]["labels"]["site"], "berlin", "{roof}");
     let rejected = |name: &str| {
-        std::fs::read_to_string(dir.path().join(format!("{name}.rejects")))
-            .expect("a rejects file")
+        std::fs::read_to_string(dir.path().join(format!("{name}.rejects"))).expect("a rejects file")
     };
     let lp_rejects = rejected("weather.lp.gz");
     let at: Vec<&str> = lp_rejects
@@ -325,18 +342,28 @@ async fn line_protocol_and_csv_files_import_with_labels_and_bad_lines_go_to_the_
         ]
     );
     let csv_rejects = rejected("meters.csv");
-    assert!(csv_rejects.contains(":42: ") && csv_rejects.contains("meter 9"), "{csv_rejects}");
-    assert!(csv_rejects.contains(":43: ") && csv_rejects.contains("many"), "{csv_rejects}");
+    assert!(
+        csv_rejects.contains(":42: ") && csv_rejects.contains("meter 9"),
+        "{csv_rejects}"
+    );
+    assert!(
+        csv_rejects.contains(":43: ") && csv_rejects.contains("many"),
+        "{csv_rejects}"
+    );
     app.stop().await.expect("stops");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_import_with_unknown_columns_or_an_export_without_a_range_is_refused_and_changes_nothing()
-{
+ {
     let app = spawn_app_with(settings_with(Granularity::Minute)).await;
     let dir = tempfile::tempdir().expect("a temporary directory");
     let good = dir.path().join("good.csv");
-    std::fs::write(&good, format!("sensor,ts,value\ns1,{},1\n", base_time() * 1000)).expect("written");
+    std::fs::write(
+        &good,
+        format!("sensor,ts,value\ns1,{},1\n", base_time() * 1000),
+    )
+    .expect("written");
     let bad = dir.path().join("bad.csv");
     std::fs::write(
         &bad,
@@ -428,14 +455,18 @@ async fn an_import_killed_halfway_resumes_and_stores_every_line_once() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("the import starts");
-    eventually(Duration::from_secs(600), "half the file acknowledged", || {
-        let records = std::fs::read_to_string(&checkpoint)
-            .ok()
-            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-            .and_then(|v| v["records"].as_u64())
-            .unwrap_or(0);
-        async move { records >= ROWS as u64 / 2 }
-    })
+    eventually(
+        Duration::from_secs(600),
+        "half the file acknowledged",
+        || {
+            let records = std::fs::read_to_string(&checkpoint)
+                .ok()
+                .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+                .and_then(|v| v["records"].as_u64())
+                .unwrap_or(0);
+            async move { records >= ROWS as u64 / 2 }
+        },
+    )
     .await;
     child.start_kill().expect("SIGKILL");
     let status = child.wait().await.expect("reaped");
@@ -444,7 +475,10 @@ async fn an_import_killed_halfway_resumes_and_stores_every_line_once() {
     let out = cli(&app.address, &["import", "--quiet", path]).await;
     assert!(out.status.success(), "{}", text(&out));
     assert!(
-        text(&out).contains(&format!("{good} readings stored, {} lines refused", bad_lines.len())),
+        text(&out).contains(&format!(
+            "{good} readings stored, {} lines refused",
+            bad_lines.len()
+        )),
         "{}",
         text(&out)
     );
@@ -494,7 +528,11 @@ async fn an_import_killed_halfway_resumes_and_stores_every_line_once() {
     let values = all_values(&docs, Granularity::Hour);
     assert_eq!(values.len() as u64, good);
     for i in (0..ROWS).filter(|i| !bad_lines.contains(&(i + 2))) {
-        let key = (format!("s{}", i % SENSORS), "value".to_owned(), t0 + i / SENSORS);
+        let key = (
+            format!("s{}", i % SENSORS),
+            "value".to_owned(),
+            t0 + i / SENSORS,
+        );
         assert_eq!(values.get(&key), Some(&((i % 1000) as f64)), "row {i}");
     }
     app.stop().await.expect("stops");

@@ -10,7 +10,7 @@ use std::io::Write;
 use bumpalo::Bump;
 
 use crate::domain::{MetricName, Reading, SensorId};
-use crate::ingest::decode::{DecodeContext, decode_readings};
+use crate::ingest::decode::{DecodeContext, decode_timestamped};
 use crate::ingest::line_protocol::parse::{Line, parse_line};
 use crate::ingest::line_protocol::{Precision, decode as decode_line_protocol};
 
@@ -179,21 +179,12 @@ impl Converter {
                 self.csv(columns, record, out).map(|()| 1)
             }
             Format::Ndjson => {
-                let readings =
-                    decode_readings(text.as_bytes(), &self.ctx).map_err(|e| match e {
-                        crate::ingest::decode::DecodeError::Invalid { ref details, .. } => details
-                            .first()
-                            .map_or_else(|| e.to_string(), |d| d.reason.clone()),
-                        e => e.to_string(),
-                    })?;
                 if !text.trim_start().starts_with('{') {
                     return Err("a line must hold one reading object".to_owned());
                 }
-                if !has_ts(text) {
-                    return Err("ts is required in an import".to_owned());
-                }
+                decode_timestamped(text, &self.ctx)?;
                 out.extend_from_slice(text.trim().as_bytes());
-                Ok(readings.len())
+                Ok(1)
             }
             Format::LineProtocol => {
                 let mut line = Line::default();
@@ -294,16 +285,6 @@ impl Converter {
             TsUnit::Nanoseconds => "epoch nanoseconds",
         }
     }
-}
-
-/// Whether a JSON reading names its `ts` (a non-null one).
-fn has_ts(text: &str) -> bool {
-    #[derive(serde::Deserialize)]
-    struct Ts<'a> {
-        #[serde(borrow, default)]
-        ts: Option<&'a serde_json::value::RawValue>,
-    }
-    serde_json::from_str::<Ts<'_>>(text).is_ok_and(|t| t.ts.is_some_and(|v| v.get() != "null"))
 }
 
 #[cfg(test)]
