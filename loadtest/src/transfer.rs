@@ -38,8 +38,19 @@ fn write_file(data: &Dataset, path: &Path, csv: bool) -> anyhow::Result<u64> {
     Ok(std::fs::metadata(path)?.len())
 }
 
-/// Runs the `hourglass` binary's `args` against `target`; its wall time.
-async fn cli(ctx: &Ctx, target: &Target, args: &[&str]) -> anyhow::Result<f64> {
+/// CPU seconds of the children reaped so far.
+fn children_cpu() -> f64 {
+    use nix::sys::resource::{UsageWho, getrusage};
+    getrusage(UsageWho::RUSAGE_CHILDREN).map_or(0.0, |u| {
+        let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
+        t(u.user_time()) + t(u.system_time())
+    })
+}
+
+/// Runs the `hourglass` binary's `args` against `target`: its wall time and
+/// its CPU time.
+async fn cli(ctx: &Ctx, target: &Target, args: &[&str]) -> anyhow::Result<(f64, f64)> {
+    let cpu0 = children_cpu();
     let started = Instant::now();
     // Built-in defaults, as the instances under test run.
     let out = tokio::process::Command::new(ctx.hourglass_bin())
@@ -56,13 +67,19 @@ async fn cli(ctx: &Ctx, target: &Target, args: &[&str]) -> anyhow::Result<f64> {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    Ok(started.elapsed().as_secs_f64())
+    Ok((started.elapsed().as_secs_f64(), children_cpu() - cpu0))
 }
 
 struct Run {
     what: String,
+    /// Until the last reading was acknowledged.
     seconds: f64,
+    /// Until the last reading was stored.
+    stored: Option<f64>,
+    /// The service's CPU seconds.
     cpu: Option<f64>,
+    /// The client's CPU seconds (the import or export command).
+    client_cpu: Option<f64>,
 }
 
 pub async fn run(ctx: &Ctx, data: &Dataset) -> anyhow::Result<(Report, bool)> {
@@ -73,13 +90,21 @@ pub async fn run(ctx: &Ctx, data: &Dataset) -> anyhow::Result<(Report, bool)> {
     let mut report = Report::new("Hourglass import and export");
 
     // The HTTP path: the backfill's client, 5 000 readings a request, 4 at a time.
+    // Each run waits until everything is stored before the next starts: the
+    // stand-in server stores far slower than the service acknowledges, and
+    // a run must not pay for the one before it.
     let http = ctx.target("transfer_http", "minute", false, true).await?;
     let cpu0 = http.cpu();
+    let started = Instant::now();
     let o = crate::backfill::send_all(ctx, &http, data, 5000, 4).await?;
+    let cpu = cpu0.zip(http.cpu()).map(|(a, b)| b - a);
+    wait_stored(&http.url, n).await?;
     runs.push(Run {
-        what: "HTTP path (POST /api/v1/readings, 5 000 a request, 4 in flight)".into(),
+        what: "HTTP path (POST /api/v1/readings, 5 000 a request, 4 in flight; bodies built beforehand)".into(),
         seconds: o.seconds,
-        cpu: cpu0.zip(http.cpu()).map(|(a, b)| b - a),
+        stored: Some(started.elapsed().as_secs_f64()),
+        cpu,
+        client_cpu: None,
     });
     drop(http);
 
@@ -92,16 +117,20 @@ pub async fn run(ctx: &Ctx, data: &Dataset) -> anyhow::Result<(Report, bool)> {
             .await?;
         let cpu0 = target.cpu();
         let path = file.to_string_lossy().into_owned();
-        let seconds = cli(ctx, &target, &["import", "--quiet", &path]).await?;
+        let started = Instant::now();
+        let (seconds, client) = cli(ctx, &target, &["import", "--quiet", &path]).await?;
+        let cpu = cpu0.zip(target.cpu()).map(|(a, b)| b - a);
+        wait_stored(&target.url, n).await?;
         runs.push(Run {
             what: format!(
                 "hourglass import, {format} ({:.1} MB, 5 000 a request, 4 in flight)",
                 bytes as f64 / 1e6
             ),
             seconds,
-            cpu: cpu0.zip(target.cpu()).map(|(a, b)| b - a),
+            stored: Some(started.elapsed().as_secs_f64()),
+            cpu,
+            client_cpu: Some(client),
         });
-        wait_stored(&target.url, n).await?;
         let (verdict, good) = crate::verify::run(ctx, data, "minute", &target.database).await?;
         if !good {
             report.merge(verdict);
@@ -113,33 +142,43 @@ pub async fn run(ctx: &Ctx, data: &Dataset) -> anyhow::Result<(Report, bool)> {
         let out = dir.path().join("export.ndjson");
         let path = out.to_string_lossy().into_owned();
         let (from, to) = (rfc3339(data.start), rfc3339(data.end()));
-        let seconds = cli(
+        let cpu0 = target.cpu();
+        let (seconds, client) = cli(
             ctx,
             target,
             &["export", "--from", &from, "--to", &to, "-o", &path],
         )
         .await?;
+        let cpu = cpu0.zip(target.cpu()).map(|(a, b)| b - a);
         let lines = std::fs::read_to_string(&out)?.lines().count() as u64;
         ok &= lines == n;
         runs.push(Run {
             what: format!("hourglass export, ndjson ({lines} lines of {n})"),
             seconds,
-            cpu: None,
+            stored: None,
+            cpu,
+            client_cpu: Some(client),
         });
     }
 
     let base = runs[0].seconds;
+    let base_stored = runs[0].stored.unwrap_or(base);
     let mut s = Section::new(
         &format!("Import and export: {n} readings, one minute-bucket instance each (journal on)"),
         &[
             "path",
-            "seconds",
-            "readings/s",
-            "× the HTTP path's rate",
-            "service CPU per reading (µs)",
+            "s to acknowledge",
+            "readings/s acknowledged",
+            "× HTTP",
+            "s to store",
+            "readings/s stored",
+            "× HTTP",
+            "service CPU/reading (µs)",
+            "client CPU/reading (µs)",
         ],
     );
     let mut figures = Vec::new();
+    let per = |c: Option<f64>| c.map_or_else(|| "-".into(), |c| f(c / n as f64 * 1e6));
     for r in &runs {
         let rate = n as f64 / r.seconds;
         s.row(vec![
@@ -147,12 +186,19 @@ pub async fn run(ctx: &Ctx, data: &Dataset) -> anyhow::Result<(Report, bool)> {
             f(r.seconds),
             f(rate),
             f(base / r.seconds),
-            r.cpu.map_or_else(|| "-".into(), |c| f(c / n as f64 * 1e6)),
+            r.stored.map_or_else(|| "-".into(), f),
+            r.stored.map_or_else(|| "-".into(), |t| f(n as f64 / t)),
+            r.stored.map_or_else(|| "-".into(), |t| f(base_stored / t)),
+            per(r.cpu),
+            per(r.client_cpu),
         ]);
         figures.push(serde_json::json!({
             "path": r.what, "seconds": r.seconds, "readings_per_s": rate,
             "ratio_to_http": base / r.seconds,
+            "stored_seconds": r.stored,
+            "stored_ratio_to_http": r.stored.map(|t| base_stored / t),
             "service_cpu_us_per_reading": r.cpu.map(|c| c / n as f64 * 1e6),
+            "client_cpu_us_per_reading": r.client_cpu.map(|c| c / n as f64 * 1e6),
         }));
     }
     report.sections.push(s);

@@ -516,7 +516,8 @@ async fn deliver(
 ) -> Result<(u64, Vec<Reject>), TransferError> {
     let mut stored = 0u64;
     let mut refused = Vec::new();
-    let mut pending = vec![0..batch.items.len()];
+    let mut pending = Vec::new();
+    pending.push(0..batch.items.len());
     let mut body = Vec::new();
     while let Some(range) = pending.pop() {
         let items = &batch.items[range.clone()];
