@@ -21,6 +21,8 @@ pub enum Scope {
     Ingest,
     /// `GET /api/v1/sensors/...`.
     Query,
+    /// `DELETE /api/v1/readings`: never a device token's.
+    Admin,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -53,8 +55,10 @@ pub enum AuthConfigError {
     Name(usize),
     #[error("auth.tokens[{0}].sha256 must be 64 hex characters (see `hourglass hash-token`)")]
     Hash(usize),
-    #[error("auth.tokens[{0}].scopes must name at least one of ingest, query")]
+    #[error("auth.tokens[{0}].scopes must name at least one of ingest, query, admin")]
     Scopes(usize),
+    #[error("auth.tokens[{0}] has the admin scope and sensor patterns: a device token may not delete; give admin to a token without sensors")]
+    DeviceAdmin(usize),
     #[error("auth.tokens[{0}].sensors must hold non-empty patterns")]
     Sensors(usize),
 }
@@ -113,6 +117,9 @@ impl Settings {
                 .is_some_and(|s| s.is_empty() || s.iter().any(String::is_empty))
             {
                 return Err(AuthConfigError::Sensors(i));
+            }
+            if t.sensors.is_some() && t.scopes.contains(&Scope::Admin) {
+                return Err(AuthConfigError::DeviceAdmin(i));
             }
             tokens.push(Token {
                 name: t.name.clone(),

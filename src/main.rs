@@ -130,6 +130,30 @@ enum Command {
         #[arg(long, short)]
         output: Option<PathBuf>,
     },
+    /// Deletes readings by sensor and range through a running instance's
+    /// DELETE /api/v1/readings (HOURGLASS_URL, HOURGLASS_TOKEN with the admin
+    /// scope): removed from their buckets, rollups and registry, and from
+    /// what any instance still holds. Idempotent, safe to retry.
+    Delete {
+        /// A sensor id or a glob of one (* and ?).
+        #[arg(long)]
+        sensor: Option<String>,
+        /// Only sensors with this label value, as NAME=VALUE (repeatable).
+        #[arg(long = "label", value_name = "NAME=VALUE", value_parser = pair)]
+        labels: Vec<(String, String)>,
+        /// One metric; every metric by default.
+        #[arg(long)]
+        metric: Option<String>,
+        /// From this instant (RFC 3339 or epoch ms).
+        #[arg(long)]
+        from: String,
+        /// Up to this instant (excluded).
+        #[arg(long)]
+        to: String,
+        /// Count what would be deleted; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Writes dead letters into their buckets (with rollups and registry)
     /// once what refused them is fixed, deleting each one stored; one
     /// refused again stays with the new reason. Idempotent, safe while the
@@ -216,6 +240,41 @@ async fn main() -> anyhow::Result<()> {
         for f in &s.rejects_files {
             println!("Refused lines, with file and line number: {}", f.display());
         }
+        return Ok(());
+    }
+    if let Some(Command::Delete {
+        sensor,
+        labels,
+        metric,
+        from,
+        to,
+        dry_run,
+    }) = args.command
+    {
+        let mut query = vec![
+            ("from".to_owned(), from),
+            ("to".to_owned(), to),
+            ("dry_run".to_owned(), dry_run.to_string()),
+        ];
+        for (k, v) in [("sensor", sensor), ("metric", metric)] {
+            if let Some(v) = v {
+                query.push((k.to_owned(), v));
+            }
+        }
+        for (k, v) in labels {
+            query.push((format!("label.{k}"), v));
+        }
+        let answer = hourglass::delete(&settings, &query).await?;
+        let n = |k: &str| answer[k].as_u64().unwrap_or(0);
+        println!(
+            "{} {} readings of {} sensors: {} buckets edited, {} deleted, {} series emptied.",
+            if dry_run { "Would delete" } else { "Deleted" },
+            n("readings"),
+            n("sensors"),
+            n("buckets_edited"),
+            n("buckets_deleted"),
+            n("series_emptied")
+        );
         return Ok(());
     }
     if let Some(Command::Export {

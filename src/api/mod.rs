@@ -3,6 +3,7 @@
 
 mod auth;
 mod console;
+mod delete;
 mod export;
 pub mod health;
 mod influx;
@@ -132,6 +133,12 @@ pub fn router<S: BucketStore + 'static>(state: AppState<S>) -> Router {
         .route_layer(require(Scope::Ingest));
     // InfluxDB's write API. Its 1.x clients may send the token as `p`; bodies
     // may be gzipped, and the body limit counts decompressed bytes.
+    let admin = Router::new()
+        .route(
+            "/api/v1/readings",
+            axum::routing::delete(delete::delete_readings::<S>),
+        )
+        .route_layer(require(Scope::Admin));
     let influx_v1 = Router::new()
         .route("/write", post(influx::write_v1::<S>))
         .route("/query", get(influx::query).post(influx::query))
@@ -175,6 +182,7 @@ pub fn router<S: BucketStore + 'static>(state: AppState<S>) -> Router {
         ));
     let api = Router::new()
         .merge(ingest)
+        .merge(admin)
         .merge(influx)
         .merge(queries)
         .layer(axum::extract::DefaultBodyLimit::max(http.max_body_bytes))

@@ -5,7 +5,7 @@
 use axum::Json;
 use utoipa::OpenApi;
 
-use super::{export, health, ingest, query};
+use super::{delete, export, health, ingest, query};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -15,6 +15,7 @@ use super::{export, health, ingest, query};
     ),
     paths(
         ingest::post_readings,
+        delete::delete_readings,
         query::put_labels,
         query::list_sensors,
         query::average,
@@ -30,6 +31,7 @@ use super::{export, health, ingest, query};
         health::metrics,
     ),
     components(schemas(
+        delete::DeleteResponse,
         query::Point,
         query::AverageResponse,
         query::SeriesResponse,

@@ -66,6 +66,58 @@ static HOUR_TOTALS: LazyLock<RawDocumentBuf> = LazyLock::new(|| {
 static WRITE_COUNTER: LazyLock<RawDocumentBuf> =
     LazyLock::new(|| rawdoc! { "$add": [ { "$ifNull": ["$n", 0] }, 1 ] });
 
+/// The update pipeline that removes the values at `removed` (offsets in
+/// seconds) from a bucket with their versions, recomputes its aggregates
+/// (and an hour bucket's minutes') from the values `left`, and counts the
+/// write (see `store::delete`). `left` must not be empty: a bucket left
+/// with nothing is deleted instead.
+pub fn removal_pipeline(granularity: Granularity, removed: &[u16], left: &[u16]) -> Vec<RawDocumentBuf> {
+    let mut unset = mongodb::bson::RawArrayBuf::new();
+    let mut stages = Vec::new();
+    match granularity {
+        Granularity::Minute => {
+            for &o in removed {
+                unset.push(format!("v.{}", field_name(o)));
+            }
+        }
+        Granularity::Hour => {
+            let minute_left = |m: u16| left.iter().any(|&o| o / 60 == m);
+            let mut touched: Vec<u16> = removed.iter().map(|&o| o / 60).collect();
+            touched.dedup();
+            for &o in removed {
+                if minute_left(o / 60) {
+                    unset.push(format!("v.{}.{}", field_name(o / 60), field_name(o % 60)));
+                }
+            }
+            let mut minutes = RawDocumentBuf::new();
+            for &m in &touched {
+                if minute_left(m) {
+                    minutes.append_ref(field_name(m), &*MINUTE_AGGREGATES[usize::from(m)]);
+                } else {
+                    unset.push(format!("v.{}", field_name(m)));
+                    unset.push(format!("m.{}", field_name(m)));
+                }
+            }
+            if !minutes.is_empty() {
+                stages.push(rawdoc! { "$set": {
+                    "m": { "$mergeObjects": [ { "$ifNull": ["$m", {}] }, minutes ] },
+                }});
+            }
+        }
+    }
+    for &o in removed {
+        unset.push(format!("a.{o}"));
+    }
+    let mut out = vec![rawdoc! { "$unset": unset }];
+    out.extend(stages);
+    match granularity {
+        Granularity::Minute => out.extend(MINUTE_TOTALS.iter().cloned()),
+        Granularity::Hour => out.push(HOUR_TOTALS.clone()),
+    }
+    out.push(rawdoc! { "$set": { "n": WRITE_COUNTER.clone() } });
+    out
+}
+
 pub fn start_date(start: i64) -> DateTime {
     DateTime::from_millis(start.saturating_mul(1000))
 }

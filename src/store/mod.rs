@@ -1,6 +1,7 @@
 //! Bucket storage: the [`BucketStore`] trait and its MongoDB implementation.
 
 pub mod command;
+pub mod delete;
 pub mod document;
 pub mod errors;
 pub mod floor;
@@ -141,6 +142,15 @@ pub trait BucketStore: Sink {
         from: i64,
         to: i64,
     ) -> impl Future<Output = Result<BucketStream, StoreError>> + Send;
+
+    /// Deletes the readings `selection` covers that were acknowledged
+    /// before the call, everywhere they are (see `delete`); with `dry_run`
+    /// counts them and changes nothing.
+    fn delete_readings(
+        &self,
+        selection: &delete::Selection,
+        dry_run: bool,
+    ) -> impl Future<Output = Result<delete::Deleted, delete::DeleteError>> + Send;
 
     /// Checks that the server answers.
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;

@@ -322,12 +322,34 @@ pub fn statement(
     start: i64,
     slots: &[Slot],
 ) -> RawDocumentBuf {
+    statement_removing(sensor, metric, period, start, slots, &[])
+}
+
+/// [`statement`], but the slots starting at `replaced` are written whatever
+/// is stored, and removed when they hold nothing: spans rolled up again
+/// while marked late, whose readings a delete may have removed (see
+/// `store::delete`), so that their write counts went down. No write can be
+/// racing unseen: one after the read marks the hour again, and it is
+/// rolled up once more.
+pub fn statement_removing(
+    sensor: &str,
+    metric: &str,
+    period: Period,
+    start: i64,
+    slots: &[Slot],
+    replaced: &[i64],
+) -> RawDocumentBuf {
+    let mut removed = Vec::new();
     let mut written = RawDocumentBuf::new();
     let mut bits: u64 = 0;
     for slot in slots {
         let k = (slot.start - start) / period.slot_seconds();
         bits |= 1 << k;
+        let forced = replaced.contains(&slot.start);
         let Some(encoded) = encode_slot(slot) else {
+            if forced {
+                removed.push(slot.start);
+            }
             continue;
         };
         let field = SLOT_PATHS.get(k as usize);
@@ -335,6 +357,10 @@ pub fn statement(
             Some((key, path, w)) => (key.as_str(), path.as_str(), w.as_str()),
             None => continue,
         };
+        if forced {
+            written.append(key, rawdoc! { "$literal": encoded });
+            continue;
+        }
         written.append(
             key,
             rawdoc! { "$cond": [
@@ -363,6 +389,14 @@ pub fn statement(
     }});
     // What version 1 kept beside the slots.
     pipeline.push(rawdoc! { "$unset": ["count", "sum", "min", "max", "n"] });
+    if !removed.is_empty() {
+        let mut paths = RawArrayBuf::new();
+        for at in removed {
+            let k = (at - start) / period.slot_seconds();
+            paths.push(format!("s.{k}"));
+        }
+        pipeline.push(rawdoc! { "$unset": paths });
+    }
     statement.append("u", pipeline);
     statement.append("upsert", true);
     statement
@@ -412,6 +446,9 @@ pub struct Hour {
     pub minutes: Vec<Slot>,
     /// The day document's slot for the hour.
     pub slot: Slot,
+    /// `minutes` holds only the minutes read again (the others stand as
+    /// stored), not every minute of the hour.
+    pub partial: bool,
 }
 
 /// Rolls up one hour from its buckets (sorted by start, all of the hour).
@@ -427,6 +464,7 @@ pub fn roll_hour(granularity: Granularity, hour: i64, buckets: &[BucketRead]) ->
                 start: hour,
                 minutes,
                 slot,
+                partial: false,
             }
         }
         Granularity::Hour => {
@@ -437,6 +475,7 @@ pub fn roll_hour(granularity: Granularity, hour: i64, buckets: &[BucketRead]) ->
                 start: hour,
                 minutes: Vec::new(),
                 slot: Slot::of(hour, &samples, n),
+                partial: false,
             }
         }
     }

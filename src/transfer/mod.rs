@@ -8,6 +8,7 @@
 //!
 //! - [`import`]: files into readings, with checkpoints and rejects.
 //! - [`export`]: `GET /api/v1/export` into a file, gzip if asked.
+//! - [`delete`]: `DELETE /api/v1/readings` for `hourglass delete`.
 //! - this module: the HTTP client both use.
 
 pub mod export;
@@ -190,6 +191,39 @@ impl Client {
             delay = (delay * 2).min(Duration::from_secs(5));
         }
     }
+}
+
+/// `hourglass delete`: `DELETE /api/v1/readings` with `query`; its answer.
+pub async fn delete(
+    settings: &Settings,
+    query: &[(String, String)],
+) -> Result<serde_json::Value, TransferError> {
+    let client = Client::new(settings)?;
+    let url = reqwest::Url::parse_with_params(
+        &format!("{}/api/v1/readings", client.base()),
+        query.iter(),
+    )
+    .map_err(|e| TransferError::Usage(format!("the service URL {}: {e}", client.base())))?;
+    let r = client
+        .authorized(client.http.delete(url))
+        .send()
+        .await
+        .map_err(|e| {
+            TransferError::Service(format!(
+                "no Hourglass answers at {} ({e}); start it, or set HOURGLASS_URL",
+                client.base()
+            ))
+        })?;
+    let status = r.status();
+    if !status.is_success() {
+        let message = error_message(r).await;
+        return Err(TransferError::Service(format!(
+            "the service answered {status}: {message}"
+        )));
+    }
+    r.json()
+        .await
+        .map_err(|e| TransferError::Service(format!("the answer was not JSON: {e}")))
 }
 
 /// The `error` (or InfluxDB's `message`) of an error answer, else its text.

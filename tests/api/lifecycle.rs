@@ -537,3 +537,219 @@ async fn an_import_killed_halfway_resumes_and_stores_every_line_once() {
     }
     app.stop().await.expect("stops");
 }
+
+fn delete_path(query: &str) -> String {
+    format!("/api/v1/readings?{query}")
+}
+
+async fn delete(app: &TestApp, query: &str) -> reqwest::Response {
+    app.client
+        .delete(format!("{}{}", app.address, delete_path(query)))
+        .send()
+        .await
+        .expect("sent")
+}
+
+/// Readings of `sensors` × `metrics` every 7 s over three ended hours.
+fn fleet(t0: i64, sensors: &[&str], metrics: &[&str]) -> BTreeMap<(String, String, i64), f64> {
+    let mut data = BTreeMap::new();
+    for (k, s) in sensors.iter().enumerate() {
+        for (j, m) in metrics.iter().enumerate() {
+            for i in 0..(3 * 3600 / 7) {
+                let ts = t0 + i * 7 + k as i64;
+                data.insert(
+                    ((*s).to_owned(), (*m).to_owned(), ts),
+                    ((i * 13 + j as i64 * 5) % 97) as f64 * 0.5 - 11.0,
+                );
+            }
+        }
+    }
+    data
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_partial_and_whole_buckets_keeps_every_rollup_slot_and_average_exact() {
+    for g in [Granularity::Minute, Granularity::Hour] {
+        let app = spawn_app_with(settings_with(g)).await;
+        let t0 = base_time() - 4 * 3600;
+        let mut data = fleet(t0, &["d1", "d2"], &["temp", "hum"]);
+        post_all(&app, &data).await;
+        crate::engine::assert_rollups_match_buckets(&app, g).await;
+
+        // From the middle of one bucket to the middle of another, over
+        // whole buckets (and, with hour buckets, a whole hour).
+        let (from, to) = (t0 + 1234, t0 + 2 * 3600 + 1801);
+        let gone = |s: &str, m: &str, ts: i64| s == "d1" && m == "temp" && (from..to).contains(&ts);
+        let want = data.keys().filter(|(s, m, ts)| gone(s, m, *ts)).count() as u64;
+        let query = format!("sensor=d1&metric=temp&from={}&to={}", rfc3339(from), rfc3339(to));
+        let before = app.buckets().await;
+        let dry: Value = delete(&app, &format!("{query}&dry_run=true")).await.json().await.expect("JSON");
+        assert_eq!(dry["readings"].as_u64(), Some(want), "{g:?}: {dry}");
+        assert_eq!(dry["dry_run"], true);
+        assert_eq!(app.buckets().await, before, "{g:?}: a dry run changes nothing");
+
+        let r = delete(&app, &query).await;
+        assert_eq!(r.status(), 200);
+        let done: Value = r.json().await.expect("JSON");
+        assert_eq!(done["readings"].as_u64(), Some(want), "{g:?}: {done}");
+        assert!(done["buckets_deleted"].as_u64() > Some(0), "{g:?}: {done}");
+        assert!(done["buckets_edited"].as_u64() >= Some(1), "{g:?}: {done}");
+        assert_eq!(done["sensors"], 1);
+        data.retain(|(s, m, ts), _| !gone(s, m, *ts));
+
+        // Exact at once (the hours are marked late: buckets are read) …
+        let model = |s: &str, m: &str| -> BTreeMap<i64, f64> {
+            data.iter()
+                .filter(|((ds, dm, _), _)| ds == s && dm == m)
+                .map(|((_, _, ts), v)| (*ts, *v))
+                .collect()
+        };
+        for (s, m) in [("d1", "temp"), ("d1", "hum"), ("d2", "temp")] {
+            for (f, t) in [(t0 - 3600, t0 + 5 * 3600), (from - 61, to + 59), (t0, t0 + 86_400)] {
+                let got = app.get_json(&crate::engine::average_path(s, m, f, t)).await;
+                crate::engine::assert_aggregates(
+                    &got,
+                    crate::helpers::expected(&model(s, m), f, t),
+                    &format!("{g:?} {s} {m} {f}..{t}"),
+                );
+            }
+        }
+        let docs = app.buckets().await;
+        assert_invariants(&docs, g);
+        assert_eq!(all_values(&docs, g), data, "{g:?}: the buckets hold what is left");
+        // … and once rolled up again, every rollup slot equals its buckets.
+        crate::engine::assert_rollups_match_buckets(&app, g).await;
+
+        // Again: nothing left to delete.
+        let again: Value = delete(&app, &query).await.json().await.expect("JSON");
+        assert_eq!(again["readings"], 0, "{g:?}: {again}");
+
+        // A whole series: its metric leaves the registry; the sensor stays.
+        let all = format!("sensor=d2&metric=hum&from={}&to={}", rfc3339(t0 - 86_400), rfc3339(t0 + 86_400));
+        let done: Value = delete(&app, &all).await.json().await.expect("JSON");
+        assert_eq!(done["series_emptied"], 1, "{g:?}: {done}");
+        data.retain(|(s, m, _), _| !(s == "d2" && m == "hum"));
+        assert_eq!(all_values(&app.buckets().await, g), data);
+        let listed = app.get_json("/api/v1/sensors?prefix=d2").await;
+        assert_eq!(listed["sensors"][0]["metrics"], json!(["temp"]), "{listed}");
+        crate::engine::assert_rollups_match_buckets(&app, g).await;
+        app.stop().await.expect("stops");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_without_a_range_or_selector_is_refused_and_deletes_nothing() {
+    let app = spawn_app_with(settings_with(Granularity::Minute)).await;
+    let t0 = base_time();
+    let data = fleet(t0, &["d1"], &["temp"]);
+    post_all(&app, &data).await;
+    let before = app.buckets().await;
+    let (from, to) = (rfc3339(t0), rfc3339(t0 + 3600));
+    for (query, why) in [
+        (format!("from={from}&to={to}"), "sensor="),
+        (format!("sensor=d1&to={to}"), "from= and to="),
+        (format!("sensor=d1&from={to}&to={from}"), "before"),
+        (format!("sensor=d1&from={from}&to={to}&dry_run=maybe"), "dry_run"),
+        (format!("sensor=d1&from={from}&to={to}&colour=red"), "unknown parameter"),
+    ] {
+        let r = delete(&app, &query).await;
+        assert_eq!(r.status(), 400, "{query}");
+        let body: Value = r.json().await.expect("JSON");
+        assert!(body["error"].as_str().is_some_and(|e| e.contains(why)), "{query}: {body}");
+    }
+    assert_eq!(app.buckets().await, before);
+    app.stop().await.expect("stops");
+}
+
+/// Writes into the range go on while the delete runs: each reading
+/// acknowledged before the delete was sent is gone, each acknowledged
+/// after its answer is kept; readings held unstored by the journal and
+/// batcher when it ran never reach a bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_racing_writes_keeps_what_was_acknowledged_after_it_and_drops_what_was_held() {
+    let mut settings = journal_settings();
+    // Journaled readings wait in the batcher between flushes.
+    settings.batcher.flush_interval = Duration::from_secs(3);
+    let app = spawn_app_with(settings).await;
+    let t0 = base_time() - 3 * 3600;
+    let (from, to) = (t0, t0 + 3600);
+    let old = fleet(t0, &["r1"], &["temp"]);
+    post_all(&app, &old).await;
+    // Stored, then a second round over the same seconds that the batcher
+    // still holds when the delete runs.
+    let stored = old.len();
+    eventually(Duration::from_secs(60), "the first round stored", || {
+        let n = app.buckets();
+        async move { all_values(&n.await, Granularity::Minute).len() == stored }
+    })
+    .await;
+    let held: BTreeMap<_, _> = old
+        .iter()
+        .filter(|(k, _)| (from..to).contains(&k.2))
+        .map(|(k, v)| (k.clone(), v + 1000.0))
+        .collect();
+    post_all(&app, &held).await;
+
+    // A writer of new seconds in the range, all along.
+    let writer = {
+        let (client, url) = (app.client.clone(), format!("{}/api/v1/readings", app.address));
+        tokio::spawn(async move {
+            let mut log = Vec::new();
+            for i in 0..400_i64 {
+                let ts = from + 3 + i * 7; // seconds the first rounds left empty
+                let sent = std::time::Instant::now();
+                let r = client
+                    .post(&url)
+                    .json(&json!([reading("r1", "temp", ts, i as f64)]))
+                    .send()
+                    .await
+                    .expect("sent");
+                assert_eq!(r.status(), 200);
+                log.push((ts, i as f64, sent, std::time::Instant::now()));
+            }
+            log
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let sent = std::time::Instant::now();
+    let r = delete(&app, &format!("sensor=r1&from={}&to={}", rfc3339(from), rfc3339(to))).await;
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    let answered = std::time::Instant::now();
+    let log = writer.await.expect("the writer ends");
+    assert!(log.iter().any(|w| w.2 > answered), "some writes came after the answer");
+    assert!(log.iter().any(|w| w.3 < sent), "some writes came before the delete");
+    let (db, collection) = (app.db.clone(), app.settings.mongodb.collection.clone());
+    app.stop().await.expect("drains");
+
+    // What the journal and batcher held is gone with the rest of the range.
+    let docs: Vec<mongodb::bson::Document> = {
+        use futures_util::TryStreamExt;
+        db.collection::<mongodb::bson::Document>(&collection)
+            .find(mongodb::bson::doc! {})
+            .await
+            .expect("find")
+            .try_collect()
+            .await
+            .expect("buckets")
+    };
+    let values = all_values(&docs, Granularity::Minute);
+    for (k, v) in &old {
+        if (from..to).contains(&k.2) {
+            assert!(
+                log.iter().any(|w| w.0 == k.2) || !values.contains_key(k),
+                "{k:?} was deleted, yet {:?} is stored (held {v})",
+                values.get(k)
+            );
+        } else {
+            assert_eq!(values.get(k), Some(v), "{k:?} is outside the range");
+        }
+    }
+    for &(ts, v, sent_at, acked_at) in &log {
+        let key = ("r1".to_owned(), "temp".to_owned(), ts);
+        if sent_at > answered {
+            assert_eq!(values.get(&key), Some(&v), "{ts} acknowledged after the delete");
+        } else if acked_at < sent {
+            assert_eq!(values.get(&key), None, "{ts} acknowledged before the delete");
+        }
+    }
+}

@@ -115,15 +115,39 @@ impl MongoStore {
         now: i64,
     ) -> Result<Others, StoreError> {
         let own = format!("{PREFIX}{id}");
+        let _ = self.instance_id.set(own.clone());
         self.metadata
             .update_one(
                 doc! { "_id": &own },
-                doc! { "$set": { "floor": floor, "durable": durable, "at": DateTime::from_millis(now) } },
+                doc! { "$set": {
+                    "floor": floor,
+                    "durable": durable,
+                    "at": DateTime::from_millis(now),
+                    // The newest delete applied: a delete waits for it.
+                    "seen": self.deletes_seen(),
+                } },
             )
             .upsert(true)
             .await
             .map_err(classify)?;
-        let docs = self.instance_documents().await?;
+        // The instances' documents and the deletes' tombstones, in one read.
+        let pattern = format!(
+            "^({}|{})",
+            regex::escape(PREFIX),
+            regex::escape(crate::store::delete::PREFIX)
+        );
+        let all: Vec<Document> = self
+            .metadata
+            .find(doc! { "_id": { "$regex": pattern } })
+            .await
+            .map_err(classify_read)?
+            .try_collect()
+            .await
+            .map_err(classify_read)?;
+        let (docs, tombstones): (Vec<Document>, Vec<Document>) = all
+            .into_iter()
+            .partition(|d| d.get_str("_id").is_ok_and(|id| id.starts_with(PREFIX)));
+        self.apply_tombstones(&tombstones).await;
         self.count(|m| {
             m.db_documents("written", "metadata", "instance_floor", 1);
             m.db_documents("read", "metadata", "instance_floor", docs.len() as u64);
@@ -136,7 +160,7 @@ impl MongoStore {
     }
 
     /// Every instance's published document.
-    async fn instance_documents(&self) -> Result<Vec<Document>, StoreError> {
+    pub(super) async fn instance_documents(&self) -> Result<Vec<Document>, StoreError> {
         let pattern = format!("^{}", regex::escape(PREFIX));
         self.metadata
             .find(doc! { "_id": { "$regex": pattern } })
@@ -145,6 +169,11 @@ impl MongoStore {
             .try_collect()
             .await
             .map_err(classify_read)
+    }
+
+    /// This instance's document id, once it has published.
+    pub(super) fn instance_id(&self) -> Option<String> {
+        self.instance_id.get().cloned()
     }
 
     /// Every instance recorded, as it last published.

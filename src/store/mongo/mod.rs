@@ -28,6 +28,7 @@ use crate::telemetry::metrics::Metrics;
 /// The unique index on a bucket's identity. Its prefix `(sensor, metric)` plus
 /// the range on `start` also serves every query, so it is the only index.
 mod dead_letters;
+mod delete;
 mod indexes;
 mod instances;
 mod late;
@@ -91,6 +92,10 @@ pub struct MongoStore {
     registering: Option<tokio::sync::mpsc::Sender<registry::Registering>>,
     /// What is unstored elsewhere: which values keep their version.
     watermarks: Arc<Watermarks>,
+    /// The deletes every write leaves out (see `store::delete`).
+    deletes: Arc<delete::Deletes>,
+    /// This instance's id, once it has published its floor.
+    instance_id: Arc<std::sync::OnceLock<String>>,
 }
 
 impl std::fmt::Debug for MongoStore {
@@ -217,6 +222,8 @@ impl MongoStore {
             metrics: None,
             registering: None,
             watermarks: Arc::default(),
+            deletes: Arc::default(),
+            instance_id: Arc::default(),
         })
     }
 
@@ -248,8 +255,9 @@ impl MongoStore {
         jobs: &[Job],
         now: i64,
         written: Option<&rollups::Written>,
+        replace: bool,
     ) -> Result<usize, StoreError> {
-        let cost = self.roll_up(jobs, now, written).await?;
+        let cost = self.roll_up(jobs, now, written, replace).await?;
         self.count(|m| {
             m.db_documents("read", "buckets", "rollup_upkeep", cost.buckets_read);
             m.db_documents("read", "rollups", "rollup_upkeep", cost.rollups_read);
@@ -275,7 +283,7 @@ impl MongoStore {
             let mut more = false;
             if !due.is_empty() {
                 let jobs: Vec<Job> = due.iter().map(|d| d.job.clone()).collect();
-                match self.roll_up_counted(&jobs, now, None).await {
+                match self.roll_up_counted(&jobs, now, None, false).await {
                     Ok(_) => self.upkeep().done(&due),
                     Err(e) => warn!(error = %e, jobs = jobs.len(),
                         "Rolling up ended hours failed; trying again (queries read their buckets meanwhile)."),
@@ -300,7 +308,7 @@ impl MongoStore {
         let ended = self.upkeep().ended(now, usize::MAX);
         let jobs: Vec<Job> = ended.iter().map(|d| d.job.clone()).collect();
         if !jobs.is_empty() {
-            match self.roll_up_counted(&jobs, now, None).await {
+            match self.roll_up_counted(&jobs, now, None, false).await {
                 Ok(_) => self.upkeep().done(&ended),
                 Err(e) => warn!(error = %e, jobs = jobs.len(),
                     "Could not roll up the ended hours before stopping; queries read their buckets until they are."),
@@ -371,6 +379,39 @@ fn unix_now() -> i64 {
 
 impl Sink for MongoStore {
     async fn write(&self, updates: &[&BucketUpdate]) -> Written {
+        // Held for the whole write: a delete counts an instance as having
+        // seen it only once no write that began before is still going.
+        let deletes = self.deletes.read().await;
+        if deletes.is_empty() {
+            return self.write_kept(updates).await;
+        }
+        let kept: Vec<Option<std::borrow::Cow<'_, BucketUpdate>>> = updates
+            .iter()
+            .map(|u| crate::store::delete::without_deleted(u, &deletes))
+            .collect();
+        let sent: Vec<&BucketUpdate> = kept.iter().flatten().map(|c| c.as_ref()).collect();
+        let inner = self.write_kept(&sent).await;
+        // Updates left with nothing are done: what they held was deleted.
+        let mut outcomes = inner.outcomes.into_iter();
+        Written {
+            outcomes: kept
+                .iter()
+                .map(|k| match k {
+                    Some(_) => outcomes.next().unwrap_or(Outcome::Stored),
+                    None => Outcome::Stored,
+                })
+                .collect(),
+            round_trips: inner.round_trips,
+        }
+    }
+
+    async fn dead_letter(&self, letters: &[DeadLetter<'_>]) -> Outcome {
+        self.dead_letter_kept(letters).await
+    }
+}
+
+impl MongoStore {
+    async fn write_kept(&self, updates: &[&BucketUpdate]) -> Written {
         let mut written = self.write_updates(updates).await;
         let stored: Vec<&BucketUpdate> = updates
             .iter()
@@ -437,7 +478,7 @@ impl Sink for MongoStore {
         written
     }
 
-    async fn dead_letter(&self, letters: &[DeadLetter<'_>]) -> Outcome {
+    async fn dead_letter_kept(&self, letters: &[DeadLetter<'_>]) -> Outcome {
         if letters.is_empty() {
             return Outcome::Stored;
         }
@@ -635,6 +676,14 @@ impl BucketStore for MongoStore {
                 })
             })
             .boxed())
+    }
+
+    async fn delete_readings(
+        &self,
+        selection: &crate::store::delete::Selection,
+        dry_run: bool,
+    ) -> Result<crate::store::delete::Deleted, crate::store::delete::DeleteError> {
+        MongoStore::delete_readings(self, selection, dry_run).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -30,6 +30,13 @@ impl hashbrown::Equivalent<(String, String)> for SeriesRef<'_> {
 impl MongoStore {
     /// Tells the registry about series and hours it has not seen; in the
     /// steady state every series is known and this sends nothing.
+    /// Forgets that `sensor` has `metric`, so its next write registers it
+    /// again (a delete took it out of the registry).
+    pub(super) fn forget_series(&self, sensor: &str, metric: &str) {
+        let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        known.remove(&(sensor.to_owned(), metric.to_owned()));
+    }
+
     pub(super) async fn register(&self, stored: &[&BucketUpdate]) -> Result<usize, StoreError> {
         let news = {
             let known = self.known.lock().unwrap_or_else(|e| e.into_inner());

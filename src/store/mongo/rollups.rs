@@ -12,7 +12,9 @@ use super::{MongoStore, classify};
 use crate::domain::{BucketRead, Granularity, Period, RollupRead, Slot};
 use crate::store::StoreError;
 use crate::store::document::{read_bucket, start_date};
-use crate::store::rollup::{Hour, all_slots, read_rollup, roll_day, roll_hour, statement};
+use crate::store::rollup::{
+    Hour, all_slots, read_rollup, roll_day, roll_hour, statement, statement_removing,
+};
 use crate::store::upkeep::{HOUR, Job};
 
 const DAY: i64 = 86_400;
@@ -54,16 +56,30 @@ impl MongoStore {
     /// buckets), so the roll-up reads those buckets and the hour documents,
     /// not every bucket of the hours again (a backfill in order would
     /// otherwise re-read each hour once per flush).
+    ///
+    /// `replace`: the jobs' hours are rolled up again after a delete may
+    /// have removed readings, so their spans without readings remove the
+    /// stored slots (late hours only: see `rollup::statement_removing`).
     pub async fn roll_up(
         &self,
         jobs: &[Job],
         now: i64,
         written: Option<&Written>,
+        replace: bool,
     ) -> Result<Upkept, StoreError> {
         let mut cost = Upkept::default();
         if jobs.is_empty() {
             return Ok(cost);
         }
+        // Series and hour of every job whose empty spans remove stored slots.
+        let replaced: BTreeSet<(Series, i64)> = if replace {
+            jobs.iter()
+                .map(|j| ((j.sensor.clone(), j.metric.clone()), j.hour))
+                .collect()
+        } else {
+            BTreeSet::new()
+        };
+        let replaces = |series: &Series, hour: i64| replaced.contains(&(series.clone(), hour));
         let settled = now - self.close_after;
         let mut hours: BTreeMap<Series, BTreeSet<i64>> = BTreeMap::new();
         for j in jobs {
@@ -130,16 +146,36 @@ impl MongoStore {
         // Hour documents (minute buckets), then the day documents' slots.
         let mut statements = Vec::new();
         if self.granularity == Granularity::Minute {
-            for ((sensor, metric), hs) in &rolled {
-                for h in hs.values().filter(|h| !h.minutes.is_empty()) {
+            for (series, hs) in &rolled {
+                let (sensor, metric) = series;
+                for h in hs.values() {
                     let slots = every_slot(Period::Hour, h.start, &h.minutes);
-                    statements.push(statement(sensor, metric, Period::Hour, h.start, &slots));
+                    if replaces(series, h.start) {
+                        // The minutes computed afresh: all of them, or those read again.
+                        let all: Vec<i64> = if h.partial {
+                            h.minutes.iter().map(|s| s.start).collect()
+                        } else {
+                            slots.iter().map(|s| s.start).collect()
+                        };
+                        statements.push(statement_removing(
+                            sensor,
+                            metric,
+                            Period::Hour,
+                            h.start,
+                            &slots,
+                            &all,
+                        ));
+                    } else if !h.minutes.is_empty() {
+                        statements.push(statement(sensor, metric, Period::Hour, h.start, &slots));
+                    }
                 }
             }
         }
         self.write_rollups(statements, &mut cost).await?;
         let mut statements = Vec::new();
         let mut thirty: BTreeMap<(Series, i64), Vec<Slot>> = BTreeMap::new();
+        // Days with replaced hours: their 30-day slots are replaced too.
+        let mut forced: BTreeMap<(Series, i64), Vec<i64>> = BTreeMap::new();
         for (series, hs) in &rolled {
             let mut by_day: BTreeMap<i64, Vec<Slot>> = BTreeMap::new();
             for h in hs.values() {
@@ -152,13 +188,37 @@ impl MongoStore {
                 let lifted = lift.get(series).is_some_and(|l| l.contains(&day));
                 let stored = days.get(&(series.clone(), day));
                 let empty = slots.iter().all(|s| s.summary.is_none());
+                let replaced: Vec<i64> = slots
+                    .iter()
+                    .filter(|s| replaces(series, s.start))
+                    .map(|s| s.start)
+                    .collect();
                 // A day of nothing that only lifts into its thirty days
                 // needs no document of its own.
                 if !(empty && lifted && stored.is_none()) {
-                    statements.push(statement(&series.0, &series.1, Period::Day, day, slots));
+                    statements.push(statement_removing(
+                        &series.0,
+                        &series.1,
+                        Period::Day,
+                        day,
+                        slots,
+                        &replaced,
+                    ));
                 }
-                if lifted && let Some(slot) = roll_day(&with_slots(stored, day, slots)) {
+                let mut merged = with_slots(stored, day, slots);
+                // Replaced slots stand as computed, emptied ones are gone.
+                merged.slots.retain(|s| !replaced.contains(&s.start));
+                for s in slots.iter().filter(|s| replaced.contains(&s.start)) {
+                    if s.summary.is_some() {
+                        merged.slots.push(*s);
+                    }
+                }
+                merged.slots.sort_by_key(|s| s.start);
+                if lifted && let Some(slot) = roll_day(&merged) {
                     let p = day - day.rem_euclid(Period::Days30.seconds());
+                    if !replaced.is_empty() {
+                        forced.entry((series.clone(), p)).or_default().push(day);
+                    }
                     thirty.entry((series.clone(), p)).or_default().push(slot);
                 }
             }
@@ -175,8 +235,11 @@ impl MongoStore {
         self.write_rollups(statements, &mut cost).await?;
         let statements = thirty
             .iter()
-            .map(|(((sensor, metric), p), slots)| {
-                statement(sensor, metric, Period::Days30, *p, slots)
+            .map(|((series, p), slots)| {
+                let replaced = forced
+                    .get(&(series.clone(), *p))
+                    .map_or(&[][..], Vec::as_slice);
+                statement_removing(&series.0, &series.1, Period::Days30, *p, slots, replaced)
             })
             .collect();
         self.write_rollups(statements, &mut cost).await?;
@@ -384,6 +447,7 @@ impl MongoStore {
                         start: h,
                         minutes: minutes_written,
                         slot: Slot::of_slots(h, &slots),
+                        partial: true,
                     },
                 );
                 if let Some(hs) = hours.get_mut(series) {
@@ -582,7 +646,7 @@ impl MongoStore {
                             })
                     })
                     .collect();
-                self.roll_up(&jobs, now, None).await?;
+                self.roll_up(&jobs, now, None, false).await?;
             }
             self.run_rollup_aggregation(registry_pipeline(filter, self.sensors.name()))
                 .await?;

@@ -1,0 +1,162 @@
+//! `DELETE /api/v1/readings`: readings of a selection of series in a range
+//! removed from their buckets, rollups and registry (see `store::delete`).
+
+use axum::Json;
+use axum::extract::{Extension, RawQuery, State};
+use axum::http::StatusCode;
+use serde::Serialize;
+use tracing::{info, warn};
+
+use super::params::Params;
+use super::query::{parse_instant, sensor_glob, store_error};
+use super::{ApiError, AppState};
+use crate::auth::Principal;
+use crate::domain::MetricName;
+use crate::store::delete::{DeleteError, Deleted, Selection};
+use crate::store::{BucketStore, SensorQuery};
+
+/// Sensors one delete may cover: its record names each.
+pub const MAX_SENSORS: usize = 100_000;
+
+/// The answer: what was removed (or would be, with `dry_run`).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct DeleteResponse {
+    pub dry_run: bool,
+    /// Sensors the selection covers.
+    pub sensors: usize,
+    pub readings: u64,
+    /// Buckets that keep other readings.
+    pub buckets_edited: u64,
+    /// Buckets left with nothing, deleted.
+    pub buckets_deleted: u64,
+    /// Series left with nothing, taken out of their sensor's metrics.
+    pub series_emptied: u64,
+}
+
+#[utoipa::path(delete, path = "/api/v1/readings",
+    params(("sensor" = Option<String>, Query, description = "A sensor id or a glob of one; this or a label filter is required"),
+        ("metric" = Option<String>, Query, description = "One metric; every metric when absent"),
+        ("from" = String, Query), ("to" = String, Query),
+        ("dry_run" = Option<bool>, Query, description = "Count what would be deleted; change nothing")),
+    responses((status = 200, body = DeleteResponse), (status = 400, description = "No selector or no range")))]
+pub async fn delete_readings<S: BucketStore + 'static>(
+    State(state): State<AppState<S>>,
+    Extension(principal): Extension<Principal>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<DeleteResponse>, ApiError> {
+    let params = Params::parse(
+        raw.as_deref(),
+        &["sensor", "metric", "from", "to", "dry_run"],
+        true,
+    )?;
+    if params.get("sensor").is_none() && params.labels().is_empty() {
+        return Err(ApiError::bad_request(
+            "a delete needs sensor= (an id or a glob) or label.<name>= filters; nothing was deleted",
+        ));
+    }
+    for (name, value) in params.labels() {
+        if value.is_empty() {
+            return Err(ApiError::bad_request(format!("label.{name} needs a value")));
+        }
+    }
+    let (Some(from), Some(to)) = (params.get("from"), params.get("to")) else {
+        return Err(ApiError::bad_request(
+            "a delete needs from= and to=; nothing was deleted",
+        ));
+    };
+    let (from, to) = (parse_instant("from", from)?, parse_instant("to", to)?);
+    if from >= to {
+        return Err(ApiError::bad_request("from must be before to"));
+    }
+    let metric = params
+        .get("metric")
+        .map(|m| {
+            MetricName::parse(m)
+                .map(|m| m.to_string())
+                .map_err(|e| ApiError::bad_request(e.to_string()))
+        })
+        .transpose()?;
+    let dry_run = match params.get("dry_run") {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(_) => return Err(ApiError::bad_request("dry_run must be true or false")),
+    };
+    let (prefix, glob) = sensor_glob(&params)?;
+    // The sensors, from the registry (every sensor with readings is in it).
+    let mut sensors = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let query = SensorQuery {
+            after: after.as_deref(),
+            prefix,
+            labels: params.labels(),
+            metric: metric.as_deref(),
+        };
+        let page = state
+            .store
+            .sensors(query, 1000, |s| {
+                glob.matches(&s.sensor) && principal.may_access(&s.sensor)
+            })
+            .await
+            .map_err(store_error)?;
+        let full = page.len() == 1000;
+        after = page.last().map(|s| s.sensor.clone());
+        sensors.extend(page.into_iter().map(|s| s.sensor));
+        if sensors.len() > MAX_SENSORS {
+            return Err(ApiError::bad_request(format!(
+                "the selection covers more than {MAX_SENSORS} sensors; delete in parts"
+            )));
+        }
+        if !full {
+            break;
+        }
+    }
+    let count = sensors.len();
+    let selection = Selection {
+        sensors,
+        metric,
+        // Stored seconds s with from ≤ s·1000 < to.
+        from: from.div_euclid(1000) + i64::from(from.rem_euclid(1000) != 0),
+        to: to.div_euclid(1000) + i64::from(to.rem_euclid(1000) != 0),
+    };
+    let deleted = if count == 0 {
+        Deleted::default()
+    } else {
+        // On its own task: a client that goes away (or the request
+        // timeout) does not stop a delete halfway.
+        let store = state.store.clone();
+        let work = tokio::spawn(async move { store.delete_readings(&selection, dry_run).await });
+        match work.await {
+            Ok(Ok(d)) => d,
+            Ok(Err(DeleteError::Store(e))) => return Err(store_error(e)),
+            Ok(Err(e @ DeleteError::NotSeen(_))) => {
+                warn!(error = %e, "A delete waits for another instance.");
+                return Err(ApiError::unavailable(e.to_string()));
+            }
+            Err(_) => {
+                return Err(ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "the delete failed; send it again",
+                ));
+            }
+        }
+    };
+    if !dry_run {
+        info!(
+            token = principal.name(),
+            sensors = count,
+            readings = deleted.readings,
+            buckets_edited = deleted.buckets_edited,
+            buckets_deleted = deleted.buckets_deleted,
+            "Deleted readings."
+        );
+    }
+    Ok(Json(DeleteResponse {
+        dry_run,
+        sensors: count,
+        readings: deleted.readings,
+        buckets_edited: deleted.buckets_edited,
+        buckets_deleted: deleted.buckets_deleted,
+        series_emptied: deleted.series_emptied,
+    }))
+}
