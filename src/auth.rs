@@ -57,7 +57,9 @@ pub enum AuthConfigError {
     Hash(usize),
     #[error("auth.tokens[{0}].scopes must name at least one of ingest, query, admin")]
     Scopes(usize),
-    #[error("auth.tokens[{0}] has the admin scope and sensor patterns: a device token may not delete; give admin to a token without sensors")]
+    #[error(
+        "auth.tokens[{0}] has the admin scope and sensor patterns: a device token may not delete; give admin to a token without sensors"
+    )]
     DeviceAdmin(usize),
     #[error("auth.tokens[{0}].sensors must hold non-empty patterns")]
     Sensors(usize),

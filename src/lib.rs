@@ -67,11 +67,11 @@ pub use shutdown::signal;
 pub use startup::{Application, forget_instance, instances, rebuild_rollups, redrive};
 pub use store::{InstanceInfo, Redriven};
 pub use telemetry::{LogFormat, init as init_logging};
-pub use transfer::{TransferError, delete};
 pub use transfer::export::{ExportOptions, ExportSummary, run as export};
 pub use transfer::import::{
     Format as ImportFormat, ImportOptions, ImportSummary, TsUnit, run as import,
 };
+pub use transfer::{TransferError, delete};
 
 /// jemalloc's options for the binaries that run on it (the service and the
 /// benchmarks, each exporting them as `_rjem_malloc_conf`; `_RJEM_MALLOC_CONF`

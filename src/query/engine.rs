@@ -87,6 +87,7 @@ async fn run_batch<S: BucketStore>(
     // Memory first, then storage: a bucket written between the two looks
     // is then in both (the newer values win), never in neither.
     let mut unstored: Vec<Unstored> = batcher.unstored_values_of(&sensors, q.metric, q.from, q.to);
+    store.drop_deleted(&sensors, q.metric, &mut unstored).await;
     // Then the buckets written into hours after they were rolled up, not
     // rolled up again yet: read like buckets with unstored readings (none
     // to lay over them), so no stale slot answers.
@@ -290,8 +291,9 @@ pub async fn latest<S: BucketStore>(
 ) -> Result<Option<(i64, f64)>, StoreError> {
     let stored = store.latest(sensor, metric, max_time).await?;
     let from = stored.map_or(i64::MIN / 2, |(ts, _, _)| ts);
-    let unstored = batcher
-        .unstored_values_of(&[sensor], metric, from, i64::MAX / 2)
+    let mut unstored = batcher.unstored_values_of(&[sensor], metric, from, i64::MAX / 2);
+    store.drop_deleted(&[sensor], metric, &mut unstored).await;
+    let unstored = unstored
         .into_iter()
         .flatten()
         .flat_map(|(start, values)| {

@@ -242,18 +242,33 @@ mod tests {
     #[test]
     fn only_readings_in_range_and_acknowledged_before_the_delete_are_dropped() {
         let t = [tomb(&["s1"], Some("temp"), 100, 110, 1_000)];
-        let u = update("s1", 60, &[(39, 1.0, 10), (40, 2.0, 999), (41, 3.0, 1_000), (50, 4.0, 1)]);
+        let u = update(
+            "s1",
+            60,
+            &[
+                (39, 1.0, 10),
+                (40, 2.0, 999),
+                (41, 3.0, 1_000),
+                (50, 4.0, 1),
+            ],
+        );
         let kept = without_deleted(&u, &t).expect("some left");
         // 99 is before the range, 100 is deleted, 101 was acknowledged at
         // the delete (kept), 110 is past the range.
         assert_eq!(kept.values, vec![(39, 1.0), (41, 3.0), (50, 4.0)]);
         assert_eq!(kept.acks, vec![10, 1_000, 1]);
         let other = update("s2", 60, &[(40, 2.0, 1)]);
-        assert!(matches!(without_deleted(&other, &t), Some(Cow::Borrowed(_))));
+        assert!(matches!(
+            without_deleted(&other, &t),
+            Some(Cow::Borrowed(_))
+        ));
         let all = update("s1", 60, &[(40, 2.0, 1), (45, 2.0, 1)]);
         assert!(without_deleted(&all, &t).is_none());
         let untouched = update("s1", 0, &[(1, 1.0, 1)]);
-        assert!(matches!(without_deleted(&untouched, &t), Some(Cow::Borrowed(_))));
+        assert!(matches!(
+            without_deleted(&untouched, &t),
+            Some(Cow::Borrowed(_))
+        ));
     }
 
     #[test]
@@ -261,7 +276,10 @@ mod tests {
         let values = [(0, 1.0), (5, 2.0), (10, 3.0), (20, 4.0)];
         let versions = [(5, 2_000), (10, 500)];
         assert_eq!(removals(100, &values, &versions, 105, 120, 1_000), vec![10]);
-        assert_eq!(removals(100, &values, &[], 100, 200, 1_000), vec![0, 5, 10, 20]);
+        assert_eq!(
+            removals(100, &values, &[], 100, 200, 1_000),
+            vec![0, 5, 10, 20]
+        );
         assert!(removals(100, &values, &[], 200, 300, 1_000).is_empty());
     }
 

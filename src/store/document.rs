@@ -71,7 +71,11 @@ static WRITE_COUNTER: LazyLock<RawDocumentBuf> =
 /// (and an hour bucket's minutes') from the values `left`, and counts the
 /// write (see `store::delete`). `left` must not be empty: a bucket left
 /// with nothing is deleted instead.
-pub fn removal_pipeline(granularity: Granularity, removed: &[u16], left: &[u16]) -> Vec<RawDocumentBuf> {
+pub fn removal_pipeline(
+    granularity: Granularity,
+    removed: &[u16],
+    left: &[u16],
+) -> Vec<RawDocumentBuf> {
     let mut unset = mongodb::bson::RawArrayBuf::new();
     let mut stages = Vec::new();
     match granularity {

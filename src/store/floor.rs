@@ -179,8 +179,13 @@ pub async fn run(
                 .min(own_floor(&batcher, journal.as_ref()));
             match store.prune_tombstones(all).await {
                 Ok(0) => {}
-                Ok(n) => info!(deletes = n, "Dropped the records of deletes no instance can hold older readings for."),
-                Err(e) => warn!(error = %e, "Could not drop old delete records; retrying in a minute."),
+                Ok(n) => info!(
+                    deletes = n,
+                    "Dropped the records of deletes no instance can hold older readings for."
+                ),
+                Err(e) => {
+                    warn!(error = %e, "Could not drop old delete records; retrying in a minute.")
+                }
             }
             match store.prune_versions(all).await {
                 Ok(0) => {}

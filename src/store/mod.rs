@@ -152,6 +152,16 @@ pub trait BucketStore: Sink {
         dry_run: bool,
     ) -> impl Future<Output = Result<delete::Deleted, delete::DeleteError>> + Send;
 
+    /// Leaves out of `unstored` (per sensor of `sensors`, of `metric`) the
+    /// values a recorded delete removes: held readings it covers are never
+    /// stored, so answers must not show them either.
+    fn drop_deleted(
+        &self,
+        sensors: &[&str],
+        metric: &str,
+        unstored: &mut [crate::batcher::Unstored],
+    ) -> impl Future<Output = ()> + Send;
+
     /// Checks that the server answers.
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 

@@ -44,7 +44,11 @@ pub(crate) fn average_path(sensor: &str, metric: &str, from: i64, to: i64) -> St
     )
 }
 
-pub(crate) fn assert_aggregates(got: &Value, want: (u64, f64, Option<f64>, Option<f64>), what: &str) {
+pub(crate) fn assert_aggregates(
+    got: &Value,
+    want: (u64, f64, Option<f64>, Option<f64>),
+    what: &str,
+) {
     assert_eq!(got["count"].as_u64(), Some(want.0), "{what}: {got}");
     assert_eq!(got["sum"].as_f64(), Some(want.1), "{what}: {got}");
     assert_eq!(got["min"].as_f64(), want.2, "{what}: {got}");

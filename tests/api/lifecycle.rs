@@ -581,12 +581,24 @@ async fn deleting_partial_and_whole_buckets_keeps_every_rollup_slot_and_average_
         let (from, to) = (t0 + 1234, t0 + 2 * 3600 + 1801);
         let gone = |s: &str, m: &str, ts: i64| s == "d1" && m == "temp" && (from..to).contains(&ts);
         let want = data.keys().filter(|(s, m, ts)| gone(s, m, *ts)).count() as u64;
-        let query = format!("sensor=d1&metric=temp&from={}&to={}", rfc3339(from), rfc3339(to));
+        let query = format!(
+            "sensor=d1&metric=temp&from={}&to={}",
+            rfc3339(from),
+            rfc3339(to)
+        );
         let before = app.buckets().await;
-        let dry: Value = delete(&app, &format!("{query}&dry_run=true")).await.json().await.expect("JSON");
+        let dry: Value = delete(&app, &format!("{query}&dry_run=true"))
+            .await
+            .json()
+            .await
+            .expect("JSON");
         assert_eq!(dry["readings"].as_u64(), Some(want), "{g:?}: {dry}");
         assert_eq!(dry["dry_run"], true);
-        assert_eq!(app.buckets().await, before, "{g:?}: a dry run changes nothing");
+        assert_eq!(
+            app.buckets().await,
+            before,
+            "{g:?}: a dry run changes nothing"
+        );
 
         let r = delete(&app, &query).await;
         assert_eq!(r.status(), 200);
@@ -605,7 +617,11 @@ async fn deleting_partial_and_whole_buckets_keeps_every_rollup_slot_and_average_
                 .collect()
         };
         for (s, m) in [("d1", "temp"), ("d1", "hum"), ("d2", "temp")] {
-            for (f, t) in [(t0 - 3600, t0 + 5 * 3600), (from - 61, to + 59), (t0, t0 + 86_400)] {
+            for (f, t) in [
+                (t0 - 3600, t0 + 5 * 3600),
+                (from - 61, to + 59),
+                (t0, t0 + 86_400),
+            ] {
                 let got = app.get_json(&crate::engine::average_path(s, m, f, t)).await;
                 crate::engine::assert_aggregates(
                     &got,
@@ -616,7 +632,11 @@ async fn deleting_partial_and_whole_buckets_keeps_every_rollup_slot_and_average_
         }
         let docs = app.buckets().await;
         assert_invariants(&docs, g);
-        assert_eq!(all_values(&docs, g), data, "{g:?}: the buckets hold what is left");
+        assert_eq!(
+            all_values(&docs, g),
+            data,
+            "{g:?}: the buckets hold what is left"
+        );
         // … and once rolled up again, every rollup slot equals its buckets.
         crate::engine::assert_rollups_match_buckets(&app, g).await;
 
@@ -625,7 +645,11 @@ async fn deleting_partial_and_whole_buckets_keeps_every_rollup_slot_and_average_
         assert_eq!(again["readings"], 0, "{g:?}: {again}");
 
         // A whole series: its metric leaves the registry; the sensor stays.
-        let all = format!("sensor=d2&metric=hum&from={}&to={}", rfc3339(t0 - 86_400), rfc3339(t0 + 86_400));
+        let all = format!(
+            "sensor=d2&metric=hum&from={}&to={}",
+            rfc3339(t0 - 86_400),
+            rfc3339(t0 + 86_400)
+        );
         let done: Value = delete(&app, &all).await.json().await.expect("JSON");
         assert_eq!(done["series_emptied"], 1, "{g:?}: {done}");
         data.retain(|(s, m, _), _| !(s == "d2" && m == "hum"));
@@ -649,13 +673,22 @@ async fn a_delete_without_a_range_or_selector_is_refused_and_deletes_nothing() {
         (format!("from={from}&to={to}"), "sensor="),
         (format!("sensor=d1&to={to}"), "from= and to="),
         (format!("sensor=d1&from={to}&to={from}"), "before"),
-        (format!("sensor=d1&from={from}&to={to}&dry_run=maybe"), "dry_run"),
-        (format!("sensor=d1&from={from}&to={to}&colour=red"), "unknown parameter"),
+        (
+            format!("sensor=d1&from={from}&to={to}&dry_run=maybe"),
+            "dry_run",
+        ),
+        (
+            format!("sensor=d1&from={from}&to={to}&colour=red"),
+            "unknown parameter",
+        ),
     ] {
         let r = delete(&app, &query).await;
         assert_eq!(r.status(), 400, "{query}");
         let body: Value = r.json().await.expect("JSON");
-        assert!(body["error"].as_str().is_some_and(|e| e.contains(why)), "{query}: {body}");
+        assert!(
+            body["error"].as_str().is_some_and(|e| e.contains(why)),
+            "{query}: {body}"
+        );
     }
     assert_eq!(app.buckets().await, before);
     app.stop().await.expect("stops");
@@ -664,39 +697,61 @@ async fn a_delete_without_a_range_or_selector_is_refused_and_deletes_nothing() {
 /// Writes into the range go on while the delete runs: each reading
 /// acknowledged before the delete was sent is gone, each acknowledged
 /// after its answer is kept; readings held unstored by the journal and
-/// batcher when it ran never reach a bucket.
+/// batcher when it ran (this hour's, with hour buckets) never reach a bucket.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delete_racing_writes_keeps_what_was_acknowledged_after_it_and_drops_what_was_held() {
+    let g = Granularity::Hour;
     let mut settings = journal_settings();
-    // Journaled readings wait in the batcher between flushes.
-    settings.batcher.flush_interval = Duration::from_secs(3);
+    settings.buckets.granularity = g;
     let app = spawn_app_with(settings).await;
-    let t0 = base_time() - 3 * 3600;
-    let (from, to) = (t0, t0 + 3600);
-    let old = fleet(t0, &["r1"], &["temp"]);
-    post_all(&app, &old).await;
-    // Stored, then a second round over the same seconds that the batcher
-    // still holds when the delete runs.
-    let stored = old.len();
-    eventually(Duration::from_secs(60), "the first round stored", || {
-        let n = app.buckets();
-        async move { all_values(&n.await, Granularity::Minute).len() == stored }
-    })
-    .await;
-    let held: BTreeMap<_, _> = old
-        .iter()
-        .filter(|(k, _)| (from..to).contains(&k.2))
-        .map(|(k, v)| (k.clone(), v + 1000.0))
+    // The open hour, at least two minutes into it: its journaled readings
+    // are held (batcher.max_hold) until the delete has run.
+    let mut now = time::OffsetDateTime::now_utc().unix_timestamp();
+    if now.rem_euclid(3600) < 120 {
+        tokio::time::sleep(Duration::from_secs((121 - now.rem_euclid(3600)) as u64)).await;
+        now = time::OffsetDateTime::now_utc().unix_timestamp();
+    }
+    let (from, to) = (now - now.rem_euclid(3600), now);
+    let old: BTreeMap<(String, String, i64), f64> = (from..to)
+        .step_by(7)
+        .map(|ts| (("r1".to_owned(), "temp".to_owned(), ts), (ts % 91) as f64))
         .collect();
+    // Stored at once (?wait=stored), then overwritten by readings held.
+    let body: Vec<Value> = old
+        .iter()
+        .map(|((s, m, ts), v)| reading(s, m, *ts, *v))
+        .collect();
+    let r = app
+        .post_raw(
+            "application/json",
+            serde_json::to_vec(&body).expect("JSON"),
+            "?wait=stored",
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let held: BTreeMap<_, _> = old.iter().map(|(k, v)| (k.clone(), v + 1000.0)).collect();
     post_all(&app, &held).await;
 
     // A writer of new seconds in the range, all along.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = {
-        let (client, url) = (app.client.clone(), format!("{}/api/v1/readings", app.address));
+        let (client, url) = (
+            app.client.clone(),
+            format!("{}/api/v1/readings", app.address),
+        );
+        let stop = stop.clone();
         tokio::spawn(async move {
             let mut log = Vec::new();
-            for i in 0..400_i64 {
-                let ts = from + 3 + i * 7; // seconds the first rounds left empty
+            for i in 0..3000_i64 {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                // Seconds the first rounds left empty (theirs are 7 apart).
+                let ts = from + (i / 6) * 7 + 1 + i % 6;
+                if ts >= to {
+                    break;
+                }
                 let sent = std::time::Instant::now();
                 let r = client
                     .post(&url)
@@ -711,13 +766,38 @@ async fn a_delete_racing_writes_keeps_what_was_acknowledged_after_it_and_drops_w
         })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
+    // The second round is still held (the flush after the first is seconds away).
+    let stored = all_values(&app.buckets().await, g);
+    assert_eq!(
+        stored, old,
+        "the second round is still unstored when the delete runs"
+    );
     let sent = std::time::Instant::now();
-    let r = delete(&app, &format!("sensor=r1&from={}&to={}", rfc3339(from), rfc3339(to))).await;
+    let r = delete(
+        &app,
+        &format!("sensor=r1&from={}&to={}", rfc3339(from), rfc3339(to)),
+    )
+    .await;
     assert_eq!(r.status(), 200, "{:?}", r.text().await);
     let answered = std::time::Instant::now();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let log = writer.await.expect("the writer ends");
-    assert!(log.iter().any(|w| w.2 > answered), "some writes came after the answer");
-    assert!(log.iter().any(|w| w.3 < sent), "some writes came before the delete");
+    assert!(
+        log.iter().any(|w| w.2 > answered),
+        "some writes came after the answer"
+    );
+    // Answers leave the held readings out at once (they are all ≥ 1000,
+    // the writer's are its request numbers).
+    let avg = app
+        .get_json(&crate::engine::average_path("r1", "temp", from, to))
+        .await;
+    assert!(avg["max"].as_f64().is_none_or(|m| m < 1000.0), "{avg}");
+    assert!(avg["count"].as_u64() <= Some(log.len() as u64), "{avg}");
+    assert!(
+        log.iter().any(|w| w.3 < sent),
+        "some writes came before the delete"
+    );
     let (db, collection) = (app.db.clone(), app.settings.mongodb.collection.clone());
     app.stop().await.expect("drains");
 
@@ -732,24 +812,28 @@ async fn a_delete_racing_writes_keeps_what_was_acknowledged_after_it_and_drops_w
             .await
             .expect("buckets")
     };
-    let values = all_values(&docs, Granularity::Minute);
-    for (k, v) in &old {
-        if (from..to).contains(&k.2) {
-            assert!(
-                log.iter().any(|w| w.0 == k.2) || !values.contains_key(k),
-                "{k:?} was deleted, yet {:?} is stored (held {v})",
-                values.get(k)
-            );
-        } else {
-            assert_eq!(values.get(k), Some(v), "{k:?} is outside the range");
-        }
+    let values = all_values(&docs, g);
+    for k in old.keys() {
+        assert!(
+            !values.contains_key(k),
+            "{k:?} was deleted, yet {:?} is stored",
+            values.get(k)
+        );
     }
     for &(ts, v, sent_at, acked_at) in &log {
         let key = ("r1".to_owned(), "temp".to_owned(), ts);
         if sent_at > answered {
-            assert_eq!(values.get(&key), Some(&v), "{ts} acknowledged after the delete");
+            assert_eq!(
+                values.get(&key),
+                Some(&v),
+                "{ts} acknowledged after the delete"
+            );
         } else if acked_at < sent {
-            assert_eq!(values.get(&key), None, "{ts} acknowledged before the delete");
+            assert_eq!(
+                values.get(&key),
+                None,
+                "{ts} acknowledged before the delete"
+            );
         }
     }
 }

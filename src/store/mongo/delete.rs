@@ -307,7 +307,12 @@ impl MongoStore {
         Ok(())
     }
 
-    async fn reread(&self, edits: &[Edit], s: &Selection, at: i64) -> Result<Vec<Edit>, StoreError> {
+    async fn reread(
+        &self,
+        edits: &[Edit],
+        s: &Selection,
+        at: i64,
+    ) -> Result<Vec<Edit>, StoreError> {
         let ids: Vec<Bson> = edits.iter().map(|e| e.id.clone()).collect();
         let mut cursor = self
             .buckets
@@ -328,12 +333,16 @@ impl MongoStore {
     /// Marks the ended hours of `keys` late (an open hour is rolled up from
     /// what is left once it ends).
     async fn mark_hours(&self, keys: &[&BucketUpdate]) -> Result<(), StoreError> {
-        self.mark_late(keys, clock::unix_ms().div_euclid(1000)).await?;
+        self.mark_late(keys, clock::unix_ms().div_euclid(1000))
+            .await?;
         Ok(())
     }
 
     /// Takes each series with no bucket left out of its sensor's metrics.
-    async fn unregister_emptied(&self, series: &BTreeSet<(String, String)>) -> Result<u64, StoreError> {
+    async fn unregister_emptied(
+        &self,
+        series: &BTreeSet<(String, String)>,
+    ) -> Result<u64, StoreError> {
         let mut emptied = 0;
         for (sensor, metric) in series {
             let left = self
@@ -346,7 +355,10 @@ impl MongoStore {
                 continue;
             }
             self.sensors
-                .update_one(doc! { "_id": sensor }, doc! { "$pull": { "metrics": metric } })
+                .update_one(
+                    doc! { "_id": sensor },
+                    doc! { "$pull": { "metrics": metric } },
+                )
                 .await
                 .map_err(classify)?;
             self.count(|m| m.db_documents("written", "sensors", "registry_update", 1));
@@ -411,7 +423,7 @@ impl MongoStore {
 /// What a delete reads of a bucket.
 static PROJECTION: std::sync::LazyLock<Document> = std::sync::LazyLock::new(|| {
     doc! { "_id": 1, "sensor": 1, "metric": 1, "start": 1, "schema_version": 1,
-        "count": 1, "sum": 1, "min": 1, "max": 1, "v": 1, "a": 1, "n": 1 }
+    "count": 1, "sum": 1, "min": 1, "max": 1, "v": 1, "a": 1, "n": 1 }
 });
 
 fn key_of(e: &Edit) -> Option<BucketUpdate> {
@@ -425,4 +437,3 @@ fn key_of(e: &Edit) -> Option<BucketUpdate> {
         acks: Vec::new(),
     })
 }
-

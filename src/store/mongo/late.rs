@@ -230,7 +230,8 @@ impl MongoStore {
             }
             jobs.sort_unstable();
             jobs.dedup();
-            self.roll_up_counted(&jobs, now, Some(&written), true).await?;
+            self.roll_up_counted(&jobs, now, Some(&written), true)
+                .await?;
             let cleared = self.clear_late(&entries).await?;
             self.count(|m| m.db_documents("written", "late", "rollup_upkeep", cleared));
         }

@@ -686,6 +686,34 @@ impl BucketStore for MongoStore {
         MongoStore::delete_readings(self, selection, dry_run).await
     }
 
+    async fn drop_deleted(
+        &self,
+        sensors: &[&str],
+        metric: &str,
+        unstored: &mut [crate::batcher::Unstored],
+    ) {
+        let deletes = self.deletes.read().await;
+        if deletes.is_empty() {
+            return;
+        }
+        for (sensor, series) in sensors.iter().zip(unstored.iter_mut()) {
+            let covering: Vec<_> = deletes
+                .iter()
+                .filter(|t| t.covers(sensor, metric))
+                .collect();
+            if covering.is_empty() {
+                continue;
+            }
+            for (start, values) in series.iter_mut() {
+                values.retain(|&(o, _, ack)| {
+                    !covering
+                        .iter()
+                        .any(|t| t.deletes(*start + i64::from(o), ack))
+                });
+            }
+        }
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         self.db
             .run_command(doc! { "ping": 1 })
