@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use tracing::warn;
 
 use super::params::Params;
-use super::query::{Range, evaluate, metric, range, sensor_glob, series_grid, store_error};
+use super::query::{Range, admit, evaluate, metric, range, sensor_glob, series_grid, store_error};
 use super::{ApiError, AppState};
 use crate::auth::Principal;
 use crate::domain::Agg;
@@ -312,6 +312,9 @@ async fn produce<S: BucketStore>(
         let ids: Vec<String> = sensors.iter().map(|s| s.sensor.clone()).collect();
         match &sel.grid {
             None => {
+                // A page's cursor counts as one query (query.max_concurrency):
+                // exports share the database with dashboards, not crowd them.
+                let _admitted = admit(state).await?;
                 let mut buckets = state
                     .store
                     .stored(&ids, sel.metric.as_deref(), sel.range.from, sel.range.to)
