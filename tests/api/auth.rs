@@ -7,6 +7,7 @@ use crate::helpers::*;
 pub const DASHBOARD: &str = "dashboard-3f9a1c";
 pub const TRUCK: &str = "truck17-77b2e0";
 pub const INGESTER: &str = "gateway-0c1d2e";
+pub const OPERATOR: &str = "operator-5e6f70";
 
 pub fn secured() -> Settings {
     let mut s = test_settings();
@@ -30,8 +31,49 @@ pub fn secured() -> Settings {
             scopes: vec![Scope::Ingest],
             sensors: None,
         },
+        TokenSettings {
+            name: "operator".into(),
+            sha256: hash_token(OPERATOR),
+            scopes: vec![Scope::Admin],
+            sensors: None,
+        },
     ];
     s
+}
+
+#[tokio::test]
+async fn only_an_admin_token_deletes_and_a_device_token_may_never_be_one() {
+    let app = spawn_app_with(secured()).await;
+    let t = base_time();
+    let r = post(&app, Some(INGESTER), &reading("truck-17", "speed", t, 1.0)).await;
+    assert_eq!(r.status(), 200);
+    let query = format!(
+        "/api/v1/readings?sensor=truck-17&from={}&to={}",
+        rfc3339(t - 60),
+        rfc3339(t + 60)
+    );
+    let delete = |token: Option<&'static str>| {
+        let mut req = app.client.delete(format!("{}{query}", app.address));
+        if let Some(tok) = token {
+            req = req.bearer_auth(tok);
+        }
+        req.send()
+    };
+    assert_eq!(delete(None).await.expect("sent").status(), 401);
+    for token in [DASHBOARD, TRUCK, INGESTER] {
+        assert_eq!(delete(Some(token)).await.expect("sent").status(), 403, "{token}");
+    }
+    assert_eq!(app.buckets().await.len(), 1, "refused deletes change nothing");
+    let r = delete(Some(OPERATOR)).await.expect("sent");
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<serde_json::Value>().await.expect("JSON")["readings"], 1);
+    assert!(app.buckets().await.is_empty());
+    app.stop().await.expect("stops");
+
+    let mut s = secured();
+    s.auth.tokens[1].scopes.push(Scope::Admin);
+    let err = s.validate().expect_err("a device token with admin");
+    assert!(err.to_string().contains("auth.tokens[1]"), "{err}");
 }
 
 async fn post(app: &TestApp, token: Option<&str>, body: &serde_json::Value) -> reqwest::Response {
