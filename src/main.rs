@@ -237,6 +237,12 @@ async fn main() -> anyhow::Result<()> {
                 String::new()
             }
         );
+        if s.retries > 0 {
+            println!(
+                "{} requests were sent again (the service was busy or unreachable).",
+                s.retries
+            );
+        }
         for f in &s.rejects_files {
             println!("Refused lines, with file and line number: {}", f.display());
         }

@@ -112,6 +112,8 @@ pub async fn run(ctx: &Ctx, data: &Dataset) -> anyhow::Result<(Report, bool)> {
     for (format, csv) in [("ndjson", false), ("csv", true)] {
         let file = dir.path().join(format!("data.{format}"));
         let bytes = write_file(data, &file, csv)?;
+        // The instance before goes first: its upkeep must not load this run.
+        drop(imported.take());
         let target = ctx
             .target(&format!("transfer_{format}"), "minute", false, true)
             .await?;

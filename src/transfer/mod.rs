@@ -43,6 +43,8 @@ pub struct Client {
     http: reqwest::Client,
     base: String,
     token: Option<String>,
+    /// Requests sent again (the service busy, unavailable or unreachable).
+    retries: std::sync::atomic::AtomicU64,
 }
 
 /// What the service said to a batch.
@@ -81,7 +83,12 @@ impl Client {
             token: std::env::var("HOURGLASS_TOKEN")
                 .ok()
                 .filter(|t| !t.is_empty()),
+            retries: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    pub fn retries(&self) -> u64 {
+        self.retries.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn base(&self) -> &str {
@@ -187,6 +194,8 @@ impl Client {
                     humantime::format_duration(RETRY_FOR)
                 )));
             }
+            self.retries
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             tokio::time::sleep(wait).await;
             delay = (delay * 2).min(Duration::from_secs(5));
         }

@@ -61,12 +61,23 @@ async fn only_an_admin_token_deletes_and_a_device_token_may_never_be_one() {
     };
     assert_eq!(delete(None).await.expect("sent").status(), 401);
     for token in [DASHBOARD, TRUCK, INGESTER] {
-        assert_eq!(delete(Some(token)).await.expect("sent").status(), 403, "{token}");
+        assert_eq!(
+            delete(Some(token)).await.expect("sent").status(),
+            403,
+            "{token}"
+        );
     }
-    assert_eq!(app.buckets().await.len(), 1, "refused deletes change nothing");
+    assert_eq!(
+        app.buckets().await.len(),
+        1,
+        "refused deletes change nothing"
+    );
     let r = delete(Some(OPERATOR)).await.expect("sent");
     assert_eq!(r.status(), 200);
-    assert_eq!(r.json::<serde_json::Value>().await.expect("JSON")["readings"], 1);
+    assert_eq!(
+        r.json::<serde_json::Value>().await.expect("JSON")["readings"],
+        1
+    );
     assert!(app.buckets().await.is_empty());
     app.stop().await.expect("stops");
 

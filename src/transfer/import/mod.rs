@@ -70,6 +70,8 @@ pub struct ImportSummary {
     pub resumed: u64,
     pub readings: u64,
     pub rejected: u64,
+    /// Requests sent again: the service was busy (503, 429) or unreachable.
+    pub retries: u64,
     /// The rejects files that hold lines.
     pub rejects_files: Vec<PathBuf>,
     pub elapsed: Duration,
@@ -255,6 +257,7 @@ pub async fn run(
         .filter(|p| p.checkpoint.rejected > 0)
         .map(|p| p.rejects.path().to_path_buf())
         .collect();
+    summary.retries = client.retries();
     summary.elapsed = started.elapsed();
     Ok(summary)
 }
