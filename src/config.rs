@@ -31,6 +31,7 @@ pub struct Settings {
     pub batcher: batcher::Settings,
     pub journal: journal::Settings,
     pub buckets: store::BucketSettings,
+    pub retention: store::RetentionSettings,
     pub mongodb: store::mongo::Settings,
     pub query: query::Settings,
     pub line_protocol: ingest::line_protocol::Settings,
@@ -41,6 +42,13 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// How long each level is kept, resolved (valid settings: see `validate`).
+    pub fn retention(&self) -> store::Retention {
+        self.retention
+            .resolve(self.buckets.retention, self.buckets.granularity)
+            .unwrap_or_default()
+    }
+
     /// Defaults, then `file` if given, then the environment; validated.
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
         Self::extract(Self::base(file)?.merge(Env::prefixed(ENV_PREFIX).split("__")))
@@ -111,11 +119,20 @@ impl Settings {
             )
             .into());
         }
-        if let Some(retention) = self.buckets.retention
-            && retention < self.ingest.max_age + self.buckets.span()
+        let retention = self
+            .retention
+            .resolve(self.buckets.retention, self.buckets.granularity)
+            .map_err(|e| invalid(e.key, e.message))?;
+        if let Some(kept) = retention.buckets
+            && kept < self.ingest.max_age + self.buckets.span()
         {
+            let key = if self.buckets.retention.is_some() {
+                "buckets.retention"
+            } else {
+                "retention.buckets"
+            };
             return Err(invalid(
-                "buckets.retention",
+                key,
                 "must be longer than ingest.max_age plus one bucket, or accepted backfill would be deleted at once",
             )
             .into());

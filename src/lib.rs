@@ -65,7 +65,7 @@ pub use domain::{Agg, Granularity};
 pub use ingest::mqtt::MqttStats;
 pub use shutdown::signal;
 pub use startup::{Application, forget_instance, instances, rebuild_rollups, redrive};
-pub use store::{InstanceInfo, Redriven};
+pub use store::{InstanceInfo, Keep, Redriven};
 pub use telemetry::{LogFormat, init as init_logging};
 pub use transfer::export::{ExportOptions, ExportSummary, run as export};
 pub use transfer::import::{

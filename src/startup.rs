@@ -84,7 +84,7 @@ impl Application {
             .await
             .context("checking the database's format")?;
         store
-            .ensure_indexes(settings.buckets.retention)
+            .ensure_indexes(&settings.retention())
             .await
             .context("creating the indexes (is MongoDB reachable at mongodb.uri?)")?;
         store
@@ -270,6 +270,7 @@ impl Application {
                 query: settings.query.clone(),
                 granularity: settings.buckets.granularity,
                 max_buffered_readings: settings.batcher.max_buffered_readings,
+                retention: settings.retention(),
             }),
             metrics,
             mqtt: mqtt_stats,
@@ -441,7 +442,7 @@ pub async fn rebuild_rollups(
     let (prefix, exact) = sensor_selection(sensor);
     let store = operator_store(settings).await?;
     store
-        .ensure_indexes(settings.buckets.retention)
+        .ensure_indexes(&settings.retention())
         .await
         .context("creating the indexes (is MongoDB reachable at mongodb.uri?)")?;
     store

@@ -22,7 +22,10 @@ use tokio::sync::mpsc;
 use tracing::warn;
 
 use super::params::Params;
-use super::query::{Range, admit, evaluate, metric, range, sensor_glob, series_grid, store_error};
+use super::query::{
+    Range, admit, coarse, coarse_header, evaluate, metric, range, sensor_glob, series_grid,
+    store_error,
+};
 use super::{ApiError, AppState};
 use crate::auth::Principal;
 use crate::domain::Agg;
@@ -212,9 +215,16 @@ pub async fn export<S: BucketStore + 'static>(
             return Err(ApiError::bad_request(format!("label.{name} needs a value")));
         }
     }
-    let r = range(&state, &params)?;
+    let mut r = range(&state, &params)?;
     let grid = match params.get("step") {
         Some(_) => Some(series_grid(&state, &params, &r, None)?),
+        None => None,
+    };
+    // Step series over readings past retention.buckets cover whole kept
+    // slots (see the README's "Retention per level"); raw readings are
+    // what the buckets still hold.
+    let coarse = match &grid {
+        Some(grid) => coarse(&state, &mut r, Some(grid))?,
         None => None,
     };
     let metric = match (params.get("metric"), &grid) {
@@ -247,14 +257,16 @@ pub async fn export<S: BucketStore + 'static>(
         Format::Ndjson => "attachment; filename=\"hourglass-export.ndjson\"",
         Format::Csv => "attachment; filename=\"hourglass-export.csv\"",
     };
-    Ok((
+    let mut response = (
         [
             (header::CONTENT_TYPE, format.content_type()),
             (header::CONTENT_DISPOSITION, name),
         ],
         body,
     )
-        .into_response())
+        .into_response();
+    coarse_header(&mut response, coarse.as_ref());
+    Ok(response)
 }
 
 /// Sends `rows` on once a chunk has gathered (or at the end); `false` when

@@ -58,6 +58,8 @@ pub struct Config {
     pub granularity: Granularity,
     /// Readiness reports overload near this bound.
     pub max_buffered_readings: usize,
+    /// How long each level is kept: older ranges are answered coarser.
+    pub retention: crate::store::Retention,
 }
 
 /// What every handler shares. Cheap to clone.

@@ -32,6 +32,7 @@ use super::{delete, export, health, ingest, query};
     ),
     components(schemas(
         delete::DeleteResponse,
+        query::Coarse,
         query::Point,
         query::AverageResponse,
         query::SeriesResponse,

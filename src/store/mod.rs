@@ -22,7 +22,7 @@ use crate::domain::{BucketRead, Level, RollupRead, Starts, Values};
 pub use crate::domain::Labels;
 pub use mongo::{InstanceInfo, MongoStore, Redriven};
 pub use registry::{SensorInfo, SensorQuery};
-pub use settings::BucketSettings;
+pub use settings::{BucketSettings, Keep, Retention, RetentionSettings};
 
 /// The current bucket document layout; every bucket written carries it.
 /// 2: values may carry versions (`a`, `amax`) that every writer must

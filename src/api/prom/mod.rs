@@ -221,7 +221,12 @@ pub async fn instant<S: BucketStore>(
         sort_by_value(series, ascending);
     }
     let empty = LabelSet::new();
-    Ok(success(query_data(&value, &steps, true, &empty)))
+    Ok(query_success(
+        &state,
+        &form,
+        t,
+        query_data(&value, &steps, true, &empty),
+    ))
 }
 
 pub async fn range<S: BucketStore>(
@@ -263,7 +268,12 @@ pub async fn range<S: BucketStore>(
         .await?
         .value;
     let empty = LabelSet::new();
-    Ok(success(query_data(&value, &steps, false, &empty)))
+    Ok(query_success(
+        &state,
+        &form,
+        start,
+        query_data(&value, &steps, false, &empty),
+    ))
 }
 
 /// The matchers of each `match[]`: each must be a plain selector.
@@ -361,6 +371,43 @@ async fn listed<S: BucketStore>(
 /// A success answer.
 fn success<T: Serialize>(data: T) -> Response {
     Json(Success::new(data)).into_response()
+}
+
+/// What answers reaching back past `retention.buckets` are told: only
+/// rollup slots are kept there, so a window must cover whole ones.
+const COARSE_WARNING: &str = "the query reads readings older than retention.buckets, which are kept only as rollup figures: windows that do not cover whole rollup slots there miss readings";
+
+/// A query answer, with [`COARSE_WARNING`] when its earliest window (from
+/// `start_ms`, back by its longest range selector and the lookback)
+/// reaches past the buckets' retention.
+fn query_success<S, T: Serialize>(
+    state: &AppState<S>,
+    form: &Form,
+    start_ms: i64,
+    data: T,
+) -> Response {
+    let mut answer = Success::new(data);
+    if let Some(kept) = state.settings.retention.buckets {
+        let longest = form
+            .get("query")
+            .map(|q| {
+                q.split('[')
+                    .skip(1)
+                    .filter_map(|part| part.split([']', ':']).next())
+                    .filter_map(|d| humantime::parse_duration(d.trim()).ok())
+                    .max()
+                    .unwrap_or_default()
+            })
+            .unwrap_or_default();
+        let reach = Duration::from_secs(300) + longest;
+        let earliest = start_ms / 1000 - i64::try_from(reach.as_secs()).unwrap_or(i64::MAX / 4);
+        let horizon = now_ms() / 1000 - i64::try_from(kept.as_secs()).unwrap_or(i64::MAX / 4)
+            + state.settings.granularity.seconds();
+        if earliest < horizon {
+            answer.warnings.push(COARSE_WARNING);
+        }
+    }
+    Json(answer).into_response()
 }
 
 /// A listing's answer, warning when the limit left entries out.

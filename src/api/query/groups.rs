@@ -11,7 +11,9 @@ use wildmatch::WildMatch;
 
 use super::admission::{admit, evaluate, store_error};
 use super::csv::{POINT_COLUMNS, csv_point, csv_response, wants_csv};
-use super::range::{format_ms, metric, parse_tz, points_of, range, series_grid};
+use super::range::{
+    coarse, coarse_header, format_ms, metric, parse_tz, points_of, range, series_grid,
+};
 use super::{Group, GroupResponse, Point};
 use crate::api::params::Params;
 use crate::api::{ApiError, AppState};
@@ -135,11 +137,14 @@ pub(crate) async fn group_query<S: BucketStore>(
     let metric = metric(&params)?;
     let group_by = GroupBy::parse(params.get("group_by"))?;
     let tz = if with_step { parse_tz(&params)? } else { None };
-    let r = range(&state, &params)?;
-    let grid = if with_step {
-        series_grid(&state, &params, &r, tz.as_ref().map(|t| &t.1))?
+    let mut r = range(&state, &params)?;
+    let (grid, coarse) = if with_step {
+        let grid = series_grid(&state, &params, &r, tz.as_ref().map(|t| &t.1))?;
+        let c = coarse(&state, &mut r, Some(&grid))?;
+        (grid, c)
     } else {
-        Grid::whole(r.from, r.to)
+        let c = coarse(&state, &mut r, None)?;
+        (Grid::whole(r.from, r.to), c)
     };
     let members = members(&state, &principal, &params, &metric).await?;
     let mut keys: Vec<BTreeMap<String, Option<String>>> = Vec::new();
@@ -198,7 +203,7 @@ pub(crate) async fn group_query<S: BucketStore>(
             GroupBy::Sensor => Some("sensor".to_owned()),
             GroupBy::Label(n) => Some(n.clone()),
         };
-        return Ok(csv_response(|w| {
+        let mut response = csv_response(|w| {
             let mut header: Vec<&str> = label.iter().map(String::as_str).collect();
             header.push("sensors");
             header.extend(POINT_COLUMNS);
@@ -215,7 +220,9 @@ pub(crate) async fn group_query<S: BucketStore>(
                 }
             }
             Ok(())
-        }));
+        });
+        coarse_header(&mut response, coarse.as_ref());
+        return Ok(response);
     }
     Ok(Json(GroupResponse {
         metric: metric.to_string(),
@@ -225,6 +232,7 @@ pub(crate) async fn group_query<S: BucketStore>(
         tz: with_step.then(|| tz.map_or_else(|| "UTC".to_owned(), |t| t.0)),
         group_by: params.get("group_by").map(str::to_owned),
         groups,
+        coarse,
     })
     .into_response())
 }

@@ -41,7 +41,8 @@ pub use dead_letters::{
 };
 pub(super) use groups::sensor_glob;
 pub use groups::{__path_group_average, __path_group_series, group_average, group_series};
-pub(super) use range::{Range, metric, range, series_grid};
+pub use range::Coarse;
+pub(super) use range::{Range, coarse, coarse_header, metric, range, series_grid};
 pub use range::{Step, parse_instant, parse_step};
 use range::{format_ms, format_start, parse_tz, points_of};
 pub use registry::{__path_list_sensors, __path_put_labels, list_sensors, put_labels};
@@ -81,6 +82,9 @@ pub struct AverageResponse {
     pub to: String,
     #[serde(flatten)]
     pub aggregates: Point,
+    /// Present when the range reaches back past `retention.buckets`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub coarse: Option<Coarse>,
 }
 
 /// `GET /api/v1/sensors/{sensor}/series`.
@@ -93,6 +97,9 @@ pub struct SeriesResponse {
     pub step: String,
     pub tz: String,
     pub points: Vec<Point>,
+    /// Present when the range reaches back past `retention.buckets`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub coarse: Option<Coarse>,
 }
 
 /// One group of a group query.
@@ -124,6 +131,9 @@ pub struct GroupResponse {
     pub tz: Option<String>,
     pub group_by: Option<String>,
     pub groups: Vec<Group>,
+    /// Present when the range reaches back past `retention.buckets`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub coarse: Option<Coarse>,
 }
 
 /// `GET /api/v1/sensors/{sensor}/latest`.
@@ -172,7 +182,8 @@ pub async fn average<S: BucketStore>(
     sensor_param(&principal, &sensor)?;
     let params = Params::parse(raw.as_deref(), &["metric", "from", "to"], false)?;
     let metric = metric(&params)?;
-    let r = range(&state, &params)?;
+    let mut r = range(&state, &params)?;
+    let coarse = coarse(&state, &mut r, None)?;
     let series = [(Series { sensor: &sensor }, 0)];
     let points = evaluate(
         &state,
@@ -190,6 +201,7 @@ pub async fn average<S: BucketStore>(
         from: format_ms(r.from_ms),
         to: format_ms(r.to_ms),
         aggregates: Point::new(None, &points[0][0]),
+        coarse,
     }))
 }
 
@@ -213,19 +225,22 @@ pub async fn series<S: BucketStore>(
     let csv = wants_csv(&headers, &params)?;
     let metric = metric(&params)?;
     let tz = parse_tz(&params)?;
-    let r = range(&state, &params)?;
+    let mut r = range(&state, &params)?;
     let grid = series_grid(&state, &params, &r, tz.as_ref().map(|t| &t.1))?;
+    let coarse = coarse(&state, &mut r, Some(&grid))?;
     let series = [(Series { sensor: &sensor }, 0)];
     let aggs = evaluate(&state, "series", &metric, &r, grid.clone(), &series, 1).await?;
     let points = points_of(&grid, &aggs[0], tz.as_ref().map(|t| &t.1))?;
     if csv {
-        return Ok(csv_response(|w| {
+        let mut response = csv_response(|w| {
             w.write_record(POINT_COLUMNS)?;
             for p in &points {
                 w.write_record(csv_point(&[], p))?;
             }
             Ok(())
-        }));
+        });
+        coarse_header(&mut response, coarse.as_ref());
+        return Ok(response);
     }
     Ok(Json(SeriesResponse {
         sensor,
@@ -235,6 +250,7 @@ pub async fn series<S: BucketStore>(
         step: params.get("step").unwrap_or_default().to_owned(),
         tz: tz.map_or_else(|| "UTC".to_owned(), |t| t.0),
         points,
+        coarse,
     })
     .into_response())
 }

@@ -126,6 +126,112 @@ pub(crate) fn range<S>(state: &AppState<S>, params: &Params) -> Result<Range, Ap
     })
 }
 
+/// An answer over readings older than the buckets' retention: the range it
+/// really covers, widened (or, where nothing is kept, narrowed) to the
+/// slots of the finest level still kept there.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub struct Coarse {
+    /// The range the figures cover.
+    pub from: String,
+    pub to: String,
+    /// The finest resolution kept at the range's old end: `1m`, `1h` or `1d`.
+    pub resolution: String,
+    pub reason: String,
+}
+
+fn resolution_name(res: i64) -> &'static str {
+    match res {
+        60 => "1m",
+        3600 => "1h",
+        _ => "1d",
+    }
+}
+
+/// Brings `r` in line with what is kept (see [`Coarse`]): readings older
+/// than `retention.buckets` are answered from rollup slots, whole ones only,
+/// so the range's ends move out to those slots' edges, and every point of
+/// `grid` over them must be whole slots too (else 400: never a silently
+/// partial figure). `None` when nothing moved.
+pub(crate) fn coarse<S>(
+    state: &AppState<S>,
+    r: &mut Range,
+    grid: Option<&Grid>,
+) -> Result<Option<Coarse>, ApiError> {
+    let retention = &state.settings.retention;
+    if retention.buckets.is_none() || r.from >= r.to {
+        return Ok(None);
+    }
+    let g = state.settings.granularity;
+    let now = OffsetDateTime::now_utc().unix_timestamp();
+    let at = |t: i64| retention.resolution_at(t, now, g);
+    if at(r.from) == Some(1) {
+        return Ok(None);
+    }
+    let (from, to) = (r.from, r.to);
+    let new_from = match at(from) {
+        Some(res) => from - from.rem_euclid(res),
+        // Nothing is kept there: the answer starts where something is.
+        None => {
+            let oldest = retention.oldest_kept(now).unwrap_or(from);
+            oldest + (86_400 - oldest.rem_euclid(86_400)) % 86_400
+        }
+    };
+    let new_to = match at(to - 1) {
+        Some(1) | None => to,
+        Some(res) => to + (res - to.rem_euclid(res)) % res,
+    };
+    let new_to = new_to.max(new_from);
+    if let Some(grid) = grid {
+        for i in 0..grid.points() {
+            let (Some(a), b) = (grid.start(i), grid.start(i + 1)) else {
+                continue;
+            };
+            // The piece of the point inside the widened range.
+            let (a, b) = (a.max(new_from), b.unwrap_or(new_to).min(new_to));
+            if a >= b {
+                continue;
+            }
+            match at(a) {
+                Some(1) | None => {}
+                Some(res)
+                    if a.rem_euclid(res) == 0 && (b.rem_euclid(res) == 0 || at(b) == Some(1)) => {}
+                Some(res) => {
+                    return Err(ApiError::bad_request(format!(
+                        "readings from {} on are kept only as {} figures (retention); ask for a step of whole {} (aligned to them)",
+                        format_ms(a.saturating_mul(1000)),
+                        resolution_name(res),
+                        resolution_name(res)
+                    )));
+                }
+            }
+        }
+    }
+    if (new_from, new_to) == (from, to) {
+        return Ok(None);
+    }
+    r.from = new_from;
+    r.to = new_to;
+    let res = at(from).or(at(new_from)).unwrap_or(86_400);
+    Ok(Some(Coarse {
+        from: format_ms(new_from.saturating_mul(1000)),
+        to: format_ms(new_to.saturating_mul(1000)),
+        resolution: resolution_name(res).to_owned(),
+        reason: "readings older than retention.buckets are kept only as rollup figures: the figures cover whole slots of this resolution".to_owned(),
+    }))
+}
+
+/// CSV answers carry [`Coarse`] as a header: they have no place for it.
+pub(crate) fn coarse_header(response: &mut axum::response::Response, coarse: Option<&Coarse>) {
+    if let Some(c) = coarse
+        && let Ok(v) = axum::http::HeaderValue::from_str(&format!(
+            "from={}; to={}; resolution={}",
+            c.from, c.to, c.resolution
+        ))
+    {
+        response.headers_mut().insert("x-hourglass-coarse", v);
+    }
+}
+
 pub(crate) fn metric(params: &Params) -> Result<MetricName<'_>, ApiError> {
     match params.get("metric") {
         Some(m) => MetricName::parse(m).map_err(|e| ApiError::bad_request(e.to_string())),

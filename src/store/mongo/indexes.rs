@@ -19,7 +19,10 @@ use crate::store::errors;
 impl MongoStore {
     /// Creates the bucket index (a no-op when it exists) and brings the TTL
     /// index in line with `retention`: created, changed in place, or dropped.
-    pub async fn ensure_indexes(&self, retention: Option<Duration>) -> Result<(), StoreError> {
+    pub async fn ensure_indexes(
+        &self,
+        retention: &crate::store::Retention,
+    ) -> Result<(), StoreError> {
         let index = IndexModel::builder()
             .keys(doc! { "sensor": 1, "metric": 1, "start": 1 })
             .options(
@@ -88,15 +91,34 @@ impl MongoStore {
             .create_index(registry)
             .await
             .map_err(classify)?;
-        self.ensure_retention(&self.buckets, "start", RETENTION_INDEX, retention)
+        self.ensure_retention(
+            &self.buckets,
+            "start",
+            RETENTION_INDEX,
+            None,
+            retention.buckets,
+        )
+        .await?;
+        // Rollups: a TTL index per level (partial, on its period), counted
+        // from a document's start: it goes its level's retention after its
+        // last slot ends. One index for every level came first: it goes.
+        self.ensure_retention(&self.rollups, "start", RETENTION_INDEX, None, None)
             .await?;
-        // The TTL index counts from `start`: a rollup outlives its first
-        // bucket by its longest period and a day, so that it is never gone
-        // while buckets it sums are still kept.
-        let longest = Period::Days30.seconds().unsigned_abs() + 86_400;
-        let rollup_retention = retention.map(|d| d + Duration::from_secs(longest));
-        self.ensure_retention(&self.rollups, "start", RETENTION_INDEX, rollup_retention)
+        for (period, kept) in [
+            (Period::Hour, retention.hour),
+            (Period::Day, retention.day),
+            (Period::Days30, retention.days30),
+        ] {
+            let ttl = kept.map(|d| d + Duration::from_secs(period.seconds().unsigned_abs()));
+            self.ensure_retention(
+                &self.rollups,
+                "start",
+                &format!("{RETENTION_INDEX}_{}", period.name()),
+                Some(doc! { "period": period.name() }),
+                ttl,
+            )
             .await?;
+        }
         // Dead letters, newest first (an operator looks at the latest), and
         // their retention.
         let newest = IndexModel::builder()
@@ -111,17 +133,20 @@ impl MongoStore {
             &self.dead_letters,
             "at",
             DEAD_LETTER_RETENTION_INDEX,
+            None,
             self.dead_letter_retention,
         )
         .await
     }
 
-    /// Brings the TTL index `name` on `field` in line with `retention`.
+    /// Brings the TTL index `name` on `field` (over the documents `partial`
+    /// matches, if given) in line with `retention`.
     async fn ensure_retention(
         &self,
         collection: &mongodb::Collection<mongodb::bson::Document>,
         field: &str,
         name: &str,
+        partial: Option<mongodb::bson::Document>,
         retention: Option<Duration>,
     ) -> Result<(), StoreError> {
         let mut current = None;
@@ -139,6 +164,7 @@ impl MongoStore {
                 collection.drop_index(name).await.map_err(classify)?;
                 info!(
                     collection = collection.name(),
+                    index = name,
                     "Retention is off: dropped the TTL index; documents are kept."
                 );
             }
@@ -153,6 +179,7 @@ impl MongoStore {
                     .map_err(classify)?;
                 info!(
                     collection = collection.name(),
+                    index = name,
                     from_s = now.as_secs(),
                     to_s = want.as_secs(),
                     "Changed the retention."
@@ -165,12 +192,14 @@ impl MongoStore {
                         IndexOptions::builder()
                             .name(name.to_owned())
                             .expire_after(want)
+                            .partial_filter_expression(partial)
                             .build(),
                     )
                     .build();
                 collection.create_index(index).await.map_err(classify)?;
                 info!(
                     collection = collection.name(),
+                    index = name,
                     retention_s = want.as_secs(),
                     "Created the TTL index for the retention."
                 );
