@@ -145,6 +145,7 @@ pub async fn run(ctx: &Ctx, data: &Dataset) -> anyhow::Result<(Report, bool)> {
         let path = out.to_string_lossy().into_owned();
         let (from, to) = (rfc3339(data.start), rfc3339(data.end()));
         let cpu0 = target.cpu();
+        let rss_before = target.peak_rss_mib();
         let (seconds, client) = cli(
             ctx,
             target,
@@ -152,10 +153,21 @@ pub async fn run(ctx: &Ctx, data: &Dataset) -> anyhow::Result<(Report, bool)> {
         )
         .await?;
         let cpu = cpu0.zip(target.cpu()).map(|(a, b)| b - a);
+        // Peak RSS is a high-water mark: the export's own peak shows only
+        // if it passes the import's.
+        let rss_after = target.peak_rss_mib();
+        report.set(
+            "export_peak_rss_mib",
+            serde_json::json!({ "before": rss_before, "after": rss_after }),
+        );
         let lines = std::fs::read_to_string(&out)?.lines().count() as u64;
         ok &= lines == n;
         runs.push(Run {
-            what: format!("hourglass export, ndjson ({lines} lines of {n})"),
+            what: format!(
+                "hourglass export, ndjson ({lines} lines of {n}; service peak RSS {} → {} MiB)",
+                rss_before.map_or_else(|| "-".into(), f),
+                rss_after.map_or_else(|| "-".into(), f)
+            ),
             seconds,
             stored: None,
             cpu,

@@ -82,10 +82,21 @@ pub async fn delete_readings<S: BucketStore + 'static>(
         Some(_) => return Err(ApiError::bad_request("dry_run must be true or false")),
     };
     let (prefix, glob) = sensor_glob(&params)?;
-    // The sensors, from the registry (every sensor with readings is in it).
     let mut sensors = Vec::new();
     let mut after: Option<String> = None;
-    loop {
+    // One sensor named exactly: itself, registered yet or not (a sensor is
+    // registered shortly after its first readings are accepted). Otherwise
+    // the sensors the registry lists.
+    let named = params
+        .get("sensor")
+        .filter(|s| !s.contains(['*', '?']) && params.labels().is_empty());
+    if let Some(id) = named {
+        crate::domain::SensorId::parse(id).map_err(|e| ApiError::bad_request(e.to_string()))?;
+        if principal.may_access(id) {
+            sensors.push(id.to_owned());
+        }
+    }
+    while named.is_none() {
         let query = SensorQuery {
             after: after.as_deref(),
             prefix,

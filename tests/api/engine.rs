@@ -790,6 +790,7 @@ async fn the_openapi_document_lists_every_route() {
     listed.sort();
     let mut routes: Vec<(String, String)> = [
         ("POST", "/api/v1/readings"),
+        ("DELETE", "/api/v1/readings"),
         ("PUT", "/api/v1/sensors/{sensor}/labels"),
         ("GET", "/api/v1/sensors"),
         ("GET", "/api/v1/sensors/{sensor}/average"),

@@ -691,6 +691,32 @@ async fn a_delete_without_a_range_or_selector_is_refused_and_deletes_nothing() {
         );
     }
     assert_eq!(app.buckets().await, before);
+    // `hourglass delete` from a shell: the same route, counted the same way.
+    let out = cli(
+        &app.address,
+        &[
+            "delete",
+            "--sensor",
+            "d1",
+            "--from",
+            &from,
+            "--to",
+            &to,
+            "--dry-run",
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out));
+    let want = data.keys().filter(|k| k.2 < t0 + 3600).count();
+    assert!(
+        text(&out).contains(&format!("Would delete {want} readings of 1 sensors")),
+        "{}",
+        text(&out)
+    );
+    let out = cli(&app.address, &["delete", "--from", &from, "--to", &to]).await;
+    assert!(!out.status.success(), "no selector");
+    assert!(text(&out).contains("sensor="), "{}", text(&out));
+    assert_eq!(app.buckets().await, before);
     app.stop().await.expect("stops");
 }
 
@@ -1009,4 +1035,58 @@ async fn retention_per_level_keeps_its_indexes_in_line_and_answers_old_ranges_co
         .await;
     assert!(quiet.get("warnings").is_none(), "{quiet}");
     c.stop().await.expect("stops");
+}
+
+/// Two instances on one database: readings another instance holds in its
+/// journal and batcher when the delete runs never reach a bucket, and it
+/// keeps what it acknowledges after the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_on_one_instance_covers_what_another_instance_holds() {
+    let g = Granularity::Hour;
+    let mut settings = journal_settings();
+    settings.buckets.granularity = g;
+    let a = spawn_app_with(settings.clone()).await;
+    let mut other = settings.clone();
+    other.journal.dir = crate::helpers::journal_dir();
+    let b = spawn_app_with(other).await;
+    let mut now = time::OffsetDateTime::now_utc().unix_timestamp();
+    if now.rem_euclid(3600) < 120 {
+        tokio::time::sleep(Duration::from_secs((121 - now.rem_euclid(3600)) as u64)).await;
+        now = time::OffsetDateTime::now_utc().unix_timestamp();
+    }
+    let (from, to) = (now - now.rem_euclid(3600), now);
+    let held: BTreeMap<(String, String, i64), f64> = (from..to)
+        .step_by(5)
+        .map(|ts| (("x1".to_owned(), "temp".to_owned(), ts), (ts % 17) as f64))
+        .collect();
+    // Acknowledged by B (journaled), held there: this hour is open.
+    post_all(&b, &held).await;
+    assert!(a.buckets().await.is_empty(), "B still holds what it took");
+    let r = delete(
+        &a,
+        &format!("sensor=x1&from={}&to={}", rfc3339(from), rfc3339(to)),
+    )
+    .await;
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    // After the answer, B takes a new reading in the range: it stays.
+    let after = (("x1".to_owned(), "temp".to_owned(), from + 1), 42.0);
+    post_all(&b, &BTreeMap::from([after.clone()])).await;
+    let (db, collection) = (a.db.clone(), a.settings.mongodb.collection.clone());
+    b.stop().await.expect("B drains");
+    a.stop().await.expect("A stops");
+    let docs: Vec<mongodb::bson::Document> = {
+        use futures_util::TryStreamExt;
+        db.collection::<mongodb::bson::Document>(&collection)
+            .find(mongodb::bson::doc! {})
+            .await
+            .expect("find")
+            .try_collect()
+            .await
+            .expect("buckets")
+    };
+    assert_eq!(
+        all_values(&docs, g),
+        BTreeMap::from([after]),
+        "only what B acknowledged after the delete is stored"
+    );
 }

@@ -325,6 +325,10 @@ async fn ttl(app: &TestApp) -> Option<i64> {
 }
 
 async fn ttl_of(app: &TestApp, collection: &str) -> Option<i64> {
+    ttl_named(app, collection, "start_ttl").await
+}
+
+async fn ttl_named(app: &TestApp, collection: &str, name: &str) -> Option<i64> {
     let coll = app.db.collection::<Document>(collection);
     let indexes: Vec<_> = coll
         .list_indexes()
@@ -335,7 +339,7 @@ async fn ttl_of(app: &TestApp, collection: &str) -> Option<i64> {
         .expect("list");
     indexes
         .into_iter()
-        .find(|i| i.options.as_ref().and_then(|o| o.name.as_deref()) == Some("start_ttl"))
+        .find(|i| i.options.as_ref().and_then(|o| o.name.as_deref()) == Some(name))
         .map(|i| {
             assert_eq!(i.keys, doc! { "start": 1 });
             i.options
@@ -351,11 +355,20 @@ async fn retention_is_applied_to_the_ttl_index_at_each_start() {
     settings.buckets.retention = Some(Duration::from_secs(90 * 86_400));
     let app = spawn_app_with(settings.clone()).await;
     assert_eq!(ttl(&app).await, Some(90 * 86_400));
+    // Rollup levels inherit it, each counted from the end of its document.
+    let rollups = app.settings.mongodb.rollup_collection.clone();
     assert_eq!(
-        ttl_of(&app, &app.settings.mongodb.rollup_collection).await,
-        Some((90 + 31) * 86_400),
-        "a 30-day rollup outlives the last bucket it sums"
+        ttl_of(&app, &rollups).await,
+        None,
+        "one index per level instead"
     );
+    for (name, period) in [("hour", 3600), ("day", 86_400), ("30d", 30 * 86_400)] {
+        assert_eq!(
+            ttl_named(&app, &rollups, &format!("start_ttl_{name}")).await,
+            Some(90 * 86_400 + period),
+            "a {name} document outlives its last slot by the retention"
+        );
+    }
     app.stop().await.expect("clean stop");
 
     settings.buckets.retention = Some(Duration::from_secs(45 * 86_400));
@@ -366,14 +379,15 @@ async fn retention_is_applied_to_the_ttl_index_at_each_start() {
         "changed in place at the next start"
     );
     assert_eq!(
-        ttl_of(&app, &app.settings.mongodb.rollup_collection).await,
-        Some((45 + 31) * 86_400)
+        ttl_named(&app, &rollups, "start_ttl_30d").await,
+        Some((45 + 30) * 86_400)
     );
     app.stop().await.expect("clean stop");
 
     settings.buckets.retention = None;
     let app = spawn_app_with(settings).await;
     assert_eq!(ttl(&app).await, None, "off drops it");
+    assert_eq!(ttl_named(&app, &rollups, "start_ttl_day").await, None);
     app.stop().await.expect("clean stop");
 }
 
