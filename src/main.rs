@@ -83,10 +83,11 @@ enum Command {
         #[arg(long, default_value = "ns")]
         precision: String,
         /// Readings per request (at most ingest.max_readings_per_request).
-        #[arg(long, default_value_t = 5000)]
+        #[arg(long, default_value_t = 10_000)]
         batch: usize,
-        /// Requests in flight at once.
-        #[arg(long, default_value_t = 4)]
+        /// Requests in flight at once: while the service journals some,
+        /// this command reads and checks the next.
+        #[arg(long, default_value_t = 8)]
         in_flight: usize,
         /// Where checkpoints and rejects go (by default next to each file).
         #[arg(long)]

@@ -109,24 +109,41 @@ pub async fn run(ctx: &Ctx, data: &Dataset) -> anyhow::Result<(Report, bool)> {
     drop(http);
 
     let mut imported = None;
-    for (format, csv) in [("ndjson", false), ("csv", true)] {
+    // The import's defaults (10 000 a request, 8 in flight), and CSV again
+    // with the HTTP path's settings.
+    for (format, csv, settings) in [
+        ("ndjson", false, None),
+        ("csv", true, Some(("5000", "4"))),
+        ("csv", true, None),
+    ] {
         let file = dir.path().join(format!("data.{format}"));
         let bytes = write_file(data, &file, csv)?;
         // The instance before goes first: its upkeep must not load this run.
         drop(imported.take());
         let target = ctx
-            .target(&format!("transfer_{format}"), "minute", false, true)
+            .target(
+                &format!("transfer_{format}_{}", settings.map_or("default", |s| s.1)),
+                "minute",
+                false,
+                true,
+            )
             .await?;
         let cpu0 = target.cpu();
         let path = file.to_string_lossy().into_owned();
         let started = Instant::now();
-        let (seconds, client) = cli(ctx, &target, &["import", "--quiet", &path]).await?;
+        let mut args = vec!["import", "--quiet", path.as_str()];
+        if let Some((batch, in_flight)) = settings {
+            args.extend(["--batch", batch, "--in-flight", in_flight]);
+        }
+        let (seconds, client) = cli(ctx, &target, &args).await?;
         let cpu = cpu0.zip(target.cpu()).map(|(a, b)| b - a);
         wait_stored(&target.url, n).await?;
         runs.push(Run {
             what: format!(
-                "hourglass import, {format} ({:.1} MB, 5 000 a request, 4 in flight)",
-                bytes as f64 / 1e6
+                "hourglass import, {format} ({:.1} MB, {} a request, {} in flight)",
+                bytes as f64 / 1e6,
+                settings.map_or("10 000", |s| s.0),
+                settings.map_or("8", |s| s.1)
             ),
             seconds,
             stored: Some(started.elapsed().as_secs_f64()),

@@ -111,7 +111,7 @@ fn two_instances_round_robin_verify_exactly_and_count_every_write() {
 fn import_and_export_store_and_verify_exactly_beside_the_http_path() {
     let r = run("transfer", &[]);
     let runs = r["data"]["transfer"].as_array().expect("runs");
-    assert_eq!(runs.len(), 4, "{r}");
+    assert_eq!(runs.len(), 5, "{r}");
     assert!(
         runs.iter()
             .all(|x| x["readings_per_s"].as_f64() > Some(0.0)),
