@@ -116,7 +116,12 @@ pub async fn run(ctx: &Ctx, data: &Dataset) -> anyhow::Result<(Report, bool)> {
         ("csv", true, Some(("5000", "4"))),
         ("csv", true, None),
     ] {
-        let file = dir.path().join(format!("data.{format}"));
+        // A file of its own each time: a finished import's checkpoint would
+        // (rightly) refuse the file written again.
+        let file = dir.path().join(format!(
+            "data-{}.{format}",
+            settings.map_or("default", |s| s.1)
+        ));
         let bytes = write_file(data, &file, csv)?;
         // The instance before goes first: its upkeep must not load this run.
         drop(imported.take());
