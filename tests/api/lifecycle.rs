@@ -97,13 +97,27 @@ fn workload(t0: i64) -> BTreeMap<(String, String, i64), f64> {
     data
 }
 
+/// Posts `data` in requests of 500, each sent again on a 503 as a client
+/// would (a store that did not confirm in time under load; retrying is
+/// safe: a reading written again at its second changes nothing).
 async fn post_all(app: &TestApp, data: &BTreeMap<(String, String, i64), f64>) {
     let body: Vec<Value> = data
         .iter()
         .map(|((s, m, ts), v)| reading(s, m, *ts, *v))
         .collect();
-    let r = app.post_readings(&json!(body)).await;
-    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    for chunk in body.chunks(500) {
+        let mut attempts = 0;
+        loop {
+            let r = app.post_readings(&json!(chunk)).await;
+            if r.status() == 503 && attempts < 10 {
+                attempts += 1;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+            assert_eq!(r.status(), 200, "{:?}", r.text().await);
+            break;
+        }
+    }
 }
 
 fn gunzip(bytes: &[u8]) -> String {
