@@ -6,7 +6,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use super::{Client, TransferError, error_message};
+use super::{Client, TransferError};
 use crate::config::Settings;
 
 /// What `hourglass export` was asked to do.
@@ -81,23 +81,11 @@ pub async fn run(
         options.query.iter(),
     )
     .map_err(|e| TransferError::Usage(format!("the service URL {}: {e}", client.base())))?;
-    let mut request = client.authorized(client.http.get(url));
+    let mut request = client.http.get(url);
     if options.gzip {
         request = request.header(reqwest::header::ACCEPT_ENCODING, "gzip");
     }
-    let mut response = request.send().await.map_err(|e| {
-        TransferError::Service(format!(
-            "no Hourglass answers at {} ({e}); start it, or set HOURGLASS_URL",
-            client.base()
-        ))
-    })?;
-    let status = response.status();
-    if !status.is_success() {
-        let message = error_message(response).await;
-        return Err(TransferError::Service(format!(
-            "the service answered {status}: {message}"
-        )));
-    }
+    let mut response = client.send(request).await?;
     let compressed = response
         .headers()
         .get(reqwest::header::CONTENT_ENCODING)

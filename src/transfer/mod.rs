@@ -102,6 +102,28 @@ impl Client {
         }
     }
 
+    /// Sends `request`: the answer when it is a success, else the error
+    /// the service gave (or that none answered).
+    async fn send(
+        &self,
+        request: reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, TransferError> {
+        let response = self.authorized(request).send().await.map_err(|e| {
+            TransferError::Service(format!(
+                "no Hourglass answers at {} ({e}); start it, or set HOURGLASS_URL",
+                self.base
+            ))
+        })?;
+        let status = response.status();
+        if !status.is_success() {
+            let message = error_message(response).await;
+            return Err(TransferError::Service(format!(
+                "the service answered {status}: {message}"
+            )));
+        }
+        Ok(response)
+    }
+
     /// Whether a service answers at all: a clear message before any work.
     pub async fn check(&self) -> Result<(), TransferError> {
         self.http
@@ -213,23 +235,7 @@ pub async fn delete(
         query.iter(),
     )
     .map_err(|e| TransferError::Usage(format!("the service URL {}: {e}", client.base())))?;
-    let r = client
-        .authorized(client.http.delete(url))
-        .send()
-        .await
-        .map_err(|e| {
-            TransferError::Service(format!(
-                "no Hourglass answers at {} ({e}); start it, or set HOURGLASS_URL",
-                client.base()
-            ))
-        })?;
-    let status = r.status();
-    if !status.is_success() {
-        let message = error_message(r).await;
-        return Err(TransferError::Service(format!(
-            "the service answered {status}: {message}"
-        )));
-    }
+    let r = client.send(client.http.delete(url)).await?;
     r.json()
         .await
         .map_err(|e| TransferError::Service(format!("the answer was not JSON: {e}")))
