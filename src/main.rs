@@ -177,6 +177,20 @@ fn pair(s: &str) -> Result<(String, String), String> {
         .ok_or_else(|| format!("{s:?} is not NAME=VALUE"))
 }
 
+/// Adds the parameters given and the `label.<name>` filters to `query`.
+fn selection<const N: usize>(
+    query: &mut Vec<(String, String)>,
+    optional: [(&str, Option<String>); N],
+    labels: Vec<(String, String)>,
+) {
+    for (k, v) in optional {
+        if let Some(v) = v {
+            query.push((k.to_owned(), v));
+        }
+    }
+    query.extend(labels.into_iter().map(|(k, v)| (format!("label.{k}"), v)));
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -263,14 +277,7 @@ async fn main() -> anyhow::Result<()> {
             ("to".to_owned(), to),
             ("dry_run".to_owned(), dry_run.to_string()),
         ];
-        for (k, v) in [("sensor", sensor), ("metric", metric)] {
-            if let Some(v) = v {
-                query.push((k.to_owned(), v));
-            }
-        }
-        for (k, v) in labels {
-            query.push((format!("label.{k}"), v));
-        }
+        selection(&mut query, [("sensor", sensor), ("metric", metric)], labels);
         let answer = hourglass::delete(&settings, &query).await?;
         let n = |k: &str| answer[k].as_u64().unwrap_or(0);
         println!(
@@ -301,14 +308,11 @@ async fn main() -> anyhow::Result<()> {
             ("to".to_owned(), to),
             ("format".to_owned(), format),
         ];
-        for (k, v) in [("sensor", sensor), ("metric", metric), ("step", step)] {
-            if let Some(v) = v {
-                query.push((k.to_owned(), v));
-            }
-        }
-        for (k, v) in labels {
-            query.push((format!("label.{k}"), v));
-        }
+        selection(
+            &mut query,
+            [("sensor", sensor), ("metric", metric), ("step", step)],
+            labels,
+        );
         let s = hourglass::export(
             &settings,
             hourglass::ExportOptions {
