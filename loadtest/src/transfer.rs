@@ -70,98 +70,149 @@ async fn cli(ctx: &Ctx, target: &Target, args: &[&str]) -> anyhow::Result<(f64, 
     Ok((started.elapsed().as_secs_f64(), children_cpu() - cpu0))
 }
 
+/// Interleaved rounds of every import path against the HTTP path, each on
+/// a fresh instance: an acknowledgement takes about a second at this size,
+/// and the stand-in server storing beside it (on the same two cores) moves a
+/// single run by a third. Each run waits until its readings are stored, so
+/// no run pays for the one before.
+const ROUNDS: usize = 3;
+
+/// One way of loading the dataset.
+#[derive(Clone, Copy)]
+struct Load {
+    format: &'static str,
+    csv: bool,
+    /// `(batch, in flight)`; `None`: the import's defaults.
+    settings: Option<(&'static str, &'static str)>,
+}
+
+#[derive(Default)]
 struct Run {
     what: String,
-    /// Until the last reading was acknowledged.
-    seconds: f64,
-    /// Until the last reading was stored.
-    stored: Option<f64>,
-    /// The service's CPU seconds.
-    cpu: Option<f64>,
-    /// The client's CPU seconds (the import or export command).
-    client_cpu: Option<f64>,
+    /// Per round: until the last reading was acknowledged.
+    seconds: Vec<f64>,
+    /// Per round: the service's CPU seconds while acknowledging.
+    cpu: Vec<f64>,
+    /// Per round: the client's CPU seconds (the import command).
+    client_cpu: Vec<f64>,
+    /// Per round: until the last reading was stored.
+    stored: Vec<f64>,
+}
+
+fn median(v: &[f64]) -> Option<f64> {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied()
 }
 
 pub async fn run(ctx: &Ctx, data: &Dataset) -> anyhow::Result<(Report, bool)> {
     let n = data.len();
     let dir = tempfile::tempdir()?;
-    let mut runs = Vec::new();
     let mut ok = true;
     let mut report = Report::new("Hourglass import and export");
-
-    // The HTTP path: the backfill's client, 5 000 readings a request, 4 at a time.
-    // Each run waits until everything is stored before the next starts: the
-    // stand-in server stores far slower than the service acknowledges, and
-    // a run must not pay for the one before it.
-    let http = ctx.target("transfer_http", "minute", false, true).await?;
-    let cpu0 = http.cpu();
-    let started = Instant::now();
-    let o = crate::backfill::send_all(ctx, &http, data, 5000, 4).await?;
-    let cpu = cpu0.zip(http.cpu()).map(|(a, b)| b - a);
-    wait_stored(&http.url, n).await?;
-    runs.push(Run {
-        what: "HTTP path (POST /api/v1/readings, 5 000 a request, 4 in flight; bodies built beforehand)".into(),
-        seconds: o.seconds,
-        stored: Some(started.elapsed().as_secs_f64()),
-        cpu,
-        client_cpu: None,
-    });
-    drop(http);
-
-    let mut imported = None;
     // The import's defaults (10 000 a request, 8 in flight), and CSV again
     // with the HTTP path's settings.
-    for (format, csv, settings) in [
-        ("ndjson", false, None),
-        ("csv", true, Some(("5000", "4"))),
-        ("csv", true, None),
-    ] {
-        // A file of its own each time: a finished import's checkpoint would
-        // (rightly) refuse the file written again.
-        let file = dir.path().join(format!(
-            "data-{}.{format}",
-            settings.map_or("default", |s| s.1)
-        ));
-        let bytes = write_file(data, &file, csv)?;
-        // The instance before goes first: its upkeep must not load this run.
-        drop(imported.take());
-        let target = ctx
-            .target(
-                &format!("transfer_{format}_{}", settings.map_or("default", |s| s.1)),
-                "minute",
-                false,
-                true,
-            )
-            .await?;
-        let cpu0 = target.cpu();
-        let path = file.to_string_lossy().into_owned();
-        let started = Instant::now();
-        let mut args = vec!["import", "--quiet", path.as_str()];
-        if let Some((batch, in_flight)) = settings {
-            args.extend(["--batch", batch, "--in-flight", in_flight]);
-        }
-        let (seconds, client) = cli(ctx, &target, &args).await?;
-        let cpu = cpu0.zip(target.cpu()).map(|(a, b)| b - a);
-        wait_stored(&target.url, n).await?;
+    let paths = [
+        Load {
+            format: "ndjson",
+            csv: false,
+            settings: None,
+        },
+        Load {
+            format: "csv",
+            csv: true,
+            settings: Some(("5000", "4")),
+        },
+        Load {
+            format: "csv",
+            csv: true,
+            settings: None,
+        },
+    ];
+    let mut files = Vec::new();
+    let mut runs = vec![Run {
+        what: "HTTP path (POST /api/v1/readings, 5 000 a request, 4 in flight; bodies built beforehand)".into(),
+        ..Run::default()
+    }];
+    for p in &paths {
+        let file = dir
+            .path()
+            .join(format!("data-{}.{}", p.settings.map_or("default", |s| s.1), p.format));
+        let bytes = write_file(data, &file, p.csv)?;
+        files.push(file.to_string_lossy().into_owned());
         runs.push(Run {
             what: format!(
-                "hourglass import, {format} ({:.1} MB, {} a request, {} in flight)",
+                "hourglass import, {} ({:.1} MB, {} a request, {} in flight)",
+                p.format,
                 bytes as f64 / 1e6,
-                settings.map_or("10 000", |s| s.0),
-                settings.map_or("8", |s| s.1)
+                p.settings.map_or("10 000", |s| s.0),
+                p.settings.map_or("8", |s| s.1)
             ),
-            seconds,
-            stored: Some(started.elapsed().as_secs_f64()),
-            cpu,
-            client_cpu: Some(client),
+            ..Run::default()
         });
-        let (verdict, good) = crate::verify::run(ctx, data, "minute", &target.database).await?;
-        if !good {
-            report.merge(verdict);
-        }
-        ok &= good;
-        imported = Some(target);
     }
+    let mut imported = None;
+    for round in 0..ROUNDS {
+        // The last round's stores are verified.
+        let last = round + 1 == ROUNDS;
+        // The HTTP path: the backfill's client, 5 000 readings a request, 4 at a time.
+        let http = ctx
+            .target(&format!("transfer_http_{round}"), "minute", false, true)
+            .await?;
+        let cpu0 = http.cpu();
+        let started = Instant::now();
+        let o = crate::backfill::send_all(ctx, &http, data, 5000, 4).await?;
+        if let Some(c) = cpu0.zip(http.cpu()).map(|(a, b)| b - a) {
+            runs[0].cpu.push(c);
+        }
+        runs[0].seconds.push(o.seconds);
+        wait_stored(&http.url, n).await?;
+        runs[0].stored.push(started.elapsed().as_secs_f64());
+        drop(http);
+        for (i, p) in paths.iter().enumerate() {
+            // The instance before goes first: its upkeep must not load this run.
+            drop(imported.take());
+            let target = ctx
+                .target(
+                    &format!(
+                        "transfer_{}_{}_{round}",
+                        p.format,
+                        p.settings.map_or("default", |s| s.1)
+                    ),
+                    "minute",
+                    false,
+                    true,
+                )
+                .await?;
+            let cpu0 = target.cpu();
+            let started = Instant::now();
+            // Every round imports the file from its start.
+            let mut args = vec!["import", "--quiet", "--restart", files[i].as_str()];
+            if let Some((batch, in_flight)) = p.settings {
+                args.extend(["--batch", batch, "--in-flight", in_flight]);
+            }
+            let (seconds, client) = cli(ctx, &target, &args).await?;
+            let run = &mut runs[i + 1];
+            if let Some(c) = cpu0.zip(target.cpu()).map(|(a, b)| b - a) {
+                run.cpu.push(c);
+            }
+            run.seconds.push(seconds);
+            run.client_cpu.push(client);
+            wait_stored(&target.url, n).await?;
+            run.stored.push(started.elapsed().as_secs_f64());
+            if !last {
+                continue;
+            }
+            let (verdict, good) =
+                crate::verify::run(ctx, data, "minute", &target.database).await?;
+            if !good {
+                report.merge(verdict);
+            }
+            ok &= good;
+            imported = Some(target);
+        }
+    }
+    let mut export = None;
     if let Some(target) = &imported {
         let out = dir.path().join("export.ndjson");
         let path = out.to_string_lossy().into_owned();
@@ -184,28 +235,32 @@ pub async fn run(ctx: &Ctx, data: &Dataset) -> anyhow::Result<(Report, bool)> {
         );
         let lines = std::fs::read_to_string(&out)?.lines().count() as u64;
         ok &= lines == n;
-        runs.push(Run {
+        export = Some(Run {
             what: format!(
                 "hourglass export, ndjson ({lines} lines of {n}; service peak RSS {} → {} MiB)",
                 rss_before.map_or_else(|| "-".into(), f),
                 rss_after.map_or_else(|| "-".into(), f)
             ),
-            seconds,
-            stored: None,
-            cpu,
-            client_cpu: Some(client),
+            seconds: vec![seconds],
+            cpu: cpu.into_iter().collect(),
+            client_cpu: vec![client],
+            stored: Vec::new(),
         });
     }
 
-    let base = runs[0].seconds;
-    let base_stored = runs[0].stored.unwrap_or(base);
+    let base = median(&runs[0].seconds).unwrap_or(f64::NAN);
+    let base_stored = median(&runs[0].stored).unwrap_or(base);
     let mut s = Section::new(
-        &format!("Import and export: {n} readings, one minute-bucket instance each (journal on)"),
+        &format!(
+            "Import and export: {n} readings, one minute-bucket instance each (journal on), \
+             {ROUNDS} interleaved rounds, medians"
+        ),
         &[
             "path",
             "s to acknowledge",
             "readings/s acknowledged",
-            "× HTTP",
+            "× HTTP (median of rounds)",
+            "rounds' × HTTP",
             "s to store",
             "readings/s stored",
             "× HTTP",
@@ -214,27 +269,41 @@ pub async fn run(ctx: &Ctx, data: &Dataset) -> anyhow::Result<(Report, bool)> {
         ],
     );
     let mut figures = Vec::new();
-    let per = |c: Option<f64>| c.map_or_else(|| "-".into(), |c| f(c / n as f64 * 1e6));
-    for r in &runs {
-        let rate = n as f64 / r.seconds;
+    let per = |c: &[f64]| median(c).map_or_else(|| "-".into(), |c| f(c / n as f64 * 1e6));
+    for r in runs.iter().chain(&export) {
+        let seconds = median(&r.seconds).unwrap_or(f64::NAN);
+        let stored = median(&r.stored);
+        let rate = n as f64 / seconds;
+        // Each round's ratio to the HTTP path of the same round.
+        let ratios: Vec<f64> = if r.seconds.len() == runs[0].seconds.len() {
+            r.seconds
+                .iter()
+                .zip(&runs[0].seconds)
+                .map(|(s, h)| h / s)
+                .collect()
+        } else {
+            vec![base / seconds]
+        };
+        let ratio = median(&ratios).unwrap_or(f64::NAN);
         s.row(vec![
             r.what.clone(),
-            f(r.seconds),
+            f(seconds),
             f(rate),
-            f(base / r.seconds),
-            r.stored.map_or_else(|| "-".into(), f),
-            r.stored.map_or_else(|| "-".into(), |t| f(n as f64 / t)),
-            r.stored.map_or_else(|| "-".into(), |t| f(base_stored / t)),
-            per(r.cpu),
-            per(r.client_cpu),
+            f(ratio),
+            ratios.iter().map(|r| f(*r)).collect::<Vec<_>>().join(", "),
+            stored.map_or_else(|| "-".into(), f),
+            stored.map_or_else(|| "-".into(), |t| f(n as f64 / t)),
+            stored.map_or_else(|| "-".into(), |t| f(base_stored / t)),
+            per(&r.cpu),
+            per(&r.client_cpu),
         ]);
         figures.push(serde_json::json!({
-            "path": r.what, "seconds": r.seconds, "readings_per_s": rate,
-            "ratio_to_http": base / r.seconds,
-            "stored_seconds": r.stored,
-            "stored_ratio_to_http": r.stored.map(|t| base_stored / t),
-            "service_cpu_us_per_reading": r.cpu.map(|c| c / n as f64 * 1e6),
-            "client_cpu_us_per_reading": r.client_cpu.map(|c| c / n as f64 * 1e6),
+            "path": r.what, "seconds": seconds, "readings_per_s": rate,
+            "ratio_to_http": ratio, "round_ratios": ratios,
+            "stored_seconds": stored,
+            "stored_ratio_to_http": stored.map(|t| base_stored / t),
+            "service_cpu_us_per_reading": median(&r.cpu).map(|c| c / n as f64 * 1e6),
+            "client_cpu_us_per_reading": median(&r.client_cpu).map(|c| c / n as f64 * 1e6),
         }));
     }
     report.sections.push(s);

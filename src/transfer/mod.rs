@@ -140,14 +140,14 @@ impl Client {
             })
     }
 
-    pub async fn post_readings(&self, body: Vec<u8>) -> Result<Posted, TransferError> {
+    pub async fn post_readings(&self, body: bytes::Bytes) -> Result<Posted, TransferError> {
         self.post("/api/v1/readings", "application/json", body)
             .await
     }
 
     pub async fn post_line_protocol(
         &self,
-        body: Vec<u8>,
+        body: bytes::Bytes,
         precision: &str,
     ) -> Result<Posted, TransferError> {
         let path = format!("/api/v2/write?precision={precision}");
@@ -160,7 +160,7 @@ impl Client {
         &self,
         path: &str,
         content_type: &str,
-        body: Vec<u8>,
+        body: bytes::Bytes,
     ) -> Result<Posted, TransferError> {
         let url = format!("{}{path}", self.base);
         let started = Instant::now();

@@ -1,20 +1,27 @@
 //! An import's progress through one file, and the file of its refused
 //! lines, both kept beside the file (or in `--state-dir`).
 //!
-//! The checkpoint is written after each batch is acknowledged and its
-//! rejects are written, replacing the last one atomically (a temporary file
-//! renamed over it). It records how long the rejects file was, so a resumed
-//! import cuts off rejects written for batches that were never settled and
-//! no line is reported twice.
+//! The checkpoint is written after batches are acknowledged and their
+//! rejects are written and synced, replacing the last one atomically (a
+//! temporary file renamed over it). It is written at most every
+//! [`SAVE_EVERY`] and at each file's end: an fsync per batch would cost
+//! more than the batch, and what an interruption loses is only re-sent
+//! (a reading written twice changes nothing). It records how long the
+//! rejects file was, so a resumed import cuts off rejects written for
+//! batches that were never settled and no line is reported twice.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use super::Reject;
 use crate::transfer::TransferError;
+
+/// How often a running import writes its checkpoint.
+pub const SAVE_EVERY: Duration = Duration::from_secs(1);
 
 /// Progress through one file.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -109,6 +116,8 @@ pub struct Rejects {
     at: PathBuf,
     file: Option<File>,
     len: u64,
+    /// Appended since the last sync.
+    unsynced: bool,
 }
 
 impl Rejects {
@@ -120,6 +129,7 @@ impl Rejects {
             at,
             file: None,
             len: 0,
+            unsynced: false,
         };
         match OpenOptions::new().write(true).open(&rejects.at) {
             Ok(f) => {
@@ -179,9 +189,18 @@ impl Rejects {
             f.seek(SeekFrom::Start(self.len))
                 .map_err(|e| io(&self.at, e))?;
             f.write_all(&text).map_err(|e| io(&self.at, e))?;
-            f.sync_data().map_err(|e| io(&self.at, e))?;
         }
         self.len += text.len() as u64;
+        self.unsynced = true;
+        Ok(())
+    }
+
+    /// Makes what was appended durable: before a checkpoint counts it.
+    pub fn sync(&mut self) -> Result<(), TransferError> {
+        if let (true, Some(f)) = (self.unsynced, &self.file) {
+            f.sync_data().map_err(|e| io(&self.at, e))?;
+        }
+        self.unsynced = false;
         Ok(())
     }
 }

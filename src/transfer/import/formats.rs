@@ -5,7 +5,6 @@
 //! Every reading must carry its timestamp: one stamped on receipt would be
 //! a new reading at each import, and importing twice must change nothing.
 
-use std::io::Write;
 
 use bumpalo::Bump;
 
@@ -168,7 +167,7 @@ impl Converter {
     pub fn line(
         &self,
         text: &str,
-        record: Option<&csv::StringRecord>,
+        record: Option<&csv::ByteRecord>,
         out: &mut Vec<u8>,
     ) -> Result<usize, String> {
         match self.format {
@@ -216,7 +215,7 @@ impl Converter {
     fn csv(
         &self,
         c: &CsvColumns,
-        record: &csv::StringRecord,
+        record: &csv::ByteRecord,
         out: &mut Vec<u8>,
     ) -> Result<(), String> {
         if record.len() != c.width {
@@ -226,17 +225,22 @@ impl Converter {
                 c.width
             ));
         }
-        let field = |i: usize| record.get(i).unwrap_or_default().trim();
-        let sensor = SensorId::parse(field(c.sensor)).map_err(|e| e.to_string())?;
-        let metric = match c.metric.map(field) {
+        let field = |i: usize, name: &str| {
+            std::str::from_utf8(record.get(i).unwrap_or_default())
+                .map(str::trim)
+                .map_err(|_| format!("{name} is not UTF-8"))
+        };
+        let sensor = SensorId::parse(field(c.sensor, "sensor")?).map_err(|e| e.to_string())?;
+        let metric = match c.metric.map(|i| field(i, "metric")).transpose()? {
             Some(m) if !m.is_empty() => MetricName::parse(m).map_err(|e| e.to_string())?,
             _ => MetricName::default_metric(),
         };
-        let value = field(c.value)
+        let value_text = field(c.value, "value")?;
+        let value = value_text
             .parse::<f64>()
-            .map_err(|_| format!("value {:?} is not a number", field(c.value)))
+            .map_err(|_| format!("value {value_text:?} is not a number"))
             .and_then(|v| Reading::check_value(v).map_err(|e| e.to_string()))?;
-        let ms = self.ts_ms(field(c.ts))?;
+        let ms = self.ts_ms(field(c.ts, "ts")?)?;
         self.ctx
             .window
             .check(ms.div_euclid(1000), self.ctx.now)
@@ -245,7 +249,9 @@ impl Converter {
         out.extend_from_slice(sensor.as_str().as_bytes());
         out.extend_from_slice(b"\",\"metric\":\"");
         out.extend_from_slice(metric.as_str().as_bytes());
-        let _ = write!(out, "\",\"ts\":{ms},\"value\":");
+        out.extend_from_slice(b"\",\"ts\":");
+        let _ = serde_json::to_writer(&mut *out, &ms);
+        out.extend_from_slice(b",\"value\":");
         let _ = serde_json::to_writer(&mut *out, &value);
         out.push(b'}');
         Ok(())
@@ -312,6 +318,10 @@ mod tests {
         csv::StringRecord::from(cols.to_vec())
     }
 
+    fn row(cols: &[&str]) -> csv::ByteRecord {
+        csv::ByteRecord::from(cols.to_vec())
+    }
+
     #[test]
     fn csv_columns_map_by_name_and_unknown_columns_stop_the_import() {
         let h = header(&["time", "device", "reading", "note"]);
@@ -340,8 +350,8 @@ mod tests {
                 .expect("plain"),
         );
         let mut out = Vec::new();
-        let row = header(&["s1", "temp", "1764000000", "21.5"]);
-        assert_eq!(c.line("", Some(&row), &mut out), Ok(1));
+        let good = row(&["s1", "temp", "1764000000", "21.5"]);
+        assert_eq!(c.line("", Some(&good), &mut out), Ok(1));
         assert_eq!(
             String::from_utf8(out.clone()).expect("UTF-8"),
             r#"{"sensor":"s1","metric":"temp","ts":1764000000000,"value":21.5}"#
@@ -356,12 +366,12 @@ mod tests {
             (["s1", "temp", "", "1"], "required"),
         ] {
             let before = out.len();
-            let err = c.line("", Some(&header(&bad)), &mut out).expect_err(why);
+            let err = c.line("", Some(&row(&bad)), &mut out).expect_err(why);
             assert_eq!(out.len(), before, "a refused line adds nothing");
             assert!(!err.is_empty());
         }
         let err = c
-            .line("", Some(&header(&["s1", "temp", "1764000000"])), &mut out)
+            .line("", Some(&row(&["s1", "temp", "1764000000"])), &mut out)
             .expect_err("short row");
         assert!(err.contains("3 fields"), "{err}");
     }

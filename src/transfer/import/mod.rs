@@ -5,10 +5,11 @@
 //! - [`formats`]: each line checked with the service's own decoders before
 //!   it is sent; a bad one goes to the file's rejects with its line number
 //!   while the good ones are stored.
-//! - [`checkpoint`]: after each batch is acknowledged (journaled), the
-//!   records consumed so far, so an interrupted import resumes where it
-//!   stopped. Batches in flight when it stopped are sent again: a reading
-//!   written twice at its second changes nothing, so nothing counts twice.
+//! - [`checkpoint`]: every second and at each file's end, the records
+//!   acknowledged (journaled) so far, so an interrupted import resumes
+//!   there. Batches acknowledged after it, or in flight when it stopped,
+//!   are sent again: a reading written twice at its second changes
+//!   nothing, so nothing counts twice.
 //!
 //! A reader thread decodes (gzip or plain) and converts lines into batches;
 //! a few batches are in flight at once and settle in file order, each
@@ -219,8 +220,11 @@ pub async fn run(
                 let formats = &formats;
                 let precision = precision_param.as_str();
                 async move {
-                    let batch = batch?;
-                    let outcome = deliver(client, formats[batch.file], precision, &batch).await?;
+                    let mut batch = batch?;
+                    // Handed over as it is: no copy of the body.
+                    let body = bytes::Bytes::from(std::mem::take(&mut batch.text));
+                    let outcome =
+                        deliver(client, formats[batch.file], precision, &batch.items, body).await?;
                     Ok::<_, TransferError>((batch, outcome))
                 }
             })
@@ -228,8 +232,20 @@ pub async fn run(
     futures_util::pin_mut!(settled);
     let since = Instant::now();
     let mut sent = 0u64;
+    let mut saved = Instant::now();
+    // The file whose checkpoint has news not yet written.
+    let mut unsaved: Option<usize> = None;
     while let Some(result) = settled.next().await {
-        let (mut batch, (readings, refused)) = result?;
+        let (mut batch, (readings, refused)) = match result {
+            Ok(settled) => settled,
+            Err(e) => {
+                // What was acknowledged before the error is not sent again.
+                if let Some(file) = unsaved {
+                    save(&mut plans[file])?;
+                }
+                return Err(e);
+            }
+        };
         batch.rejects.extend(refused);
         batch.rejects.sort_by_key(|r| r.line);
         let plan = &mut plans[batch.file];
@@ -239,7 +255,12 @@ pub async fn run(
         plan.checkpoint.rejected += batch.rejects.len() as u64;
         plan.checkpoint.rejects_bytes = plan.rejects.len();
         plan.checkpoint.done = batch.last;
-        plan.checkpoint.save()?;
+        unsaved = Some(batch.file);
+        if batch.last || saved.elapsed() >= checkpoint::SAVE_EVERY {
+            save(plan)?;
+            saved = Instant::now();
+            unsaved = None;
+        }
         summary.readings += readings;
         summary.rejected += batch.rejects.len() as u64;
         sent += readings;
@@ -260,6 +281,12 @@ pub async fn run(
     summary.retries = client.retries();
     summary.elapsed = started.elapsed();
     Ok(summary)
+}
+
+/// Writes a file's checkpoint once the rejects it counts are durable.
+fn save(plan: &mut Plan) -> Result<(), TransferError> {
+    plan.rejects.sync()?;
+    plan.checkpoint.save()
 }
 
 /// A file's format, CSV header, checkpoint and rejects, before anything is
@@ -365,13 +392,24 @@ impl Reader {
     }
 
     fn fresh(&self, records: u64) -> Batch {
+        let mut text = Vec::with_capacity(self.max_bytes.min(1 << 20));
+        if json(self.format) {
+            text.push(b'[');
+        }
         Batch {
             file: self.file,
             records,
-            text: Vec::with_capacity(self.max_bytes.min(1 << 20)),
+            text,
             items: Vec::new(),
             rejects: Vec::new(),
             last: false,
+        }
+    }
+
+    /// Closes the batch's body: it is sent as it is unless refused.
+    fn finish(&self, batch: &mut Batch) {
+        if json(self.format) {
+            batch.text.push(b']');
         }
     }
 
@@ -390,8 +428,12 @@ impl Reader {
                     batch: &mut Batch,
                     line: u64,
                     text: &str,
-                    record: Option<&csv::StringRecord>,
+                    record: Option<&csv::ByteRecord>,
                     readings: &mut usize| {
+            let mark = batch.text.len();
+            if !batch.items.is_empty() {
+                batch.text.push(if json(this.format) { b',' } else { b'\n' });
+            }
             let start = batch.text.len();
             match this.converter.line(text, record, &mut batch.text) {
                 Ok(n) => {
@@ -403,14 +445,21 @@ impl Reader {
                     });
                     *readings += n;
                 }
-                Err(reason) => batch.rejects.push(Reject {
+                Err(reason) => {
+                    batch.text.truncate(mark);
+                    batch.rejects.push(Reject {
                     line,
                     reason,
                     text: match record {
-                        Some(r) => r.iter().collect::<Vec<_>>().join(","),
+                        Some(r) => r
+                            .iter()
+                            .map(String::from_utf8_lossy)
+                            .collect::<Vec<_>>()
+                            .join(","),
                         None => text.to_owned(),
                     },
-                }),
+                    });
+                }
             }
             *readings >= this.batch || batch.text.len() >= this.max_bytes
         };
@@ -420,12 +469,14 @@ impl Reader {
                     .has_headers(false)
                     .flexible(true)
                     .from_reader(input);
-                let mut record = csv::StringRecord::new();
+                // Bytes, not text: only the fields a reading uses are
+                // checked as UTF-8 (by the converter), and no row allocates.
+                let mut record = csv::ByteRecord::new();
                 // The header was checked when the import was planned.
-                csv.read_record(&mut record).map_err(|e| io(&e))?;
+                csv.read_byte_record(&mut record).map_err(|e| io(&e))?;
                 records += 1;
                 loop {
-                    match csv.read_record(&mut record) {
+                    match csv.read_byte_record(&mut record) {
                         Ok(false) => break,
                         Ok(true) => {}
                         Err(e) => {
@@ -453,6 +504,7 @@ impl Reader {
                     let line = record.position().map_or(records, |p| p.line());
                     if take(self, &mut batch, line, "", Some(&record), &mut readings) {
                         batch.records = records;
+                        self.finish(&mut batch);
                         let full = std::mem::replace(&mut batch, self.fresh(records));
                         readings = 0;
                         if tx.blocking_send(Ok(full)).is_err() {
@@ -494,6 +546,7 @@ impl Reader {
                     }
                     if take(self, &mut batch, records, text, None, &mut readings) {
                         batch.records = records;
+                        self.finish(&mut batch);
                         let full = std::mem::replace(&mut batch, self.fresh(records));
                         readings = 0;
                         if tx.blocking_send(Ok(full)).is_err() {
@@ -505,59 +558,68 @@ impl Reader {
         }
         batch.records = records.max(self.skip);
         batch.last = true;
+        self.finish(&mut batch);
         Ok(tx.blocking_send(Ok(batch)).is_ok())
     }
 }
 
-/// Sends a batch; a part the service refuses is split until the refused
-/// lines are alone. Answers the readings stored and the lines refused.
+/// Whether a file's readings are sent as a JSON array (else line protocol).
+fn json(format: Format) -> bool {
+    format != Format::LineProtocol
+}
+
+/// Sends a batch's `body` (its `items`, in order); a part the service
+/// refuses is split until the refused lines are alone. Answers the readings
+/// stored and the lines refused.
 async fn deliver(
     client: &Client,
     format: Format,
     precision: &str,
-    batch: &Batch,
+    items: &[Item],
+    body: bytes::Bytes,
 ) -> Result<(u64, Vec<Reject>), TransferError> {
+    let json = json(format);
     let mut stored = 0u64;
     let mut refused = Vec::new();
-    let mut pending = Vec::new();
-    pending.push(0..batch.items.len());
-    let mut body = Vec::new();
-    while let Some(range) = pending.pop() {
-        let items = &batch.items[range.clone()];
-        if items.is_empty() {
+    // The whole batch goes as the reader built it; a part is built anew.
+    let mut pending = vec![(0..items.len(), Some(body.clone()))];
+    while let Some((range, built)) = pending.pop() {
+        let part = &items[range.clone()];
+        if part.is_empty() {
             continue;
         }
-        body.clear();
-        let json = format != Format::LineProtocol;
-        if json {
-            body.push(b'[');
-        }
-        for (i, item) in items.iter().enumerate() {
-            if i > 0 {
-                body.push(if json { b',' } else { b'\n' });
+        let sent = built.unwrap_or_else(|| {
+            let mut text = Vec::new();
+            if json {
+                text.push(b'[');
             }
-            body.extend_from_slice(&batch.text[item.start..item.end]);
-        }
-        if json {
-            body.push(b']');
-        }
+            for (i, item) in part.iter().enumerate() {
+                if i > 0 {
+                    text.push(if json { b',' } else { b'\n' });
+                }
+                text.extend_from_slice(&body[item.start..item.end]);
+            }
+            if json {
+                text.push(b']');
+            }
+            bytes::Bytes::from(text)
+        });
         let posted = if json {
-            client.post_readings(body.clone()).await?
+            client.post_readings(sent).await?
         } else {
-            client.post_line_protocol(body.clone(), precision).await?
+            client.post_line_protocol(sent, precision).await?
         };
         match posted {
-            Posted::Stored => stored += items.iter().map(|i| i.readings as u64).sum::<u64>(),
-            Posted::Refused(reason) if items.len() == 1 => refused.push(Reject {
-                line: items[0].line,
+            Posted::Stored => stored += part.iter().map(|i| i.readings as u64).sum::<u64>(),
+            Posted::Refused(reason) if part.len() == 1 => refused.push(Reject {
+                line: part[0].line,
                 reason,
-                text: String::from_utf8_lossy(&batch.text[items[0].start..items[0].end])
-                    .into_owned(),
+                text: String::from_utf8_lossy(&body[part[0].start..part[0].end]).into_owned(),
             }),
             Posted::Refused(_) => {
                 let mid = range.start + range.len() / 2;
-                pending.push(mid..range.end);
-                pending.push(range.start..mid);
+                pending.push((mid..range.end, None));
+                pending.push((range.start..mid, None));
             }
         }
     }
