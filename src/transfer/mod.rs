@@ -140,11 +140,6 @@ impl Client {
             })
     }
 
-    pub async fn post_readings(&self, body: bytes::Bytes) -> Result<Posted, TransferError> {
-        self.post("/api/v1/readings", "application/json", body)
-            .await
-    }
-
     pub async fn post_line_protocol(
         &self,
         body: bytes::Bytes,

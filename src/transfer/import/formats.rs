@@ -1,6 +1,13 @@
 //! One line of an import file at a time: checked with the service's own
-//! decoders and turned into what a batch sends (a JSON reading, or the
-//! line-protocol line itself), or refused with the reason.
+//! decoders and turned into what a batch sends, or refused with the reason.
+//!
+//! Every batch is sent as line protocol: the service's cheapest decoder
+//! (its JSON decoder costs about twice as much per reading). A CSV row or an
+//! NDJSON reading becomes `<metric>,<sensor tag>=<sensor> value=<value>
+//! <epoch seconds>`, the first of `line_protocol.sensor_tags` naming the
+//! sensor, which the service reads back as the same reading: sensor ids and
+//! metric names hold nothing line protocol escapes, and a line with no
+//! other tag leaves the sensor's labels as they are.
 //!
 //! Every reading must carry its timestamp: one stamped on receipt would be
 //! a new reading at each import, and importing twice must change nothing.
@@ -181,8 +188,8 @@ impl Converter {
                 if !text.trim_start().starts_with('{') {
                     return Err("a line must hold one reading object".to_owned());
                 }
-                decode_timestamped(text, &self.ctx)?;
-                out.extend_from_slice(text.trim().as_bytes());
+                let r = decode_timestamped(text, &self.ctx)?;
+                self.write_line(out, &r.sensor, &r.metric, r.value, r.ts);
                 Ok(1)
             }
             Format::LineProtocol => {
@@ -240,21 +247,36 @@ impl Converter {
             .parse::<f64>()
             .map_err(|_| format!("value {value_text:?} is not a number"))
             .and_then(|v| Reading::check_value(v).map_err(|e| e.to_string()))?;
-        let ms = self.ts_ms(field(c.ts, "ts")?)?;
+        // Whole seconds, as the service keeps them.
+        let ts = self.ts_ms(field(c.ts, "ts")?)?.div_euclid(1000);
         self.ctx
             .window
-            .check(ms.div_euclid(1000), self.ctx.now)
+            .check(ts, self.ctx.now)
             .map_err(|e| e.to_string())?;
-        out.extend_from_slice(b"{\"sensor\":\"");
-        out.extend_from_slice(sensor.as_str().as_bytes());
-        out.extend_from_slice(b"\",\"metric\":\"");
-        out.extend_from_slice(metric.as_str().as_bytes());
-        out.extend_from_slice(b"\",\"ts\":");
-        let _ = serde_json::to_writer(&mut *out, &ms);
-        out.extend_from_slice(b",\"value\":");
-        let _ = serde_json::to_writer(&mut *out, &value);
-        out.push(b'}');
+        self.write_line(out, &sensor, &metric, value, ts);
         Ok(())
+    }
+
+    /// A checked reading as a line-protocol line (precision `s`).
+    fn write_line(
+        &self,
+        out: &mut Vec<u8>,
+        sensor: &SensorId<'_>,
+        metric: &MetricName<'_>,
+        value: f64,
+        ts: i64,
+    ) {
+        let tag = self.sensor_tags.first().map_or("sensor", String::as_str);
+        out.extend_from_slice(metric.as_str().as_bytes());
+        out.push(b',');
+        out.extend_from_slice(tag.as_bytes());
+        out.push(b'=');
+        out.extend_from_slice(sensor.as_str().as_bytes());
+        out.extend_from_slice(b" value=");
+        // Shortest text that reads back as the same f64 (`1e300`, `-0.0`).
+        let _ = serde_json::to_writer(&mut *out, &value);
+        out.push(b' ');
+        let _ = serde_json::to_writer(&mut *out, &ts);
     }
 
     /// A CSV timestamp in epoch milliseconds.
@@ -343,7 +365,7 @@ mod tests {
     }
 
     #[test]
-    fn csv_rows_become_json_readings_in_epoch_milliseconds() {
+    fn csv_rows_become_line_protocol_in_epoch_seconds() {
         let mut c = converter(Format::Csv, TsUnit::Seconds);
         c.set_columns(
             CsvColumns::from_header(&header(&["sensor", "metric", "ts", "value"]), &[], &[])
@@ -354,7 +376,7 @@ mod tests {
         assert_eq!(c.line("", Some(&good), &mut out), Ok(1));
         assert_eq!(
             String::from_utf8(out.clone()).expect("UTF-8"),
-            r#"{"sensor":"s1","metric":"temp","ts":1764000000000,"value":21.5}"#
+            "temp,sensor=s1 value=21.5 1764000000"
         );
         for (bad, why) in [
             (["s 1", "temp", "1764000000", "1"], "sensor"),
@@ -400,7 +422,7 @@ mod tests {
         let mut out = Vec::new();
         let good = r#"{"sensor":"s1","metric":"temp","ts":"2025-11-24T16:00:00Z","value":1}"#;
         assert_eq!(c.line(good, None, &mut out), Ok(1));
-        assert_eq!(out, good.as_bytes());
+        assert_eq!(out, b"temp,sensor=s1 value=1.0 1764000000");
         for bad in [
             r#"{"sensor":"s1","value":1}"#,
             r#"{"sensor":"s1","ts":null,"value":1}"#,
@@ -412,6 +434,53 @@ mod tests {
             let before = out.len();
             assert!(c.line(bad, None, &mut out).is_err(), "{bad}");
             assert_eq!(out.len(), before);
+        }
+    }
+
+    proptest::proptest! {
+        /// What a batch sends for a CSV row or an NDJSON reading is, read by
+        /// the service's line-protocol decoder, the reading its JSON decoder
+        /// reads from the same fields: the same sensor, metric, second and
+        /// value to the bit.
+        #[test]
+        fn a_converted_reading_reads_back_as_the_same_reading(
+            sensor in "[A-Za-z0-9_.:-]{1,40}",
+            metric in "[A-Za-z0-9_-]{1,30}",
+            value in proptest::num::f64::NORMAL | proptest::num::f64::SUBNORMAL
+                | proptest::num::f64::ZERO,
+            ms in (1_764_000_000_000i64 - 86_000_000)..1_764_000_200_000,
+        ) {
+            let json = format!(
+                r#"{{"sensor":"{sensor}","metric":"{metric}","ts":{ms},"value":{}}}"#,
+                serde_json::to_string(&value).expect("finite")
+            );
+            let tags = crate::ingest::line_protocol::Settings::default().sensor_tags;
+            let from_json = decode_timestamped(&json, &ctx()).expect("valid");
+            let mut c = converter(Format::Csv, TsUnit::Milliseconds);
+            c.set_columns(
+                CsvColumns::from_header(&header(&["sensor", "metric", "ts", "value"]), &[], &[])
+                    .expect("plain"),
+            );
+            for (format, record) in [
+                (Format::Ndjson, None),
+                (Format::Csv, Some(row(&[&sensor, &metric, &ms.to_string(), &value.to_string()]))),
+            ] {
+                c.format = format;
+                let mut out = Vec::new();
+                proptest::prop_assert_eq!(c.line(&json, record.as_ref(), &mut out), Ok(1));
+                let arena = Bump::new();
+                let decoded =
+                    decode_line_protocol(&out, Precision::Seconds, &ctx(), &tags, &arena)
+                        .expect("a line");
+                proptest::prop_assert!(decoded.errors.is_empty(), "{:?}", decoded.errors);
+                proptest::prop_assert!(decoded.labels.is_empty(), "no labels to change");
+                proptest::prop_assert_eq!(decoded.readings.len(), 1);
+                let r = &decoded.readings[0];
+                proptest::prop_assert_eq!(r.sensor.as_str(), from_json.sensor.as_str());
+                proptest::prop_assert_eq!(r.metric.as_str(), from_json.metric.as_str());
+                proptest::prop_assert_eq!(r.ts, from_json.ts);
+                proptest::prop_assert_eq!(r.value.to_bits(), from_json.value.to_bits());
+            }
         }
     }
 

@@ -211,20 +211,25 @@ pub async fn run(
             }
         })
         .map_err(|e| TransferError::Io(format!("starting the reader thread: {e}")))?;
-    let precision_param = options.precision.clone();
-    let formats: Vec<Format> = plans.iter().map(|p| p.format).collect();
+    // Converted readings go in epoch seconds; line-protocol files as they are.
+    let precisions: Vec<String> = plans
+        .iter()
+        .map(|p| match p.format {
+            Format::LineProtocol => options.precision.clone(),
+            Format::Csv | Format::Ndjson => "s".to_owned(),
+        })
+        .collect();
     let settled =
         futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) })
             .map(|batch| {
                 let client = &client;
-                let formats = &formats;
-                let precision = precision_param.as_str();
+                let precisions = &precisions;
                 async move {
                     let mut batch = batch?;
                     // Handed over as it is: no copy of the body.
                     let body = bytes::Bytes::from(std::mem::take(&mut batch.text));
-                    let outcome =
-                        deliver(client, formats[batch.file], precision, &batch.items, body).await?;
+                    let precision = precisions[batch.file].as_str();
+                    let outcome = deliver(client, precision, &batch.items, body).await?;
                     Ok::<_, TransferError>((batch, outcome))
                 }
             })
@@ -392,24 +397,13 @@ impl Reader {
     }
 
     fn fresh(&self, records: u64) -> Batch {
-        let mut text = Vec::with_capacity(self.max_bytes.min(1 << 20));
-        if json(self.format) {
-            text.push(b'[');
-        }
         Batch {
             file: self.file,
             records,
-            text,
+            text: Vec::with_capacity(self.max_bytes.min(1 << 20)),
             items: Vec::new(),
             rejects: Vec::new(),
             last: false,
-        }
-    }
-
-    /// Closes the batch's body: it is sent as it is unless refused.
-    fn finish(&self, batch: &mut Batch) {
-        if json(self.format) {
-            batch.text.push(b']');
         }
     }
 
@@ -432,7 +426,7 @@ impl Reader {
                     readings: &mut usize| {
             let mark = batch.text.len();
             if !batch.items.is_empty() {
-                batch.text.push(if json(this.format) { b',' } else { b'\n' });
+                batch.text.push(b'\n');
             }
             let start = batch.text.len();
             match this.converter.line(text, record, &mut batch.text) {
@@ -504,7 +498,6 @@ impl Reader {
                     let line = record.position().map_or(records, |p| p.line());
                     if take(self, &mut batch, line, "", Some(&record), &mut readings) {
                         batch.records = records;
-                        self.finish(&mut batch);
                         let full = std::mem::replace(&mut batch, self.fresh(records));
                         readings = 0;
                         if tx.blocking_send(Ok(full)).is_err() {
@@ -546,7 +539,6 @@ impl Reader {
                     }
                     if take(self, &mut batch, records, text, None, &mut readings) {
                         batch.records = records;
-                        self.finish(&mut batch);
                         let full = std::mem::replace(&mut batch, self.fresh(records));
                         readings = 0;
                         if tx.blocking_send(Ok(full)).is_err() {
@@ -558,27 +550,19 @@ impl Reader {
         }
         batch.records = records.max(self.skip);
         batch.last = true;
-        self.finish(&mut batch);
         Ok(tx.blocking_send(Ok(batch)).is_ok())
     }
 }
 
-/// Whether a file's readings are sent as a JSON array (else line protocol).
-fn json(format: Format) -> bool {
-    format != Format::LineProtocol
-}
-
-/// Sends a batch's `body` (its `items`, in order); a part the service
+/// Sends a batch's `body` (its `items`, one line each); a part the service
 /// refuses is split until the refused lines are alone. Answers the readings
 /// stored and the lines refused.
 async fn deliver(
     client: &Client,
-    format: Format,
     precision: &str,
     items: &[Item],
     body: bytes::Bytes,
 ) -> Result<(u64, Vec<Reject>), TransferError> {
-    let json = json(format);
     let mut stored = 0u64;
     let mut refused = Vec::new();
     // The whole batch goes as the reader built it; a part is built anew.
@@ -590,26 +574,13 @@ async fn deliver(
         }
         let sent = built.unwrap_or_else(|| {
             let mut text = Vec::new();
-            if json {
-                text.push(b'[');
-            }
-            for (i, item) in part.iter().enumerate() {
-                if i > 0 {
-                    text.push(if json { b',' } else { b'\n' });
-                }
+            for item in part {
                 text.extend_from_slice(&body[item.start..item.end]);
-            }
-            if json {
-                text.push(b']');
+                text.push(b'\n');
             }
             bytes::Bytes::from(text)
         });
-        let posted = if json {
-            client.post_readings(sent).await?
-        } else {
-            client.post_line_protocol(sent, precision).await?
-        };
-        match posted {
+        match client.post_line_protocol(sent, precision).await? {
             Posted::Stored => stored += part.iter().map(|i| i.readings as u64).sum::<u64>(),
             Posted::Refused(reason) if part.len() == 1 => refused.push(Reject {
                 line: part[0].line,
