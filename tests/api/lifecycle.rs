@@ -300,6 +300,8 @@ async fn line_protocol_and_csv_files_import_with_labels_and_bad_lines_go_to_the_
     }
     rows.push_str(&format!("{},meter 9,1,bad id\n", t0)); // line 42
     rows.push_str(&format!("{},meter-1,many,bad value\n", t0 + 1)); // line 43
+    // A sensor the line-protocol file labelled: the import leaves its labels.
+    rows.push_str(&format!("{},roof,7.5,ok\n", t0 + 2));
     std::fs::write(&csv, rows).expect("written");
 
     let out = cli(
@@ -324,12 +326,16 @@ async fn line_protocol_and_csv_files_import_with_labels_and_bad_lines_go_to_the_
     .await;
     assert!(out.status.success(), "{}", text(&out));
     assert!(
-        text(&out).contains("140 readings stored, 4 lines refused"),
+        text(&out).contains("141 readings stored, 4 lines refused"),
         "{}",
         text(&out)
     );
     let values = all_values(&app.buckets().await, Granularity::Minute);
-    assert_eq!(values.len(), 140);
+    assert_eq!(values.len(), 141);
+    assert_eq!(
+        values.get(&("roof".into(), "value".into(), t0 + 2)),
+        Some(&7.5)
+    );
     assert_eq!(
         values.get(&("roof".into(), "weather_hum".into(), t0 + 490)),
         Some(&89.0)
