@@ -135,9 +135,11 @@ pub async fn run(ctx: &Ctx, data: &Dataset) -> anyhow::Result<(Report, bool)> {
         ..Run::default()
     }];
     for p in &paths {
-        let file = dir
-            .path()
-            .join(format!("data-{}.{}", p.settings.map_or("default", |s| s.1), p.format));
+        let file = dir.path().join(format!(
+            "data-{}.{}",
+            p.settings.map_or("default", |s| s.1),
+            p.format
+        ));
         let bytes = write_file(data, &file, p.csv)?;
         files.push(file.to_string_lossy().into_owned());
         runs.push(Run {
@@ -203,8 +205,7 @@ pub async fn run(ctx: &Ctx, data: &Dataset) -> anyhow::Result<(Report, bool)> {
             if !last {
                 continue;
             }
-            let (verdict, good) =
-                crate::verify::run(ctx, data, "minute", &target.database).await?;
+            let (verdict, good) = crate::verify::run(ctx, data, "minute", &target.database).await?;
             if !good {
                 report.merge(verdict);
             }

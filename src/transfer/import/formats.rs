@@ -12,7 +12,6 @@
 //! Every reading must carry its timestamp: one stamped on receipt would be
 //! a new reading at each import, and importing twice must change nothing.
 
-
 use bumpalo::Bump;
 
 use crate::domain::{MetricName, Reading, SensorId};

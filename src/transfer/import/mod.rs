@@ -442,16 +442,16 @@ impl Reader {
                 Err(reason) => {
                     batch.text.truncate(mark);
                     batch.rejects.push(Reject {
-                    line,
-                    reason,
-                    text: match record {
-                        Some(r) => r
-                            .iter()
-                            .map(String::from_utf8_lossy)
-                            .collect::<Vec<_>>()
-                            .join(","),
-                        None => text.to_owned(),
-                    },
+                        line,
+                        reason,
+                        text: match record {
+                            Some(r) => r
+                                .iter()
+                                .map(String::from_utf8_lossy)
+                                .collect::<Vec<_>>()
+                                .join(","),
+                            None => text.to_owned(),
+                        },
                     });
                 }
             }
