@@ -245,8 +245,10 @@ pub async fn run(
             Ok(settled) => settled,
             Err(e) => {
                 // What was acknowledged before the error is not sent again.
+                // The error is the news: a checkpoint not written only means
+                // those batches are sent again, which changes nothing.
                 if let Some(file) = unsaved {
-                    save(&mut plans[file])?;
+                    let _ = save(&mut plans[file]);
                 }
                 return Err(e);
             }
