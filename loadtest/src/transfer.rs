@@ -80,8 +80,8 @@ const ROUNDS: usize = 3;
 /// One way of loading the dataset.
 #[derive(Clone, Copy)]
 struct Load {
+    /// `ndjson` or `csv`.
     format: &'static str,
-    csv: bool,
     /// `(batch, in flight)`; `None`: the import's defaults.
     settings: Option<(&'static str, &'static str)>,
 }
@@ -115,17 +115,14 @@ pub async fn run(ctx: &Ctx, data: &Dataset) -> anyhow::Result<(Report, bool)> {
     let paths = [
         Load {
             format: "ndjson",
-            csv: false,
             settings: None,
         },
         Load {
             format: "csv",
-            csv: true,
             settings: Some(("5000", "4")),
         },
         Load {
             format: "csv",
-            csv: true,
             settings: None,
         },
     ];
@@ -140,7 +137,7 @@ pub async fn run(ctx: &Ctx, data: &Dataset) -> anyhow::Result<(Report, bool)> {
             p.settings.map_or("default", |s| s.1),
             p.format
         ));
-        let bytes = write_file(data, &file, p.csv)?;
+        let bytes = write_file(data, &file, p.format == "csv")?;
         files.push(file.to_string_lossy().into_owned());
         runs.push(Run {
             what: format!(
