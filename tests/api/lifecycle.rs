@@ -740,6 +740,17 @@ async fn a_delete_without_a_range_or_selector_is_refused_and_deletes_nothing() {
     app.stop().await.expect("stops");
 }
 
+/// The open hour so far, `(start, now)`, at least two minutes into it
+/// (waiting if need be): readings in it are held, not stored, for a while.
+async fn open_hour() -> (i64, i64) {
+    let mut now = time::OffsetDateTime::now_utc().unix_timestamp();
+    if now.rem_euclid(3600) < 120 {
+        tokio::time::sleep(Duration::from_secs((121 - now.rem_euclid(3600)) as u64)).await;
+        now = time::OffsetDateTime::now_utc().unix_timestamp();
+    }
+    (now - now.rem_euclid(3600), now)
+}
+
 /// Writes into the range go on while the delete runs: each reading
 /// acknowledged before the delete was sent is gone, each acknowledged
 /// after its answer is kept; readings held unstored by the journal and
@@ -750,14 +761,9 @@ async fn a_delete_racing_writes_keeps_what_was_acknowledged_after_it_and_drops_w
     let mut settings = journal_settings();
     settings.buckets.granularity = g;
     let app = spawn_app_with(settings).await;
-    // The open hour, at least two minutes into it: its journaled readings
-    // are held (batcher.max_hold) until the delete has run.
-    let mut now = time::OffsetDateTime::now_utc().unix_timestamp();
-    if now.rem_euclid(3600) < 120 {
-        tokio::time::sleep(Duration::from_secs((121 - now.rem_euclid(3600)) as u64)).await;
-        now = time::OffsetDateTime::now_utc().unix_timestamp();
-    }
-    let (from, to) = (now - now.rem_euclid(3600), now);
+    // The open hour's journaled readings are held (batcher.max_hold) until
+    // the delete has run.
+    let (from, to) = open_hour().await;
     let old: BTreeMap<(String, String, i64), f64> = (from..to)
         .step_by(7)
         .map(|ts| (("r1".to_owned(), "temp".to_owned(), ts), (ts % 91) as f64))
@@ -1069,12 +1075,7 @@ async fn a_delete_on_one_instance_covers_what_another_instance_holds() {
     let mut other = settings.clone();
     other.journal.dir = crate::helpers::journal_dir();
     let b = spawn_app_with(other).await;
-    let mut now = time::OffsetDateTime::now_utc().unix_timestamp();
-    if now.rem_euclid(3600) < 120 {
-        tokio::time::sleep(Duration::from_secs((121 - now.rem_euclid(3600)) as u64)).await;
-        now = time::OffsetDateTime::now_utc().unix_timestamp();
-    }
-    let (from, to) = (now - now.rem_euclid(3600), now);
+    let (from, to) = open_hour().await;
     let held: BTreeMap<(String, String, i64), f64> = (from..to)
         .step_by(5)
         .map(|ts| (("x1".to_owned(), "temp".to_owned(), ts), (ts % 17) as f64))
