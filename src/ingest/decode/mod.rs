@@ -16,6 +16,8 @@ use crate::domain::{
 };
 use crate::telemetry::metrics::Rejection;
 
+mod plain;
+
 /// How many per-reading errors a response lists at most.
 pub const MAX_DETAILS: usize = 100;
 
@@ -256,38 +258,10 @@ fn decode_with<'a>(
     let text = std::str::from_utf8(body)
         .map_err(|e| DecodeError::Malformed(format!("the body is not UTF-8: {e}")))?;
     match text.trim_start().as_bytes().first() {
-        Some(b'[') => {
-            // One pass when every element has the right shape (the common
-            // case); otherwise the two passes below say which ones do not.
-            let mut de = serde_json::Deserializer::from_str(text);
-            let seed = OnePass {
-                implied,
-                ctx,
-                // serde_json gives no length: a guess from the body's size
-                // (a reading with a sensor and a metric takes some 60 bytes)
-                // spares most of the vector's regrowth.
-                capacity: (text.len() / 64).min(ctx.max_readings),
-            };
-            let one_pass = de::DeserializeSeed::deserialize(seed, &mut de)
-                .and_then(|checked| de.end().map(|()| checked));
-            if let Ok(checked) = one_pass {
-                return checked;
-            }
-            let items: Vec<&'a RawValue> =
-                serde_json::from_str(text).map_err(|e| DecodeError::Malformed(e.to_string()))?;
-            if items.len() > ctx.max_readings {
-                return Err(DecodeError::TooMany {
-                    count: items.len(),
-                    max: ctx.max_readings,
-                });
-            }
-            collect(
-                items
-                    .iter()
-                    .map(|item| decode_one(item.get(), implied, ctx)),
-                items.len(),
-            )
-        }
+        Some(b'[') => match plain::readings(text, implied, ctx) {
+            Some(readings) => Ok(readings),
+            None => serde_array(text, implied, ctx),
+        },
         Some(b'{') => {
             // Check the syntax first so a broken body is "malformed", not "invalid".
             let item: &'a RawValue =
@@ -300,6 +274,45 @@ fn decode_with<'a>(
         },
         None => Err(DecodeError::Malformed("the body is empty".to_owned())),
     }
+}
+
+/// An array of readings through serde: one pass when every element has the
+/// right shape, otherwise two that say which ones do not.
+fn serde_array<'a>(
+    text: &'a str,
+    implied: Implied<'a>,
+    ctx: &DecodeContext,
+) -> Result<Vec<Reading<'a>>, DecodeError> {
+    // One pass when every element has the right shape (the common
+    // case); otherwise the two passes below say which ones do not.
+    let mut de = serde_json::Deserializer::from_str(text);
+    let seed = OnePass {
+        implied,
+        ctx,
+        // serde_json gives no length: a guess from the body's size
+        // (a reading with a sensor and a metric takes some 60 bytes)
+        // spares most of the vector's regrowth.
+        capacity: (text.len() / 64).min(ctx.max_readings),
+    };
+    let one_pass = de::DeserializeSeed::deserialize(seed, &mut de)
+        .and_then(|checked| de.end().map(|()| checked));
+    if let Ok(checked) = one_pass {
+        return checked;
+    }
+    let items: Vec<&'a RawValue> =
+        serde_json::from_str(text).map_err(|e| DecodeError::Malformed(e.to_string()))?;
+    if items.len() > ctx.max_readings {
+        return Err(DecodeError::TooMany {
+            count: items.len(),
+            max: ctx.max_readings,
+        });
+    }
+    collect(
+        items
+            .iter()
+            .map(|item| decode_one(item.get(), implied, ctx)),
+        items.len(),
+    )
 }
 
 /// An array of readings deserialized and validated element by element, into

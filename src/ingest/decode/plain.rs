@@ -1,0 +1,394 @@
+//! The plain shape almost every client sends, decoded without serde: an
+//! array of flat reading objects whose strings hold no escapes. JSON decoding
+//! was a quarter of the service's CPU per reading, and serde's generic
+//! visitors (serde_json and sonic-rs alike, measured) spend most of it on
+//! matching field names and dispatching. No library decodes one fixed
+//! shape, so this does, and gives up on the first thing it does not expect:
+//! the serde decoder then decodes the body, and explains any error. So this
+//! answers exactly what that decoder answers, or nothing (a property test
+//! holds it to that).
+
+use std::borrow::Cow;
+
+use super::{DecodeContext, Implied, RawReading, Text, Ts, validate};
+use crate::domain::{Reading, parse_timestamp_ms, parse_timestamp_str};
+
+/// Every reading of `text` (a JSON array), if they are all plain and valid.
+pub(super) fn readings<'a>(
+    text: &'a str,
+    implied: Implied<'a>,
+    ctx: &DecodeContext,
+) -> Option<Vec<Reading<'a>>> {
+    let mut p = Parser { text, at: 0 };
+    let mut out = Vec::with_capacity((text.len() / 64).min(ctx.max_readings));
+    p.skip_ws();
+    p.eat(b'[')?;
+    p.skip_ws();
+    if p.peek() == Some(b']') {
+        p.at += 1;
+    } else {
+        loop {
+            p.skip_ws();
+            let raw = p.object()?;
+            if out.len() == ctx.max_readings {
+                return None;
+            }
+            out.push(validate(raw, implied, ctx).ok()?);
+            p.skip_ws();
+            match p.next()? {
+                b',' => {}
+                b']' => break,
+                _ => return None,
+            }
+        }
+    }
+    p.skip_ws();
+    (p.at == text.len()).then_some(out)
+}
+
+enum Field {
+    Sensor,
+    Metric,
+    Ts,
+    Value,
+}
+
+struct Parser<'a> {
+    text: &'a str,
+    at: usize,
+}
+
+impl<'a> Parser<'a> {
+    fn bytes(&self) -> &'a [u8] {
+        self.text.as_bytes()
+    }
+
+    fn peek(&self) -> Option<u8> {
+        self.bytes().get(self.at).copied()
+    }
+
+    fn next(&mut self) -> Option<u8> {
+        let b = self.peek()?;
+        self.at += 1;
+        Some(b)
+    }
+
+    fn eat(&mut self, want: u8) -> Option<()> {
+        (self.next()? == want).then_some(())
+    }
+
+    fn skip_ws(&mut self) {
+        while matches!(self.peek(), Some(b' ' | b'\n' | b'\r' | b'\t')) {
+            self.at += 1;
+        }
+    }
+
+    /// A string without escapes or control characters, borrowed. Names are
+    /// short: a plain loop beats memchr's setup on them.
+    fn string(&mut self) -> Option<&'a str> {
+        self.eat(b'"')?;
+        let rest = &self.bytes()[self.at..];
+        let end = rest
+            .iter()
+            .position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
+        if rest[end] != b'"' {
+            return None;
+        }
+        // Both ends are ASCII quotes: char boundaries of valid UTF-8.
+        let s = &self.text[self.at..self.at + end];
+        self.at += end + 1;
+        Some(s)
+    }
+
+    /// The field an object's key names, if it is one of a reading's.
+    fn key(&mut self) -> Option<Field> {
+        let rest = &self.bytes()[self.at..];
+        let (field, len) = if rest.starts_with(b"\"sensor\"") {
+            (Field::Sensor, 8)
+        } else if rest.starts_with(b"\"metric\"") {
+            (Field::Metric, 8)
+        } else if rest.starts_with(b"\"ts\"") {
+            (Field::Ts, 4)
+        } else if rest.starts_with(b"\"value\"") {
+            (Field::Value, 7)
+        } else {
+            return None;
+        };
+        self.at += len;
+        Some(field)
+    }
+
+    /// A JSON number's text (its grammar checked), and whether it is an
+    /// integer (no fraction, no exponent).
+    fn number(&mut self) -> Option<(&'a str, bool)> {
+        let start = self.at;
+        let b = self.bytes();
+        let digits = |at: &mut usize| {
+            let from = *at;
+            while b.get(*at).is_some_and(u8::is_ascii_digit) {
+                *at += 1;
+            }
+            *at > from
+        };
+        let mut at = self.at;
+        if b.get(at) == Some(&b'-') {
+            at += 1;
+        }
+        match b.get(at) {
+            Some(b'0') => at += 1,
+            Some(b'1'..=b'9') => {
+                digits(&mut at);
+            }
+            _ => return None,
+        }
+        let mut integer = true;
+        if b.get(at) == Some(&b'.') {
+            at += 1;
+            integer = false;
+            if !digits(&mut at) {
+                return None;
+            }
+        }
+        if matches!(b.get(at), Some(b'e' | b'E')) {
+            at += 1;
+            integer = false;
+            if matches!(b.get(at), Some(b'+' | b'-')) {
+                at += 1;
+            }
+            if !digits(&mut at) {
+                return None;
+            }
+        }
+        self.at = at;
+        Some((&self.text[start..at], integer))
+    }
+
+    /// One flat reading object, each field at most once and `value` given.
+    fn object(&mut self) -> Option<RawReading<'a>> {
+        self.eat(b'{')?;
+        let (mut sensor, mut metric, mut ts, mut value) = (None, None, None, None);
+        loop {
+            self.skip_ws();
+            let key = self.key()?;
+            self.skip_ws();
+            self.eat(b':')?;
+            self.skip_ws();
+            match key {
+                Field::Sensor if sensor.is_none() => sensor = Some(self.string()?),
+                Field::Metric if metric.is_none() => metric = Some(self.string()?),
+                Field::Ts if ts.is_none() => ts = Some(self.ts()?),
+                Field::Value if value.is_none() => value = Some(self.value()?),
+                _ => return None,
+            }
+            self.skip_ws();
+            match self.next()? {
+                b',' => {}
+                b'}' => break,
+                _ => return None,
+            }
+        }
+        Some(RawReading {
+            sensor: sensor.map(|s| Text(Cow::Borrowed(s))),
+            metric: metric.map(|s| Text(Cow::Borrowed(s))),
+            ts,
+            value: value?,
+        })
+    }
+
+    /// Integer epoch milliseconds or an RFC 3339 string.
+    fn ts(&mut self) -> Option<Ts> {
+        if self.peek() == Some(b'"') {
+            return Some(Ts(parse_timestamp_str(self.string()?)));
+        }
+        let (text, integer) = self.number()?;
+        // Up to 18 digits always fit an i64; longer ones the serde decoder
+        // judges. `-0` is a float to serde_json, which refuses it here.
+        if !integer || text.len() > 18 || text == "-0" {
+            return None;
+        }
+        Some(Ts(Ok(parse_timestamp_ms(text.parse().ok()?))))
+    }
+
+    /// As serde_json reads a number into an `f64`: integers through `i64`
+    /// or `u64` (`-0` is `-0.0`), the rest correctly rounded.
+    fn value(&mut self) -> Option<f64> {
+        let (text, integer) = self.number()?;
+        if !integer {
+            return text.parse().ok();
+        }
+        if text.len() > 18 {
+            return None;
+        }
+        let n: i64 = text.parse().ok()?;
+        Some(if text == "-0" { -0.0 } else { n as f64 })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{DecodeError, serde_array};
+    use super::*;
+    use crate::domain::TimeWindow;
+    use proptest::prelude::*;
+    use std::time::Duration;
+
+    const NOW: i64 = 1_381_961_300;
+
+    fn ctx() -> DecodeContext {
+        DecodeContext {
+            now: NOW,
+            window: TimeWindow {
+                max_age: Duration::from_secs(30 * 86400),
+                max_future: Duration::from_secs(300),
+            },
+            max_readings: 8,
+        }
+    }
+
+    fn same(a: &[Reading<'_>], b: &[Reading<'_>]) -> bool {
+        a.len() == b.len()
+            && a.iter().zip(b).all(|(x, y)| {
+                x.sensor == y.sensor
+                    && x.metric == y.metric
+                    && x.ts == y.ts
+                    && x.value.to_bits() == y.value.to_bits()
+            })
+    }
+
+    /// A field as clients write it, or slightly off: numbers of every JSON
+    /// form and some that are not JSON, names with escapes, nulls.
+    fn field() -> impl Strategy<Value = String> {
+        let name = prop_oneof![
+            "[a-z0-9.:_-]{0,6}",
+            Just("a\\u0062".to_owned()),
+            Just("tab\t".to_owned()),
+            Just("é".to_owned()),
+        ];
+        let number = prop_oneof![
+            "-?(0|[1-9][0-9]{0,20})(\\.[0-9]{1,20})?([eE][+-]?[0-9]{1,3})?",
+            "-?0[0-9]{1,3}|\\.5|-|1\\.|1e|\\+1|NaN|-0|-0\\.0|0e0",
+            any::<f64>().prop_map(|v| v.to_string()),
+            ((NOW - 40 * 86_400) * 1000..(NOW + 600) * 1000).prop_map(|ms| ms.to_string()),
+        ];
+        let ts_text = prop_oneof![
+            Just("\"2013-10-16T20:00:00Z\"".to_owned()),
+            Just("\"2013-10-16T20:00:00.999+02:00\"".to_owned()),
+            Just("\"yesterday\"".to_owned()),
+        ];
+        prop_oneof![
+            name.clone().prop_map(|n| format!("\"sensor\":\"{n}\"")),
+            name.prop_map(|n| format!("\"metric\":\"{n}\"")),
+            number.clone().prop_map(|n| format!("\"ts\":{n}")),
+            ts_text.prop_map(|t| format!("\"ts\":{t}")),
+            number.prop_map(|n| format!("\"value\":{n}")),
+            Just("\"sensor\":null".to_owned()),
+            Just("\"metric\":null".to_owned()),
+            Just("\"ts\":null".to_owned()),
+            Just("\"other\":1".to_owned()),
+            Just("\"value\":\"1\"".to_owned()),
+        ]
+    }
+
+    fn ws() -> impl Strategy<Value = &'static str> {
+        prop_oneof![
+            Just(""),
+            Just(" "),
+            Just("\n\t"),
+            Just("\r\n "),
+            Just("\u{a0}")
+        ]
+    }
+
+    fn body() -> impl Strategy<Value = String> {
+        let odd = prop::collection::vec((field(), ws()), 0..6).prop_map(|fs| {
+            let inner: Vec<String> = fs.into_iter().map(|(f, w)| format!("{w}{f}{w}")).collect();
+            format!("{{{}}}", inner.join(","))
+        });
+        // Valid and plain, fields in any order: the shape that must decode.
+        let valid = (
+            "[a-z0-9.:_-]{1,8}",
+            "[a-z0-9_-]{1,8}",
+            (NOW - 86_400) * 1000..NOW * 1000,
+            prop_oneof![
+                any::<f64>()
+                    .prop_filter("finite", |v| v.is_finite())
+                    .prop_map(|v| format!("{v:?}")),
+                "-?(0|[1-9][0-9]{0,17})(\\.[0-9]{1,20})?([eE][+-]?[0-9]{1,3})?",
+                Just("-0".to_owned()),
+                Just("-0.0".to_owned()),
+            ],
+            ws(),
+        )
+            .prop_flat_map(|(sensor, metric, ts, value, w)| {
+                Just(vec![
+                    format!("\"sensor\":\"{sensor}\""),
+                    format!("\"metric\":{w}\"{metric}\""),
+                    format!("\"ts\":{ts}"),
+                    format!("\"value\":{value}"),
+                ])
+                .prop_shuffle()
+            })
+            .prop_map(|fields| format!("{{{}}}", fields.join(",")));
+        let object = prop_oneof![odd, valid];
+        (
+            prop::collection::vec((object, ws()), 0..10),
+            ws(),
+            prop_oneof![Just(""), Just(","), Just("]"), Just("x")],
+        )
+            .prop_map(|(objects, w, tail)| {
+                let inner: Vec<String> = objects
+                    .into_iter()
+                    .map(|(o, w)| format!("{w}{o}{w}"))
+                    .collect();
+                format!("{w}[{}]{w}{tail}", inner.join(","))
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4000))]
+        /// The plain decoder answers what the serde decoder answers, or
+        /// nothing; and it answers every body that is plain and valid.
+        #[test]
+        fn plain_bodies_decode_as_serde_decodes_them(body in body(), sensor in proptest::option::of(Just("topic"))) {
+            let implied = Implied { sensor, metric: None };
+            let reference = serde_array(&body, implied, &ctx());
+            match readings(&body, implied, &ctx()) {
+                Some(got) => {
+                    let Ok(want) = &reference else {
+                        return Err(TestCaseError::fail(format!("{body}: plain {got:?}, serde {reference:?}")));
+                    };
+                    prop_assert!(same(&got, want), "{}: plain {:?}, serde {:?}", body, got, want);
+                }
+                None => {
+                    // What it leaves to serde although serde takes it:
+                    // escapes, nulls and integers of more than 18 digits.
+                    let long = body.split(|c: char| !c.is_ascii_digit()).any(|d| d.len() > 18);
+                    prop_assert!(
+                        reference.is_err() || body.contains('\\') || body.contains("null") || long,
+                        "{}: serde {:?}, plain nothing", body, reference
+                    );
+                }
+            }
+            if let Err(DecodeError::TooMany { .. }) = reference {
+                prop_assert!(readings(&body, implied, &ctx()).is_none());
+            }
+        }
+    }
+
+    #[test]
+    fn a_plain_body_takes_the_plain_path() {
+        let body = r#"[{"sensor":"s-1","metric":"t","ts":1381961000000,"value":1.5},
+            {"value":-2,"sensor":"s-2","ts":"2013-10-16T22:00:00Z"}]"#;
+        let got = readings(body, Implied::default(), &ctx()).expect("plain");
+        assert_eq!(got.len(), 2);
+        assert_eq!(
+            (got[1].metric.as_str(), got[1].ts, got[1].value),
+            ("value", 1_381_960_800, -2.0)
+        );
+        // Borrowed from the body, not copied.
+        assert!(std::ptr::eq(
+            got[0].sensor.as_str().as_ptr(),
+            body[12..].as_ptr()
+        ));
+    }
+}
