@@ -36,10 +36,11 @@
 
 use std::sync::LazyLock;
 
-use mongodb::bson::{RawArrayBuf, RawBson, RawBsonRef, RawDocument, RawDocumentBuf, rawdoc};
+use mongodb::bson::{RawBsonRef, RawDocument, RawDocumentBuf, rawdoc};
 
 use super::StoreError;
-use super::document::{elements, raw_number, raw_seconds, start_date};
+use super::document::{elements, raw_number, raw_seconds};
+use super::raw_writer::{Writer, index_key};
 use crate::domain::{
     BucketRead, Granularity, Moments, Period, Rest, RollupRead, Sample, Slot, Summary,
 };
@@ -51,65 +52,57 @@ use crate::domain::{
 /// replaces it.
 pub const ROLLUP_SCHEMA_VERSION: i32 = 2;
 
-fn small(n: u64) -> RawBson {
-    match i32::try_from(n) {
-        Ok(x) => RawBson::Int32(x),
-        Err(_) => RawBson::Int64(i64::try_from(n).unwrap_or(i64::MAX)),
-    }
-}
-
-fn offset(t: i64, start: i64) -> RawBson {
-    small(u64::try_from(t - start).unwrap_or(0))
-}
-
-/// A slot as stored, its times in seconds from the slot's start; fields
-/// that follow from others are left out (see the README's "Rollups").
-/// Encoded straight to bytes: the upkeep writes one per rolled-up span.
-pub fn encode_slot(slot: &Slot) -> Option<RawDocumentBuf> {
-    let s = slot.summary.as_ref()?;
+/// A slot as stored, its times in seconds from the slot's start, into the
+/// document open in `w`; fields that follow from others are left out (see
+/// the README's "Rollups"). The upkeep writes one per rolled-up span,
+/// straight into its command.
+fn slot_fields(w: &mut Writer, slot: &Slot) {
+    let Some(s) = slot.summary.as_ref() else {
+        return;
+    };
     let at = slot.start;
-    let mut d = RawDocumentBuf::new();
-    d.append("w", small(slot.n));
-    d.append("c", small(s.count));
-    d.append("f", s.first.v);
-    d.append("ft", offset(s.first.t, at));
+    let small = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    let offset = |t: i64| small(u64::try_from(t - at).unwrap_or(0));
+    w.integer("w", small(slot.n));
+    w.integer("c", small(s.count));
+    w.double("f", s.first.v);
+    w.integer("ft", offset(s.first.t));
     if s.count == 1 {
-        return Some(d);
+        return;
     }
-    d.append("s", s.sum);
-    d.append("lo", s.min);
-    d.append("hi", s.max);
-    d.append("l", s.last.v);
-    d.append("lt", offset(s.last.t, at));
+    w.double("s", s.sum);
+    w.double("lo", s.min);
+    w.double("hi", s.max);
+    w.double("l", s.last.v);
+    w.integer("lt", offset(s.last.t));
     if s.count >= 3
         && let Some(p) = s.penult
     {
-        d.append("p", p.v);
-        d.append("pt", offset(p.t, at));
+        w.double("p", p.v);
+        w.integer("pt", offset(p.t));
     }
     if s.inc != 0.0 {
-        d.append("i", s.inc);
+        w.double("i", s.inc);
     }
     if s.resets != 0 {
-        d.append("r", small(u64::from(s.resets)));
+        w.integer("r", i64::from(s.resets));
     }
     if s.changes != 0 {
-        d.append("x", small(u64::from(s.changes)));
+        w.integer("x", i64::from(s.changes));
     }
-    d.append("m1", s.moments.st);
-    d.append("m2", s.moments.stt);
-    d.append("m3", s.moments.stv);
-    d.append("q", s.moments.svv);
+    w.double("m1", s.moments.st);
+    w.double("m2", s.moments.stt);
+    w.double("m3", s.moments.stv);
+    w.double("q", s.moments.svv);
     if s.count >= 3
         && let Some(r) = &slot.rest
     {
-        d.append("b", r.second.v);
-        d.append("bt", offset(r.second.t, at));
-        d.append("rs", r.sum);
-        d.append("rl", r.min);
-        d.append("rh", r.max);
+        w.double("b", r.second.v);
+        w.integer("bt", offset(r.second.t));
+        w.double("rs", r.sum);
+        w.double("rl", r.min);
+        w.double("rh", r.max);
     }
-    Some(d)
 }
 
 /// The fields a stored slot may hold, in the order of [`SlotFields`].
@@ -339,67 +332,101 @@ pub fn statement_removing(
     slots: &[Slot],
     replaced: &[i64],
 ) -> RawDocumentBuf {
+    // Written in place, in order (see `raw_writer`): each slot was a
+    // document of its own, copied into a `$cond`, copied into the statement.
+    let mut w = Writer::with_capacity(256 + slots.len() * 400);
+    let root = w.root();
+    let q = w.document("q");
+    w.string("sensor", sensor);
+    w.string("metric", metric);
+    w.string("period", period.name());
+    w.datetime("start", start.saturating_mul(1000));
+    w.end(q);
+    let u = w.array("u");
+    let set_stage = w.document("0");
+    let set = w.document("$set");
+    let s_field = w.document("s");
+    let merge = w.array("$mergeObjects");
+    w.raw_document("0", &STORED_SLOTS);
+    let written = w.document("1");
     let mut removed = Vec::new();
-    let mut written = RawDocumentBuf::new();
     let mut bits: u64 = 0;
     for slot in slots {
         let k = (slot.start - start) / period.slot_seconds();
         bits |= 1 << k;
         let forced = replaced.contains(&slot.start);
-        let Some(encoded) = encode_slot(slot) else {
+        if slot.summary.is_none() {
             if forced {
-                removed.push(slot.start);
+                removed.push(k);
             }
             continue;
-        };
-        let field = SLOT_PATHS.get(k as usize);
-        let (key, path, w) = match field {
-            Some((key, path, w)) => (key.as_str(), path.as_str(), w.as_str()),
-            None => continue,
-        };
-        if forced {
-            written.append(key, rawdoc! { "$literal": encoded });
+        }
+        let Some((key, path, wpath)) = SLOT_PATHS.get(k as usize) else {
             continue;
+        };
+        let entry = w.document(key);
+        if forced {
+            let literal = w.document("$literal");
+            slot_fields(&mut w, slot);
+            w.end(literal);
+        } else {
+            let cond = w.array("$cond");
+            let gt_doc = w.document("0");
+            let gt = w.array("$gt");
+            let if_null_doc = w.document("0");
+            let if_null = w.array("$ifNull");
+            w.string("0", wpath);
+            w.int32("1", -1);
+            w.end(if_null);
+            w.end(if_null_doc);
+            w.integer("1", i64::try_from(slot.n).unwrap_or(i64::MAX));
+            w.end(gt);
+            w.end(gt_doc);
+            w.string("1", path);
+            let literal_doc = w.document("2");
+            let literal = w.document("$literal");
+            slot_fields(&mut w, slot);
+            w.end(literal);
+            w.end(literal_doc);
+            w.end(cond);
         }
-        written.append(
-            key,
-            rawdoc! { "$cond": [
-                { "$gt": [ { "$ifNull": [w, -1] }, small(slot.n) ] },
-                path,
-                { "$literal": encoded },
-            ]},
-        );
+        w.end(entry);
     }
-    let mut statement = RawDocumentBuf::new();
-    statement.append(
-        "q",
-        rawdoc! { "sensor": sensor, "metric": metric, "period": period.name(), "start": start_date(start) },
-    );
-    let mut merge = RawArrayBuf::new();
-    merge.push(STORED_SLOTS.clone());
-    merge.push(written);
-    let mut bit_or = RawArrayBuf::new();
-    bit_or.push(STORED_COMPLETE.clone());
-    bit_or.push(bits as i64);
-    let mut pipeline = RawArrayBuf::new();
-    pipeline.push(rawdoc! { "$set": {
-        "s": { "$mergeObjects": merge },
-        "complete": { "$bitOr": bit_or },
-        "schema_version": ROLLUP_SCHEMA_VERSION,
-    }});
+    w.end(written);
+    w.end(merge);
+    w.end(s_field);
+    let complete = w.document("complete");
+    let bit_or = w.array("$bitOr");
+    w.raw_document("0", &STORED_COMPLETE);
+    w.int64("1", bits as i64);
+    w.end(bit_or);
+    w.end(complete);
+    w.int32("schema_version", ROLLUP_SCHEMA_VERSION);
+    w.end(set);
+    w.end(set_stage);
     // What version 1 kept beside the slots.
-    pipeline.push(rawdoc! { "$unset": ["count", "sum", "min", "max", "n"] });
-    if !removed.is_empty() {
-        let mut paths = RawArrayBuf::new();
-        for at in removed {
-            let k = (at - start) / period.slot_seconds();
-            paths.push(format!("s.{k}"));
-        }
-        pipeline.push(rawdoc! { "$unset": paths });
+    let unset_stage = w.document("1");
+    let unset = w.array("$unset");
+    for (i, f) in ["count", "sum", "min", "max", "n"].iter().enumerate() {
+        w.string(&i.to_string(), f);
     }
-    statement.append("u", pipeline);
-    statement.append("upsert", true);
-    statement
+    w.end(unset);
+    w.end(unset_stage);
+    if !removed.is_empty() {
+        let stage = w.document("2");
+        let paths = w.array("$unset");
+        let mut key = [0; 20];
+        for (i, k) in removed.iter().enumerate() {
+            w.string(index_key(i, &mut key), &format!("s.{k}"));
+        }
+        w.end(paths);
+        w.end(stage);
+    }
+    w.end(u);
+    w.boolean("upsert", true);
+    w.end(root);
+    // Every document opened above is closed: finishing cannot fail.
+    w.finish().unwrap_or_default()
 }
 
 /// Per slot number: the key, `$s.<k>` and `$s.<k>.w` (at most 60 slots).
@@ -490,8 +517,155 @@ pub fn roll_day(day: &RollupRead) -> Option<Slot> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::document::start_date;
     use mongodb::bson::{Bson, doc};
+    use mongodb::bson::{RawArrayBuf, RawBson};
     use proptest::prelude::*;
+
+    /// A slot as stored, its times in seconds from the slot's start; fields
+    /// that follow from others are left out (see the README's "Rollups").
+    pub fn encode_slot(slot: &Slot) -> Option<RawDocumentBuf> {
+        slot.summary.as_ref()?;
+        let mut w = Writer::with_capacity(256);
+        let root = w.root();
+        slot_fields(&mut w, slot);
+        w.end(root);
+        w.finish().ok()
+    }
+
+    fn small(n: u64) -> RawBson {
+        match i32::try_from(n) {
+            Ok(x) => RawBson::Int32(x),
+            Err(_) => RawBson::Int64(i64::try_from(n).unwrap_or(i64::MAX)),
+        }
+    }
+
+    fn offset(t: i64, start: i64) -> RawBson {
+        small(u64::try_from(t - start).unwrap_or(0))
+    }
+
+    // The statement as the bson crate builds it, level by level: what the
+    // in-place writer must reproduce byte for byte.
+    /// A slot as stored, its times in seconds from the slot's start; fields
+    /// that follow from others are left out (see the README's "Rollups").
+    /// Encoded straight to bytes: the upkeep writes one per rolled-up span.
+    fn reference_encode_slot(slot: &Slot) -> Option<RawDocumentBuf> {
+        let s = slot.summary.as_ref()?;
+        let at = slot.start;
+        let mut d = RawDocumentBuf::new();
+        d.append("w", small(slot.n));
+        d.append("c", small(s.count));
+        d.append("f", s.first.v);
+        d.append("ft", offset(s.first.t, at));
+        if s.count == 1 {
+            return Some(d);
+        }
+        d.append("s", s.sum);
+        d.append("lo", s.min);
+        d.append("hi", s.max);
+        d.append("l", s.last.v);
+        d.append("lt", offset(s.last.t, at));
+        if s.count >= 3
+            && let Some(p) = s.penult
+        {
+            d.append("p", p.v);
+            d.append("pt", offset(p.t, at));
+        }
+        if s.inc != 0.0 {
+            d.append("i", s.inc);
+        }
+        if s.resets != 0 {
+            d.append("r", small(u64::from(s.resets)));
+        }
+        if s.changes != 0 {
+            d.append("x", small(u64::from(s.changes)));
+        }
+        d.append("m1", s.moments.st);
+        d.append("m2", s.moments.stt);
+        d.append("m3", s.moments.stv);
+        d.append("q", s.moments.svv);
+        if s.count >= 3
+            && let Some(r) = &slot.rest
+        {
+            d.append("b", r.second.v);
+            d.append("bt", offset(r.second.t, at));
+            d.append("rs", r.sum);
+            d.append("rl", r.min);
+            d.append("rh", r.max);
+        }
+        Some(d)
+    }
+
+    fn reference_statement_removing(
+        sensor: &str,
+        metric: &str,
+        period: Period,
+        start: i64,
+        slots: &[Slot],
+        replaced: &[i64],
+    ) -> RawDocumentBuf {
+        let mut removed = Vec::new();
+        let mut written = RawDocumentBuf::new();
+        let mut bits: u64 = 0;
+        for slot in slots {
+            let k = (slot.start - start) / period.slot_seconds();
+            bits |= 1 << k;
+            let forced = replaced.contains(&slot.start);
+            let Some(encoded) = reference_encode_slot(slot) else {
+                if forced {
+                    removed.push(slot.start);
+                }
+                continue;
+            };
+            let field = SLOT_PATHS.get(k as usize);
+            let (key, path, w) = match field {
+                Some((key, path, w)) => (key.as_str(), path.as_str(), w.as_str()),
+                None => continue,
+            };
+            if forced {
+                written.append(key, rawdoc! { "$literal": encoded });
+                continue;
+            }
+            written.append(
+                key,
+                rawdoc! { "$cond": [
+                    { "$gt": [ { "$ifNull": [w, -1] }, small(slot.n) ] },
+                    path,
+                    { "$literal": encoded },
+                ]},
+            );
+        }
+        let mut statement = RawDocumentBuf::new();
+        statement.append(
+            "q",
+            rawdoc! { "sensor": sensor, "metric": metric, "period": period.name(), "start": start_date(start) },
+        );
+        let mut merge = RawArrayBuf::new();
+        merge.push(STORED_SLOTS.clone());
+        merge.push(written);
+        let mut bit_or = RawArrayBuf::new();
+        bit_or.push(STORED_COMPLETE.clone());
+        bit_or.push(bits as i64);
+        let mut pipeline = RawArrayBuf::new();
+        pipeline.push(rawdoc! { "$set": {
+            "s": { "$mergeObjects": merge },
+            "complete": { "$bitOr": bit_or },
+            "schema_version": ROLLUP_SCHEMA_VERSION,
+        }});
+        // What version 1 kept beside the slots.
+        pipeline.push(rawdoc! { "$unset": ["count", "sum", "min", "max", "n"] });
+        if !removed.is_empty() {
+            let mut paths = RawArrayBuf::new();
+            for at in removed {
+                let k = (at - start) / period.slot_seconds();
+                paths.push(format!("s.{k}"));
+            }
+            pipeline.push(rawdoc! { "$unset": paths });
+        }
+        statement.append("u", pipeline);
+        statement.append("upsert", true);
+        statement
+    }
 
     fn samples_in(span: i64) -> impl Strategy<Value = Vec<Sample>> {
         let t = prop_oneof![0..span, Just(0), Just(1)];
@@ -506,6 +680,40 @@ mod tests {
     }
 
     proptest! {
+        /// The statement written in place is the bson crate's, byte for
+        /// byte: guarded and forced slots, empty ones removed, write counts
+        /// past 32 bits, every level.
+        #[test]
+        fn statements_written_in_place_are_the_bson_crates(
+            spans in prop::collection::btree_map(0i64..24, (samples_in(60), 0u64..5_000_000_000, any::<bool>()), 0..6),
+            period in prop_oneof![Just(Period::Hour), Just(Period::Day), Just(Period::Days30)],
+        ) {
+            let start = 86_400 * 30 * 20;
+            let step = period.slot_seconds();
+            let slots: Vec<Slot> = spans
+                .iter()
+                .map(|(&k, (xs, n, _))| {
+                    let at = start + k * step;
+                    let xs: Vec<Sample> = xs.iter().map(|x| Sample { t: at + (x.t - 3600) * step / 60, v: x.v }).collect();
+                    Slot::of(at, &xs, *n)
+                })
+                .collect();
+            let replaced: Vec<i64> = spans
+                .iter()
+                .filter(|(_, (_, _, r))| *r)
+                .map(|(&k, _)| start + k * step)
+                .collect();
+            let built = statement_removing("s-1 é", "m", period, start, &slots, &replaced);
+            let reference = reference_statement_removing("s-1 é", "m", period, start, &slots, &replaced);
+            prop_assert_eq!(built.as_bytes(), reference.as_bytes());
+            for slot in &slots {
+                prop_assert_eq!(
+                    encode_slot(slot).map(|d| d.as_bytes().to_vec()),
+                    reference_encode_slot(slot).map(|d| d.as_bytes().to_vec())
+                );
+            }
+        }
+
         /// A slot reads back as it was written, every part of it.
         #[test]
         fn slots_read_back_as_written(xs in samples_in(60), n in 0u64..5_000_000_000) {

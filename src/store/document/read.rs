@@ -99,7 +99,61 @@ fn small_key(key: &str) -> Result<u16, StoreError> {
         .ok_or_else(|| StoreError::Unreadable(format!("unexpected key {key:?}")))
 }
 
+/// The `(second, value)` pairs of a bucket's values (or of one minute of
+/// an hour bucket's), offset by `base`.
 fn seconds_into(doc: &RawDocument, base: u16, out: &mut Vec<(u16, f64)>) -> Result<(), StoreError> {
+    let before = out.len();
+    if plain_seconds(doc.as_bytes(), base, out).is_some() {
+        return Ok(());
+    }
+    out.truncate(before);
+    checked_seconds_into(doc, base, out)
+}
+
+/// [`seconds_into`] straight from the bytes, for values as this service
+/// writes them: doubles under decimal keys below 60. Anything else answers
+/// nothing, and the bson crate's iteration reads (or refuses) it. The
+/// upkeep reads every value of an hour back; through the generic iterator
+/// (key checked as UTF-8, parsed, value matched) this was about 60 ns a
+/// value, a twentieth of the service's CPU in a backfill.
+fn plain_seconds(bytes: &[u8], base: u16, out: &mut Vec<(u16, f64)>) -> Option<()> {
+    // A document: its length (checked when it was read), its elements, a 0.
+    let body = bytes.get(4..bytes.len().checked_sub(1)?)?;
+    let mut at = 0;
+    while at < body.len() {
+        const DOUBLE: u8 = 0x01;
+        if body[at] != DOUBLE {
+            return None;
+        }
+        at += 1;
+        let (mut key, mut digits) = (0_u16, 0);
+        loop {
+            let b = *body.get(at)?;
+            at += 1;
+            match b {
+                0 => break,
+                b'0'..=b'9' if digits < 2 => {
+                    key = key * 10 + u16::from(b - b'0');
+                    digits += 1;
+                }
+                _ => return None,
+            }
+        }
+        if digits == 0 || key >= 60 {
+            return None;
+        }
+        let value = f64::from_le_bytes(body.get(at..at + 8)?.try_into().ok()?);
+        at += 8;
+        out.push((base + key, value));
+    }
+    Some(())
+}
+
+fn checked_seconds_into(
+    doc: &RawDocument,
+    base: u16,
+    out: &mut Vec<(u16, f64)>,
+) -> Result<(), StoreError> {
     for e in elements(doc) {
         let (second, value) = e?;
         out.push((base + small_key(second)?, raw_number(value, &second)?));
@@ -207,4 +261,58 @@ pub fn read_bucket(doc: &RawDocument, granularity: Granularity) -> Result<Bucket
         read.versions.sort_by_key(|&(offset, _)| offset);
     }
     Ok(read)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mongodb::bson::{RawBson, RawDocumentBuf};
+    use proptest::prelude::*;
+
+    fn value() -> impl Strategy<Value = RawBson> {
+        prop_oneof![
+            8 => any::<f64>().prop_map(RawBson::Double),
+            1 => any::<i32>().prop_map(RawBson::Int32),
+            1 => any::<i64>().prop_map(RawBson::Int64),
+            1 => Just(RawBson::String("x".to_owned())),
+        ]
+    }
+
+    fn key() -> impl Strategy<Value = String> {
+        prop_oneof![
+            8 => (0u16..60).prop_map(|k| k.to_string()),
+            1 => "[0-9+a-]{0,3}",
+        ]
+    }
+
+    proptest! {
+        /// Read from the bytes or through the bson crate, the same values,
+        /// or the same refusal.
+        #[test]
+        fn values_read_from_the_bytes_are_the_checked_ones(
+            fields in prop::collection::vec((key(), value()), 0..70),
+            base in prop_oneof![Just(0u16), Just(600u16)],
+        ) {
+            let plain = fields.iter().all(|(k, v)| {
+                matches!(v, RawBson::Double(_))
+                    && (1..=2).contains(&k.len())
+                    && k.bytes().all(|b| b.is_ascii_digit())
+                    && k.parse::<u16>().is_ok_and(|n| n < 60)
+            });
+            let mut doc = RawDocumentBuf::new();
+            for (k, v) in fields {
+                doc.append(k, v);
+            }
+            // Values as this service writes them take the fast way.
+            prop_assert_eq!(plain_seconds(doc.as_bytes(), base, &mut Vec::new()).is_some(), plain);
+            let (mut fast, mut checked) = (vec![(1, 1.0)], vec![(1, 1.0)]);
+            let got = seconds_into(&doc, base, &mut fast);
+            let want = checked_seconds_into(&doc, base, &mut checked);
+            prop_assert_eq!(got.is_ok(), want.is_ok());
+            if want.is_ok() {
+                let bits = |v: &[(u16, f64)]| v.iter().map(|&(k, x)| (k, x.to_bits())).collect::<Vec<_>>();
+                prop_assert_eq!(bits(&fast), bits(&checked));
+            }
+        }
+    }
 }

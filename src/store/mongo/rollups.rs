@@ -12,6 +12,7 @@ use super::{MongoStore, classify};
 use crate::domain::{BucketRead, Granularity, Period, RollupRead, Slot};
 use crate::store::StoreError;
 use crate::store::document::{read_bucket, start_date};
+use crate::store::raw_writer::{Writer, index_key};
 use crate::store::rollup::{
     Hour, all_slots, read_rollup, roll_day, roll_hour, statement, statement_removing,
 };
@@ -526,14 +527,21 @@ impl MongoStore {
                 bytes += encoded[end].as_bytes().len();
                 end += 1;
             }
-            let mut updates = mongodb::bson::RawArrayBuf::new();
-            for s in &encoded[start..end] {
-                updates.push(s.clone());
+            // Each statement copied once, into the command's own buffer.
+            let mut w = Writer::with_capacity(bytes + 256);
+            let root = w.root();
+            w.string("update", self.rollups.name());
+            let updates = w.array("updates");
+            let mut key = [0; 20];
+            for (i, s) in encoded[start..end].iter().enumerate() {
+                w.raw_document(index_key(i, &mut key), s);
             }
-            let mut command = RawDocumentBuf::new();
-            command.append("update", self.rollups.name());
-            command.append("updates", updates);
-            command.append("ordered", false);
+            w.end(updates);
+            w.boolean("ordered", false);
+            w.end(root);
+            let command = w
+                .finish()
+                .map_err(|e| StoreError::Unclassed(format!("a rollup command: {e}")))?;
             let reply = self.run_raw_write(command, "a rollup update").await?;
             cost.round_trips += 1;
             if let Ok(errors) = reply.get_array("writeErrors")
