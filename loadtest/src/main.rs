@@ -156,6 +156,9 @@ enum Cmd {
         batch: usize,
         #[arg(long, default_value_t = 4)]
         concurrency: usize,
+        /// Seconds Hourglass' idle CPU is measured before each of its loads
+        #[arg(long, default_value_t = 10)]
+        idle_seconds: u64,
     },
     /// The standard full run: every scenario, one report.
     All {
@@ -204,7 +207,16 @@ async fn all(ctx: &Ctx, scale: f64) -> anyhow::Result<(Report, bool)> {
     let (r, good) = designs::run(ctx, &designs_data, 5000, 4).await?;
     report.merge(r);
     ok &= good;
-    report.merge(peers::run(ctx, &recent(scaled(50, 2, 3600.0 * scale, 1), 1), 5000, 4).await?);
+    report.merge(
+        peers::run(
+            ctx,
+            &recent(scaled(50, 2, 3600.0 * scale, 1), 1),
+            5000,
+            4,
+            peers::IDLE_SAMPLE,
+        )
+        .await?,
+    );
     let (r, good) = transfer::run(ctx, &recent(scaled(50, 2, 3600.0 * scale, 1), 1)).await?;
     report.merge(r);
     ok &= good;
@@ -351,10 +363,18 @@ async fn main() -> anyhow::Result<()> {
             data,
             batch,
             concurrency,
+            idle_seconds,
         } => (
             "peers",
             (
-                peers::run(&ctx, &recent(data, 1), batch, concurrency).await?,
+                peers::run(
+                    &ctx,
+                    &recent(data, 1),
+                    batch,
+                    concurrency,
+                    std::time::Duration::from_secs(idle_seconds),
+                )
+                .await?,
                 true,
             ),
         ),

@@ -23,6 +23,21 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     })
 }
 
+/// CPU seconds of a process's live threads, to the nanosecond (the
+/// scheduler's run time): for short windows, where ticks are too coarse.
+/// Threads that ended within the window are not counted.
+pub fn cpu_seconds_fine(pid: u32) -> f64 {
+    process(pid)
+        .and_then(|p| p.tasks().ok())
+        .map_or(0.0, |tasks| {
+            tasks
+                .flatten()
+                .filter_map(|t| t.schedstat().ok())
+                .map(|s| s.sum_exec_runtime as f64 / 1e9)
+                .sum()
+        })
+}
+
 /// Peak resident memory (VmHWM) in MiB.
 pub fn peak_rss_mib(pid: u32) -> f64 {
     process(pid)

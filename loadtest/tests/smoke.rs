@@ -141,7 +141,7 @@ fn compare_designs_reports_all_three_designs() {
 
 #[test]
 fn peers_runs_victoria_metrics_and_influxdb_next_to_hourglass() {
-    let r = run("peers", &[]);
+    let r = run("peers", &["--idle-seconds", "1"]);
     let peers = r["data"]["peers"].as_array().expect("peers");
     assert_eq!(peers.len(), 5, "{r}");
     assert!(
