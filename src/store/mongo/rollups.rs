@@ -11,6 +11,7 @@ use tracing::info;
 use super::{MongoStore, classify};
 use crate::domain::{BucketRead, Granularity, Period, RollupRead, Slot};
 use crate::store::StoreError;
+use crate::store::command::Limits;
 use crate::store::document::{read_bucket, start_date};
 use crate::store::raw_writer::{Writer, index_key};
 use crate::store::rollup::{
@@ -31,6 +32,37 @@ type HourPlan<'a> = (Vec<(&'a Series, u64)>, u64);
 /// The minutes (bits 0–59) a flush wrote into each ended hour of a series:
 /// only those buckets are read again, the hour document holds the rest.
 pub type Written = HashMap<(Series, i64), u64>;
+
+/// Rollup statements waiting for their command, sent once they fill one:
+/// a roll-up of many series holds one command's worth at a time (an hour
+/// document's statement is some 25 KB; a backfill's 1 200 series-hours
+/// were 30 MB at once).
+#[derive(Default)]
+struct Outbox {
+    statements: Vec<RawDocumentBuf>,
+    bytes: usize,
+}
+
+impl Outbox {
+    /// Adds `statement`; answers the statements before it when it would not
+    /// fit their command (as [`MongoStore::write_rollups`] cuts them), to be
+    /// sent now.
+    fn push(&mut self, statement: RawDocumentBuf, limits: &Limits) -> Option<Vec<RawDocumentBuf>> {
+        let len = statement.as_bytes().len();
+        let full = !self.statements.is_empty()
+            && (self.bytes + len > limits.command_budget() / 2
+                || self.statements.len() >= limits.max_write_batch_size.max(1));
+        let ready = full.then(|| self.take());
+        self.bytes += len;
+        self.statements.push(statement);
+        ready
+    }
+
+    fn take(&mut self) -> Vec<RawDocumentBuf> {
+        self.bytes = 0;
+        std::mem::take(&mut self.statements)
+    }
+}
 
 /// What a roll-up read and wrote, for the write and read counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -145,7 +177,7 @@ impl MongoStore {
         }
         let rolled = self.roll_hours(&hours, written, &mut cost).await?;
         // Hour documents (minute buckets), then the day documents' slots.
-        let mut statements = Vec::new();
+        let mut outbox = Outbox::default();
         if self.granularity == Granularity::Minute {
             for (series, hs) in &rolled {
                 let (sensor, metric) = series;
@@ -158,22 +190,21 @@ impl MongoStore {
                         } else {
                             slots.iter().map(|s| s.start).collect()
                         };
-                        statements.push(statement_removing(
-                            sensor,
-                            metric,
-                            Period::Hour,
-                            h.start,
-                            &slots,
-                            &all,
-                        ));
+                        let s =
+                            statement_removing(sensor, metric, Period::Hour, h.start, &slots, &all);
+                        if let Some(ready) = outbox.push(s, &self.limits) {
+                            self.write_rollups(ready, &mut cost).await?;
+                        }
                     } else if !h.minutes.is_empty() {
-                        statements.push(statement(sensor, metric, Period::Hour, h.start, &slots));
+                        let s = statement(sensor, metric, Period::Hour, h.start, &slots);
+                        if let Some(ready) = outbox.push(s, &self.limits) {
+                            self.write_rollups(ready, &mut cost).await?;
+                        }
                     }
                 }
             }
         }
-        self.write_rollups(statements, &mut cost).await?;
-        let mut statements = Vec::new();
+        self.write_rollups(outbox.take(), &mut cost).await?;
         let mut thirty: BTreeMap<(Series, i64), Vec<Slot>> = BTreeMap::new();
         // Days with replaced hours: their 30-day slots are replaced too.
         let mut forced: BTreeMap<(Series, i64), Vec<i64>> = BTreeMap::new();
@@ -197,14 +228,17 @@ impl MongoStore {
                 // A day of nothing that only lifts into its thirty days
                 // needs no document of its own.
                 if !(empty && lifted && stored.is_none()) {
-                    statements.push(statement_removing(
+                    let s = statement_removing(
                         &series.0,
                         &series.1,
                         Period::Day,
                         day,
                         slots,
                         &replaced,
-                    ));
+                    );
+                    if let Some(ready) = outbox.push(s, &self.limits) {
+                        self.write_rollups(ready, &mut cost).await?;
+                    }
                 }
                 let mut merged = with_slots(stored, day, slots);
                 // Replaced slots stand as computed, emptied ones are gone.
@@ -233,7 +267,7 @@ impl MongoStore {
                 }
             }
         }
-        self.write_rollups(statements, &mut cost).await?;
+        self.write_rollups(outbox.take(), &mut cost).await?;
         let statements = thirty
             .iter()
             .map(|((series, p), slots)| {
@@ -280,9 +314,11 @@ impl MongoStore {
                 runs.entry(r).or_default().push(series);
             }
         }
-        let mut buckets: HashMap<(Series, i64), Vec<BucketRead>> = HashMap::new();
+        // Each chunk's hours are rolled up as soon as its buckets are read,
+        // so the values held at once are one chunk's, not every hour's.
         for ((from, to), series) in &runs {
             for chunk in series.chunks(SENSORS_PER_READ) {
+                let mut buckets: HashMap<(Series, i64), Vec<BucketRead>> = HashMap::new();
                 let wanted: BTreeSet<&Series> = chunk.iter().copied().collect();
                 let sensors: BTreeSet<&str> = chunk.iter().map(|s| s.0.as_str()).collect();
                 let metrics: BTreeSet<&str> = chunk.iter().map(|s| s.1.as_str()).collect();
@@ -312,14 +348,14 @@ impl MongoStore {
                     let hour = b.start - b.start.rem_euclid(HOUR);
                     buckets.entry((key, hour)).or_default().push(b);
                 }
-            }
-        }
-        for (series, hs) in &hours {
-            let rolled = out.entry(series.clone()).or_default();
-            for &h in hs {
-                let mut bs = buckets.remove(&(series.clone(), h)).unwrap_or_default();
-                bs.sort_by_key(|b| b.start);
-                rolled.insert(h, roll_hour(self.granularity, h, &bs));
+                for &series in chunk {
+                    let rolled = out.entry(series.clone()).or_default();
+                    for h in (*from..*to).step_by(HOUR as usize) {
+                        let mut bs = buckets.remove(&(series.clone(), h)).unwrap_or_default();
+                        bs.sort_by_key(|b| b.start);
+                        rolled.insert(h, roll_hour(self.granularity, h, &bs));
+                    }
+                }
             }
         }
         Ok(out)
@@ -768,6 +804,44 @@ fn open_cursor(reply: &Document) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Whatever the statements' sizes, every batch the outbox lets go
+        /// fits one command, nothing is lost or reordered, and a batch is
+        /// let go only when the next statement would not fit it.
+        #[test]
+        fn the_outbox_lets_go_whole_commands_in_order(
+            sizes in prop::collection::vec(0usize..300, 0..60),
+            batch in 1usize..6,
+        ) {
+            let limits = Limits {
+                max_bson_object_size: crate::store::command::DRIVER_MARGIN + 1000,
+                max_message_size: 48_000_000,
+                max_write_batch_size: batch,
+            };
+            let budget = limits.command_budget() / 2;
+            let statements: Vec<RawDocumentBuf> = sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| mongodb::bson::rawdoc! { "i": i as i64, "pad": "x".repeat(n) })
+                .collect();
+            let mut outbox = Outbox::default();
+            let mut sent: Vec<Vec<RawDocumentBuf>> = Vec::new();
+            for s in &statements {
+                if let Some(ready) = outbox.push(s.clone(), &limits) {
+                    let bytes: usize = ready.iter().map(|d| d.as_bytes().len()).sum();
+                    prop_assert!(ready.len() <= batch);
+                    prop_assert!(ready.len() == 1 || bytes <= budget);
+                    prop_assert!(ready.len() == batch || bytes + s.as_bytes().len() > budget);
+                    sent.push(ready);
+                }
+            }
+            sent.push(outbox.take());
+            let all: Vec<RawDocumentBuf> = sent.into_iter().flatten().collect();
+            prop_assert_eq!(all, statements);
+        }
+    }
 
     #[test]
     fn a_cursor_a_reply_left_open_is_found() {
