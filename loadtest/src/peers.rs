@@ -548,6 +548,16 @@ pub async fn run(
     report.notes.push("The data ends an hour ago, so Hourglass marks its hours late and rolls them up once the writes pause: each Hourglass row's CPU runs until that upkeep is done.".into());
     report.notes.push("Hourglass' journaled row runs the service's default: each answer waits for the journal's fsync, not MongoDB, and the load's CPU and time run until every reading is stored (a bucket is written once its minute has closed, not once per request). The other Hourglass rows run with the journal off, so each answer means stored.".into());
     report.notes.push("Hourglass' row counts the service process only; its storage is the Python stand-in SecantusDB (bytes are the collection's data and index sizes as the server reports them), so its throughput is the stand-in's. The CPU column is the fair comparison of the ingest paths.".into());
+    for (h, r) in peers[2..].iter().zip(&ratios) {
+        report.notes.push(format!(
+            "Service CPU per reading, {}: {} µs against VictoriaMetrics' {} µs; ratio {} (the median of the rounds' ratios {}).",
+            h.name,
+            f(h.cpu_s / n * 1e6),
+            f(peers[0].cpu_s / n * 1e6),
+            f(r[ROUNDS / 2]),
+            r.iter().map(|&x| f(x)).collect::<Vec<_>>().join(", ")
+        ));
+    }
     // The same ratios above each Hourglass run's idle CPU.
     let above_idle: Vec<Vec<f64>> = (2..rounds[0].len())
         .map(|i| {
@@ -567,16 +577,6 @@ pub async fn run(
             idle_sample.as_secs(),
             h.seconds,
             f((h.cpu_s - h.idle_s).max(0.0) / n * 1e6),
-            f(r[ROUNDS / 2]),
-            r.iter().map(|&x| f(x)).collect::<Vec<_>>().join(", ")
-        ));
-    }
-    for (h, r) in peers[2..].iter().zip(&ratios) {
-        report.notes.push(format!(
-            "Service CPU per reading, {}: {} µs against VictoriaMetrics' {} µs; ratio {} (the median of the rounds' ratios {}).",
-            h.name,
-            f(h.cpu_s / n * 1e6),
-            f(peers[0].cpu_s / n * 1e6),
             f(r[ROUNDS / 2]),
             r.iter().map(|&x| f(x)).collect::<Vec<_>>().join(", ")
         ));
