@@ -407,15 +407,15 @@ pub fn statement_removing(
     // What version 1 kept beside the slots.
     let unset_stage = w.document("1");
     let unset = w.array("$unset");
+    let mut key = [0; 20];
     for (i, f) in ["count", "sum", "min", "max", "n"].iter().enumerate() {
-        w.string(&i.to_string(), f);
+        w.string(index_key(i, &mut key), f);
     }
     w.end(unset);
     w.end(unset_stage);
     if !removed.is_empty() {
         let stage = w.document("2");
         let paths = w.array("$unset");
-        let mut key = [0; 20];
         for (i, k) in removed.iter().enumerate() {
             w.string(index_key(i, &mut key), &format!("s.{k}"));
         }
@@ -425,7 +425,9 @@ pub fn statement_removing(
     w.end(u);
     w.boolean("upsert", true);
     w.end(root);
-    // Every document opened above is closed: finishing cannot fail.
+    // Every document opened above is closed, so finishing cannot fail; if
+    // it did, the empty statement would be refused by the server as a
+    // whole command, an error, not a roll-up quietly skipped.
     w.finish().unwrap_or_default()
 }
 
