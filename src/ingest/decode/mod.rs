@@ -409,9 +409,9 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    const NOW: i64 = 1_381_961_300; // 2013-10-16T22:08:20Z
+    pub(super) const NOW: i64 = 1_381_961_300; // 2013-10-16T22:08:20Z
 
-    fn ctx() -> DecodeContext {
+    pub(super) fn ctx() -> DecodeContext {
         DecodeContext {
             now: NOW,
             window: TimeWindow {

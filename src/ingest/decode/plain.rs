@@ -226,24 +226,10 @@ impl<'a> Parser<'a> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::{NOW, ctx};
     use super::super::{DecodeError, serde_array};
     use super::*;
-    use crate::domain::TimeWindow;
     use proptest::prelude::*;
-    use std::time::Duration;
-
-    const NOW: i64 = 1_381_961_300;
-
-    fn ctx() -> DecodeContext {
-        DecodeContext {
-            now: NOW,
-            window: TimeWindow {
-                max_age: Duration::from_secs(30 * 86400),
-                max_future: Duration::from_secs(300),
-            },
-            max_readings: 8,
-        }
-    }
 
     fn same(a: &[Reading<'_>], b: &[Reading<'_>]) -> bool {
         a.len() == b.len()
@@ -331,7 +317,7 @@ mod tests {
             .prop_map(|fields| format!("{{{}}}", fields.join(",")));
         let object = prop_oneof![odd, valid];
         (
-            prop::collection::vec((object, ws()), 0..10),
+            prop::collection::vec((object, ws()), 0..13),
             ws(),
             prop_oneof![Just(""), Just(","), Just("]"), Just("x")],
         )
