@@ -283,8 +283,8 @@ fn serde_array<'a>(
     implied: Implied<'a>,
     ctx: &DecodeContext,
 ) -> Result<Vec<Reading<'a>>, DecodeError> {
-    // One pass when every element has the right shape (the common
-    // case); otherwise the two passes below say which ones do not.
+    // One pass when every element has the right shape (bodies with
+    // escapes or nulls); otherwise the two passes below say which do not.
     let mut de = serde_json::Deserializer::from_str(text);
     let seed = OnePass {
         implied,
