@@ -14,22 +14,30 @@
 //!
 //! **Documents** (`mongodb.late_collection`): one per hour and partition of
 //! the series (a hash of the key, so that no document outgrows the size
-//! limit: about 250 000 series per partition, 4 million an hour; few
+//! limit: about 150 000 series per partition, 2.4 million an hour; few
 //! partitions, so that a small fleet's flush writes few documents),
 //! `{_id: hour · 16 + partition, at: last mark, first: first mark,
-//! e: {<series key>: {w: minutes, q: token}}}`, where `w` has a bit per
-//! minute of the hour written late (bit 0 for an hour bucket) and `q` names
-//! the flush that marked it last.
+//! t: token, e: {<series key>: {g0: {w, q}, g1: {w, q}}}}`. A mark writes
+//! the *generation* of its minute (`g0` in even minutes of the clock, `g1`
+//! in odd ones): `w` gains a bit per minute of the hour written late (bit 0
+//! for an hour bucket), `q` and the document's `t` name the flush that
+//! marked it last. (Markers of older versions, `{w, q}` without
+//! generations, are read and cleared too.)
 //!
 //! **Queries** read the markers of their range and treat each marked bucket
 //! as one with readings not stored yet: no rollup slot over it answers, the
 //! bucket is read. So answers stay exact while a marker waits.
 //!
 //! **Races.** The upkeep reads the markers first, then the buckets, then
-//! writes the slots, then removes each entry only if its `q` is still the
-//! one it read. A flush that wrote a bucket after that read marks its entry
-//! with a new `q` (after writing the bucket), so its entry stays and the
-//! hour is rolled up again; any instance's upkeep may roll up any marker.
+//! writes the slots. Then it deletes each document whose `t` is still the
+//! one it read; in a document marked again meanwhile it removes each
+//! generation whose `q` is still the one it read. A flush that wrote a
+//! bucket after that read marks with a new token (after writing the
+//! bucket), so its generation stays and the hour is rolled up again; any
+//! instance's upkeep may roll up any marker. Generations keep that
+//! re-reading to what was marked since the last pass: with one field per
+//! entry, a backfill that went on through every pass kept every entry, and
+//! each pass read the hour's marked minutes from the first again.
 
 use mongodb::bson::{Bson, Document, doc, oid::ObjectId};
 
@@ -110,17 +118,26 @@ pub fn marks<'a>(stored: impl IntoIterator<Item = &'a BucketUpdate>, now: i64) -
     out
 }
 
+/// The generations a mark writes into, by the minute of its clock.
+pub const GENERATIONS: [&str; 2] = ["g0", "g1"];
+
+/// The generation of a mark made at `now` (epoch seconds).
+pub fn generation(now: i64) -> &'static str {
+    GENERATIONS[now.div_euclid(60).rem_euclid(2) as usize]
+}
+
 /// The upsert of one marker document's entries, by the flush `token`, at
 /// `now` (epoch seconds).
 pub fn mark_statement(id: i64, entries: &[(String, u64)], token: ObjectId, now: i64) -> Document {
     let at = Bson::DateTime(mongodb::bson::DateTime::from_millis(
         now.saturating_mul(1000),
     ));
-    let mut set = Document::new();
+    let g = generation(now);
+    let mut set = doc! { "t": token };
     let mut or = Document::new();
     for (k, w) in entries {
-        set.insert(format!("e.{k}.q"), token);
-        or.insert(format!("e.{k}.w"), doc! { "or": *w as i64 });
+        set.insert(format!("e.{k}.{g}.q"), token);
+        or.insert(format!("e.{k}.{g}.w"), doc! { "or": *w as i64 });
     }
     doc! {
         "q": { "_id": id },
@@ -137,18 +154,34 @@ pub struct Entry {
     pub sensor: String,
     pub metric: String,
     pub hour: i64,
-    /// Bits of the minutes written late (bit 0 for an hour bucket).
+    /// Bits of the minutes written late (bit 0 for an hour bucket), over
+    /// every generation.
     pub minutes: u64,
+    /// What the upkeep may remove once it has rolled the entry up.
+    pub parts: Vec<Part>,
+}
+
+/// A generation of an entry as read, with the token it was read with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Part {
+    /// `None`: an older version's entry without generations.
+    pub generation: Option<&'static str>,
     pub token: Bson,
 }
 
-/// The entries of a marker document (unreadable ones are skipped: a query
+fn bits(w: &Bson) -> Option<u64> {
+    match w {
+        Bson::Int64(w) => Some(*w as u64),
+        Bson::Int32(w) => Some(u64::from(*w as u32)),
+        _ => None,
+    }
+}
+
+/// The entries of a marker document (unreadable parts are skipped: a query
 /// then reads their rollups as if unmarked, as before markers existed).
 pub fn entries(d: &Document) -> Vec<Entry> {
-    let id = match d.get("_id") {
-        Some(Bson::Int64(x)) => *x,
-        Some(Bson::Int32(x)) => i64::from(*x),
-        _ => return Vec::new(),
+    let Some(id) = doc_id_of(d) else {
+        return Vec::new();
     };
     let Ok(e) = d.get_document("e") else {
         return Vec::new();
@@ -157,40 +190,91 @@ pub fn entries(d: &Document) -> Vec<Entry> {
         .filter_map(|(k, v)| {
             let v = v.as_document()?;
             let (sensor, metric) = parse_key(k)?;
-            let minutes = match v.get("w")? {
-                Bson::Int64(w) => *w as u64,
-                Bson::Int32(w) => u64::from(*w as u32),
-                _ => return None,
-            };
-            Some(Entry {
+            let mut minutes = 0;
+            let mut parts = Vec::new();
+            for g in GENERATIONS {
+                let Ok(part) = v.get_document(g) else {
+                    continue;
+                };
+                if let (Some(w), Some(q)) = (part.get("w").and_then(bits), part.get("q")) {
+                    minutes |= w;
+                    parts.push(Part {
+                        generation: Some(g),
+                        token: q.clone(),
+                    });
+                }
+            }
+            if let (Some(w), Some(q)) = (v.get("w").and_then(bits), v.get("q")) {
+                minutes |= w;
+                // Removable only whole, so only while it has no generations
+                // (else its document goes once no flush marks it).
+                if parts.is_empty() {
+                    parts.push(Part {
+                        generation: None,
+                        token: q.clone(),
+                    });
+                }
+            }
+            (!parts.is_empty()).then(|| Entry {
                 id,
                 key: k.clone(),
                 sensor,
                 metric,
                 hour: hour_of(id),
                 minutes,
-                token: v.get("q")?.clone(),
+                parts,
             })
         })
         .collect()
 }
 
-/// Removes `e` unless a flush marked it again since it was read.
-pub fn clear_statement(e: &Entry) -> Document {
-    doc! {
-        "q": { "_id": e.id, format!("e.{}.q", e.key): e.token.clone() },
-        "u": { "$unset": { format!("e.{}", e.key): "" } },
+/// A marker document's `_id`.
+pub fn doc_id_of(d: &Document) -> Option<i64> {
+    match d.get("_id") {
+        Some(Bson::Int64(x)) => Some(*x),
+        Some(Bson::Int32(x)) => Some(i64::from(*x)),
+        _ => None,
     }
 }
 
-/// Removes the entries `es` of one document, if no flush marked any of
-/// them again since they were read (else the statement matches nothing).
+/// The condition that `part` of `e` is as read, and the field removing it.
+fn part_clear(e: &Entry, part: &Part, q: &mut Document, unset: &mut Document) {
+    match part.generation {
+        Some(g) => {
+            q.insert(format!("e.{}.{g}.q", e.key), part.token.clone());
+            unset.insert(format!("e.{}.{g}", e.key), "");
+        }
+        None => {
+            q.insert(format!("e.{}.q", e.key), part.token.clone());
+            for g in GENERATIONS {
+                q.insert(format!("e.{}.{g}", e.key), doc! { "$exists": false });
+            }
+            unset.insert(format!("e.{}", e.key), "");
+        }
+    }
+}
+
+/// Removes each part of `e` that no flush marked again since it was read:
+/// one statement per part.
+pub fn clear_statements(e: &Entry) -> impl Iterator<Item = Document> + '_ {
+    e.parts.iter().map(|part| {
+        let mut q = doc! { "_id": e.id };
+        let mut unset = Document::new();
+        part_clear(e, part, &mut q, &mut unset);
+        doc! { "q": q, "u": { "$unset": unset } }
+    })
+}
+
+/// Removes the parts of the entries `es` of one document, if no flush
+/// marked any of them again since they were read (else the statement
+/// matches nothing).
 pub fn clear_all_statement(es: &[&Entry]) -> Document {
     let mut q = doc! { "_id": es.first().map_or(0, |e| e.id) };
     let mut unset = Document::new();
     for e in es {
-        q.insert(format!("e.{}.q", e.key), e.token.clone());
-        unset.insert(format!("e.{}", e.key), "");
+        for part in &e.parts {
+            part_clear(e, part, &mut q, &mut unset);
+        }
     }
     doc! { "q": q, "u": { "$unset": unset } }
 }
@@ -250,22 +334,80 @@ mod tests {
         let h = 5 * HOUR;
         let k = key("x.y", "temp");
         let id = doc_id(h, &k);
-        let token = ObjectId::new();
-        let d = doc! { "_id": id, "e": { k.clone(): { "w": 6_i64, "q": token } } };
+        let (t0, t1) = (ObjectId::new(), ObjectId::new());
+        let d = doc! { "_id": id, "t": t1, "e": { k.clone(): {
+            "g0": { "w": 6_i64, "q": t0 },
+            "g1": { "w": 8_i64, "q": t1 },
+        } } };
         let e = entries(&d);
         assert_eq!(e.len(), 1);
         assert_eq!(
             (e[0].sensor.as_str(), e[0].metric.as_str()),
             ("x.y", "temp")
         );
-        assert_eq!((e[0].hour, e[0].minutes), (h, 6));
+        assert_eq!((e[0].hour, e[0].minutes), (h, 14));
         assert_eq!(starts(h, 6, Granularity::Minute), vec![h + 60, h + 120]);
         assert_eq!(starts(h, 6, Granularity::Hour), vec![h]);
-        let clear = clear_statement(&e[0]);
+        // Each generation goes only with the token it was read with.
+        let clears: Vec<Document> = clear_statements(&e[0]).collect();
+        assert_eq!(clears.len(), 2);
+        for (c, (g, t)) in clears.iter().zip([("g0", t0), ("g1", t1)]) {
+            let q = c.get_document("q").expect("q");
+            assert_eq!(q.get(format!("e.{k}.{g}.q")), Some(&Bson::ObjectId(t)));
+            let unset = c.get_document("u").and_then(|u| u.get_document("$unset"));
+            assert_eq!(
+                unset.expect("$unset").keys().collect::<Vec<_>>(),
+                vec![&format!("e.{k}.{g}")]
+            );
+        }
+        let all = clear_all_statement(&[&e[0]]);
+        assert_eq!(all.get_document("q").expect("q").len(), 3);
+    }
+
+    #[test]
+    fn an_older_versions_marker_is_read_and_removed_whole_only_without_generations() {
+        let h = 9 * HOUR;
+        let k = key("s", "m");
+        let id = doc_id(h, &k);
+        let t = ObjectId::new();
+        let old = doc! { "_id": id, "e": { k.clone(): { "w": 3_i64, "q": t } } };
+        let e = entries(&old);
+        assert_eq!((e.len(), e[0].minutes), (1, 3));
+        let clear: Vec<Document> = clear_statements(&e[0]).collect();
+        let q = clear[0].get_document("q").expect("q");
+        assert_eq!(q.get(format!("e.{k}.q")), Some(&Bson::ObjectId(t)));
         assert_eq!(
-            clear.get_document("q").expect("q").get(format!("e.{k}.q")),
-            Some(&Bson::ObjectId(token))
+            q.get(format!("e.{k}.g0")),
+            Some(&Bson::Document(doc! { "$exists": false }))
         );
+        // Marked since by this version: its minutes count, and only the
+        // generation can be removed (the document goes once unmarked).
+        let mixed = doc! { "_id": id, "e": { k.clone(): {
+            "w": 3_i64, "q": t, "g1": { "w": 4_i64, "q": ObjectId::new() },
+        } } };
+        let e = entries(&mixed);
+        assert_eq!(e[0].minutes, 7);
+        assert_eq!(e[0].parts.len(), 1);
+        assert_eq!(e[0].parts[0].generation, Some("g1"));
+    }
+
+    #[test]
+    fn marks_alternate_generations_by_the_minute() {
+        let k = key("s", "m");
+        let at = |now: i64| {
+            let s = mark_statement(1, &[(k.clone(), 1)], ObjectId::new(), now);
+            let u = s.get_document("u").expect("u").clone();
+            let set = u.get_document("$set").expect("$set").clone();
+            assert!(set.contains_key("t"), "the document's token is set");
+            set.keys()
+                .find(|f| f.starts_with("e."))
+                .cloned()
+                .expect("entry")
+        };
+        assert_eq!(at(600), format!("e.{k}.g0.q"));
+        assert_eq!(at(659), format!("e.{k}.g0.q"));
+        assert_eq!(at(660), format!("e.{k}.g1.q"));
+        assert_eq!(at(720), format!("e.{k}.g0.q"));
     }
 
     proptest! {

@@ -201,6 +201,16 @@ fn decode_one<'a>(
 /// a reading stamped on receipt would be a new one at each import), in one
 /// pass.
 pub fn decode_timestamped<'a>(json: &'a str, ctx: &DecodeContext) -> Result<Reading<'a>, String> {
+    // A plain, valid line without serde; the rest (and every error) as serde reads it.
+    if let Some(raw) = plain::object(json).filter(|r| r.ts.is_some())
+        && let Ok(r) = validate(raw, Implied::default(), ctx)
+    {
+        return Ok(r);
+    }
+    serde_timestamped(json, ctx)
+}
+
+fn serde_timestamped<'a>(json: &'a str, ctx: &DecodeContext) -> Result<Reading<'a>, String> {
     let raw: RawReading<'a> = serde_json::from_str(json).map_err(|e| reason(&e))?;
     if raw.ts.is_none() {
         return Err("ts is required in an import".to_owned());

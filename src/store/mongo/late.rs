@@ -136,12 +136,12 @@ impl MongoStore {
         Ok((out, read))
     }
 
-    /// Removes the rolled-up `entries` that no flush marked again since they
-    /// were read: one statement per document, removing its entries only if
-    /// none was marked again; if some document was, one statement per entry
-    /// (each removing its entry only if it was not). Answers the documents
-    /// changed.
-    async fn clear_late(&self, entries: &[Entry]) -> Result<u64, StoreError> {
+    /// Removes the parts of the rolled-up `entries` that no flush marked
+    /// again since they were read: one statement per document, removing
+    /// its parts only if none was marked again; if some document was, one
+    /// statement per part (each removing its part only if it was not).
+    /// Answers the documents changed.
+    async fn clear_late(&self, entries: &[&Entry]) -> Result<u64, StoreError> {
         let per_command = self.limits.max_write_batch_size.clamp(1, 10_000);
         let mut by_doc: std::collections::BTreeMap<i64, Vec<&Entry>> = Default::default();
         for e in entries {
@@ -158,10 +158,12 @@ impl MongoStore {
             changed += modified;
         }
         if matched < statements.len() as u64 {
-            for chunk in entries.chunks(per_command) {
-                let (_, modified) = self
-                    .send_clears(chunk.iter().map(late::clear_statement).collect())
-                    .await?;
+            let parts: Vec<Document> = entries
+                .iter()
+                .flat_map(|e| late::clear_statements(e))
+                .collect();
+            for chunk in parts.chunks(per_command) {
+                let (_, modified) = self.send_clears(chunk.to_vec()).await?;
                 changed += modified;
             }
         }
@@ -192,27 +194,22 @@ impl MongoStore {
         ] };
         let mut cursor = self.late.find(filter).await.map_err(classify)?;
         let mut entries: Vec<Entry> = Vec::new();
-        let mut ids: BTreeSet<i64> = BTreeSet::new();
-        let mut documents = 0;
+        // Each document read, with its token (none from older versions).
+        let mut docs: Vec<(i64, Option<Bson>)> = Vec::new();
         while let Some(d) = cursor.try_next().await.map_err(classify)? {
-            documents += 1;
-            let es = late::entries(&d);
-            match d.get("_id") {
-                Some(Bson::Int64(id)) => {
-                    ids.insert(*id);
-                }
-                Some(Bson::Int32(id)) => {
-                    ids.insert(i64::from(*id));
-                }
-                _ => {}
+            entries.extend(late::entries(&d));
+            if let Some(id) = late::doc_id_of(&d) {
+                docs.push((id, d.get("t").cloned()));
             }
-            entries.extend(es);
             if entries.len() >= ENTRIES_PER_PASS {
                 break;
             }
         }
         drop(cursor);
-        self.count(|m| m.db_documents("read", "late", "rollup_upkeep", documents));
+        self.count(|m| m.db_documents("read", "late", "rollup_upkeep", docs.len() as u64));
+        if docs.is_empty() {
+            return Ok(0);
+        }
         if !entries.is_empty() {
             let mut written = Written::new();
             let mut jobs: Vec<Job> = Vec::with_capacity(entries.len());
@@ -232,37 +229,88 @@ impl MongoStore {
             jobs.dedup();
             self.roll_up_counted(&jobs, now, Some(&written), true)
                 .await?;
-            let cleared = self.clear_late(&entries).await?;
-            self.count(|m| m.db_documents("written", "late", "rollup_upkeep", cleared));
         }
-        if !ids.is_empty() {
-            // Documents left without entries go; one marked again meanwhile
+        // Documents no flush marked since they were read go whole: every
+        // entry of theirs is rolled up.
+        let unmarked: Vec<Document> = docs
+            .iter()
+            .filter_map(|(id, t)| {
+                let t = t.clone()?;
+                Some(doc! { "q": { "_id": id, "t": t }, "limit": 1 })
+            })
+            .collect();
+        let mut deleted = 0;
+        for chunk in unmarked.chunks(self.limits.max_write_batch_size.clamp(1, 10_000)) {
+            let command = doc! {
+                "delete": self.late.name(),
+                "deletes": chunk.to_vec(),
+                "ordered": false,
+            };
+            let reply = self
+                .run_write(command, "deleting rolled-up late markers")
+                .await?;
+            deleted += reply.get_i32("n").map_or(0, |n| n.max(0) as u64);
+        }
+        self.count(|m| m.db_documents("written", "late", "rollup_upkeep", deleted));
+        if deleted < docs.len() as u64 {
+            self.clear_marked_again(&docs, &entries, now).await?;
+        }
+        Ok(entries.len())
+    }
+
+    /// After a pass: of the documents read that are left (marked again, or
+    /// of an older version), removes the parts rolled up, the documents left
+    /// without entries, and restarts the others' minute of grace.
+    async fn clear_marked_again(
+        &self,
+        docs: &[(i64, Option<Bson>)],
+        entries: &[Entry],
+        now: i64,
+    ) -> Result<(), StoreError> {
+        let date = |t: i64| Bson::DateTime(mongodb::bson::DateTime::from_millis(t * 1000));
+        let ids: Vec<i64> = docs.iter().map(|(id, _)| *id).collect();
+        let mut left: BTreeSet<i64> = BTreeSet::new();
+        for chunk in ids.chunks(10_000) {
+            let mut cursor = self
+                .late
+                .find(doc! { "_id": { "$in": chunk.to_vec() } })
+                .projection(doc! { "_id": 1 })
+                .await
+                .map_err(classify)?;
+            while let Some(d) = cursor.try_next().await.map_err(classify)? {
+                left.extend(late::doc_id_of(&d));
+            }
+        }
+        let entries: Vec<&Entry> = entries.iter().filter(|e| left.contains(&e.id)).collect();
+        let cleared = self.clear_late(&entries).await?;
+        self.count(|m| m.db_documents("written", "late", "rollup_upkeep", cleared));
+        let ids: Vec<i64> = left.into_iter().collect();
+        for chunk in ids.chunks(10_000) {
+            // Documents left without entries (of older versions: this
+            // version's go by their token) go; one marked again meanwhile
             // keeps its entries, and its minute of grace starts again (a
             // backfill that goes on is rolled up once a minute, not at
             // every pass).
-            let ids: Vec<i64> = ids.into_iter().collect();
-            for chunk in ids.chunks(10_000) {
-                let command = doc! {
-                    "delete": self.late.name(),
-                    "deletes": [{ "q": { "_id": { "$in": chunk.to_vec() }, "e": {} }, "limit": 0 }],
-                };
-                let reply = self
-                    .run_write(command, "deleting emptied late markers")
-                    .await?;
-                let deleted = reply.get_i32("n").map_or(0, |n| n.max(0) as u64);
-                self.count(|m| m.db_documents("written", "late", "rollup_upkeep", deleted));
-                let command = doc! {
-                    "update": self.late.name(),
-                    "updates": [{
-                        "q": { "_id": { "$in": chunk.to_vec() } },
-                        "u": { "$set": { "first": date(now) } },
-                        "multi": true,
-                    }],
-                };
-                self.run_write(command, "restarting late markers' grace")
-                    .await?;
-            }
+            let command = doc! {
+                "delete": self.late.name(),
+                "deletes": [{ "q": { "_id": { "$in": chunk.to_vec() }, "e": {} }, "limit": 0 }],
+            };
+            let reply = self
+                .run_write(command, "deleting emptied late markers")
+                .await?;
+            let deleted = reply.get_i32("n").map_or(0, |n| n.max(0) as u64);
+            self.count(|m| m.db_documents("written", "late", "rollup_upkeep", deleted));
+            let command = doc! {
+                "update": self.late.name(),
+                "updates": [{
+                    "q": { "_id": { "$in": chunk.to_vec() } },
+                    "u": { "$set": { "first": date(now) } },
+                    "multi": true,
+                }],
+            };
+            self.run_write(command, "restarting late markers' grace")
+                .await?;
         }
-        Ok(entries.len())
+        Ok(())
     }
 }
