@@ -7,8 +7,9 @@ use bumpalo::Bump;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use hourglass::Granularity;
 use hourglass::pure::{
-    Batcher, BatcherLimits, BucketUpdate, DecodeContext, Hold, Precision, TimeWindow, Versioning,
-    decode_line_protocol, decode_readings, journal_decode, journal_encode, update_statement,
+    Batcher, BatcherLimits, BucketUpdate, CsvColumns, DecodeContext, Hold, ImportConverter,
+    ImportFormat, Precision, TimeWindow, TsUnit, Versioning, decode_line_protocol, decode_readings,
+    journal_decode, journal_encode, update_statement,
 };
 use tokio::time::{Duration, Instant};
 
@@ -306,5 +307,71 @@ fn sparkplug(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(hot, benches, plans, sparkplug);
+/// `hourglass import`'s client side: each line of a file checked and
+/// turned into the line protocol it sends.
+fn import(c: &mut Criterion) {
+    let mut csv_text = String::from("sensor,metric,ts,value\n");
+    let mut ndjson = String::new();
+    for second in 0..50 {
+        for sensor in 0..100 {
+            for metric in 0..2 {
+                let ts = (NOW - 3600 + second) * 1000;
+                let v = (sensor * 7 + second) % 113;
+                csv_text.push_str(&format!("truck-{sensor:04},m{metric},{ts},{v}.5\n"));
+                ndjson.push_str(&format!(
+                    r#"{{"sensor":"truck-{sensor:04}","metric":"m{metric}","ts":{ts},"value":{v}.5}}"#
+                ));
+                ndjson.push('\n');
+            }
+        }
+    }
+    let converter = |format| {
+        ImportConverter::new(
+            format,
+            ctx(),
+            TsUnit::Auto,
+            Precision::Seconds,
+            vec!["sensor".to_owned()],
+        )
+    };
+    let mut group = c.benchmark_group("hot_paths");
+    group.throughput(Throughput::Elements(READINGS as u64));
+    let mut csv_converter = converter(ImportFormat::Csv);
+    let header = csv::StringRecord::from(vec!["sensor", "metric", "ts", "value"]);
+    csv_converter.set_columns(CsvColumns::from_header(&header, &[], &[]).expect("header"));
+    group.bench_function("import_csv_10k", |b| {
+        b.iter(|| {
+            let mut reader = csv::ReaderBuilder::new()
+                .has_headers(true)
+                .from_reader(black_box(csv_text.as_bytes()));
+            let mut record = csv::ByteRecord::new();
+            let mut out = Vec::with_capacity(1 << 20);
+            let mut n = 0;
+            while reader.read_byte_record(&mut record).expect("a row") {
+                n += csv_converter
+                    .line("", Some(&record), &mut out)
+                    .expect("valid");
+                out.push(b'\n');
+            }
+            assert_eq!(n, READINGS);
+            out
+        })
+    });
+    let ndjson_converter = converter(ImportFormat::Ndjson);
+    group.bench_function("import_ndjson_10k", |b| {
+        b.iter(|| {
+            let mut out = Vec::with_capacity(1 << 20);
+            let mut n = 0;
+            for line in black_box(&ndjson).lines() {
+                n += ndjson_converter.line(line, None, &mut out).expect("valid");
+                out.push(b'\n');
+            }
+            assert_eq!(n, READINGS);
+            out
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(hot, benches, plans, sparkplug, import);
 criterion_main!(hot);

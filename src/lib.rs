@@ -110,6 +110,9 @@ pub mod pure {
     pub use crate::query::{Calendar, Grid, Need, Plan};
     pub use crate::store::command::{Chunk, Commands, Limits, Target};
     pub use crate::store::document::{Form, Versioning, update_statement};
+    pub use crate::transfer::import::formats::{
+        Converter as ImportConverter, CsvColumns, Format as ImportFormat, TsUnit,
+    };
 }
 
 #[cfg(test)]

@@ -252,7 +252,19 @@ impl Converter {
             .window
             .check(ts, self.ctx.now)
             .map_err(|e| e.to_string())?;
-        self.write_line(out, &sensor, &metric, value, ts);
+        if is_plain_decimal(value_text) {
+            // Line protocol reads this text with the same parse: no need
+            // to print the value again.
+            self.write_line_with(
+                out,
+                &sensor,
+                &metric,
+                |out| out.extend_from_slice(value_text.as_bytes()),
+                ts,
+            );
+        } else {
+            self.write_line(out, &sensor, &metric, value, ts);
+        }
         Ok(())
     }
 
@@ -265,6 +277,26 @@ impl Converter {
         value: f64,
         ts: i64,
     ) {
+        // Shortest text that reads back as the same f64 (`1e300`, `-0.0`).
+        self.write_line_with(
+            out,
+            sensor,
+            metric,
+            |out| {
+                let _ = serde_json::to_writer(&mut *out, &value);
+            },
+            ts,
+        );
+    }
+
+    fn write_line_with(
+        &self,
+        out: &mut Vec<u8>,
+        sensor: &SensorId<'_>,
+        metric: &MetricName<'_>,
+        value: impl FnOnce(&mut Vec<u8>),
+        ts: i64,
+    ) {
         let tag = self.sensor_tags.first().map_or("sensor", String::as_str);
         out.extend_from_slice(metric.as_str().as_bytes());
         out.push(b',');
@@ -272,8 +304,7 @@ impl Converter {
         out.push(b'=');
         out.extend_from_slice(sensor.as_str().as_bytes());
         out.extend_from_slice(b" value=");
-        // Shortest text that reads back as the same f64 (`1e300`, `-0.0`).
-        let _ = serde_json::to_writer(&mut *out, &value);
+        value(out);
         out.push(b' ');
         let _ = serde_json::to_writer(&mut *out, &ts);
     }
@@ -312,6 +343,17 @@ impl Converter {
             TsUnit::Nanoseconds => "epoch nanoseconds",
         }
     }
+}
+
+/// `-?digits(.digits)?`: text that line protocol reads as a float with the
+/// same `f64` parse that checked it here (no exponent, `inf` or `NaN`).
+fn is_plain_decimal(text: &str) -> bool {
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    let (int, frac) = digits.split_once('.').unwrap_or((digits, "1"));
+    !int.is_empty()
+        && !frac.is_empty()
+        && int.bytes().all(|b| b.is_ascii_digit())
+        && frac.bytes().all(|b| b.is_ascii_digit())
 }
 
 #[cfg(test)]
@@ -460,9 +502,12 @@ mod tests {
                 CsvColumns::from_header(&header(&["sensor", "metric", "ts", "value"]), &[], &[])
                     .expect("plain"),
             );
+            // CSV values as plain decimals (sent as they are) and with exponents.
+            let csv = |v: String| Some(row(&[&sensor, &metric, &ms.to_string(), &v]));
             for (format, record) in [
                 (Format::Ndjson, None),
-                (Format::Csv, Some(row(&[&sensor, &metric, &ms.to_string(), &value.to_string()]))),
+                (Format::Csv, csv(value.to_string())),
+                (Format::Csv, csv(format!("{value:e}"))),
             ] {
                 c.format = format;
                 let mut out = Vec::new();
@@ -480,6 +525,18 @@ mod tests {
                 proptest::prop_assert_eq!(r.ts, from_json.ts);
                 proptest::prop_assert_eq!(r.value.to_bits(), from_json.value.to_bits());
             }
+        }
+    }
+
+    #[test]
+    fn only_plain_decimals_are_sent_as_written() {
+        for t in ["0", "-0", "12.5", "-3.25", "007", "1.000000000000000000001"] {
+            assert!(is_plain_decimal(t), "{t}");
+        }
+        for t in [
+            "", "-", ".5", "5.", "1e5", "+1", "inf", "NaN", "1.5i", "1,5", "1 5",
+        ] {
+            assert!(!is_plain_decimal(t), "{t}");
         }
     }
 
