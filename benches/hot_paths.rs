@@ -357,6 +357,27 @@ fn import(c: &mut Criterion) {
             out
         })
     });
+    let lines = line_protocol_body();
+    let lines = std::str::from_utf8(&lines).expect("text");
+    let lp_converter = ImportConverter::new(
+        ImportFormat::LineProtocol,
+        ctx(),
+        TsUnit::Auto,
+        Precision::Nanoseconds,
+        vec!["sensor".to_owned()],
+    );
+    group.bench_function("import_line_protocol_10k", |b| {
+        b.iter(|| {
+            let mut out = Vec::with_capacity(1 << 20);
+            let mut n = 0;
+            for line in black_box(lines).lines() {
+                n += lp_converter.line(line, None, &mut out).expect("valid");
+                out.push(b'\n');
+            }
+            assert_eq!(n, READINGS);
+            out
+        })
+    });
     let ndjson_converter = converter(ImportFormat::Ndjson);
     group.bench_function("import_ndjson_10k", |b| {
         b.iter(|| {

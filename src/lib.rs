@@ -63,6 +63,7 @@ pub use auth::{Scope, TokenSettings, hash_token};
 pub use config::{ConfigError, Settings};
 pub use domain::{Agg, Granularity};
 pub use ingest::mqtt::MqttStats;
+pub use journal::REGISTER_WAIT;
 pub use shutdown::signal;
 pub use startup::{Application, forget_instance, instances, rebuild_rollups, redrive};
 pub use store::{InstanceInfo, Keep, Redriven};

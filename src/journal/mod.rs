@@ -781,9 +781,19 @@ pub enum NotSafe {
     Stopped,
 }
 
+/// How long an acknowledgement waits for its new series to be registered.
+/// Registration takes milliseconds when storage answers; when it does not,
+/// the attempt lasts the driver's server selection (30 s by default) and
+/// attempts queue behind each other, which held every first write of a new
+/// series past `http.write_timeout` during an outage the journal otherwise
+/// rides out. Past this the write is answered anyway: the flush that stores
+/// its readings registers the series.
+pub const REGISTER_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl Ack {
-    /// Resolves once the readings are as safe as the writer asked (and
-    /// their new series are registered, so a query finds them).
+    /// Resolves once the readings are as safe as the writer asked, and
+    /// their new series are registered so a query finds them (waited for
+    /// [`REGISTER_WAIT`] at most).
     pub async fn safe(self) -> Result<(), NotSafe> {
         let safe = match self.0 {
             AckInner::Now => Ok(()),
@@ -798,7 +808,7 @@ impl Ack {
             },
         };
         if let Some(registered) = self.1 {
-            let _ = registered.await;
+            let _ = tokio::time::timeout(REGISTER_WAIT, registered).await;
         }
         safe
     }

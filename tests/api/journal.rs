@@ -250,6 +250,41 @@ async fn a_storage_outage_longer_than_the_write_timeout_still_answers_every_writ
     app.stop().await.expect("clean stop");
 }
 
+/// The first writes of new series during an outage are answered from the
+/// journal too: their registration (which then lasts a whole server
+/// selection, longer than the write timeout here) is waited for briefly,
+/// and the flush that stores them registers them once storage is back.
+#[tokio::test]
+async fn new_series_first_written_during_a_storage_outage_are_answered_and_stored() {
+    let mut db = Database::start().await;
+    let mut settings = db.settings();
+    settings.journal.enabled = true;
+    settings.mongodb.uri = db
+        .uri()
+        .replace("serverSelectionTimeoutMS=1000", "serverSelectionTimeoutMS=30000")
+        .into();
+    settings.http.write_timeout = Duration::from_secs(2) + hourglass::REGISTER_WAIT;
+    let app = spawn_app_with(settings).await;
+    let t = base_time();
+    let mut model = Model::new();
+    let b = readings_for("known", &[t, t + 1], |x| (x % 7) as f64, &mut model);
+    assert_eq!(app.post_readings(&b).await.status(), 200);
+    db.stop_gracefully();
+    for i in 0..3 {
+        let ts: Vec<i64> = (0..5).map(|k| t + 10 * i + k).collect();
+        let b = readings_for(&format!("new-{i}"), &ts, |x| (x % 11) as f64, &mut model);
+        let r = app.post_readings(&b).await;
+        assert_eq!(r.status(), 200, "new-{i}: {}", r.text().await.unwrap_or_default());
+    }
+    db.restart_gracefully().await;
+    stored_equals(&app, &model).await;
+    let listed = app.get("/api/v1/sensors").await.text().await.unwrap_or_default();
+    for i in 0..3 {
+        assert!(listed.contains(&format!("new-{i}")), "new-{i} is listed: {listed}");
+    }
+    app.stop().await.expect("clean stop");
+}
+
 #[tokio::test]
 async fn a_full_journal_answers_503_and_stores_all_it_acknowledged_once_storage_is_back() {
     let mut db = Database::start().await;

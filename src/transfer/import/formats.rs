@@ -144,6 +144,9 @@ pub struct Converter {
     precision: Precision,
     sensor_tags: Vec<String>,
     columns: Option<CsvColumns>,
+    /// The line-protocol decoder's scratch, reused line after line (a new
+    /// arena allocated and freed a chunk per line).
+    arena: std::cell::RefCell<Bump>,
 }
 
 impl Converter {
@@ -161,6 +164,7 @@ impl Converter {
             precision,
             sensor_tags,
             columns: None,
+            arena: std::cell::RefCell::new(Bump::new()),
         }
     }
 
@@ -197,7 +201,8 @@ impl Converter {
                 if line.timestamp.is_none() {
                     return Err("the timestamp is required in an import".to_owned());
                 }
-                let arena = Bump::new();
+                let mut arena = self.arena.borrow_mut();
+                arena.reset();
                 let decoded = decode_line_protocol(
                     text.as_bytes(),
                     self.precision,
