@@ -261,7 +261,10 @@ async fn new_series_first_written_during_a_storage_outage_are_answered_and_store
     settings.journal.enabled = true;
     settings.mongodb.uri = db
         .uri()
-        .replace("serverSelectionTimeoutMS=1000", "serverSelectionTimeoutMS=30000")
+        .replace(
+            "serverSelectionTimeoutMS=1000",
+            "serverSelectionTimeoutMS=30000",
+        )
         .into();
     settings.http.write_timeout = Duration::from_secs(2) + hourglass::REGISTER_WAIT;
     let app = spawn_app_with(settings).await;
@@ -274,13 +277,26 @@ async fn new_series_first_written_during_a_storage_outage_are_answered_and_store
         let ts: Vec<i64> = (0..5).map(|k| t + 10 * i + k).collect();
         let b = readings_for(&format!("new-{i}"), &ts, |x| (x % 11) as f64, &mut model);
         let r = app.post_readings(&b).await;
-        assert_eq!(r.status(), 200, "new-{i}: {}", r.text().await.unwrap_or_default());
+        assert_eq!(
+            r.status(),
+            200,
+            "new-{i}: {}",
+            r.text().await.unwrap_or_default()
+        );
     }
     db.restart_gracefully().await;
     stored_equals(&app, &model).await;
-    let listed = app.get("/api/v1/sensors").await.text().await.unwrap_or_default();
+    let listed = app
+        .get("/api/v1/sensors")
+        .await
+        .text()
+        .await
+        .unwrap_or_default();
     for i in 0..3 {
-        assert!(listed.contains(&format!("new-{i}")), "new-{i} is listed: {listed}");
+        assert!(
+            listed.contains(&format!("new-{i}")),
+            "new-{i} is listed: {listed}"
+        );
     }
     app.stop().await.expect("clean stop");
 }
