@@ -281,6 +281,7 @@ impl MongoStore {
                 left.extend(late::doc_id_of(&d));
             }
         }
+        self.count(|m| m.db_documents("read", "late", "rollup_upkeep", left.len() as u64));
         let entries: Vec<&Entry> = entries.iter().filter(|e| left.contains(&e.id)).collect();
         let cleared = self.clear_late(&entries).await?;
         self.count(|m| m.db_documents("written", "late", "rollup_upkeep", cleared));
