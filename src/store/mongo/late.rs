@@ -23,6 +23,11 @@ const LATEST_AFTER: i64 = 60;
 /// minutes and BSON framing (generous).
 const ENTRY_BYTES: usize = 64;
 
+/// Epoch seconds as a BSON date.
+fn date(t: i64) -> Bson {
+    Bson::DateTime(mongodb::bson::DateTime::from_millis(t.saturating_mul(1000)))
+}
+
 impl MongoStore {
     /// Marks the ended hours `stored` wrote into, as of `now` (epoch
     /// seconds): after their buckets, before the flush counts as stored.
@@ -187,7 +192,6 @@ impl MongoStore {
     /// rolled up (at most [`ENTRIES_PER_PASS`]); with `quiet` zero and
     /// nothing written meanwhile, every marker goes.
     pub async fn roll_up_late(&self, now: i64, quiet: i64) -> Result<usize, StoreError> {
-        let date = |t: i64| Bson::DateTime(mongodb::bson::DateTime::from_millis(t * 1000));
         let filter = doc! { "$or": [
             { "at": { "$lte": date(now - quiet) } },
             { "first": { "$lte": date(now - LATEST_AFTER) } },
@@ -267,7 +271,6 @@ impl MongoStore {
         entries: &[Entry],
         now: i64,
     ) -> Result<(), StoreError> {
-        let date = |t: i64| Bson::DateTime(mongodb::bson::DateTime::from_millis(t * 1000));
         let ids: Vec<i64> = docs.iter().map(|(id, _)| *id).collect();
         let mut left: BTreeSet<i64> = BTreeSet::new();
         for chunk in ids.chunks(10_000) {
