@@ -303,7 +303,9 @@ async fn a_flush_of_65_late_sensors_in_a_fleet_of_10000_does_rollup_work_for_65(
 /// hour documents, not the hour's earlier buckets again (rolling the hour
 /// up whole after each flush made a backfill's upkeep quadratic in the
 /// hour: 91 500 bucket reads here); and the flushes only mark the hour
-/// late, so it is rolled up a few times, not 60. A pass clears the marker
+/// late, so it is rolled up once a minute and at each pause of the writes
+/// (how often depends on the machine's load: not asserted beyond one per
+/// flush), and what each pass reads is bounded. A pass clears the marker
 /// generations it read, so the next one reads about what was marked since,
 /// even while the backfill goes on (with one field per entry, a backfill
 /// going on through 6 passes read 15 881).
