@@ -53,6 +53,13 @@ pub struct Target {
 }
 
 impl Target {
+    /// Kills the instance started for it (see [`Proc::kill`]).
+    pub fn kill(self) {
+        if let Some(p) = self.proc {
+            p.kill();
+        }
+    }
+
     pub fn cpu(&self) -> Option<f64> {
         self.proc.as_ref().map(Proc::cpu)
     }

@@ -87,6 +87,9 @@ enum Cmd {
         /// Hours before now at which the data ends.
         #[arg(long, default_value_t = 1)]
         lag_hours: i64,
+        /// Interleaved rounds of every path (the last one stores).
+        #[arg(long, default_value_t = transfer::ROUNDS)]
+        rounds: usize,
     },
     /// A mix of average and series queries.
     Query {
@@ -217,7 +220,12 @@ async fn all(ctx: &Ctx, scale: f64) -> anyhow::Result<(Report, bool)> {
         )
         .await?,
     );
-    let (r, good) = transfer::run(ctx, &recent(scaled(50, 2, 3600.0 * scale, 1), 1)).await?;
+    let (r, good) = transfer::run(
+        ctx,
+        &recent(scaled(50, 2, 3600.0 * scale, 1), 1),
+        transfer::ROUNDS,
+    )
+    .await?;
     report.merge(r);
     ok &= good;
     Ok((report, ok))
@@ -299,9 +307,13 @@ async fn main() -> anyhow::Result<()> {
             )
             .await?,
         ),
-        Cmd::Transfer { data, lag_hours } => (
+        Cmd::Transfer {
+            data,
+            lag_hours,
+            rounds,
+        } => (
             "transfer",
-            transfer::run(&ctx, &recent(data, lag_hours)).await?,
+            transfer::run(&ctx, &recent(data, lag_hours), rounds).await?,
         ),
         Cmd::Query {
             data,

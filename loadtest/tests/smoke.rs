@@ -109,7 +109,7 @@ fn two_instances_round_robin_verify_exactly_and_count_every_write() {
 
 #[test]
 fn import_and_export_store_and_verify_exactly_beside_the_http_path() {
-    let r = run("transfer", &[]);
+    let r = run("transfer", &["--rounds", "1"]);
     let runs = r["data"]["transfer"].as_array().expect("runs");
     assert_eq!(runs.len(), 5, "{r}");
     assert!(

@@ -199,15 +199,19 @@ fn decode_one<'a>(
 
 /// Decodes one reading object that must carry its `ts` (an import's line:
 /// a reading stamped on receipt would be a new one at each import), in one
-/// pass.
-pub fn decode_timestamped<'a>(json: &'a str, ctx: &DecodeContext) -> Result<Reading<'a>, String> {
+/// pass; with the value's JSON number text when the line took the plain
+/// path (`None`: decoded by serde), which an import sends as it is.
+pub fn decode_timestamped_text<'a>(
+    json: &'a str,
+    ctx: &DecodeContext,
+) -> Result<(Reading<'a>, Option<&'a str>), String> {
     // A plain, valid line without serde; the rest (and every error) as serde reads it.
-    if let Some(raw) = plain::object(json).filter(|r| r.ts.is_some())
+    if let Some((raw, value)) = plain::object(json).filter(|(r, _)| r.ts.is_some())
         && let Ok(r) = validate(raw, Implied::default(), ctx)
     {
-        return Ok(r);
+        return Ok((r, Some(value)));
     }
-    serde_timestamped(json, ctx)
+    serde_timestamped(json, ctx).map(|r| (r, None))
 }
 
 fn serde_timestamped<'a>(json: &'a str, ctx: &DecodeContext) -> Result<Reading<'a>, String> {

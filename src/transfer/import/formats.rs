@@ -15,7 +15,7 @@
 use bumpalo::Bump;
 
 use crate::domain::{MetricName, Reading, SensorId};
-use crate::ingest::decode::{DecodeContext, decode_timestamped};
+use crate::ingest::decode::{DecodeContext, decode_timestamped_text};
 use crate::ingest::line_protocol::parse::{Line, parse_line};
 use crate::ingest::line_protocol::{Precision, decode as decode_line_protocol};
 
@@ -191,8 +191,18 @@ impl Converter {
                 if !text.trim_start().starts_with('{') {
                     return Err("a line must hold one reading object".to_owned());
                 }
-                let r = decode_timestamped(text, &self.ctx)?;
-                self.write_line(out, &r.sensor, &r.metric, r.value, r.ts);
+                let (r, value_text) = decode_timestamped_text(text, &self.ctx)?;
+                match value_text.filter(|t| is_plain_decimal(t)) {
+                    // As for CSV: line protocol reads the same text.
+                    Some(t) => self.write_line_with(
+                        out,
+                        &r.sensor,
+                        &r.metric,
+                        |out| out.extend_from_slice(t.as_bytes()),
+                        r.ts,
+                    ),
+                    None => self.write_line(out, &r.sensor, &r.metric, r.value, r.ts),
+                }
                 Ok(1)
             }
             Format::LineProtocol => {
@@ -362,7 +372,7 @@ fn is_plain_decimal(text: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use std::time::Duration;
 
@@ -377,7 +387,7 @@ mod tests {
         }
     }
 
-    fn converter(format: Format, unit: TsUnit) -> Converter {
+    pub(in crate::transfer::import) fn converter(format: Format, unit: TsUnit) -> Converter {
         let tags = crate::ingest::line_protocol::Settings::default().sensor_tags;
         Converter::new(format, ctx(), unit, Precision::Nanoseconds, tags)
     }
@@ -468,7 +478,8 @@ mod tests {
         let mut out = Vec::new();
         let good = r#"{"sensor":"s1","metric":"temp","ts":"2025-11-24T16:00:00Z","value":1}"#;
         assert_eq!(c.line(good, None, &mut out), Ok(1));
-        assert_eq!(out, b"temp,sensor=s1 value=1.0 1764000000");
+        // The value as written: line protocol reads `1` as the float 1.
+        assert_eq!(out, b"temp,sensor=s1 value=1 1764000000");
         for bad in [
             r#"{"sensor":"s1","value":1}"#,
             r#"{"sensor":"s1","ts":null,"value":1}"#,
@@ -496,12 +507,18 @@ mod tests {
                 | proptest::num::f64::ZERO,
             ms in (1_764_000_000_000i64 - 86_000_000)..1_764_000_200_000,
         ) {
-            let json = format!(
-                r#"{{"sensor":"{sensor}","metric":"{metric}","ts":{ms},"value":{}}}"#,
-                serde_json::to_string(&value).expect("finite")
+            let json = |v: String| {
+                format!(r#"{{"sensor":"{sensor}","metric":"{metric}","ts":{ms},"value":{v}}}"#)
+            };
+            // NDJSON values as serde prints them (exponents, printed again
+            // here) and as plain decimals (sent as they are).
+            let (printed, plain) = (
+                json(serde_json::to_string(&value).expect("finite")),
+                json(value.to_string()),
             );
+            let json = &printed;
             let tags = crate::ingest::line_protocol::Settings::default().sensor_tags;
-            let from_json = decode_timestamped(&json, &ctx()).expect("valid");
+            let (from_json, _) = decode_timestamped_text(json, &ctx()).expect("valid");
             let mut c = converter(Format::Csv, TsUnit::Milliseconds);
             c.set_columns(
                 CsvColumns::from_header(&header(&["sensor", "metric", "ts", "value"]), &[], &[])
@@ -509,14 +526,15 @@ mod tests {
             );
             // CSV values as plain decimals (sent as they are) and with exponents.
             let csv = |v: String| Some(row(&[&sensor, &metric, &ms.to_string(), &v]));
-            for (format, record) in [
-                (Format::Ndjson, None),
-                (Format::Csv, csv(value.to_string())),
-                (Format::Csv, csv(format!("{value:e}"))),
+            for (format, line, record) in [
+                (Format::Ndjson, json, None),
+                (Format::Ndjson, &plain, None),
+                (Format::Csv, json, csv(value.to_string())),
+                (Format::Csv, json, csv(format!("{value:e}"))),
             ] {
                 c.format = format;
                 let mut out = Vec::new();
-                proptest::prop_assert_eq!(c.line(&json, record.as_ref(), &mut out), Ok(1));
+                proptest::prop_assert_eq!(c.line(line, record.as_ref(), &mut out), Ok(1));
                 let arena = Bump::new();
                 let decoded =
                     decode_line_protocol(&out, Precision::Seconds, &ctx(), &tags, &arena)

@@ -510,49 +510,93 @@ impl Reader {
             }
             Format::Ndjson | Format::LineProtocol => {
                 let mut input = input;
-                let mut raw = Vec::new();
+                // A line that spans the reader's buffer is gathered here;
+                // the others are read in place, not copied.
+                let mut carry = Vec::new();
                 loop {
-                    raw.clear();
-                    let n = input.read_until(b'\n', &mut raw).map_err(|e| io(&e))?;
-                    if n == 0 {
+                    let buf = input.fill_buf().map_err(|e| io(&e))?;
+                    if buf.is_empty() {
+                        if !carry.is_empty() {
+                            records += 1;
+                            let raw = std::mem::take(&mut carry);
+                            if !self.text_line(&raw, records, &mut batch, &mut readings, &take, tx)
+                            {
+                                return Ok(false);
+                            }
+                        }
                         break;
                     }
-                    records += 1;
-                    if records <= self.skip {
-                        continue;
-                    }
-                    let text = match std::str::from_utf8(&raw) {
-                        Ok(t) => t.trim_end_matches(['\n', '\r']),
-                        Err(_) => {
-                            batch.rejects.push(Reject {
-                                line: records,
-                                reason: "the line is not UTF-8".to_owned(),
-                                text: String::from_utf8_lossy(&raw).trim_end().to_owned(),
-                            });
-                            continue;
-                        }
-                    };
-                    // Blank lines and line-protocol comments hold nothing.
-                    let trimmed = text.trim();
-                    if trimmed.is_empty()
-                        || (self.format == Format::LineProtocol && trimmed.starts_with('#'))
-                    {
-                        continue;
-                    }
-                    if take(self, &mut batch, records, text, None, &mut readings) {
-                        batch.records = records;
-                        let full = std::mem::replace(&mut batch, self.fresh(records));
-                        readings = 0;
-                        if tx.blocking_send(Ok(full)).is_err() {
-                            return Ok(false);
+                    let (mut used, mut more) = (0, true);
+                    while let Some(i) = memchr::memchr(b'\n', &buf[used..]) {
+                        let end = used + i + 1;
+                        records += 1;
+                        let raw = if carry.is_empty() {
+                            &buf[used..end]
+                        } else {
+                            carry.extend_from_slice(&buf[used..end]);
+                            &carry[..]
+                        };
+                        more = self.text_line(raw, records, &mut batch, &mut readings, &take, tx);
+                        carry.clear();
+                        used = end;
+                        if !more {
+                            break;
                         }
                     }
+                    if !more {
+                        return Ok(false);
+                    }
+                    let len = buf.len();
+                    if used < len {
+                        carry.extend_from_slice(&buf[used..]);
+                    }
+                    input.consume(len);
                 }
             }
         }
         batch.records = records.max(self.skip);
         batch.last = true;
         Ok(tx.blocking_send(Ok(batch)).is_ok())
+    }
+
+    /// One NDJSON or line-protocol line (`raw`, with its newline): offered
+    /// to `take`, a full batch sent. `false` when nobody listens.
+    #[allow(clippy::too_many_arguments)]
+    fn text_line(
+        &self,
+        raw: &[u8],
+        records: u64,
+        batch: &mut Batch,
+        readings: &mut usize,
+        take: &impl Fn(&Self, &mut Batch, u64, &str, Option<&csv::ByteRecord>, &mut usize) -> bool,
+        tx: &mpsc::Sender<Result<Batch, TransferError>>,
+    ) -> bool {
+        if records <= self.skip {
+            return true;
+        }
+        let text = match std::str::from_utf8(raw) {
+            Ok(t) => t.trim_end_matches(['\n', '\r']),
+            Err(_) => {
+                batch.rejects.push(Reject {
+                    line: records,
+                    reason: "the line is not UTF-8".to_owned(),
+                    text: String::from_utf8_lossy(raw).trim_end().to_owned(),
+                });
+                return true;
+            }
+        };
+        // Blank lines and line-protocol comments hold nothing.
+        let trimmed = text.trim();
+        if trimmed.is_empty() || (self.format == Format::LineProtocol && trimmed.starts_with('#')) {
+            return true;
+        }
+        if take(self, batch, records, text, None, readings) {
+            batch.records = records;
+            let full = std::mem::replace(batch, self.fresh(records));
+            *readings = 0;
+            return tx.blocking_send(Ok(full)).is_ok();
+        }
+        true
     }
 }
 
@@ -597,4 +641,102 @@ async fn deliver(
         }
     }
     Ok((stored, refused))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The batches a reader makes of `text`, resumed past `skip` records:
+    /// each line sent with its number, and the refused ones.
+    fn read(text: &[u8], skip: u64, batch: usize) -> (Vec<(u64, String)>, Vec<u64>, u64) {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let path = dir.path().join("lines.ndjson");
+        std::fs::write(&path, text).expect("written");
+        let reader = Reader {
+            file: 0,
+            path,
+            format: Format::Ndjson,
+            skip,
+            converter: formats::tests::converter(Format::Ndjson, TsUnit::Auto),
+            batch,
+            max_bytes: 1 << 20,
+            read: Arc::new(AtomicU64::new(0)),
+        };
+        let (tx, mut rx) = mpsc::channel(4);
+        let thread = std::thread::spawn(move || reader.run(&tx));
+        let (mut sent, mut refused, mut records) = (Vec::new(), Vec::new(), 0);
+        while let Some(b) = rx.blocking_recv() {
+            let b = b.expect("no error");
+            for item in &b.items {
+                let line = String::from_utf8(b.text[item.start..item.end].to_vec());
+                sent.push((item.line, line.expect("UTF-8")));
+            }
+            refused.extend(b.rejects.iter().map(|r| r.line));
+            records = b.records;
+        }
+        assert!(thread.join().expect("the reader"));
+        (sent, refused, records)
+    }
+
+    /// Lines read in place from the reader's buffer, gathered across its
+    /// edges, are the file's lines: checked against `split` on files larger
+    /// than the buffer, with CRLF, blank, bad and unterminated lines.
+    #[test]
+    fn lines_across_the_read_buffer_are_read_whole_and_numbered() {
+        let line = |i: u64| {
+            // Lengths vary so that lines straddle the buffer's edges.
+            format!(
+                r#"{{"sensor":"s{i}{}","ts":1764000000000,"value":{i}.5}}"#,
+                "x".repeat((i % 37) as usize)
+            )
+        };
+        let mut text = Vec::new();
+        let (mut want, mut bad) = (Vec::new(), Vec::new());
+        let n = 6_000u64;
+        for i in 1..=n {
+            match i % 500 {
+                7 => text.extend_from_slice(b"\r\n"),
+                8 => {
+                    text.extend_from_slice(b"{\"sensor\":\"\xff\"}\n");
+                    bad.push(i);
+                }
+                9 => {
+                    text.extend_from_slice(b"{\"sensor\":1}\n");
+                    bad.push(i);
+                }
+                _ => {
+                    let l = line(i);
+                    text.extend_from_slice(l.as_bytes());
+                    text.extend_from_slice(if i.is_multiple_of(3) { b"\r\n" } else { b"\n" });
+                    want.push(i);
+                }
+            }
+        }
+        // The last line without its newline.
+        text.truncate(text.len() - if n.is_multiple_of(3) { 2 } else { 1 });
+        assert!(text.len() > 3 << 16);
+        let lp = |i: u64| {
+            format!(
+                "value,sensor=s{i}{} value={i}.5 1764000000",
+                "x".repeat((i % 37) as usize)
+            )
+        };
+        for skip in [0, 1_234] {
+            let (sent, refused, records) = read(&text, skip, 1000);
+            let kept = |l: &&u64| **l > skip;
+            assert_eq!(
+                sent,
+                want.iter()
+                    .filter(kept)
+                    .map(|&i| (i, lp(i)))
+                    .collect::<Vec<_>>()
+            );
+            assert_eq!(
+                refused,
+                bad.iter().filter(kept).copied().collect::<Vec<_>>()
+            );
+            assert_eq!(records, n);
+        }
+    }
 }
