@@ -283,3 +283,54 @@ pub async fn timed(
     }
     Ok((ms, last))
 }
+
+/// The local process listening on the port of `uri` (a MongoDB URI with one
+/// host), if this machine runs it and lets us see it.
+pub fn server_pid(uri: &str) -> Option<u32> {
+    let rest = uri.split_once("://")?.1;
+    let host = rest.split(['/', '?', ',']).next()?;
+    let host = host.rsplit_once('@').map_or(host, |(_, h)| h);
+    let port: u16 = host.rsplit_once(':')?.1.parse().ok()?;
+    let inodes: std::collections::HashSet<u64> = [procfs::net::tcp(), procfs::net::tcp6()]
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.state == procfs::net::TcpState::Listen && e.local_address.port() == port)
+        .map(|e| e.inode)
+        .collect();
+    procfs::process::all_processes().ok()?.flatten().find_map(|p| {
+        let mine = p.fd().ok()?.flatten().any(|fd| match fd.target {
+            FDTarget::Socket(inode) => inodes.contains(&inode),
+            _ => false,
+        });
+        mine.then(|| u32::try_from(p.pid).ok()).flatten()
+    })
+}
+
+/// Waits until `pid` has been idle (under 5% of a core) for half a second:
+/// a server finishing what a killed client sent it.
+pub async fn wait_idle(pid: u32, limit: Duration) -> anyhow::Result<()> {
+    const SAMPLE: Duration = Duration::from_millis(500);
+    let started = Instant::now();
+    loop {
+        let before = cpu_seconds_fine(pid);
+        tokio::time::sleep(SAMPLE).await;
+        if cpu_seconds_fine(pid) - before < 0.05 * SAMPLE.as_secs_f64() {
+            return Ok(());
+        }
+        if started.elapsed() > limit {
+            bail!("process {pid} was still busy after {limit:?}");
+        }
+    }
+}
+
+/// Stops (SIGSTOP) or resumes (SIGCONT) a process.
+pub fn pause(pid: u32, paused: bool) -> anyhow::Result<()> {
+    let signal = if paused {
+        Signal::SIGSTOP
+    } else {
+        Signal::SIGCONT
+    };
+    kill(Pid::from_raw(i32::try_from(pid)?), signal)
+        .with_context(|| format!("sending {signal} to {pid}"))
+}

@@ -9,6 +9,7 @@ use std::time::Instant;
 use crate::ctx::{Ctx, Target};
 use crate::dataset::{Dataset, rfc3339};
 use crate::peers::wait_stored;
+use crate::procs::{pause, server_pid, wait_idle};
 use crate::report::{Report, Section, f};
 
 /// The dataset as an import file: NDJSON (as the export writes it) or CSV.
@@ -71,16 +72,59 @@ async fn cli(ctx: &Ctx, target: &Target, args: &[&str]) -> anyhow::Result<(f64, 
 }
 
 /// Interleaved rounds of every import path against the HTTP path, each on
-/// a fresh instance: an acknowledgement takes about half a second at this
-/// size, and the stand-in server storing beside it (on the same two cores)
-/// moves a single run by a third. Only the last round waits until its
-/// readings are stored (and verifies them); the others kill their instance
-/// once acknowledged and let the stand-in finish what it was sent
-/// ([`SETTLE`]), so no run pays for the one before.
+/// a fresh instance. An acknowledgement takes about half a second at this
+/// size, and the stand-in storing beside it (Python, on the same two cores)
+/// moved a single run by up to a half. So every round but the last measures
+/// the acknowledgements alone: the run's series are registered first, the
+/// local database server is paused (SIGSTOP) while the readings are sent,
+/// the instance is killed once they are acknowledged, and the server is
+/// resumed and left to finish what it was sent before the next run. The
+/// journal acknowledges without the database, so that is the path's own
+/// speed. The last round runs as users do, the server storing meanwhile,
+/// until every reading is stored and verified.
 pub const ROUNDS: usize = 5;
 
-/// How long the stand-in gets to finish a killed instance's commands.
-const SETTLE: std::time::Duration = std::time::Duration::from_secs(3);
+/// How long a database server may take to finish a killed run's commands.
+const SETTLE_WITHIN: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// A run measured until acknowledged, with the local database server
+/// paused meanwhile (see [`ROUNDS`]); resumed when dropped, whatever
+/// happened.
+struct Paused(u32);
+
+impl Paused {
+    /// Registers the run's series (one reading each, the dataset's first),
+    /// waits for the server to be idle, and pauses it.
+    async fn start(server: u32, target: &Target, data: &Dataset) -> anyhow::Result<Self> {
+        let first: Vec<_> = data.tick(0).collect();
+        let r = reqwest::Client::new()
+            .post(format!("{}/api/v1/readings", target.url))
+            .header("content-type", "application/json")
+            .body(Dataset::json(&first))
+            .send()
+            .await?;
+        anyhow::ensure!(r.status().is_success(), "registering the series: {}", r.status());
+        wait_stored(&target.url, first.len() as u64).await?;
+        wait_idle(server, SETTLE_WITHIN).await?;
+        pause(server, true)?;
+        Ok(Self(server))
+    }
+
+    /// Kills the run's instance, resumes the server and waits until it has
+    /// finished what the instance sent it.
+    async fn end(self, target: Target) -> anyhow::Result<()> {
+        target.kill();
+        let server = self.0;
+        drop(self);
+        wait_idle(server, SETTLE_WITHIN).await
+    }
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        let _ = pause(self.0, false);
+    }
+}
 
 /// One way of loading the dataset.
 #[derive(Clone, Copy)]
@@ -94,21 +138,57 @@ struct Load {
 #[derive(Default)]
 struct Run {
     what: String,
-    /// Per round: until the last reading was acknowledged.
+    /// Per round but the last: until the last reading was acknowledged.
     seconds: Vec<f64>,
-    /// Per round: the service's CPU seconds while acknowledging.
+    /// Per round but the last: the service's CPU seconds meanwhile.
     cpu: Vec<f64>,
     /// Per round: the client's CPU seconds (the import command).
     client_cpu: Vec<f64>,
+    /// The last round: until acknowledged, the server storing meanwhile,
+    /// and the service's CPU seconds meanwhile.
+    storing: Option<f64>,
+    storing_cpu: Option<f64>,
     /// The last round: until the last reading was stored.
-    stored: Vec<f64>,
+    stored: Option<f64>,
 }
 
-/// Kills a run's instance once it has acknowledged, and waits for the
-/// stand-in to finish the commands it was sent.
-async fn settle(target: Target) {
-    target.kill();
-    tokio::time::sleep(SETTLE).await;
+impl Run {
+    fn record(&mut self, last: bool, seconds: f64, cpu: Option<f64>, client: Option<f64>) {
+        if last {
+            self.storing = Some(seconds);
+            self.storing_cpu = cpu;
+        } else {
+            self.seconds.push(seconds);
+            self.cpu.extend(cpu);
+        }
+        self.client_cpu.extend(client);
+    }
+}
+
+/// Before a run of a round but the last: the server paused, if it runs here.
+async fn quiet(
+    server: Option<u32>,
+    last: bool,
+    target: &Target,
+    data: &Dataset,
+) -> anyhow::Result<Option<Paused>> {
+    match server {
+        Some(pid) if !last => Ok(Some(Paused::start(pid, target, data).await?)),
+        _ => Ok(None),
+    }
+}
+
+/// After such a run: its instance killed, the server left to finish.
+async fn settle(paused: Option<Paused>, target: Target) -> anyhow::Result<()> {
+    match paused {
+        Some(p) => p.end(target).await,
+        None => {
+            // A remote server: storing went on meanwhile; give it time.
+            target.kill();
+            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            Ok(())
+        }
+    }
 }
 
 fn median(v: &[f64]) -> Option<f64> {
@@ -164,26 +244,27 @@ pub async fn run(ctx: &Ctx, data: &Dataset, rounds: usize) -> anyhow::Result<(Re
         });
     }
     let mut imported = None;
+    // The database server, when it runs on this machine (see [`ROUNDS`]).
+    let server = server_pid(&ctx.mongodb_uri()?);
     for round in 0..rounds {
-        // The last round's stores are verified.
+        // The last round stores, and its stores are verified.
         let last = round + 1 == rounds;
         // The HTTP path: the backfill's client, 5 000 readings a request, 4 at a time.
         let http = ctx
             .target(&format!("transfer_http_{round}"), "minute", false, true)
             .await?;
+        let paused = quiet(server, last, &http, data).await?;
         let cpu0 = http.cpu();
         let started = Instant::now();
         let o = crate::backfill::send_all(ctx, &http, data, 5000, 4).await?;
-        if let Some(c) = cpu0.zip(http.cpu()).map(|(a, b)| b - a) {
-            runs[0].cpu.push(c);
-        }
-        runs[0].seconds.push(o.seconds);
+        let cpu = cpu0.zip(http.cpu()).map(|(a, b)| b - a);
+        runs[0].record(last, o.seconds, cpu, None);
         if last {
             wait_stored(&http.url, n).await?;
-            runs[0].stored.push(started.elapsed().as_secs_f64());
+            runs[0].stored = Some(started.elapsed().as_secs_f64());
             drop(http);
         } else {
-            settle(http).await;
+            settle(paused, http).await?;
         }
         for (i, p) in paths.iter().enumerate() {
             // The instance before goes first: its upkeep must not load this run.
@@ -200,6 +281,7 @@ pub async fn run(ctx: &Ctx, data: &Dataset, rounds: usize) -> anyhow::Result<(Re
                     true,
                 )
                 .await?;
+            let paused = quiet(server, last, &target, data).await?;
             let cpu0 = target.cpu();
             let started = Instant::now();
             // Every round imports the file from its start.
@@ -208,18 +290,14 @@ pub async fn run(ctx: &Ctx, data: &Dataset, rounds: usize) -> anyhow::Result<(Re
                 args.extend(["--batch", batch, "--in-flight", in_flight]);
             }
             let (seconds, client) = cli(ctx, &target, &args).await?;
-            let run = &mut runs[i + 1];
-            if let Some(c) = cpu0.zip(target.cpu()).map(|(a, b)| b - a) {
-                run.cpu.push(c);
-            }
-            run.seconds.push(seconds);
-            run.client_cpu.push(client);
+            let cpu = cpu0.zip(target.cpu()).map(|(a, b)| b - a);
+            runs[i + 1].record(last, seconds, cpu, Some(client));
             if !last {
-                settle(target).await;
+                settle(paused, target).await?;
                 continue;
             }
             wait_stored(&target.url, n).await?;
-            run.stored.push(started.elapsed().as_secs_f64());
+            runs[i + 1].stored = Some(started.elapsed().as_secs_f64());
             let (verdict, good) = crate::verify::run(ctx, data, "minute", &target.database).await?;
             if !good {
                 report.merge(verdict);
@@ -260,16 +338,33 @@ pub async fn run(ctx: &Ctx, data: &Dataset, rounds: usize) -> anyhow::Result<(Re
             seconds: vec![seconds],
             cpu: cpu.into_iter().collect(),
             client_cpu: vec![client],
-            stored: Vec::new(),
+            ..Run::default()
         });
     }
 
-    let base = median(&runs[0].seconds).unwrap_or(f64::NAN);
-    let base_stored = median(&runs[0].stored).unwrap_or(base);
+    // Rounds paused for the acknowledgements, or the last one alone.
+    let acked = |r: &Run| -> (Vec<f64>, Vec<f64>) {
+        if r.seconds.is_empty() {
+            (r.storing.into_iter().collect(), r.storing_cpu.into_iter().collect())
+        } else {
+            (r.seconds.clone(), r.cpu.clone())
+        }
+    };
+    let (base_rounds, _) = acked(&runs[0]);
+    let base = median(&base_rounds).unwrap_or(f64::NAN);
+    let base_storing = runs[0].storing.unwrap_or(f64::NAN);
+    let base_stored = runs[0].stored.unwrap_or(f64::NAN);
+    let paused = if server.is_some() {
+        "the database server paused"
+    } else {
+        "the database server storing meanwhile (not local: not paused)"
+    };
     let mut s = Section::new(
         &format!(
-            "Import and export: {n} readings, one minute-bucket instance each (journal on); \
-             acknowledged: medians of {rounds} interleaved rounds; stored: the last round"
+            "Import and export: {n} readings, one minute-bucket instance each (journal on). \
+             Acknowledged: medians of the {} rounds before the last, {paused}; \
+             the last round as users run it, storing meanwhile, until stored",
+            rounds - 1
         ),
         &[
             "path",
@@ -277,6 +372,8 @@ pub async fn run(ctx: &Ctx, data: &Dataset, rounds: usize) -> anyhow::Result<(Re
             "readings/s acknowledged",
             "× HTTP (median of rounds)",
             "rounds' × HTTP",
+            "last round: s to acknowledge",
+            "× HTTP",
             "s to store",
             "readings/s stored",
             "× HTTP",
@@ -286,39 +383,40 @@ pub async fn run(ctx: &Ctx, data: &Dataset, rounds: usize) -> anyhow::Result<(Re
     );
     let mut figures = Vec::new();
     let per = |c: &[f64]| median(c).map_or_else(|| "-".into(), |c| f(c / n as f64 * 1e6));
+    let opt = |x: Option<f64>| x.map_or_else(|| "-".into(), f);
     for r in runs.iter().chain(&export) {
-        let seconds = median(&r.seconds).unwrap_or(f64::NAN);
-        let stored = median(&r.stored);
+        let (rounds, cpu) = acked(r);
+        let seconds = median(&rounds).unwrap_or(f64::NAN);
         let rate = n as f64 / seconds;
         // Each round's ratio to the HTTP path of the same round.
-        let ratios: Vec<f64> = if r.seconds.len() == runs[0].seconds.len() {
-            r.seconds
-                .iter()
-                .zip(&runs[0].seconds)
-                .map(|(s, h)| h / s)
-                .collect()
+        let ratios: Vec<f64> = if rounds.len() == base_rounds.len() {
+            rounds.iter().zip(&base_rounds).map(|(s, h)| h / s).collect()
         } else {
             vec![base / seconds]
         };
         let ratio = median(&ratios).unwrap_or(f64::NAN);
+        let storing_ratio = r.storing.map(|t| base_storing / t);
+        let stored_ratio = r.stored.map(|t| base_stored / t);
         s.row(vec![
             r.what.clone(),
             f(seconds),
             f(rate),
             f(ratio),
             ratios.iter().map(|r| f(*r)).collect::<Vec<_>>().join(", "),
-            stored.map_or_else(|| "-".into(), f),
-            stored.map_or_else(|| "-".into(), |t| f(n as f64 / t)),
-            stored.map_or_else(|| "-".into(), |t| f(base_stored / t)),
-            per(&r.cpu),
+            opt(r.storing),
+            opt(storing_ratio),
+            opt(r.stored),
+            opt(r.stored.map(|t| n as f64 / t)),
+            opt(stored_ratio),
+            per(&cpu),
             per(&r.client_cpu),
         ]);
         figures.push(serde_json::json!({
             "path": r.what, "seconds": seconds, "readings_per_s": rate,
             "ratio_to_http": ratio, "round_ratios": ratios,
-            "stored_seconds": stored,
-            "stored_ratio_to_http": stored.map(|t| base_stored / t),
-            "service_cpu_us_per_reading": median(&r.cpu).map(|c| c / n as f64 * 1e6),
+            "storing_seconds": r.storing, "storing_ratio_to_http": storing_ratio,
+            "stored_seconds": r.stored, "stored_ratio_to_http": stored_ratio,
+            "service_cpu_us_per_reading": median(&cpu).map(|c| c / n as f64 * 1e6),
             "client_cpu_us_per_reading": median(&r.client_cpu).map(|c| c / n as f64 * 1e6),
         }));
     }
