@@ -298,13 +298,16 @@ pub fn server_pid(uri: &str) -> Option<u32> {
         .filter(|e| e.state == procfs::net::TcpState::Listen && e.local_address.port() == port)
         .map(|e| e.inode)
         .collect();
-    procfs::process::all_processes().ok()?.flatten().find_map(|p| {
-        let mine = p.fd().ok()?.flatten().any(|fd| match fd.target {
-            FDTarget::Socket(inode) => inodes.contains(&inode),
-            _ => false,
-        });
-        mine.then(|| u32::try_from(p.pid).ok()).flatten()
-    })
+    procfs::process::all_processes()
+        .ok()?
+        .flatten()
+        .find_map(|p| {
+            let mine = p.fd().ok()?.flatten().any(|fd| match fd.target {
+                FDTarget::Socket(inode) => inodes.contains(&inode),
+                _ => false,
+            });
+            mine.then(|| u32::try_from(p.pid).ok()).flatten()
+        })
 }
 
 /// Waits until `pid` has been idle (under 5% of a core) for half a second:

@@ -103,7 +103,11 @@ impl Paused {
             .body(Dataset::json(&first))
             .send()
             .await?;
-        anyhow::ensure!(r.status().is_success(), "registering the series: {}", r.status());
+        anyhow::ensure!(
+            r.status().is_success(),
+            "registering the series: {}",
+            r.status()
+        );
         wait_stored(&target.url, first.len() as u64).await?;
         wait_idle(server, SETTLE_WITHIN).await?;
         pause(server, true)?;
@@ -345,7 +349,10 @@ pub async fn run(ctx: &Ctx, data: &Dataset, rounds: usize) -> anyhow::Result<(Re
     // Rounds paused for the acknowledgements, or the last one alone.
     let acked = |r: &Run| -> (Vec<f64>, Vec<f64>) {
         if r.seconds.is_empty() {
-            (r.storing.into_iter().collect(), r.storing_cpu.into_iter().collect())
+            (
+                r.storing.into_iter().collect(),
+                r.storing_cpu.into_iter().collect(),
+            )
         } else {
             (r.seconds.clone(), r.cpu.clone())
         }
@@ -390,7 +397,11 @@ pub async fn run(ctx: &Ctx, data: &Dataset, rounds: usize) -> anyhow::Result<(Re
         let rate = n as f64 / seconds;
         // Each round's ratio to the HTTP path of the same round.
         let ratios: Vec<f64> = if rounds.len() == base_rounds.len() {
-            rounds.iter().zip(&base_rounds).map(|(s, h)| h / s).collect()
+            rounds
+                .iter()
+                .zip(&base_rounds)
+                .map(|(s, h)| h / s)
+                .collect()
         } else {
             vec![base / seconds]
         };

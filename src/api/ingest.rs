@@ -12,7 +12,7 @@ use tracing::warn;
 use super::{ApiError, AppState};
 use crate::auth::Principal;
 use crate::domain::{BucketKey, Granularity, Reading};
-use crate::ingest::decode::{DecodeContext, DecodeError, Detail, decode_readings};
+use crate::ingest::decode::{DecodeContext, DecodeError, Detail, decode_ndjson, decode_readings};
 use crate::journal::{IntakeError, NotSafe, Wait};
 use crate::store::BucketStore;
 use crate::telemetry::metrics::{Rejection, Source};
@@ -38,12 +38,24 @@ pub struct Accepted {
     pub accepted: usize,
 }
 
-fn is_json(headers: &HeaderMap) -> bool {
-    headers
+/// A body's decoder, by its `Content-Type`: JSON (a reading or an array of
+/// them), or NDJSON (a reading with its `ts` per line: the export's format,
+/// which `hourglass import` sends as it reads it).
+type Decoder = for<'a> fn(&'a [u8], &DecodeContext) -> Result<Vec<Reading<'a>>, DecodeError>;
+
+fn decoder(headers: &HeaderMap) -> Option<Decoder> {
+    let mime = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json"))
+        .and_then(|v| v.split(';').next())?
+        .trim();
+    if mime.eq_ignore_ascii_case("application/json") {
+        Some(decode_readings)
+    } else if mime.eq_ignore_ascii_case("application/x-ndjson") {
+        Some(decode_ndjson)
+    } else {
+        None
+    }
 }
 
 impl From<DecodeError> for ApiError {
@@ -77,7 +89,7 @@ impl From<IntakeError> for ApiError {
 
 #[utoipa::path(post, path = "/api/v1/readings",
     params(("wait" = Option<String>, Query, description = "stored: answer once in MongoDB"), ("async" = Option<bool>, Query)),
-    request_body(content = Object, description = "A reading {sensor, metric?, ts, value} or an array of them", content_type = "application/json"),
+    request_body(content = Object, description = "A reading {sensor, metric?, ts, value} or an array of them (application/json); or one reading with its ts per line (application/x-ndjson, the export's format)", content_type = "application/json"),
     responses((status = 200, description = "Accepted (journaled, or stored)"), (status = 400, description = "A reading is invalid; nothing was taken"),
         (status = 503, description = "At a bound; retry after Retry-After")))]
 pub async fn post_readings<S: BucketStore>(
@@ -99,13 +111,13 @@ pub async fn post_readings<S: BucketStore>(
         (false, None) => Wait::Safe,
     };
     let metrics = &state.metrics;
-    if !is_json(&headers) {
+    let Some(decode) = decoder(&headers) else {
         metrics.rejected(Source::Http, Rejection::ContentType, 1);
         return Err(ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "Content-Type must be application/json",
+            "Content-Type must be application/json, or application/x-ndjson for one reading with its ts per line",
         ));
-    }
+    };
     let body = body.map_err(|e| match e.status() {
         StatusCode::PAYLOAD_TOO_LARGE => {
             metrics.rejected(Source::Http, Rejection::TooLarge, 1);
@@ -126,7 +138,7 @@ pub async fn post_readings<S: BucketStore>(
         .settings
         .ingest
         .decode_context(OffsetDateTime::now_utc().unix_timestamp());
-    let readings = decode_readings(&body, &ctx).inspect_err(|e| {
+    let readings = decode(&body, &ctx).inspect_err(|e| {
         let (reason, n) = e.rejection();
         metrics.rejected(Source::Http, reason, n);
     })?;
@@ -145,8 +157,7 @@ pub async fn post_readings<S: BucketStore>(
         Outcome::Queued => Ok((StatusCode::ACCEPTED, Json(Accepted { accepted }))),
         Outcome::Safe => Ok((StatusCode::OK, Json(Accepted { accepted }))),
         Outcome::DeadLettered(buckets) => Err(dead_lettered(
-            &body,
-            &ctx,
+            decode(&body, &ctx),
             &buckets,
             state.settings.granularity,
         )),
@@ -208,15 +219,14 @@ pub(super) async fn submit<S: BucketStore>(
     }
 }
 
-/// A 422 naming the readings of `body` whose buckets storage can never apply.
-/// The body is decoded again (a cold path) rather than kept as readings.
+/// A 422 naming the readings whose buckets storage can never apply: the
+/// body decoded again (a cold path) rather than kept as readings.
 fn dead_lettered(
-    body: &[u8],
-    ctx: &DecodeContext,
+    decoded: Result<Vec<Reading<'_>>, DecodeError>,
     buckets: &[BucketKey],
     granularity: Granularity,
 ) -> ApiError {
-    let details: Vec<Detail> = decode_readings(body, ctx)
+    let details: Vec<Detail> = decoded
         .map(|readings| {
             readings
                 .iter()

@@ -140,6 +140,12 @@ impl Client {
             })
     }
 
+    /// NDJSON readings, each with its `ts`, to `POST /api/v1/readings`.
+    pub async fn post_ndjson(&self, body: bytes::Bytes) -> Result<Posted, TransferError> {
+        self.post("/api/v1/readings", "application/x-ndjson", body)
+            .await
+    }
+
     pub async fn post_line_protocol(
         &self,
         body: bytes::Bytes,

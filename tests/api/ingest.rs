@@ -148,6 +148,65 @@ async fn one_invalid_reading_refuses_the_whole_request_with_its_index() {
 }
 
 #[tokio::test]
+async fn an_ndjson_body_takes_a_reading_with_its_ts_per_line_all_or_nothing() {
+    let app = spawn_app().await;
+    let t = base_time();
+    let line = |v: &Value| serde_json::to_string(v).expect("json");
+    let good = [reading("nd", "m", t, 1.0), reading("nd", "m", t + 1, 2.0)];
+    // A line without its ts (stamped on receipt, a reading would be new at
+    // each import) and a broken one: refused with their lines, nothing taken.
+    let bad = format!(
+        "{}\n\n{}\n{}\nnot json\n",
+        line(&good[0]),
+        line(&json!({ "sensor": "nd", "value": 3 })),
+        line(&good[1])
+    );
+    let r = app
+        .post_raw("application/x-ndjson", bad.into_bytes(), "")
+        .await;
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().await.expect("json");
+    let details: Vec<(u64, String)> = body["details"]
+        .as_array()
+        .expect("details")
+        .iter()
+        .map(|d| {
+            (
+                d["index"].as_u64().expect("index"),
+                d["reason"].as_str().expect("reason").to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(details.len(), 2, "{body}");
+    assert_eq!(details[0].0, 2, "{body}");
+    assert!(details[0].1.contains("ts is required"), "{body}");
+    assert_eq!(details[1].0, 4, "{body}");
+    tokio::time::sleep(app.settings.batcher.flush_interval * 4).await;
+    assert!(
+        app.buckets().await.is_empty(),
+        "nothing from the request is stored"
+    );
+
+    let body = format!("{}\n{}", line(&good[0]), line(&good[1])).into_bytes();
+    let r = app.post_raw("application/x-ndjson", body, "").await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.expect("json")["accepted"], 2);
+    let avg = app
+        .get_json(&format!(
+            "/api/v1/sensors/nd/average?metric=m&from={}&to={}",
+            rfc3339(t - 60),
+            rfc3339(t + 60)
+        ))
+        .await;
+    assert_eq!(
+        (avg["count"].as_u64(), avg["sum"].as_f64()),
+        (Some(2), Some(3.0)),
+        "{avg}"
+    );
+    app.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
 async fn the_wrong_content_type_is_415() {
     let app = spawn_app().await;
     let body = serde_json::to_vec(&reading("s", "m", base_time(), 1.0)).expect("json");

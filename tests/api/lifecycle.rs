@@ -271,7 +271,7 @@ async fn an_export_imports_back_unchanged_and_importing_twice_changes_nothing() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn line_protocol_and_csv_files_import_with_labels_and_bad_lines_go_to_the_rejects() {
+async fn line_protocol_csv_and_ndjson_files_import_with_labels_and_bad_lines_go_to_the_rejects() {
     let app = spawn_app_with(settings_with(Granularity::Minute)).await;
     let dir = tempfile::tempdir().expect("a temporary directory");
     let t0 = base_time();
@@ -303,6 +303,26 @@ async fn line_protocol_and_csv_files_import_with_labels_and_bad_lines_go_to_the_
     // A sensor the line-protocol file labelled: the import leaves its labels.
     rows.push_str(&format!("{},roof,7.5,ok\n", t0 + 2));
     std::fs::write(&csv, rows).expect("written");
+    // NDJSON, sent as it is: the service refuses the batch, the import
+    // finds the bad lines with the service's decoder and sends the rest.
+    let ndjson = dir.path().join("tank.ndjson");
+    let mut readings = String::new();
+    for n in 1..=33_i64 {
+        readings.push_str(&match n {
+            10 => format!(r#"{{"sensor":"tank","metric":"level","value":{n}}}"#),
+            20 => format!(
+                r#"{{"sensor":"tank","metric":"level","ts":{},"value":"x"}}"#,
+                t0 * 1000
+            ),
+            25 => "oops".to_owned(),
+            _ => format!(
+                r#"{{"sensor":"tank","metric":"level","ts":{},"value":{n}}}"#,
+                (t0 + n) * 1000
+            ),
+        });
+        readings.push('\n');
+    }
+    std::fs::write(&ndjson, readings).expect("written");
 
     let out = cli(
         &app.address,
@@ -321,17 +341,22 @@ async fn line_protocol_and_csv_files_import_with_labels_and_bad_lines_go_to_the_
             "s",
             lp.to_str().expect("UTF-8"),
             csv.to_str().expect("UTF-8"),
+            ndjson.to_str().expect("UTF-8"),
         ],
     )
     .await;
     assert!(out.status.success(), "{}", text(&out));
     assert!(
-        text(&out).contains("141 readings stored, 4 lines refused"),
+        text(&out).contains("171 readings stored, 7 lines refused"),
         "{}",
         text(&out)
     );
     let values = all_values(&app.buckets().await, Granularity::Minute);
-    assert_eq!(values.len(), 141);
+    assert_eq!(values.len(), 171);
+    assert_eq!(
+        values.get(&("tank".into(), "level".into(), t0 + 33)),
+        Some(&33.0)
+    );
     assert_eq!(
         values.get(&("roof".into(), "value".into(), t0 + 2)),
         Some(&7.5)
@@ -370,6 +395,19 @@ async fn line_protocol_and_csv_files_import_with_labels_and_bad_lines_go_to_the_
         csv_rejects.contains(":43: ") && csv_rejects.contains("many"),
         "{csv_rejects}"
     );
+    let ndjson_rejects = rejected("tank.ndjson");
+    let lines: Vec<&str> = ndjson_rejects.lines().collect();
+    assert_eq!(lines.len(), 3, "{ndjson_rejects}");
+    for (line, (n, why)) in lines.iter().zip([
+        (10, "ts is required"),
+        (20, "expected f64"),
+        (25, "one reading object"),
+    ]) {
+        assert!(
+            line.starts_with(&format!("{}:{n}: ", ndjson.display())) && line.contains(why),
+            "{ndjson_rejects}"
+        );
+    }
     app.stop().await.expect("stops");
 }
 

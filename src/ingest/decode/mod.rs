@@ -199,19 +199,61 @@ fn decode_one<'a>(
 
 /// Decodes one reading object that must carry its `ts` (an import's line:
 /// a reading stamped on receipt would be a new one at each import), in one
-/// pass; with the value's JSON number text when the line took the plain
-/// path (`None`: decoded by serde), which an import sends as it is.
-pub fn decode_timestamped_text<'a>(
-    json: &'a str,
-    ctx: &DecodeContext,
-) -> Result<(Reading<'a>, Option<&'a str>), String> {
+/// pass.
+pub fn decode_timestamped<'a>(json: &'a str, ctx: &DecodeContext) -> Result<Reading<'a>, String> {
     // A plain, valid line without serde; the rest (and every error) as serde reads it.
-    if let Some((raw, value)) = plain::object(json).filter(|(r, _)| r.ts.is_some())
+    if let Some(raw) = plain::object(json).filter(|r| r.ts.is_some())
         && let Ok(r) = validate(raw, Implied::default(), ctx)
     {
-        return Ok((r, Some(value)));
+        return Ok(r);
     }
-    serde_timestamped(json, ctx).map(|r| (r, None))
+    serde_timestamped(json, ctx)
+}
+
+/// Decodes an NDJSON body, the export's format and what `hourglass import`
+/// sends: one reading object per line, each with its `ts`, blank lines
+/// skipped. All or nothing, as an array: a detail's `index` is its line's
+/// (from 0).
+pub fn decode_ndjson<'a>(
+    body: &'a [u8],
+    ctx: &DecodeContext,
+) -> Result<Vec<Reading<'a>>, DecodeError> {
+    let text = std::str::from_utf8(body)
+        .map_err(|e| DecodeError::Malformed(format!("the body is not UTF-8: {e}")))?;
+    let lines = || {
+        text.lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+    };
+    let total = lines().count();
+    if total > ctx.max_readings {
+        return Err(DecodeError::TooMany {
+            count: total,
+            max: ctx.max_readings,
+        });
+    }
+    let mut readings = Vec::with_capacity(total);
+    let (mut invalid, mut details) = (0, Vec::new());
+    for (index, line) in lines() {
+        match decode_timestamped(line, ctx) {
+            Ok(r) if invalid == 0 => readings.push(r),
+            Ok(_) => {}
+            Err(reason) => {
+                invalid += 1;
+                if details.len() < MAX_DETAILS {
+                    details.push(Detail { index, reason });
+                }
+            }
+        }
+    }
+    if invalid > 0 {
+        return Err(DecodeError::Invalid {
+            invalid,
+            total,
+            details,
+        });
+    }
+    Ok(readings)
 }
 
 fn serde_timestamped<'a>(json: &'a str, ctx: &DecodeContext) -> Result<Reading<'a>, String> {

@@ -15,7 +15,7 @@
 use bumpalo::Bump;
 
 use crate::domain::{MetricName, Reading, SensorId};
-use crate::ingest::decode::{DecodeContext, decode_timestamped_text};
+use crate::ingest::decode::{DecodeContext, decode_timestamped};
 use crate::ingest::line_protocol::parse::{Line, parse_line};
 use crate::ingest::line_protocol::{Precision, decode as decode_line_protocol};
 
@@ -188,21 +188,14 @@ impl Converter {
                 self.csv(columns, record, out).map(|()| 1)
             }
             Format::Ndjson => {
-                if !text.trim_start().starts_with('{') {
+                // Sent as it is, in the service's NDJSON body, whose decoder
+                // checks it; `check` asks the same decoder here once the
+                // service has refused a batch, to find which lines and why.
+                let line = text.trim();
+                if !(line.starts_with('{') && line.ends_with('}')) {
                     return Err("a line must hold one reading object".to_owned());
                 }
-                let (r, value_text) = decode_timestamped_text(text, &self.ctx)?;
-                match value_text.filter(|t| is_plain_decimal(t)) {
-                    // As for CSV: line protocol reads the same text.
-                    Some(t) => self.write_line_with(
-                        out,
-                        &r.sensor,
-                        &r.metric,
-                        |out| out.extend_from_slice(t.as_bytes()),
-                        r.ts,
-                    ),
-                    None => self.write_line(out, &r.sensor, &r.metric, r.value, r.ts),
-                }
+                out.extend_from_slice(line.as_bytes());
                 Ok(1)
             }
             Format::LineProtocol => {
@@ -231,6 +224,11 @@ impl Converter {
                 Ok(decoded.readings.len())
             }
         }
+    }
+
+    /// Why the service's NDJSON decoder refuses `line`, if it does.
+    pub fn check(&self, line: &str) -> Result<(), String> {
+        decode_timestamped(line, &self.ctx).map(|_| ())
     }
 
     fn csv(
@@ -374,6 +372,7 @@ fn is_plain_decimal(text: &str) -> bool {
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
+    use crate::ingest::decode::{DecodeError, decode_ndjson};
     use std::time::Duration;
 
     fn ctx() -> DecodeContext {
@@ -473,18 +472,39 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn ndjson_lines_are_checked_by_the_json_decoder_and_need_a_timestamp() {
+    fn ndjson_lines_are_sent_as_they_are_and_checked_by_the_services_decoder() {
         let c = converter(Format::Ndjson, TsUnit::Auto);
         let mut out = Vec::new();
         let good = r#"{"sensor":"s1","metric":"temp","ts":"2025-11-24T16:00:00Z","value":1}"#;
-        assert_eq!(c.line(good, None, &mut out), Ok(1));
-        // The value as written: line protocol reads `1` as the float 1.
-        assert_eq!(out, b"temp,sensor=s1 value=1 1764000000");
+        assert_eq!(c.line(&format!(" {good}\r"), None, &mut out), Ok(1));
+        assert_eq!(out, good.as_bytes());
+        assert_eq!(c.check(good), Ok(()));
+        // What the service refuses, `check` says why; what is no object at
+        // all is refused before it is sent.
+        for (bad, why) in [
+            (r#"{"sensor":"s1","value":1}"#, "ts is required"),
+            (r#"{"sensor":"s1","ts":null,"value":1}"#, "ts"),
+            (
+                r#"{"sensor":"s1","ts":"2025-11-24T16:00:00Z","value":"x"}"#,
+                "expected f64",
+            ),
+            (
+                r#"{"sensor":"s1","ts":"2025-11-24T16:00:00Z","value":1,"extra":2}"#,
+                "extra",
+            ),
+        ] {
+            let reason = c.check(bad).expect_err(bad);
+            assert!(reason.contains(why), "{bad}: {reason}");
+            let body = format!("{good}\n{bad}\n");
+            match decode_ndjson(body.as_bytes(), &ctx()) {
+                Err(DecodeError::Invalid { details, .. }) => {
+                    assert_eq!(details.len(), 1);
+                    assert_eq!((details[0].index, &details[0].reason), (1, &reason));
+                }
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
         for bad in [
-            r#"{"sensor":"s1","value":1}"#,
-            r#"{"sensor":"s1","ts":null,"value":1}"#,
-            r#"{"sensor":"s1","ts":"2025-11-24T16:00:00Z","value":"x"}"#,
-            r#"{"sensor":"s1","ts":"2025-11-24T16:00:00Z","value":1,"extra":2}"#,
             r#"[{"sensor":"s1","ts":"2025-11-24T16:00:00Z","value":1}]"#,
             "not json",
         ] {
@@ -495,10 +515,10 @@ pub(super) mod tests {
     }
 
     proptest::proptest! {
-        /// What a batch sends for a CSV row or an NDJSON reading is, read by
-        /// the service's line-protocol decoder, the reading its JSON decoder
-        /// reads from the same fields: the same sensor, metric, second and
-        /// value to the bit.
+        /// What a batch sends for a CSV row is, read by the service's
+        /// line-protocol decoder, the reading its JSON decoder reads from
+        /// the same fields: the same sensor, metric, second and value to
+        /// the bit. (NDJSON lines are sent as they are.)
         #[test]
         fn a_converted_reading_reads_back_as_the_same_reading(
             sensor in "[A-Za-z0-9_.:-]{1,40}",
@@ -507,18 +527,12 @@ pub(super) mod tests {
                 | proptest::num::f64::ZERO,
             ms in (1_764_000_000_000i64 - 86_000_000)..1_764_000_200_000,
         ) {
-            let json = |v: String| {
-                format!(r#"{{"sensor":"{sensor}","metric":"{metric}","ts":{ms},"value":{v}}}"#)
-            };
-            // NDJSON values as serde prints them (exponents, printed again
-            // here) and as plain decimals (sent as they are).
-            let (printed, plain) = (
-                json(serde_json::to_string(&value).expect("finite")),
-                json(value.to_string()),
+            let json = format!(
+                r#"{{"sensor":"{sensor}","metric":"{metric}","ts":{ms},"value":{}}}"#,
+                serde_json::to_string(&value).expect("finite")
             );
-            let json = &printed;
             let tags = crate::ingest::line_protocol::Settings::default().sensor_tags;
-            let (from_json, _) = decode_timestamped_text(json, &ctx()).expect("valid");
+            let from_json = decode_timestamped(&json, &ctx()).expect("valid");
             let mut c = converter(Format::Csv, TsUnit::Milliseconds);
             c.set_columns(
                 CsvColumns::from_header(&header(&["sensor", "metric", "ts", "value"]), &[], &[])
@@ -526,15 +540,13 @@ pub(super) mod tests {
             );
             // CSV values as plain decimals (sent as they are) and with exponents.
             let csv = |v: String| Some(row(&[&sensor, &metric, &ms.to_string(), &v]));
-            for (format, line, record) in [
-                (Format::Ndjson, json, None),
-                (Format::Ndjson, &plain, None),
-                (Format::Csv, json, csv(value.to_string())),
-                (Format::Csv, json, csv(format!("{value:e}"))),
+            for (format, record) in [
+                (Format::Csv, csv(value.to_string())),
+                (Format::Csv, csv(format!("{value:e}"))),
             ] {
                 c.format = format;
                 let mut out = Vec::new();
-                proptest::prop_assert_eq!(c.line(line, record.as_ref(), &mut out), Ok(1));
+                proptest::prop_assert_eq!(c.line(&json, record.as_ref(), &mut out), Ok(1));
                 let arena = Bump::new();
                 let decoded =
                     decode_line_protocol(&out, Precision::Seconds, &ctx(), &tags, &arena)

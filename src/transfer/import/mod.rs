@@ -2,9 +2,11 @@
 //! its HTTP API, so they take the same validation, journal and batcher as
 //! every other write.
 //!
-//! - [`formats`]: each line checked with the service's own decoders before
-//!   it is sent; a bad one goes to the file's rejects with its line number
-//!   while the good ones are stored.
+//! - [`formats`]: CSV rows and line-protocol lines checked with the
+//!   service's own decoders before they are sent, NDJSON lines sent as they
+//!   are (the service decodes them once, not twice) and checked here only
+//!   in a batch the service refused; a bad line goes to the file's rejects
+//!   with its line number while the good ones are stored.
 //! - [`checkpoint`]: every second and at each file's end, the records
 //!   acknowledged (journaled) so far, so an interrupted import resumes
 //!   there. Batches acknowledged after it, or in flight when it stopped,
@@ -14,7 +16,8 @@
 //! A reader thread decodes (gzip or plain) and converts lines into batches;
 //! a few batches are in flight at once and settle in file order, each
 //! writing its rejects and then the checkpoint. A batch the service refuses
-//! (400) is split until the lines it refuses are found.
+//! (400) is checked line by line, then split until the lines it refuses
+//! are found.
 
 pub mod checkpoint;
 pub mod formats;
@@ -211,25 +214,34 @@ pub async fn run(
             }
         })
         .map_err(|e| TransferError::Io(format!("starting the reader thread: {e}")))?;
-    // Converted readings go in epoch seconds; line-protocol files as they are.
-    let precisions: Vec<String> = plans
+    let senders: Vec<Sender> = plans
         .iter()
-        .map(|p| match p.format {
-            Format::LineProtocol => options.precision.clone(),
-            Format::Csv | Format::Ndjson => "s".to_owned(),
+        .map(|p| Sender {
+            format: p.format,
+            // Converted rows go in epoch seconds; line-protocol files as they are.
+            precision: match p.format {
+                Format::LineProtocol => options.precision.clone(),
+                Format::Csv | Format::Ndjson => "s".to_owned(),
+            },
+            check: (p.format == Format::Ndjson).then(|| {
+                let ctx = settings
+                    .ingest
+                    .decode_context(time::OffsetDateTime::now_utc().unix_timestamp());
+                Converter::new(p.format, ctx, options.ts_unit, precision, Vec::new())
+            }),
         })
         .collect();
     let settled =
         futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) })
             .map(|batch| {
                 let client = &client;
-                let precisions = &precisions;
+                let senders = &senders;
                 async move {
                     let mut batch = batch?;
                     // Handed over as it is: no copy of the body.
                     let body = bytes::Bytes::from(std::mem::take(&mut batch.text));
-                    let precision = precisions[batch.file].as_str();
-                    let outcome = deliver(client, precision, &batch.items, body).await?;
+                    let sender = &senders[batch.file];
+                    let outcome = deliver(client, sender, &batch.items, body).await?;
                     Ok::<_, TransferError>((batch, outcome))
                 }
             })
@@ -600,44 +612,78 @@ impl Reader {
     }
 }
 
-/// Sends a batch's `body` (its `items`, one line each); a part the service
-/// refuses is split until the refused lines are alone. Answers the readings
-/// stored and the lines refused.
+/// How a file's batches go to the service.
+struct Sender {
+    format: Format,
+    /// Line protocol's timestamp unit (`s` for converted CSV rows).
+    precision: String,
+    /// NDJSON: the service's decoder, asked which lines it refused.
+    check: Option<Converter>,
+}
+
+/// Sends a batch's `body` (its `items`, one line each). A part the service
+/// refuses is checked line by line here (NDJSON: the service's own
+/// decoder, so the bad lines are found without round trips) and split until
+/// the refused lines are alone. Answers the readings stored and the lines
+/// refused.
 async fn deliver(
     client: &Client,
-    precision: &str,
+    sender: &Sender,
     items: &[Item],
     body: bytes::Bytes,
 ) -> Result<(u64, Vec<Reject>), TransferError> {
     let mut stored = 0u64;
     let mut refused = Vec::new();
+    let text = |item: &Item| String::from_utf8_lossy(&body[item.start..item.end]).into_owned();
     // The whole batch goes as the reader built it; a part is built anew.
-    let mut pending = vec![(0..items.len(), Some(body.clone()))];
-    while let Some((range, built)) = pending.pop() {
-        let part = &items[range.clone()];
+    // `checked`: its lines were checked here already.
+    let mut pending = vec![(items.to_vec(), Some(body.clone()), false)];
+    while let Some((part, built, checked)) = pending.pop() {
         if part.is_empty() {
             continue;
         }
         let sent = built.unwrap_or_else(|| {
             let mut text = Vec::new();
-            for item in part {
+            for item in &part {
                 text.extend_from_slice(&body[item.start..item.end]);
                 text.push(b'\n');
             }
             bytes::Bytes::from(text)
         });
-        match client.post_line_protocol(sent, precision).await? {
+        let posted = match sender.format {
+            Format::Ndjson => client.post_ndjson(sent).await?,
+            Format::Csv | Format::LineProtocol => {
+                client.post_line_protocol(sent, &sender.precision).await?
+            }
+        };
+        match posted {
             Posted::Stored => stored += part.iter().map(|i| i.readings as u64).sum::<u64>(),
             Posted::Refused(reason) if part.len() == 1 => refused.push(Reject {
                 line: part[0].line,
                 reason,
-                text: String::from_utf8_lossy(&body[part[0].start..part[0].end]).into_owned(),
+                text: text(&part[0]),
             }),
-            Posted::Refused(_) => {
-                let mid = range.start + range.len() / 2;
-                pending.push((mid..range.end, None));
-                pending.push((range.start..mid, None));
-            }
+            Posted::Refused(_) => match &sender.check {
+                Some(check) if !checked => {
+                    let (good, bad): (Vec<Item>, Vec<Item>) = part
+                        .iter()
+                        .partition(|item| check.check(&text(item)).is_ok());
+                    refused.extend(bad.iter().map(|item| {
+                        let line = text(item);
+                        Reject {
+                            line: item.line,
+                            reason: check.check(&line).err().unwrap_or_default(),
+                            text: line,
+                        }
+                    }));
+                    pending.push((good, None, true));
+                }
+                _ => {
+                    let mid = part.len() / 2;
+                    pending.push((part[mid..].to_vec(), None, true));
+                    pending.push((part[..mid].to_vec(), None, true));
+                }
+            },
         }
     }
     Ok((stored, refused))
@@ -702,7 +748,7 @@ mod tests {
                     bad.push(i);
                 }
                 9 => {
-                    text.extend_from_slice(b"{\"sensor\":1}\n");
+                    text.extend_from_slice(b"not an object\n");
                     bad.push(i);
                 }
                 _ => {
@@ -716,12 +762,6 @@ mod tests {
         // The last line without its newline.
         text.truncate(text.len() - if n.is_multiple_of(3) { 2 } else { 1 });
         assert!(text.len() > 3 << 16);
-        let lp = |i: u64| {
-            format!(
-                "value,sensor=s{i}{} value={i}.5 1764000000",
-                "x".repeat((i % 37) as usize)
-            )
-        };
         for skip in [0, 1_234] {
             let (sent, refused, records) = read(&text, skip, 1000);
             let kept = |l: &&u64| **l > skip;
@@ -729,7 +769,7 @@ mod tests {
                 sent,
                 want.iter()
                     .filter(kept)
-                    .map(|&i| (i, lp(i)))
+                    .map(|&i| (i, line(i)))
                     .collect::<Vec<_>>()
             );
             assert_eq!(
