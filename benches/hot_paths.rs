@@ -8,8 +8,8 @@ use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_mai
 use hourglass::Granularity;
 use hourglass::pure::{
     Batcher, BatcherLimits, BucketUpdate, CsvColumns, DecodeContext, Hold, ImportConverter,
-    ImportFormat, Precision, TimeWindow, TsUnit, Versioning, decode_line_protocol, decode_readings,
-    journal_decode, journal_encode, update_statement,
+    ImportFormat, Precision, TimeWindow, TsUnit, Versioning, decode_line_protocol, decode_ndjson,
+    decode_readings, journal_decode, journal_encode, update_statement,
 };
 use tokio::time::{Duration, Instant};
 
@@ -389,6 +389,14 @@ fn import(c: &mut Criterion) {
             }
             assert_eq!(n, READINGS);
             out
+        })
+    });
+    // What the service does with those lines (`application/x-ndjson`).
+    group.bench_function("decode_10k_ndjson", |b| {
+        b.iter(|| {
+            let readings = decode_ndjson(black_box(ndjson.as_bytes()), &ctx()).expect("valid");
+            assert_eq!(readings.len(), READINGS);
+            readings.len()
         })
     });
     group.finish();

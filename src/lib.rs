@@ -94,7 +94,9 @@ pub mod pure {
         BucketUpdate, METRIC_MAX_LEN, MetricName, Reading, SENSOR_MAX_LEN, SensorId, TimeWindow,
         parse_timestamp_ms, parse_timestamp_str,
     };
-    pub use crate::ingest::decode::{DecodeContext, decode_payload, decode_readings};
+    pub use crate::ingest::decode::{
+        DecodeContext, decode_ndjson, decode_payload, decode_readings,
+    };
     pub use crate::ingest::line_protocol::parse::{
         FieldValue, Kind, Line, Lines, ParseError, Text, parse_line,
     };

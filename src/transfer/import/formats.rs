@@ -504,6 +504,16 @@ pub(super) mod tests {
                 other => panic!("{bad}: {other:?}"),
             }
         }
+        // Blank lines are not readings; past the limit, nothing is taken.
+        let lines = |n: usize| format!("{good}\n\n").repeat(n);
+        assert_eq!(
+            decode_ndjson(lines(10).as_bytes(), &ctx()).map(|r| r.len()),
+            Ok(10)
+        );
+        assert_eq!(
+            decode_ndjson(lines(11).as_bytes(), &ctx()).map(|r| r.len()),
+            Err(DecodeError::TooMany { count: 11, max: 10 })
+        );
         for bad in [
             r#"[{"sensor":"s1","ts":"2025-11-24T16:00:00Z","value":1}]"#,
             "not json",
