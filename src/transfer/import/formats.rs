@@ -189,8 +189,8 @@ impl Converter {
             }
             Format::Ndjson => {
                 // Sent as it is, in the service's NDJSON body, whose decoder
-                // checks it; `check` asks the same decoder here once the
-                // service has refused a batch, to find which lines and why.
+                // checks it; `check_ndjson` asks the same decoder here once
+                // the service has refused a batch, to find which lines and why.
                 let line = text.trim();
                 if !(line.starts_with('{') && line.ends_with('}')) {
                     return Err("a line must hold one reading object".to_owned());
@@ -224,11 +224,6 @@ impl Converter {
                 Ok(decoded.readings.len())
             }
         }
-    }
-
-    /// Why the service's NDJSON decoder refuses `line`, if it does.
-    pub fn check(&self, line: &str) -> Result<(), String> {
-        decode_timestamped(line, &self.ctx).map(|_| ())
     }
 
     fn csv(
@@ -358,6 +353,11 @@ impl Converter {
     }
 }
 
+/// Why the service's NDJSON decoder refuses `line`, if it does.
+pub fn check_ndjson(line: &str, ctx: &DecodeContext) -> Result<(), String> {
+    decode_timestamped(line, ctx).map(|_| ())
+}
+
 /// `-?digits(.digits)?`: text that line protocol reads as a float with the
 /// same `f64` parse that checked it here (no exponent, `inf` or `NaN`).
 fn is_plain_decimal(text: &str) -> bool {
@@ -478,8 +478,8 @@ pub(super) mod tests {
         let good = r#"{"sensor":"s1","metric":"temp","ts":"2025-11-24T16:00:00Z","value":1}"#;
         assert_eq!(c.line(&format!(" {good}\r"), None, &mut out), Ok(1));
         assert_eq!(out, good.as_bytes());
-        assert_eq!(c.check(good), Ok(()));
-        // What the service refuses, `check` says why; what is no object at
+        assert_eq!(check_ndjson(good, &ctx()), Ok(()));
+        // What the service refuses, `check_ndjson` says why; what is no object at
         // all is refused before it is sent.
         for (bad, why) in [
             (r#"{"sensor":"s1","value":1}"#, "ts is required"),
@@ -493,7 +493,7 @@ pub(super) mod tests {
                 "extra",
             ),
         ] {
-            let reason = c.check(bad).expect_err(bad);
+            let reason = check_ndjson(bad, &ctx()).expect_err(bad);
             assert!(reason.contains(why), "{bad}: {reason}");
             let body = format!("{good}\n{bad}\n");
             match decode_ndjson(body.as_bytes(), &ctx()) {

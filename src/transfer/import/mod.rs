@@ -37,6 +37,7 @@ use self::formats::{Converter, CsvColumns};
 pub use self::formats::{Format, TsUnit};
 use super::{Client, Posted, TransferError};
 use crate::config::Settings;
+use crate::ingest::decode::DecodeContext;
 use crate::ingest::line_protocol::Precision;
 
 /// What `hourglass import` was asked to do.
@@ -224,10 +225,9 @@ pub async fn run(
                 Format::Csv | Format::Ndjson => "s".to_owned(),
             },
             check: (p.format == Format::Ndjson).then(|| {
-                let ctx = settings
+                settings
                     .ingest
-                    .decode_context(time::OffsetDateTime::now_utc().unix_timestamp());
-                Converter::new(p.format, ctx, options.ts_unit, precision, Vec::new())
+                    .decode_context(time::OffsetDateTime::now_utc().unix_timestamp())
             }),
         })
         .collect();
@@ -617,8 +617,9 @@ struct Sender {
     format: Format,
     /// Line protocol's timestamp unit (`s` for converted CSV rows).
     precision: String,
-    /// NDJSON: the service's decoder, asked which lines it refused.
-    check: Option<Converter>,
+    /// NDJSON: the context to ask the service's decoder which lines of a
+    /// refused batch it refuses.
+    check: Option<DecodeContext>,
 }
 
 /// Sends a batch's `body` (its `items`, one line each). A part the service
@@ -664,18 +665,19 @@ async fn deliver(
                 text: text(&part[0]),
             }),
             Posted::Refused(_) => match &sender.check {
-                Some(check) if !checked => {
-                    let (good, bad): (Vec<Item>, Vec<Item>) = part
-                        .iter()
-                        .partition(|item| check.check(&text(item)).is_ok());
-                    refused.extend(bad.iter().map(|item| {
-                        let line = text(item);
-                        Reject {
-                            line: item.line,
-                            reason: check.check(&line).err().unwrap_or_default(),
-                            text: line,
+                Some(ctx) if !checked => {
+                    let mut good = Vec::with_capacity(part.len());
+                    for item in part {
+                        let line = text(&item);
+                        match formats::check_ndjson(&line, ctx) {
+                            Ok(()) => good.push(item),
+                            Err(reason) => refused.push(Reject {
+                                line: item.line,
+                                reason,
+                                text: line,
+                            }),
                         }
-                    }));
+                    }
                     pending.push((good, None, true));
                 }
                 _ => {
