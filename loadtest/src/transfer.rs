@@ -72,9 +72,9 @@ async fn cli(ctx: &Ctx, target: &Target, args: &[&str]) -> anyhow::Result<(f64, 
 }
 
 /// Interleaved rounds of every import path against the HTTP path, each on
-/// a fresh instance. An acknowledgement takes about half a second at this
-/// size, and the stand-in storing beside it (Python, on the same two cores)
-/// moved a single run by up to a half. So every round but the last measures
+/// a fresh instance. An acknowledgement takes a fifth of a second at this
+/// size, half a second with the stand-in storing beside it (Python, on the
+/// same two cores), which moved single runs by up to a half. So every round but the last measures
 /// the acknowledgements alone: the run's series are registered first, the
 /// local database server is paused (SIGSTOP) while the readings are sent,
 /// the instance is killed once they are acknowledged, and the server is
@@ -248,8 +248,12 @@ pub async fn run(ctx: &Ctx, data: &Dataset, rounds: usize) -> anyhow::Result<(Re
         });
     }
     let mut imported = None;
-    // The database server, when it runs on this machine (see [`ROUNDS`]).
-    let server = server_pid(&ctx.mongodb_uri()?);
+    // The stand-in server, when it runs on this machine (see [`ROUNDS`]):
+    // another server (a MongoDB others may use) is never paused.
+    let server = server_pid(&ctx.mongodb_uri()?).filter(|&pid| {
+        std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|c| String::from_utf8_lossy(&c).contains("secantusd"))
+    });
     for round in 0..rounds {
         // The last round stores, and its stores are verified.
         let last = round + 1 == rounds;
@@ -362,9 +366,9 @@ pub async fn run(ctx: &Ctx, data: &Dataset, rounds: usize) -> anyhow::Result<(Re
     let base_storing = runs[0].storing.unwrap_or(f64::NAN);
     let base_stored = runs[0].stored.unwrap_or(f64::NAN);
     let paused = if server.is_some() {
-        "the database server paused"
+        "the stand-in paused"
     } else {
-        "the database server storing meanwhile (not local: not paused)"
+        "the database server storing meanwhile (not a local stand-in: not paused)"
     };
     let mut s = Section::new(
         &format!(
