@@ -1,0 +1,366 @@
+//! The reader thread: a file's lines (gunzipped when they are gzip),
+//! converted and cut into batches, handed to the senders in file order.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::sync::mpsc;
+
+use super::formats::{Converter, Format};
+use super::{Batch, Item, Reject, TransferError};
+
+/// Counts the bytes read from the file (before decompression): the progress.
+struct Counting<R> {
+    inner: R,
+    read: Arc<AtomicU64>,
+}
+
+impl<R: Read> Read for Counting<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
+/// The file's text: gunzipped if it starts with gzip's magic bytes.
+pub(super) fn open(
+    path: &Path,
+    read: Arc<AtomicU64>,
+) -> Result<Box<dyn BufRead + Send>, TransferError> {
+    let io = |e: std::io::Error| TransferError::Io(format!("{}: {e}", path.display()));
+    let file = File::open(path).map_err(io)?;
+    let mut buffered = BufReader::with_capacity(1 << 16, Counting { inner: file, read });
+    let gz = buffered.fill_buf().map_err(io)?.starts_with(&[0x1f, 0x8b]);
+    Ok(if gz {
+        Box::new(BufReader::with_capacity(
+            1 << 16,
+            flate2::bufread::MultiGzDecoder::new(buffered),
+        ))
+    } else {
+        Box::new(buffered)
+    })
+}
+
+/// Reads one file into batches on the reader thread.
+pub(super) struct Reader {
+    pub(super) file: usize,
+    pub(super) path: PathBuf,
+    pub(super) format: Format,
+    /// Records read before an interruption: skipped.
+    pub(super) skip: u64,
+    pub(super) converter: Converter,
+    pub(super) batch: usize,
+    pub(super) max_bytes: usize,
+    pub(super) read: Arc<AtomicU64>,
+}
+
+impl Reader {
+    /// `false` when the import is over (an error sent, or nobody listens).
+    pub(super) fn run(mut self, tx: &mpsc::Sender<Result<Batch, TransferError>>) -> bool {
+        match self.batches(tx) {
+            Ok(more) => more,
+            Err(e) => {
+                let _ = tx.blocking_send(Err(e));
+                false
+            }
+        }
+    }
+
+    fn fresh(&self, records: u64) -> Batch {
+        Batch {
+            file: self.file,
+            records,
+            text: Vec::with_capacity(self.max_bytes.min(1 << 20)),
+            items: Vec::new(),
+            rejects: Vec::new(),
+            last: false,
+        }
+    }
+
+    fn batches(
+        &mut self,
+        tx: &mpsc::Sender<Result<Batch, TransferError>>,
+    ) -> Result<bool, TransferError> {
+        let io =
+            |e: &dyn std::fmt::Display| TransferError::Io(format!("{}: {e}", self.path.display()));
+        let input = open(&self.path, self.read.clone())?;
+        let mut records: u64 = 0;
+        let mut batch = self.fresh(0);
+        let mut readings = 0;
+        // Each record is offered to `take`, which answers whether the batch is full.
+        let take = |this: &Self,
+                    batch: &mut Batch,
+                    line: u64,
+                    text: &str,
+                    record: Option<&csv::ByteRecord>,
+                    readings: &mut usize| {
+            let mark = batch.text.len();
+            if !batch.items.is_empty() {
+                batch.text.push(b'\n');
+            }
+            let start = batch.text.len();
+            match this.converter.line(text, record, &mut batch.text) {
+                Ok(n) => {
+                    batch.items.push(Item {
+                        line,
+                        start,
+                        end: batch.text.len(),
+                        readings: n,
+                    });
+                    *readings += n;
+                }
+                Err(reason) => {
+                    batch.text.truncate(mark);
+                    batch.rejects.push(Reject {
+                        line,
+                        reason,
+                        text: match record {
+                            Some(r) => r
+                                .iter()
+                                .map(String::from_utf8_lossy)
+                                .collect::<Vec<_>>()
+                                .join(","),
+                            None => text.to_owned(),
+                        },
+                    });
+                }
+            }
+            *readings >= this.batch || batch.text.len() >= this.max_bytes
+        };
+        match self.format {
+            Format::Csv => {
+                let mut csv = csv::ReaderBuilder::new()
+                    .has_headers(false)
+                    .flexible(true)
+                    .from_reader(input);
+                // Bytes, not text: only the fields a reading uses are
+                // checked as UTF-8 (by the converter), and no row allocates.
+                let mut record = csv::ByteRecord::new();
+                // The header was checked when the import was planned.
+                csv.read_byte_record(&mut record).map_err(|e| io(&e))?;
+                records += 1;
+                loop {
+                    match csv.read_byte_record(&mut record) {
+                        Ok(false) => break,
+                        Ok(true) => {}
+                        Err(e) => {
+                            // A broken row (bad UTF-8, an unclosed quote) is
+                            // refused; the rest of the file is still read.
+                            let line = e.position().map_or(0, |p| p.line());
+                            records += 1;
+                            if records > self.skip {
+                                batch.rejects.push(Reject {
+                                    line,
+                                    reason: e.to_string(),
+                                    text: String::new(),
+                                });
+                            }
+                            if matches!(e.kind(), csv::ErrorKind::Io(_)) {
+                                return Err(io(&e));
+                            }
+                            continue;
+                        }
+                    }
+                    records += 1;
+                    if records <= self.skip {
+                        continue;
+                    }
+                    let line = record.position().map_or(records, |p| p.line());
+                    if take(self, &mut batch, line, "", Some(&record), &mut readings) {
+                        batch.records = records;
+                        let full = std::mem::replace(&mut batch, self.fresh(records));
+                        readings = 0;
+                        if tx.blocking_send(Ok(full)).is_err() {
+                            return Ok(false);
+                        }
+                    }
+                }
+            }
+            Format::Ndjson | Format::LineProtocol => {
+                let mut input = input;
+                // A line that spans the reader's buffer is gathered here;
+                // the others are read in place, not copied.
+                let mut carry = Vec::new();
+                loop {
+                    let buf = input.fill_buf().map_err(|e| io(&e))?;
+                    if buf.is_empty() {
+                        if !carry.is_empty() {
+                            records += 1;
+                            let raw = std::mem::take(&mut carry);
+                            if !self.text_line(&raw, records, &mut batch, &mut readings, &take, tx)
+                            {
+                                return Ok(false);
+                            }
+                        }
+                        break;
+                    }
+                    let (mut used, mut more) = (0, true);
+                    while let Some(i) = memchr::memchr(b'\n', &buf[used..]) {
+                        let end = used + i + 1;
+                        records += 1;
+                        let raw = if carry.is_empty() {
+                            &buf[used..end]
+                        } else {
+                            carry.extend_from_slice(&buf[used..end]);
+                            &carry[..]
+                        };
+                        more = self.text_line(raw, records, &mut batch, &mut readings, &take, tx);
+                        carry.clear();
+                        used = end;
+                        if !more {
+                            break;
+                        }
+                    }
+                    if !more {
+                        return Ok(false);
+                    }
+                    let len = buf.len();
+                    if used < len {
+                        carry.extend_from_slice(&buf[used..]);
+                    }
+                    input.consume(len);
+                }
+            }
+        }
+        batch.records = records.max(self.skip);
+        batch.last = true;
+        Ok(tx.blocking_send(Ok(batch)).is_ok())
+    }
+
+    /// One NDJSON or line-protocol line (`raw`, with its newline): offered
+    /// to `take`, a full batch sent. `false` when nobody listens.
+    #[allow(clippy::too_many_arguments)]
+    fn text_line(
+        &self,
+        raw: &[u8],
+        records: u64,
+        batch: &mut Batch,
+        readings: &mut usize,
+        take: &impl Fn(&Self, &mut Batch, u64, &str, Option<&csv::ByteRecord>, &mut usize) -> bool,
+        tx: &mpsc::Sender<Result<Batch, TransferError>>,
+    ) -> bool {
+        if records <= self.skip {
+            return true;
+        }
+        let text = match std::str::from_utf8(raw) {
+            Ok(t) => t.trim_end_matches(['\n', '\r']),
+            Err(_) => {
+                batch.rejects.push(Reject {
+                    line: records,
+                    reason: "the line is not UTF-8".to_owned(),
+                    text: String::from_utf8_lossy(raw).trim_end().to_owned(),
+                });
+                return true;
+            }
+        };
+        // Blank lines and line-protocol comments hold nothing.
+        let trimmed = text.trim();
+        if trimmed.is_empty() || (self.format == Format::LineProtocol && trimmed.starts_with('#')) {
+            return true;
+        }
+        if take(self, batch, records, text, None, readings) {
+            batch.records = records;
+            let full = std::mem::replace(batch, self.fresh(records));
+            *readings = 0;
+            return tx.blocking_send(Ok(full)).is_ok();
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::TsUnit;
+    use super::*;
+
+    /// The batches a reader makes of `text`, resumed past `skip` records:
+    /// each line sent with its number, and the refused ones.
+    fn read(text: &[u8], skip: u64, batch: usize) -> (Vec<(u64, String)>, Vec<u64>, u64) {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let path = dir.path().join("lines.ndjson");
+        std::fs::write(&path, text).expect("written");
+        let reader = Reader {
+            file: 0,
+            path,
+            format: Format::Ndjson,
+            skip,
+            converter: super::super::formats::tests::converter(Format::Ndjson, TsUnit::Auto),
+            batch,
+            max_bytes: 1 << 20,
+            read: Arc::new(AtomicU64::new(0)),
+        };
+        let (tx, mut rx) = mpsc::channel(4);
+        let thread = std::thread::spawn(move || reader.run(&tx));
+        let (mut sent, mut refused, mut records) = (Vec::new(), Vec::new(), 0);
+        while let Some(b) = rx.blocking_recv() {
+            let b = b.expect("no error");
+            for item in &b.items {
+                let line = String::from_utf8(b.text[item.start..item.end].to_vec());
+                sent.push((item.line, line.expect("UTF-8")));
+            }
+            refused.extend(b.rejects.iter().map(|r| r.line));
+            records = b.records;
+        }
+        assert!(thread.join().expect("the reader"));
+        (sent, refused, records)
+    }
+
+    /// Lines read in place from the reader's buffer, gathered across its
+    /// edges, are the file's lines: checked against `split` on files larger
+    /// than the buffer, with CRLF, blank, bad and unterminated lines.
+    #[test]
+    fn lines_across_the_read_buffer_are_read_whole_and_numbered() {
+        let line = |i: u64| {
+            // Lengths vary so that lines straddle the buffer's edges.
+            format!(
+                r#"{{"sensor":"s{i}{}","ts":1764000000000,"value":{i}.5}}"#,
+                "x".repeat((i % 37) as usize)
+            )
+        };
+        let mut text = Vec::new();
+        let (mut want, mut bad) = (Vec::new(), Vec::new());
+        let n = 6_000u64;
+        for i in 1..=n {
+            match i % 500 {
+                7 => text.extend_from_slice(b"\r\n"),
+                8 => {
+                    text.extend_from_slice(b"{\"sensor\":\"\xff\"}\n");
+                    bad.push(i);
+                }
+                9 => {
+                    text.extend_from_slice(b"not an object\n");
+                    bad.push(i);
+                }
+                _ => {
+                    let l = line(i);
+                    text.extend_from_slice(l.as_bytes());
+                    text.extend_from_slice(if i.is_multiple_of(3) { b"\r\n" } else { b"\n" });
+                    want.push(i);
+                }
+            }
+        }
+        // The last line without its newline.
+        text.truncate(text.len() - if n.is_multiple_of(3) { 2 } else { 1 });
+        assert!(text.len() > 3 << 16);
+        for skip in [0, 1_234] {
+            let (sent, refused, records) = read(&text, skip, 1000);
+            let kept = |l: &&u64| **l > skip;
+            assert_eq!(
+                sent,
+                want.iter()
+                    .filter(kept)
+                    .map(|&i| (i, line(i)))
+                    .collect::<Vec<_>>()
+            );
+            assert_eq!(
+                refused,
+                bad.iter().filter(kept).copied().collect::<Vec<_>>()
+            );
+            assert_eq!(records, n);
+        }
+    }
+}
