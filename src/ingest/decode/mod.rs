@@ -220,43 +220,28 @@ pub fn decode_ndjson<'a>(
 ) -> Result<Vec<Reading<'a>>, DecodeError> {
     let text = std::str::from_utf8(body)
         .map_err(|e| DecodeError::Malformed(format!("the body is not UTF-8: {e}")))?;
-    let lines = text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty());
-    // A reading line takes some 70 bytes: a guess that spares most regrowth.
-    let mut readings = Vec::with_capacity((text.len() / 64).min(ctx.max_readings));
-    let (mut total, mut invalid, mut details) = (0, 0, Vec::new());
-    for (index, line) in lines {
-        total += 1;
-        if total > ctx.max_readings {
-            continue; // only counted, for the answer
-        }
-        match decode_timestamped(line, ctx) {
-            Ok(r) if invalid == 0 => readings.push(r),
-            Ok(_) => {}
-            Err(reason) => {
-                invalid += 1;
-                if details.len() < MAX_DETAILS {
-                    details.push(Detail { index, reason });
-                }
-            }
-        }
-    }
-    if total > ctx.max_readings {
+    let lines = || {
+        text.lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+    };
+    let mut seen = 0;
+    let decoded = collect(
+        lines()
+            .take(ctx.max_readings + 1)
+            .inspect(|_| seen += 1)
+            .map(|(index, line)| (index, decode_timestamped(line, ctx))),
+        // A reading line takes some 70 bytes: a guess that spares most regrowth.
+        (text.len() / 64).min(ctx.max_readings),
+    );
+    if seen > ctx.max_readings {
+        // Counted for the answer only now: the refused path.
         return Err(DecodeError::TooMany {
-            count: total,
+            count: lines().count(),
             max: ctx.max_readings,
         });
     }
-    if invalid > 0 {
-        return Err(DecodeError::Invalid {
-            invalid,
-            total,
-            details,
-        });
-    }
-    Ok(readings)
+    decoded
 }
 
 fn serde_timestamped<'a>(json: &'a str, ctx: &DecodeContext) -> Result<Reading<'a>, String> {
@@ -325,7 +310,10 @@ fn decode_with<'a>(
             // Check the syntax first so a broken body is "malformed", not "invalid".
             let item: &'a RawValue =
                 serde_json::from_str(text).map_err(|e| DecodeError::Malformed(e.to_string()))?;
-            collect(std::iter::once(decode_one(item.get(), implied, ctx)), 1)
+            collect(
+                std::iter::once((0, decode_one(item.get(), implied, ctx))),
+                1,
+            )
         }
         Some(_) => match serde_json::from_str::<serde::de::IgnoredAny>(text) {
             Ok(_) => Err(DecodeError::NotReadings),
@@ -369,7 +357,8 @@ fn serde_array<'a>(
     collect(
         items
             .iter()
-            .map(|item| decode_one(item.get(), implied, ctx)),
+            .map(|item| decode_one(item.get(), implied, ctx))
+            .enumerate(),
         items.len(),
     )
 }
@@ -434,14 +423,17 @@ impl<'a> Visitor<'a> for OnePass<'a, '_> {
     }
 }
 
+/// Every reading, or every error (each with its index) when any is
+/// invalid; `capacity` is a guess of how many there are.
 fn collect<'a>(
-    results: impl Iterator<Item = Result<Reading<'a>, String>>,
-    total: usize,
+    results: impl Iterator<Item = (usize, Result<Reading<'a>, String>)>,
+    capacity: usize,
 ) -> Result<Vec<Reading<'a>>, DecodeError> {
-    let mut readings = Vec::with_capacity(total);
+    let mut readings = Vec::with_capacity(capacity);
     let mut details = Vec::new();
-    let mut invalid = 0;
-    for (index, result) in results.enumerate() {
+    let (mut total, mut invalid) = (0, 0);
+    for (index, result) in results {
+        total += 1;
         match result {
             Ok(r) if invalid == 0 => readings.push(r),
             Ok(_) => {}
