@@ -14,8 +14,8 @@
 //!   nothing, so nothing counts twice.
 //!
 //! A reader thread ([`reader`]) decodes (gzip or plain) and converts lines
-//! into batches; a few batches are in flight at once and settle in file order, each
-//! writing its rejects and then the checkpoint. A batch the service refuses
+//! into batches; a few batches are in flight at once and settle in file
+//! order, each writing its rejects and then the checkpoint. A batch the service refuses
 //! (400) is checked line by line, then split until the lines it refuses
 //! are found.
 

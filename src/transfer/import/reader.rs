@@ -91,46 +91,6 @@ impl Reader {
         let mut records: u64 = 0;
         let mut batch = self.fresh(0);
         let mut readings = 0;
-        // Each record is offered to `take`, which answers whether the batch is full.
-        let take = |this: &Self,
-                    batch: &mut Batch,
-                    line: u64,
-                    text: &str,
-                    record: Option<&csv::ByteRecord>,
-                    readings: &mut usize| {
-            let mark = batch.text.len();
-            if !batch.items.is_empty() {
-                batch.text.push(b'\n');
-            }
-            let start = batch.text.len();
-            match this.converter.line(text, record, &mut batch.text) {
-                Ok(n) => {
-                    batch.items.push(Item {
-                        line,
-                        start,
-                        end: batch.text.len(),
-                        readings: n,
-                    });
-                    *readings += n;
-                }
-                Err(reason) => {
-                    batch.text.truncate(mark);
-                    batch.rejects.push(Reject {
-                        line,
-                        reason,
-                        text: match record {
-                            Some(r) => r
-                                .iter()
-                                .map(String::from_utf8_lossy)
-                                .collect::<Vec<_>>()
-                                .join(","),
-                            None => text.to_owned(),
-                        },
-                    });
-                }
-            }
-            *readings >= this.batch || batch.text.len() >= this.max_bytes
-        };
         match self.format {
             Format::Csv => {
                 let mut csv = csv::ReaderBuilder::new()
@@ -170,13 +130,10 @@ impl Reader {
                         continue;
                     }
                     let line = record.position().map_or(records, |p| p.line());
-                    if take(self, &mut batch, line, "", Some(&record), &mut readings) {
-                        batch.records = records;
-                        let full = std::mem::replace(&mut batch, self.fresh(records));
-                        readings = 0;
-                        if tx.blocking_send(Ok(full)).is_err() {
-                            return Ok(false);
-                        }
+                    if self.take(&mut batch, line, "", Some(&record), &mut readings)
+                        && !self.send_full(&mut batch, &mut readings, records, tx)
+                    {
+                        return Ok(false);
                     }
                 }
             }
@@ -191,8 +148,7 @@ impl Reader {
                         if !carry.is_empty() {
                             records += 1;
                             let raw = std::mem::take(&mut carry);
-                            if !self.text_line(&raw, records, &mut batch, &mut readings, &take, tx)
-                            {
+                            if !self.text_line(&raw, records, &mut batch, &mut readings, tx) {
                                 return Ok(false);
                             }
                         }
@@ -208,7 +164,7 @@ impl Reader {
                             carry.extend_from_slice(&buf[used..end]);
                             &carry[..]
                         };
-                        more = self.text_line(raw, records, &mut batch, &mut readings, &take, tx);
+                        more = self.text_line(raw, records, &mut batch, &mut readings, tx);
                         carry.clear();
                         used = end;
                         if !more {
@@ -231,16 +187,72 @@ impl Reader {
         Ok(tx.blocking_send(Ok(batch)).is_ok())
     }
 
-    /// One NDJSON or line-protocol line (`raw`, with its newline): offered
-    /// to `take`, a full batch sent. `false` when nobody listens.
-    #[allow(clippy::too_many_arguments)]
+    /// Offers one record to the batch (converted, or refused with its
+    /// reason); answers whether the batch is full.
+    fn take(
+        &self,
+        batch: &mut Batch,
+        line: u64,
+        text: &str,
+        record: Option<&csv::ByteRecord>,
+        readings: &mut usize,
+    ) -> bool {
+        let mark = batch.text.len();
+        if !batch.items.is_empty() {
+            batch.text.push(b'\n');
+        }
+        let start = batch.text.len();
+        match self.converter.line(text, record, &mut batch.text) {
+            Ok(n) => {
+                batch.items.push(Item {
+                    line,
+                    start,
+                    end: batch.text.len(),
+                    readings: n,
+                });
+                *readings += n;
+            }
+            Err(reason) => {
+                batch.text.truncate(mark);
+                batch.rejects.push(Reject {
+                    line,
+                    reason,
+                    text: match record {
+                        Some(r) => r
+                            .iter()
+                            .map(String::from_utf8_lossy)
+                            .collect::<Vec<_>>()
+                            .join(","),
+                        None => text.to_owned(),
+                    },
+                });
+            }
+        }
+        *readings >= self.batch || batch.text.len() >= self.max_bytes
+    }
+
+    /// Sends the full batch and starts the next; `false` when nobody listens.
+    fn send_full(
+        &self,
+        batch: &mut Batch,
+        readings: &mut usize,
+        records: u64,
+        tx: &mpsc::Sender<Result<Batch, TransferError>>,
+    ) -> bool {
+        batch.records = records;
+        let full = std::mem::replace(batch, self.fresh(records));
+        *readings = 0;
+        tx.blocking_send(Ok(full)).is_ok()
+    }
+
+    /// One NDJSON or line-protocol line (`raw`, with its newline): taken,
+    /// and a full batch sent. `false` when nobody listens.
     fn text_line(
         &self,
         raw: &[u8],
         records: u64,
         batch: &mut Batch,
         readings: &mut usize,
-        take: &impl Fn(&Self, &mut Batch, u64, &str, Option<&csv::ByteRecord>, &mut usize) -> bool,
         tx: &mpsc::Sender<Result<Batch, TransferError>>,
     ) -> bool {
         if records <= self.skip {
@@ -262,13 +274,8 @@ impl Reader {
         if trimmed.is_empty() || (self.format == Format::LineProtocol && trimmed.starts_with('#')) {
             return true;
         }
-        if take(self, batch, records, text, None, readings) {
-            batch.records = records;
-            let full = std::mem::replace(batch, self.fresh(records));
-            *readings = 0;
-            return tx.blocking_send(Ok(full)).is_ok();
-        }
-        true
+        !self.take(batch, records, text, None, readings)
+            || self.send_full(batch, readings, records, tx)
     }
 }
 
