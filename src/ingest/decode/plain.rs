@@ -212,7 +212,7 @@ impl<'a> Parser<'a> {
         let (text, integer) = self.number()?;
         // Up to 18 digits always fit an i64; longer ones the serde decoder
         // judges. `-0` is a float to serde_json, which refuses it here.
-        if !integer || text.len() > 18 || text == "-0" {
+        if !integer || digit_count(text) > 18 || text == "-0" {
             return None;
         }
         Some(Ts(Ok(parse_timestamp_ms(text.parse().ok()?))))
@@ -225,12 +225,17 @@ impl<'a> Parser<'a> {
         if !integer {
             return text.parse().ok();
         }
-        if text.len() > 18 {
+        if digit_count(text) > 18 {
             return None;
         }
         let n: i64 = text.parse().ok()?;
         Some(if text == "-0" { -0.0 } else { n as f64 })
     }
+}
+
+/// An integer's digits, its sign left out: up to 18 always fit an `i64`.
+fn digit_count(integer: &str) -> usize {
+    integer.strip_prefix('-').unwrap_or(integer).len()
 }
 
 #[cfg(test)]
@@ -408,5 +413,19 @@ mod tests {
             got[0].sensor.as_str().as_ptr(),
             body[12..].as_ptr()
         ));
+    }
+
+    #[test]
+    fn integers_of_eighteen_digits_take_the_plain_path_whatever_their_sign() {
+        // Found by the property test: the sign was counted as a digit.
+        for value in ["-118408015903930314", "118408015903930314"] {
+            let body =
+                format!(r#"[{{"sensor":"0","metric":"_","ts":1381961000000,"value":{value}}}]"#);
+            let got = readings(&body, Implied::default(), &ctx()).expect("plain");
+            let want = serde_array(&body, Implied::default(), &ctx()).expect("serde");
+            assert!(same(&got, &want), "{body}");
+        }
+        let long = r#"[{"sensor":"0","metric":"_","value":-1184080159039303140}]"#;
+        assert!(readings(long, Implied::default(), &ctx()).is_none());
     }
 }
