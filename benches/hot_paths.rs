@@ -325,15 +325,8 @@ fn import(c: &mut Criterion) {
             }
         }
     }
-    let converter = |format| {
-        ImportConverter::new(
-            format,
-            ctx(),
-            TsUnit::Auto,
-            Precision::Seconds,
-            vec!["sensor".to_owned()],
-        )
-    };
+    let converter =
+        |format| ImportConverter::new(format, ctx(), TsUnit::Auto, vec!["sensor".to_owned()]);
     let mut group = c.benchmark_group("hot_paths");
     group.throughput(Throughput::Elements(READINGS as u64));
     let mut csv_converter = converter(ImportFormat::Csv);
@@ -359,13 +352,7 @@ fn import(c: &mut Criterion) {
     });
     let lines = line_protocol_body();
     let lines = std::str::from_utf8(&lines).expect("text");
-    let lp_converter = ImportConverter::new(
-        ImportFormat::LineProtocol,
-        ctx(),
-        TsUnit::Auto,
-        Precision::Nanoseconds,
-        vec!["sensor".to_owned()],
-    );
+    let lp_converter = converter(ImportFormat::LineProtocol);
     group.bench_function("import_line_protocol_10k", |b| {
         b.iter(|| {
             let mut out = Vec::with_capacity(1 << 20);

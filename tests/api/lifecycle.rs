@@ -289,6 +289,17 @@ async fn line_protocol_csv_and_ndjson_files_import_with_labels_and_bad_lines_go_
     }
     lines.push_str("weather,sensor=roof temp=1 \n"); // no timestamp: refused (line 52)
     lines.push_str("weather,sensor=roof temp=oops 1\n"); // line 53
+    // Sent as it is and refused by the service (no sensor tag): the import
+    // finds it with the service's decoder, and the good line after it is
+    // stored once.
+    lines.push_str(&format!(
+        "weather,site=roof temp=2 {}\n",
+        (t0 + 500) * 1_000_000_000
+    )); // line 54
+    lines.push_str(&format!(
+        "weather,sensor=roof temp=99.5 {}\n",
+        (t0 + 500) * 1_000_000_000
+    ));
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     std::io::Write::write_all(&mut gz, lines.as_bytes()).expect("compressed");
     std::fs::write(&lp, gz.finish().expect("finished")).expect("written");
@@ -347,12 +358,16 @@ async fn line_protocol_csv_and_ndjson_files_import_with_labels_and_bad_lines_go_
     .await;
     assert!(out.status.success(), "{}", text(&out));
     assert!(
-        text(&out).contains("171 readings stored, 7 lines refused"),
+        text(&out).contains("172 readings stored, 8 lines refused"),
         "{}",
         text(&out)
     );
     let values = all_values(&app.buckets().await, Granularity::Minute);
-    assert_eq!(values.len(), 171);
+    assert_eq!(values.len(), 172);
+    assert_eq!(
+        values.get(&("roof".into(), "weather_temp".into(), t0 + 500)),
+        Some(&99.5)
+    );
     assert_eq!(
         values.get(&("tank".into(), "level".into(), t0 + 33)),
         Some(&33.0)
@@ -383,9 +398,11 @@ async fn line_protocol_csv_and_ndjson_files_import_with_labels_and_bad_lines_go_
         at,
         [
             format!("{}:52", lp.display()),
-            format!("{}:53", lp.display())
+            format!("{}:53", lp.display()),
+            format!("{}:54", lp.display())
         ]
     );
+    assert!(lp_rejects.contains("sensor"), "{lp_rejects}");
     let csv_rejects = rejected("meters.csv");
     assert!(
         csv_rejects.contains(":42: ") && csv_rejects.contains("meter 9"),

@@ -1,13 +1,18 @@
-//! One line of an import file at a time: checked with the service's own
-//! decoders and turned into what a batch sends, or refused with the reason.
+//! One line of an import file at a time: turned into what a batch sends,
+//! or refused with the reason.
 //!
-//! Every batch is sent as line protocol: the service's cheapest decoder
-//! (its JSON decoder costs about twice as much per reading). A CSV row or an
-//! NDJSON reading becomes `<metric>,<sensor tag>=<sensor> value=<value>
-//! <epoch seconds>`, the first of `line_protocol.sensor_tags` naming the
-//! sensor, which the service reads back as the same reading: sensor ids and
-//! metric names hold nothing line protocol escapes, and a line with no
-//! other tag leaves the sensor's labels as they are.
+//! - NDJSON and line-protocol lines are sent as they are: the service
+//!   decodes them anyway, and a copy is all the client does per line. Only
+//!   what the service cannot tell is checked here (a line-protocol line's
+//!   timestamp; that an NDJSON line is an object), and a line's readings
+//!   are counted. Once the service refuses a batch, [`Checker`] asks the
+//!   service's own decoder which lines and why.
+//! - A CSV row is checked with the service's rules and becomes the line
+//!   `<metric>,<sensor tag>=<sensor> value=<value> <epoch seconds>`, the
+//!   first of `line_protocol.sensor_tags` naming the sensor, which the
+//!   service reads back as the same reading: sensor ids and metric names
+//!   hold nothing line protocol escapes, and a line with no other tag
+//!   leaves the sensor's labels as they are.
 //!
 //! Every reading must carry its timestamp: one stamped on receipt would be
 //! a new reading at each import, and importing twice must change nothing.
@@ -16,7 +21,7 @@ use bumpalo::Bump;
 
 use crate::domain::{MetricName, Reading, SensorId};
 use crate::ingest::decode::{DecodeContext, decode_timestamped};
-use crate::ingest::line_protocol::parse::{Line, parse_line};
+use crate::ingest::line_protocol::parse::{FieldValue, Line, parse_line};
 use crate::ingest::line_protocol::{Precision, decode as decode_line_protocol};
 
 /// What an import file holds.
@@ -141,12 +146,8 @@ pub struct Converter {
     format: Format,
     ctx: DecodeContext,
     ts_unit: TsUnit,
-    precision: Precision,
     sensor_tags: Vec<String>,
     columns: Option<CsvColumns>,
-    /// The line-protocol decoder's scratch, reused line after line (a new
-    /// arena allocated and freed a chunk per line).
-    arena: std::cell::RefCell<Bump>,
 }
 
 impl Converter {
@@ -154,17 +155,14 @@ impl Converter {
         format: Format,
         ctx: DecodeContext,
         ts_unit: TsUnit,
-        precision: Precision,
         sensor_tags: Vec<String>,
     ) -> Self {
         Self {
             format,
             ctx,
             ts_unit,
-            precision,
             sensor_tags,
             columns: None,
-            arena: std::cell::RefCell::new(Bump::new()),
         }
     }
 
@@ -189,8 +187,8 @@ impl Converter {
             }
             Format::Ndjson => {
                 // Sent as it is, in the service's NDJSON body, whose decoder
-                // checks it; `check_ndjson` asks the same decoder here once
-                // the service has refused a batch, to find which lines and why.
+                // checks it; `Checker` asks the same decoder here once the
+                // service has refused a batch, to find which lines and why.
                 let line = text.trim();
                 if !(line.starts_with('{') && line.ends_with('}')) {
                     return Err("a line must hold one reading object".to_owned());
@@ -199,29 +197,26 @@ impl Converter {
                 Ok(1)
             }
             Format::LineProtocol => {
+                // Sent as it is, like NDJSON: the service decodes it, and
+                // `Checker` asks the same decoder here once the service has
+                // refused a batch. Only what the service cannot tell is
+                // checked: that the line carries its timestamp. Its readings
+                // (the fields that are not strings) are counted for the batch.
                 let mut line = Line::default();
                 parse_line(text.as_bytes(), &mut line).map_err(|e| e.to_string())?;
                 if line.timestamp.is_none() {
-                    return Err("the timestamp is required in an import".to_owned());
+                    return Err(NO_TIMESTAMP.to_owned());
                 }
-                let mut arena = self.arena.borrow_mut();
-                arena.reset();
-                let decoded = decode_line_protocol(
-                    text.as_bytes(),
-                    self.precision,
-                    &self.ctx,
-                    &self.sensor_tags,
-                    &arena,
-                )
-                .map_err(|e| e.to_string())?;
-                if let Some(e) = decoded.errors.first() {
-                    return Err(e.reason.clone());
-                }
-                if decoded.readings.is_empty() {
-                    return Err("the line holds no numeric field".to_owned());
+                let readings = line
+                    .fields
+                    .iter()
+                    .filter(|(_, v)| !matches!(v, FieldValue::String(_)))
+                    .count();
+                if readings == 0 {
+                    return Err(NO_NUMERIC_FIELD.to_owned());
                 }
                 out.extend_from_slice(text.trim_end().as_bytes());
-                Ok(decoded.readings.len())
+                Ok(readings)
             }
         }
     }
@@ -239,10 +234,16 @@ impl Converter {
                 c.width
             ));
         }
+        // One UTF-8 check for the whole row, not one per field; a field is
+        // then a slice of it (`get` refuses a slice that splits a character,
+        // which two bad fields could make look valid together).
+        let row = std::str::from_utf8(record.as_slice()).ok();
         let field = |i: usize, name: &str| {
-            std::str::from_utf8(record.get(i).unwrap_or_default())
+            row.zip(record.range(i))
+                .and_then(|(row, range)| row.get(range))
+                .or_else(|| std::str::from_utf8(record.get(i).unwrap_or_default()).ok())
                 .map(str::trim)
-                .map_err(|_| format!("{name} is not UTF-8"))
+                .ok_or_else(|| format!("{name} is not UTF-8"))
         };
         let sensor = SensorId::parse(field(c.sensor, "sensor")?).map_err(|e| e.to_string())?;
         let metric = match c.metric.map(|i| field(i, "metric")).transpose()? {
@@ -250,19 +251,25 @@ impl Converter {
             _ => MetricName::default_metric(),
         };
         let value_text = field(c.value, "value")?;
-        let value = value_text
-            .parse::<f64>()
-            .map_err(|_| format!("value {value_text:?} is not a number"))
-            .and_then(|v| Reading::check_value(v).map_err(|e| e.to_string()))?;
+        // A plain decimal is finite and line protocol reads its text with
+        // the same parse: not parsed here, nor printed again.
+        let value = if is_plain_decimal(value_text) {
+            None
+        } else {
+            let v = value_text
+                .parse::<f64>()
+                .map_err(|_| format!("value {value_text:?} is not a number"))?;
+            Some(Reading::check_value(v).map_err(|e| e.to_string())?)
+        };
         // Whole seconds, as the service keeps them.
         let ts = self.ts_ms(field(c.ts, "ts")?)?.div_euclid(1000);
         self.ctx
             .window
             .check(ts, self.ctx.now)
             .map_err(|e| e.to_string())?;
-        if is_plain_decimal(value_text) {
-            // Line protocol reads this text with the same parse: no need
-            // to print the value again.
+        if let Some(value) = value {
+            self.write_line(out, &sensor, &metric, value, ts);
+        } else {
             self.write_line_with(
                 out,
                 &sensor,
@@ -270,8 +277,6 @@ impl Converter {
                 |out| out.extend_from_slice(value_text.as_bytes()),
                 ts,
             );
-        } else {
-            self.write_line(out, &sensor, &metric, value, ts);
         }
         Ok(())
     }
@@ -353,20 +358,93 @@ impl Converter {
     }
 }
 
-/// Why the service's NDJSON decoder refuses `line`, if it does.
-pub fn check_ndjson(line: &str, ctx: &DecodeContext) -> Result<(), String> {
-    decode_timestamped(line, ctx).map(|_| ())
+const NO_TIMESTAMP: &str = "the timestamp is required in an import";
+const NO_NUMERIC_FIELD: &str = "the line holds no numeric field";
+
+/// The service's own decoder, asked why it refused lines that were sent as
+/// they are (NDJSON, line protocol) once it has refused their batch, so the
+/// bad lines are found without round trips. The clock is read at each
+/// check, as the service reads it at each request: a long import's lines
+/// are judged against the window the service applied, not the one of the
+/// import's start.
+#[derive(Debug, Clone)]
+pub struct Checker {
+    format: Format,
+    ctx: DecodeContext,
+    precision: Precision,
+    sensor_tags: Vec<String>,
 }
 
-/// `-?digits(.digits)?`: text that line protocol reads as a float with the
-/// same `f64` parse that checked it here (no exponent, `inf` or `NaN`).
+impl Checker {
+    /// `None` for CSV: its rows are checked whole as they are converted.
+    pub fn new(
+        format: Format,
+        ctx: DecodeContext,
+        precision: Precision,
+        sensor_tags: Vec<String>,
+    ) -> Option<Self> {
+        (format != Format::Csv).then_some(Self {
+            format,
+            ctx,
+            precision,
+            sensor_tags,
+        })
+    }
+
+    /// Why the service refuses `line`, if it does.
+    pub fn check(&self, line: &str) -> Result<(), String> {
+        let ctx = DecodeContext {
+            now: time::OffsetDateTime::now_utc().unix_timestamp(),
+            ..self.ctx
+        };
+        self.check_at(line, &ctx)
+    }
+
+    fn check_at(&self, line: &str, ctx: &DecodeContext) -> Result<(), String> {
+        match self.format {
+            Format::Ndjson => decode_timestamped(line, ctx).map(|_| ()),
+            Format::LineProtocol => {
+                let mut parsed = Line::default();
+                parse_line(line.as_bytes(), &mut parsed).map_err(|e| e.to_string())?;
+                if parsed.timestamp.is_none() {
+                    return Err(NO_TIMESTAMP.to_owned());
+                }
+                let arena = Bump::new();
+                let decoded = decode_line_protocol(
+                    line.as_bytes(),
+                    self.precision,
+                    ctx,
+                    &self.sensor_tags,
+                    &arena,
+                )
+                .map_err(|e| e.to_string())?;
+                if let Some(e) = decoded.errors.first() {
+                    return Err(e.reason.clone());
+                }
+                if decoded.readings.is_empty() {
+                    return Err(NO_NUMERIC_FIELD.to_owned());
+                }
+                Ok(())
+            }
+            Format::Csv => Ok(()),
+        }
+    }
+}
+
+/// `-?digits(.digits)?` with at most 300 digits before the point: text
+/// that is a finite `f64` and that line protocol reads with the same parse
+/// that would check it here (no exponent, `inf` or `NaN`).
 fn is_plain_decimal(text: &str) -> bool {
-    let digits = text.strip_prefix('-').unwrap_or(text);
-    let (int, frac) = digits.split_once('.').unwrap_or((digits, "1"));
-    !int.is_empty()
-        && !frac.is_empty()
-        && int.bytes().all(|b| b.is_ascii_digit())
-        && frac.bytes().all(|b| b.is_ascii_digit())
+    let digits = text.strip_prefix('-').unwrap_or(text).as_bytes();
+    let int = digits.iter().take_while(|b| b.is_ascii_digit()).count();
+    if int == 0 || int > 300 {
+        return false;
+    }
+    match &digits[int..] {
+        [] => true,
+        [b'.', frac @ ..] => !frac.is_empty() && frac.iter().all(u8::is_ascii_digit),
+        _ => false,
+    }
 }
 
 #[cfg(test)]
@@ -388,7 +466,12 @@ pub(super) mod tests {
 
     pub(in crate::transfer::import) fn converter(format: Format, unit: TsUnit) -> Converter {
         let tags = crate::ingest::line_protocol::Settings::default().sensor_tags;
-        Converter::new(format, ctx(), unit, Precision::Nanoseconds, tags)
+        Converter::new(format, ctx(), unit, tags)
+    }
+
+    fn checker(format: Format) -> Checker {
+        let tags = crate::ingest::line_protocol::Settings::default().sensor_tags;
+        Checker::new(format, ctx(), Precision::Nanoseconds, tags).expect("sent as they are")
     }
 
     fn header(cols: &[&str]) -> csv::StringRecord {
@@ -447,6 +530,28 @@ pub(super) mod tests {
             assert_eq!(out.len(), before, "a refused line adds nothing");
             assert!(!err.is_empty());
         }
+        let huge = "9".repeat(400);
+        let err = c
+            .line(
+                "",
+                Some(&row(&["s1", "temp", "1764000000", &huge])),
+                &mut out,
+            )
+            .expect_err("past f64's range");
+        assert!(err.contains("finite"), "{err}");
+        // Two halves of one character in two fields: the row is valid UTF-8
+        // as a whole, its fields are not.
+        let split = csv::ByteRecord::from(vec![
+            &b"s\xc3"[..],
+            &b"\xa9t"[..],
+            &b"1764000000"[..],
+            &b"1"[..],
+        ]);
+        assert!(std::str::from_utf8(split.as_slice()).is_ok());
+        let err = c
+            .line("", Some(&split), &mut out)
+            .expect_err("split character");
+        assert!(err.contains("sensor is not UTF-8"), "{err}");
         let err = c
             .line("", Some(&row(&["s1", "temp", "1764000000"])), &mut out)
             .expect_err("short row");
@@ -474,12 +579,13 @@ pub(super) mod tests {
     #[test]
     fn ndjson_lines_are_sent_as_they_are_and_checked_by_the_services_decoder() {
         let c = converter(Format::Ndjson, TsUnit::Auto);
+        let k = checker(Format::Ndjson);
         let mut out = Vec::new();
         let good = r#"{"sensor":"s1","metric":"temp","ts":"2025-11-24T16:00:00Z","value":1}"#;
         assert_eq!(c.line(&format!(" {good}\r"), None, &mut out), Ok(1));
         assert_eq!(out, good.as_bytes());
-        assert_eq!(check_ndjson(good, &ctx()), Ok(()));
-        // What the service refuses, `check_ndjson` says why; what is no object at
+        assert_eq!(k.check_at(good, &ctx()), Ok(()));
+        // What the service refuses, the checker says why; what is no object at
         // all is refused before it is sent.
         for (bad, why) in [
             (r#"{"sensor":"s1","value":1}"#, "ts is required"),
@@ -493,7 +599,7 @@ pub(super) mod tests {
                 "extra",
             ),
         ] {
-            let reason = check_ndjson(bad, &ctx()).expect_err(bad);
+            let reason = k.check_at(bad, &ctx()).expect_err(bad);
             assert!(reason.contains(why), "{bad}: {reason}");
             let body = format!("{good}\n{bad}\n");
             match decode_ndjson(body.as_bytes(), &ctx()) {
@@ -579,26 +685,82 @@ pub(super) mod tests {
             assert!(is_plain_decimal(t), "{t}");
         }
         for t in [
-            "", "-", ".5", "5.", "1e5", "+1", "inf", "NaN", "1.5i", "1,5", "1 5",
+            "", "-", ".5", "5.", "1e5", "+1", "inf", "NaN", "1.5i", "1,5", "1 5", "1.2.3",
         ] {
             assert!(!is_plain_decimal(t), "{t}");
         }
+        // Up to 300 digits before the point a decimal is finite; longer
+        // ones are parsed, and past f64's range refused.
+        let long = "9".repeat(300);
+        assert!(is_plain_decimal(&long) && long.parse::<f64>().is_ok_and(f64::is_finite));
+        assert!(!is_plain_decimal(&"9".repeat(301)));
     }
 
     #[test]
-    fn line_protocol_lines_are_checked_by_the_service_decoder() {
+    fn line_protocol_lines_are_sent_as_they_are_and_checked_by_the_services_decoder() {
         let c = converter(Format::LineProtocol, TsUnit::Auto);
+        let k = checker(Format::LineProtocol);
         let mut out = Vec::new();
-        let good = "weather,sensor=s1 temp=1.5,hum=40 1764000000000000000";
-        assert_eq!(c.line(good, None, &mut out), Ok(2));
+        let good = "weather,sensor=s1 temp=1.5,note=\"x\",on=true,n=3i 1764000000000000000";
+        // Its readings are its fields that are not strings, as the service counts them.
+        assert_eq!(c.line(good, None, &mut out), Ok(3));
+        assert_eq!(out, good.as_bytes());
+        assert_eq!(k.check_at(good, &ctx()), Ok(()));
+        let arena = Bump::new();
+        let decoded = decode_line_protocol(
+            good.as_bytes(),
+            Precision::Nanoseconds,
+            &ctx(),
+            &k.sensor_tags,
+            &arena,
+        )
+        .expect("a line");
+        assert_eq!(decoded.readings.len(), 3);
+        // Refused before sending: what the service would take but an import
+        // may not (no timestamp), and what is not line protocol at all.
         for bad in [
             "weather,sensor=s1 temp=1.5",
             "weather,sensor=s1 1764000000000000000",
             "weather,sensor=s1 note=\"x\" 1764000000000000000",
-            "weather,sensor=s1 temp=1.5 1000000000000000000",
         ] {
+            let before = out.len();
             assert!(c.line(bad, None, &mut out).is_err(), "{bad}");
+            assert_eq!(out.len(), before);
         }
+        // Sent, and refused by the service: the checker gives the service's reason.
+        for bad in [
+            "weather,sensor=s1 temp=1.5 1000000000000000000",
+            "weather,site=s1 temp=1.5 1764000000000000000",
+            "weather,sensor=s1 temp=1.5,n=99999999999999999999u 1764000000000000000",
+        ] {
+            let sent = c.line(bad, None, &mut out);
+            let reason = k.check_at(bad, &ctx()).expect_err(bad);
+            let body = format!("{good}\n{bad}\n");
+            let decoded = decode_line_protocol(
+                body.as_bytes(),
+                Precision::Nanoseconds,
+                &ctx(),
+                &k.sensor_tags,
+                &arena,
+            )
+            .expect("lines");
+            assert_eq!(decoded.errors.len(), 1, "{bad}");
+            match sent {
+                Ok(_) => assert_eq!(
+                    (decoded.errors[0].line, &decoded.errors[0].reason),
+                    (2, &reason)
+                ),
+                // A syntax error is found before sending, with the same reason.
+                Err(e) => assert_eq!(e, reason),
+            }
+        }
+        // The checker reads the clock when it checks, as the service does
+        // when it decodes: a line of now is refused only by the import's
+        // start clock of long ago.
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        let fresh = format!("weather,sensor=s1 temp=1.5 {}", now * 1_000_000_000);
+        assert_eq!(k.check(&fresh), Ok(()));
+        assert!(k.check_at(&fresh, &ctx()).is_err());
     }
 
     #[test]

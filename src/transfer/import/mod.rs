@@ -2,11 +2,12 @@
 //! its HTTP API, so they take the same validation, journal and batcher as
 //! every other write.
 //!
-//! - [`formats`]: CSV rows and line-protocol lines checked with the
-//!   service's own decoders before they are sent, NDJSON lines sent as they
-//!   are (the service decodes them once, not twice) and checked here only
-//!   in a batch the service refused; a bad line goes to the file's rejects
-//!   with its line number while the good ones are stored.
+//! - [`formats`]: CSV rows checked and converted to line protocol before
+//!   they are sent; NDJSON and line-protocol lines sent as they are (the
+//!   service decodes them once, not twice) and checked here with the
+//!   service's own decoder only in a batch the service refused. A bad line
+//!   goes to the file's rejects with its line number while the good ones
+//!   are stored.
 //! - [`checkpoint`]: every second and at each file's end, the records
 //!   acknowledged (journaled) so far, so an interrupted import resumes
 //!   there. Batches acknowledged after it, or in flight when it stopped,
@@ -32,12 +33,11 @@ use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
 use self::checkpoint::{Checkpoint, Rejects};
-use self::formats::{Converter, CsvColumns};
+use self::formats::{Checker, Converter, CsvColumns};
 pub use self::formats::{Format, TsUnit};
 use self::reader::{Reader, open};
 use super::{Client, Posted, TransferError};
 use crate::config::Settings;
-use crate::ingest::decode::DecodeContext;
 use crate::ingest::line_protocol::Precision;
 
 /// What `hourglass import` was asked to do.
@@ -188,7 +188,6 @@ pub async fn run(
             p.format,
             ctx,
             options.ts_unit,
-            precision,
             settings.line_protocol.sensor_tags.clone(),
         );
         if let Some(c) = &p.columns {
@@ -224,11 +223,14 @@ pub async fn run(
                 Format::LineProtocol => options.precision.clone(),
                 Format::Csv | Format::Ndjson => "s".to_owned(),
             },
-            check: (p.format == Format::Ndjson).then(|| {
+            check: Checker::new(
+                p.format,
                 settings
                     .ingest
-                    .decode_context(time::OffsetDateTime::now_utc().unix_timestamp())
-            }),
+                    .decode_context(time::OffsetDateTime::now_utc().unix_timestamp()),
+                precision,
+                settings.line_protocol.sensor_tags.clone(),
+            ),
         })
         .collect();
     let settled =
@@ -360,15 +362,16 @@ struct Sender {
     format: Format,
     /// Line protocol's timestamp unit (`s` for converted CSV rows).
     precision: String,
-    /// NDJSON: the context to ask the service's decoder which lines of a
-    /// refused batch it refuses.
-    check: Option<DecodeContext>,
+    /// Lines sent as they are (NDJSON, line protocol): the service's decoder,
+    /// asked which lines of a refused batch it refuses.
+    check: Option<Checker>,
 }
 
 /// Sends a batch's `body` (its `items`, one line each). A part the service
-/// refuses is checked line by line here (NDJSON: the service's own
-/// decoder, so the bad lines are found without round trips) and split until
-/// the refused lines are alone. Answers the readings stored and the lines
+/// refuses is checked line by line here (lines sent as they are: the
+/// service's own decoder, so the bad lines are found without round trips;
+/// the good ones go again, which changes nothing where a partial write
+/// stored them) and split until the refused lines are alone. Answers the readings stored and the lines
 /// refused.
 async fn deliver(
     client: &Client,
@@ -408,11 +411,11 @@ async fn deliver(
                 text: text(&part[0]),
             }),
             Posted::Refused(_) => match &sender.check {
-                Some(ctx) if !checked => {
+                Some(checker) if !checked => {
                     let mut good = Vec::with_capacity(part.len());
                     for item in part {
                         let line = text(&item);
-                        match formats::check_ndjson(&line, ctx) {
+                        match checker.check(&line) {
                             Ok(()) => good.push(item),
                             Err(reason) => refused.push(Reject {
                                 line: item.line,
