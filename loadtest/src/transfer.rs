@@ -12,12 +12,13 @@ use crate::peers::wait_stored;
 use crate::procs::{pause, server_pid, wait_idle};
 use crate::report::{Report, Section, f};
 
-/// The dataset as an import file: NDJSON (as the export writes it) or CSV.
-fn write_file(data: &Dataset, path: &Path, csv: bool) -> anyhow::Result<u64> {
+/// The dataset as an import file: NDJSON (as the export writes it), CSV
+/// (epoch ms) or line protocol (`<metric>,sensor=<sensor> value=<v> <ns>`).
+fn write_file(data: &Dataset, path: &Path, format: &str) -> anyhow::Result<u64> {
     use std::io::Write;
     let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
     let mut line = String::new();
-    if csv {
+    if format == "csv" {
         writeln!(out, "sensor,metric,ts,value")?;
     }
     for (i, j, ts, v) in data.rows() {
@@ -25,14 +26,14 @@ fn write_file(data: &Dataset, path: &Path, csv: bool) -> anyhow::Result<u64> {
         let sensor = Dataset::sensor(i);
         let metric = Dataset::metric(j);
         let ms = ts * 1000;
-        if csv {
-            let _ = write!(line, "{sensor},{metric},{ms},{v}");
-        } else {
-            let _ = write!(
+        let _ = match format {
+            "csv" => write!(line, "{sensor},{metric},{ms},{v}"),
+            "lp" => write!(line, "{metric},sensor={sensor} value={v} {ts}000000000"),
+            _ => write!(
                 line,
                 r#"{{"sensor":"{sensor}","metric":"{metric}","ts":{ms},"value":{v}}}"#
-            );
-        }
+            ),
+        };
         writeln!(out, "{line}")?;
     }
     out.flush()?;
@@ -133,7 +134,7 @@ impl Drop for Paused {
 /// One way of loading the dataset.
 #[derive(Clone, Copy)]
 struct Load {
-    /// `ndjson` or `csv`.
+    /// `ndjson`, `csv` or `lp`.
     format: &'static str,
     /// `(batch, in flight)`; `None`: the import's defaults.
     settings: Option<(&'static str, &'static str)>,
@@ -207,8 +208,7 @@ pub async fn run(ctx: &Ctx, data: &Dataset, rounds: usize) -> anyhow::Result<(Re
     let dir = tempfile::tempdir()?;
     let mut ok = true;
     let mut report = Report::new("Hourglass import and export");
-    // The import's defaults (10 000 a request, 8 in flight), and CSV again
-    // with the HTTP path's settings.
+    // Each format with the import's defaults (10 000 a request, 8 in flight).
     let paths = [
         Load {
             format: "ndjson",
@@ -216,10 +216,10 @@ pub async fn run(ctx: &Ctx, data: &Dataset, rounds: usize) -> anyhow::Result<(Re
         },
         Load {
             format: "csv",
-            settings: Some(("5000", "4")),
+            settings: None,
         },
         Load {
-            format: "csv",
+            format: "lp",
             settings: None,
         },
     ];
@@ -234,7 +234,7 @@ pub async fn run(ctx: &Ctx, data: &Dataset, rounds: usize) -> anyhow::Result<(Re
             p.settings.map_or("default", |s| s.1),
             p.format
         ));
-        let bytes = write_file(data, &file, p.format == "csv")?;
+        let bytes = write_file(data, &file, p.format)?;
         files.push(file.to_string_lossy().into_owned());
         runs.push(Run {
             what: format!(

@@ -33,6 +33,7 @@ mod indexes;
 mod instances;
 mod late;
 mod metadata;
+mod rebuild;
 mod registry;
 mod rollups;
 mod settings;
