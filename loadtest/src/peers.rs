@@ -156,6 +156,9 @@ struct Peer {
     series_ms: f64,
     /// Hourglass only: its idle CPU rate times the load's duration.
     idle_s: f64,
+    /// Hourglass only: the CPU seconds spent inside the MongoDB driver
+    /// (`hourglass_mongodb_driver_cpu_seconds_total`), part of `cpu_s`.
+    driver_s: f64,
     /// Hourglass only: the load's duration, until stored and rolled up.
     seconds: f64,
     /// Hourglass only: the 1-hour average's answer (readings and sum), the
@@ -194,6 +197,7 @@ async fn line_peer(
         series_ms: median_ms(&client, &queries[1]).await?,
         avg_answer: None,
         idle_s: 0.0,
+        driver_s: 0.0,
         seconds: secs,
     };
     server.stop();
@@ -259,6 +263,7 @@ async fn hourglass_peer(
         .map_or(0.0, |(a, b)| (b - a) / idle_sample.as_secs_f64().max(1e-3));
     let started = Instant::now();
     let cpu0 = target.cpu();
+    let driver0 = driver_cpu(&client, &target.url).await?;
     let readings_per_s = match format {
         Format::Json => {
             let o = backfill::send_all(ctx, &target, data, batch, concurrency).await?;
@@ -278,6 +283,7 @@ async fn hourglass_peer(
     // once the writes pause. That upkeep is the service's work too.
     wait_rolled_up(&mongo, &target.database, STORED_WITHIN).await?;
     let cpu_s = cpu0.zip(target.cpu()).map_or(0.0, |(a, b)| b - a);
+    let driver_s = driver_cpu(&client, &target.url).await? - driver0;
     let seconds = started.elapsed().as_secs_f64();
     let idle_s = idle_rate * seconds;
     let stats = mongo
@@ -302,6 +308,7 @@ async fn hourglass_peer(
     Ok(Peer {
         avg_answer,
         idle_s,
+        driver_s,
         seconds,
         name,
         readings_per_s,
@@ -311,6 +318,21 @@ async fn hourglass_peer(
         avg_ms: median_ms(&client, &avg).await?,
         series_ms: median_ms(&client, &series).await?,
     })
+}
+
+/// The CPU seconds an instance spent inside the MongoDB driver so far.
+async fn driver_cpu(client: &reqwest::Client, url: &str) -> anyhow::Result<f64> {
+    let text = client
+        .get(format!("{url}/metrics"))
+        .send()
+        .await?
+        .error_for_status()?
+        .text()
+        .await?;
+    let name = "hourglass_mongodb_driver_cpu_seconds_total ";
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+        .ok_or_else(|| anyhow::anyhow!("{url}/metrics has no {}", name.trim()))
 }
 
 /// Waits until no hour is marked late: asked of the database, not the
@@ -524,6 +546,7 @@ pub async fn run(
             "system",
             "readings/s",
             "CPU s per million readings",
+            "of which the MongoDB driver",
             "peak RSS MiB",
             "bytes per reading (disk)",
             "avg 1h ms",
@@ -535,6 +558,11 @@ pub async fn run(
             p.name.into(),
             f(p.readings_per_s),
             f(p.cpu_s / n * 1e6),
+            if p.idle_s > 0.0 || p.driver_s > 0.0 {
+                f(p.driver_s / n * 1e6)
+            } else {
+                "-".into()
+            },
             f(p.rss_mib),
             f(p.disk_bytes / n),
             f(p.avg_ms),
@@ -581,6 +609,30 @@ pub async fn run(
             r.iter().map(|&x| f(x)).collect::<Vec<_>>().join(", ")
         ));
     }
+    // The same ratios without the CPU spent inside the official driver:
+    // the service's own work (see `store/mongo/driver_cpu.rs`).
+    let without_driver: Vec<Vec<f64>> = (2..rounds[0].len())
+        .map(|i| {
+            let mut r: Vec<f64> = rounds
+                .iter()
+                .map(|round| {
+                    (round[i].cpu_s - round[i].driver_s).max(0.0) / round[0].cpu_s.max(1e-9)
+                })
+                .collect();
+            r.sort_by(f64::total_cmp);
+            r
+        })
+        .collect();
+    for (h, r) in peers[2..].iter().zip(&without_driver) {
+        report.notes.push(format!(
+            "{}, without the CPU spent inside the MongoDB driver ({} µs per reading: encoding commands, socket I/O, decoding replies, on the write path and the rollup upkeep): {} µs per reading; ratio {} (rounds {}).",
+            h.name,
+            f(h.driver_s / n * 1e6),
+            f((h.cpu_s - h.driver_s).max(0.0) / n * 1e6),
+            f(r[ROUNDS / 2]),
+            r.iter().map(|&x| f(x)).collect::<Vec<_>>().join(", ")
+        ));
+    }
     report.plots.push(Plot::Bars {
         file: "peers-cpu.svg".into(),
         title: "CPU seconds per million readings".into(),
@@ -592,7 +644,7 @@ pub async fn run(
     });
     report.set("peers", peers.iter().map(|p| serde_json::json!({
         "system": p.name, "readings_per_s": p.readings_per_s, "cpu_s_per_million": p.cpu_s / n * 1e6,
-        "peak_rss_mib": p.rss_mib, "bytes_per_reading": p.disk_bytes / n, "avg_1h_ms": p.avg_ms, "series_24h_ms": p.series_ms,
+        "driver_cpu_s_per_million": p.driver_s / n * 1e6, "peak_rss_mib": p.rss_mib, "bytes_per_reading": p.disk_bytes / n, "avg_1h_ms": p.avg_ms, "series_24h_ms": p.series_ms,
         "avg_1h_answer": p.avg_answer,
     })).collect::<Vec<_>>());
     report.set(
@@ -601,6 +653,14 @@ pub async fn run(
             "json": ratios[0],
             "line_protocol": ratios[1],
             "line_protocol_journaled": ratios[2],
+        }),
+    );
+    report.set(
+        "cpu_ratios_without_driver_to_victoria_metrics",
+        serde_json::json!({
+            "json": without_driver[0],
+            "line_protocol": without_driver[1],
+            "line_protocol_journaled": without_driver[2],
         }),
     );
     report.set(

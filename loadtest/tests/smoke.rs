@@ -154,6 +154,17 @@ fn peers_runs_victoria_metrics_and_influxdb_next_to_hourglass() {
     assert!(json[0].as_u64().is_some_and(|n| n > 0), "{r}");
     assert_eq!(json, lp, "{r}");
     assert_eq!(json, &peers[4]["avg_1h_answer"], "journaled: {r}");
+    // Hourglass' CPU inside the MongoDB driver is told apart, and is part of its CPU.
+    for p in &peers[2..] {
+        let (all, driver) = (
+            p["cpu_s_per_million"].as_f64(),
+            p["driver_cpu_s_per_million"].as_f64(),
+        );
+        assert!(
+            driver.is_some_and(|d| d > 0.0 && all.is_some_and(|a| d < a)),
+            "{r}"
+        );
+    }
 }
 
 #[test]

@@ -5,8 +5,8 @@
 //! status codes; never a sensor or a metric name.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
-    Registry, TextEncoder,
+    Counter, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    Opts, Registry, TextEncoder,
 };
 
 /// Seconds: from a fast in-memory flush to a slow storage round trip.
@@ -118,6 +118,8 @@ pub struct Metrics {
     pub query_round_trips: HistogramVec,
     pub rollup_jobs: IntCounter,
     pub rollup_pending: IntGauge,
+    /// CPU seconds spent inside the driver's calls (see `store::mongo::driver_cpu`).
+    pub driver_cpu: Counter,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
@@ -387,6 +389,14 @@ impl Metrics {
                 "hourglass_rollup_pending_hours",
                 "Series-hours this instance wrote into while open, not rolled up yet.",
             ),
+            driver_cpu: {
+                let name = "hourglass_mongodb_driver_cpu_seconds_total";
+                let c = Counter::new(name, "CPU seconds spent inside the MongoDB driver's calls on the write path and the rollup upkeep (encoding commands, socket I/O, decoding replies); the rest of the process's CPU is the service's.")
+                    .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+                r.register(Box::new(c.clone()))
+                    .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+                c
+            },
             registry: r,
         };
         // Every (source, reason) series exists from the start, at zero, so

@@ -272,9 +272,11 @@ async fn a_flush_of_65_late_sensors_in_a_fleet_of_10000_does_rollup_work_for_65(
     }
     let written = |what| counted(&app, "hourglass_db_documents_written_total", what);
     let read = |what| counted(&app, "hourglass_db_documents_read_total", what);
+    let driver_cpu = || counted(&app, "hourglass_mongodb_driver_cpu_seconds_total", "");
     let before = (
         written("rollups").await,
         read("kind=\"rollup_upkeep\"").await,
+        driver_cpu().await,
     );
     // 65 of them send readings of an hour two days ago.
     let late_hour = base_time() + 3 * 3600;
@@ -295,6 +297,8 @@ async fn a_flush_of_65_late_sensors_in_a_fleet_of_10000_does_rollup_work_for_65(
     // Their buckets of the hour and of the rest of their thirty days (to
     // complete them), their day and 30-day documents: none of the 9 935 others.
     assert!(read <= 65.0 * 8.0, "{read} documents read for 65 sensors");
+    // The driver's CPU for those writes and reads is told apart.
+    assert!(driver_cpu().await > before.2, "the driver's CPU is counted");
     app.stop().await.expect("clean stop");
 }
 

@@ -116,7 +116,8 @@ impl MongoStore {
     ) -> Result<Others, StoreError> {
         let own = format!("{PREFIX}{id}");
         let _ = self.instance_id.set(own.clone());
-        self.metadata
+        let published = self
+            .metadata
             .update_one(
                 doc! { "_id": &own },
                 doc! { "$set": {
@@ -127,21 +128,20 @@ impl MongoStore {
                     "seen": self.deletes_seen(),
                 } },
             )
-            .upsert(true)
-            .await
-            .map_err(classify)?;
+            .upsert(true);
+        self.driver(published).await.map_err(classify)?;
         // The instances' documents and the deletes' tombstones, in one read.
         let pattern = format!(
             "^({}|{})",
             regex::escape(PREFIX),
             regex::escape(crate::store::delete::PREFIX)
         );
-        let all: Vec<Document> = self
-            .metadata
-            .find(doc! { "_id": { "$regex": pattern } })
+        let cursor = self
+            .driver(self.metadata.find(doc! { "_id": { "$regex": pattern } }))
             .await
-            .map_err(classify_read)?
-            .try_collect()
+            .map_err(classify_read)?;
+        let all: Vec<Document> = self
+            .driver(cursor.try_collect())
             .await
             .map_err(classify_read)?;
         let (docs, tombstones): (Vec<Document>, Vec<Document>) = all

@@ -196,11 +196,14 @@ impl MongoStore {
             { "at": { "$lte": date(now - quiet) } },
             { "first": { "$lte": date(now - LATEST_AFTER) } },
         ] };
-        let mut cursor = self.late.find(filter).await.map_err(classify)?;
+        let mut cursor = self
+            .driver(self.late.find(filter))
+            .await
+            .map_err(classify)?;
         let mut entries: Vec<Entry> = Vec::new();
         // Each document read, with its token (none from older versions).
         let mut docs: Vec<(i64, Option<Bson>)> = Vec::new();
-        while let Some(d) = cursor.try_next().await.map_err(classify)? {
+        while let Some(d) = self.driver(cursor.try_next()).await.map_err(classify)? {
             entries.extend(late::entries(&d));
             if let Some(id) = late::doc_id_of(&d) {
                 docs.push((id, d.get("t").cloned()));
@@ -275,12 +278,14 @@ impl MongoStore {
         let mut left: BTreeSet<i64> = BTreeSet::new();
         for chunk in ids.chunks(10_000) {
             let mut cursor = self
-                .late
-                .find(doc! { "_id": { "$in": chunk.to_vec() } })
-                .projection(doc! { "_id": 1 })
+                .driver(
+                    self.late
+                        .find(doc! { "_id": { "$in": chunk.to_vec() } })
+                        .projection(doc! { "_id": 1 }),
+                )
                 .await
                 .map_err(classify)?;
-            while let Some(d) = cursor.try_next().await.map_err(classify)? {
+            while let Some(d) = self.driver(cursor.try_next()).await.map_err(classify)? {
                 left.extend(late::doc_id_of(&d));
             }
         }

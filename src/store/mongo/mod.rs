@@ -29,6 +29,7 @@ use crate::telemetry::metrics::Metrics;
 /// the range on `start` also serves every query, so it is the only index.
 mod dead_letters;
 mod delete;
+mod driver_cpu;
 mod indexes;
 mod instances;
 mod late;
@@ -141,6 +142,12 @@ fn unconfirmed(reply: &Document) -> Option<String> {
 }
 
 impl MongoStore {
+    /// `call`, a driver call, with its CPU counted as the driver's (see
+    /// `driver_cpu`).
+    fn driver<F: std::future::IntoFuture>(&self, call: F) -> driver_cpu::Timed<'_, F::IntoFuture> {
+        driver_cpu::timed(call, self.metrics.as_deref().map(|m| &m.driver_cpu))
+    }
+
     /// Runs `command`, which writes, with the URI's write concern (the driver
     /// adds it to its own write helpers only); `what` names it in errors. A
     /// write concern error is an outage.
@@ -158,7 +165,10 @@ impl MongoStore {
         if let Some(wc) = &self.write_concern {
             command.append("writeConcern", wc.clone());
         }
-        let reply = self.db.run_raw_command(command).await.map_err(classify)?;
+        let reply = self
+            .driver(self.db.run_raw_command(command))
+            .await
+            .map_err(classify)?;
         match unconfirmed(&reply) {
             Some(message) => Err(StoreError::Outage(format!(
                 "{what} was not confirmed: {message}"

@@ -327,14 +327,16 @@ impl MongoStore {
                     "start": { "$gte": start_date(*from), "$lt": start_date(*to) },
                 };
                 let mut cursor = self
-                    .buckets
-                    .clone_with_type::<RawDocumentBuf>()
-                    .find(filter)
-                    .projection(doc! { "_id": 0, "sensor": 1, "metric": 1, "start": 1, "v": 1, "n": 1, "count": 1, "sum": 1, "min": 1, "max": 1, "schema_version": 1 })
+                    .driver(
+                        self.buckets
+                            .clone_with_type::<RawDocumentBuf>()
+                            .find(filter)
+                            .projection(doc! { "_id": 0, "sensor": 1, "metric": 1, "start": 1, "v": 1, "n": 1, "count": 1, "sum": 1, "min": 1, "max": 1, "schema_version": 1 }),
+                    )
                     .await
                     .map_err(classify)?;
                 cost.round_trips += 1;
-                while let Some(d) = cursor.try_next().await.map_err(classify)? {
+                while let Some(d) = self.driver(cursor.try_next()).await.map_err(classify)? {
                     cost.buckets_read += 1;
                     let key = (
                         d.get_str("sensor").unwrap_or_default().to_owned(),
@@ -423,14 +425,16 @@ impl MongoStore {
                     "start": { "$in": starts.clone() },
                 };
                 let mut cursor = self
-                    .buckets
-                    .clone_with_type::<RawDocumentBuf>()
-                    .find(filter)
-                    .projection(doc! { "_id": 0, "sensor": 1, "metric": 1, "start": 1, "v": 1, "n": 1, "count": 1, "sum": 1, "min": 1, "max": 1, "schema_version": 1 })
+                    .driver(
+                        self.buckets
+                            .clone_with_type::<RawDocumentBuf>()
+                            .find(filter)
+                            .projection(doc! { "_id": 0, "sensor": 1, "metric": 1, "start": 1, "v": 1, "n": 1, "count": 1, "sum": 1, "min": 1, "max": 1, "schema_version": 1 }),
+                    )
                     .await
                     .map_err(classify)?;
                 cost.round_trips += 1;
-                while let Some(d) = cursor.try_next().await.map_err(classify)? {
+                while let Some(d) = self.driver(cursor.try_next()).await.map_err(classify)? {
                     cost.buckets_read += 1;
                     let key = (
                         d.get_str("sensor").unwrap_or_default().to_owned(),
@@ -515,14 +519,16 @@ impl MongoStore {
                 "start": { "$in": starts.iter().map(|&s| Bson::DateTime(start_date(s))).collect::<Vec<_>>() },
             };
             let mut cursor = self
-                .rollups
-                .clone_with_type::<RawDocumentBuf>()
-                .find(filter)
-                .projection(doc! { "_id": 0, "sensor": 1, "metric": 1, "start": 1, "s": 1, "complete": 1, "schema_version": 1 })
+                .driver(
+                    self.rollups
+                        .clone_with_type::<RawDocumentBuf>()
+                        .find(filter)
+                        .projection(doc! { "_id": 0, "sensor": 1, "metric": 1, "start": 1, "s": 1, "complete": 1, "schema_version": 1 }),
+                )
                 .await
                 .map_err(classify)?;
             cost.round_trips += 1;
-            while let Some(d) = cursor.try_next().await.map_err(classify)? {
+            while let Some(d) = self.driver(cursor.try_next()).await.map_err(classify)? {
                 cost.rollups_read += 1;
                 let key = (
                     d.get_str("sensor").unwrap_or_default().to_owned(),

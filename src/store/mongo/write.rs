@@ -98,7 +98,7 @@ impl MongoStore {
                     Chunk::Command(command) => command,
                 };
                 *round_trips += 1;
-                match self.db.run_raw_command(command.body).await {
+                match self.driver(self.db.run_raw_command(command.body)).await {
                     Ok(reply) => read_reply(&reply, &command.indexes, outcomes, &mut races),
                     Err(e) => {
                         let class = errors::classify(&e);
