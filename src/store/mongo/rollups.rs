@@ -4,7 +4,6 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use futures_util::TryStreamExt;
 use mongodb::bson::{Bson, RawDocumentBuf, doc};
 
 use super::{MongoStore, classify};
@@ -336,7 +335,9 @@ impl MongoStore {
                     .await
                     .map_err(classify)?;
                 cost.round_trips += 1;
-                while let Some(d) = self.driver(cursor.try_next()).await.map_err(classify)? {
+                // Each document read in place from the reply's batch, not copied.
+                while self.driver(cursor.advance()).await.map_err(classify)? {
+                    let d = cursor.current();
                     cost.buckets_read += 1;
                     let key = (
                         d.get_str("sensor").unwrap_or_default().to_owned(),
@@ -345,7 +346,7 @@ impl MongoStore {
                     if !wanted.contains(&key) {
                         continue;
                     }
-                    let b = read_bucket(&d, self.granularity)?;
+                    let b = read_bucket(d, self.granularity)?;
                     let hour = b.start - b.start.rem_euclid(HOUR);
                     buckets.entry((key, hour)).or_default().push(b);
                 }
@@ -434,13 +435,15 @@ impl MongoStore {
                     .await
                     .map_err(classify)?;
                 cost.round_trips += 1;
-                while let Some(d) = self.driver(cursor.try_next()).await.map_err(classify)? {
+                // Each document read in place from the reply's batch, not copied.
+                while self.driver(cursor.advance()).await.map_err(classify)? {
+                    let d = cursor.current();
                     cost.buckets_read += 1;
                     let key = (
                         d.get_str("sensor").unwrap_or_default().to_owned(),
                         d.get_str("metric").unwrap_or_default().to_owned(),
                     );
-                    let b = read_bucket(&d, self.granularity)?;
+                    let b = read_bucket(d, self.granularity)?;
                     let k = (b.start - h) / 60;
                     if wanted.get(&key).is_some_and(|m| m & (1 << k) != 0) {
                         fresh.entry((key, h)).or_default().push(b);
@@ -528,13 +531,14 @@ impl MongoStore {
                 .await
                 .map_err(classify)?;
             cost.round_trips += 1;
-            while let Some(d) = self.driver(cursor.try_next()).await.map_err(classify)? {
+            while self.driver(cursor.advance()).await.map_err(classify)? {
+                let d = cursor.current();
                 cost.rollups_read += 1;
                 let key = (
                     d.get_str("sensor").unwrap_or_default().to_owned(),
                     d.get_str("metric").unwrap_or_default().to_owned(),
                 );
-                let r = read_rollup(&d, period)?;
+                let r = read_rollup(d, period)?;
                 if asked.get(&key).is_some_and(|s| s.contains(&r.start)) {
                     out.insert((key, r.start), r);
                 }
