@@ -518,17 +518,21 @@ pub async fn run(
             .await?,
         ]);
     }
-    // Per-round ratios of each Hourglass row (index 2 on) to VictoriaMetrics.
-    let ratios: Vec<Vec<f64>> = (2..rounds[0].len())
-        .map(|i| {
-            let mut r: Vec<f64> = rounds
-                .iter()
-                .map(|round| round[i].cpu_s / round[0].cpu_s.max(1e-9))
-                .collect();
-            r.sort_by(f64::total_cmp);
-            r
-        })
-        .collect();
+    // Per Hourglass row (index 2 on): each round's `cpu(row)` over that
+    // round's VictoriaMetrics CPU, sorted.
+    let ratios_of = |cpu: fn(&Peer) -> f64| -> Vec<Vec<f64>> {
+        (2..rounds[0].len())
+            .map(|i| {
+                let mut r: Vec<f64> = rounds
+                    .iter()
+                    .map(|round| cpu(&round[i]).max(0.0) / round[0].cpu_s.max(1e-9))
+                    .collect();
+                r.sort_by(f64::total_cmp);
+                r
+            })
+            .collect()
+    };
+    let ratios = ratios_of(|p| p.cpu_s);
     let peers: Vec<Peer> = (0..rounds[0].len())
         .map(|i| {
             let mut runs: Vec<Peer> = rounds.iter().map(|r| r[i].clone()).collect();
@@ -587,16 +591,7 @@ pub async fn run(
         ));
     }
     // The same ratios above each Hourglass run's idle CPU.
-    let above_idle: Vec<Vec<f64>> = (2..rounds[0].len())
-        .map(|i| {
-            let mut r: Vec<f64> = rounds
-                .iter()
-                .map(|round| (round[i].cpu_s - round[i].idle_s).max(0.0) / round[0].cpu_s.max(1e-9))
-                .collect();
-            r.sort_by(f64::total_cmp);
-            r
-        })
-        .collect();
+    let above_idle = ratios_of(|p| p.cpu_s - p.idle_s);
     for (h, r) in peers[2..].iter().zip(&above_idle) {
         report.notes.push(format!(
             "{}, above its idle CPU ({:.2} ms a second, measured for {} s before the load, times the load's {:.1} s on the stand-in): {} µs per reading; ratio {} (rounds {}). What a faster database would leave of the figure above: the idle share shrinks with the load's duration.",
@@ -611,18 +606,7 @@ pub async fn run(
     }
     // The same ratios without the CPU spent inside the official driver:
     // the service's own work (see `store/mongo/driver_cpu.rs`).
-    let without_driver: Vec<Vec<f64>> = (2..rounds[0].len())
-        .map(|i| {
-            let mut r: Vec<f64> = rounds
-                .iter()
-                .map(|round| {
-                    (round[i].cpu_s - round[i].driver_s).max(0.0) / round[0].cpu_s.max(1e-9)
-                })
-                .collect();
-            r.sort_by(f64::total_cmp);
-            r
-        })
-        .collect();
+    let without_driver = ratios_of(|p| p.cpu_s - p.driver_s);
     for (h, r) in peers[2..].iter().zip(&without_driver) {
         report.notes.push(format!(
             "{}, without the CPU spent inside the MongoDB driver ({} µs per reading: encoding commands, socket I/O, decoding replies, on the write path and the rollup upkeep): {} µs per reading; ratio {} (rounds {}).",
