@@ -1,8 +1,15 @@
 //! This instance's floor: the earliest acknowledgement it may still hold
-//! unstored, published once a second beside the other instances' (see
+//! unstored, published beside the other instances' (see
 //! `store::mongo::instances` and the README's "Last write wins"). The
 //! others' earliest floor decides which values keep their version; once a
 //! minute, versions older than every floor are dropped.
+//!
+//! The others' floors and the deletes' tombstones are read once a second.
+//! This instance's own document is written once a second only while another
+//! instance runs (only they read it) or when it has taken a new delete in
+//! (the delete waits for that); a lone instance writes it once a minute, so
+//! that operators see it running. Each write promises the next
+//! ([`Cadence`]), and readers judge an instance stopped by its promise.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,12 +20,17 @@ use tracing::{info, warn};
 use hashbrown::HashMap;
 
 use super::MongoStore;
-use super::mongo::Others;
+use super::mongo::{Beat, Others};
 use crate::batcher::clock;
 use crate::batcher::driver::BatcherHandle;
 use crate::journal::Journal;
 
 const PUBLISH_EVERY: Duration = Duration::from_secs(1);
+/// How often a lone instance writes its document.
+const ALONE_EVERY: Duration = Duration::from_secs(60);
+/// Another instance whose beat moved within this long is running: longer
+/// than two of a lone instance's intervals, so two lone ones find each other.
+const OTHERS_LIVE: Duration = Duration::from_secs(150);
 /// An instance whose beat has not moved for this long is taken to be down.
 const SILENT_AFTER: Duration = Duration::from_secs(5);
 const JOIN_POLL: Duration = Duration::from_millis(200);
@@ -47,16 +59,103 @@ pub struct Instance {
     pub durable: bool,
 }
 
-/// Publishes the floor once and reads the others' into the watermarks.
+/// When this instance writes its document: a pure core, driven by
+/// [`run`] with the time passed in.
+#[derive(Debug)]
+pub struct Cadence {
+    /// The last write, and the interval it promised.
+    written: Option<(Instant, Duration)>,
+    /// The newest delete taken in when it was written.
+    seen_written: i64,
+    /// Each other instance's last beat, and when it was seen to move.
+    others: HashMap<String, (i64, Instant)>,
+}
+
+impl Default for Cadence {
+    fn default() -> Self {
+        Self {
+            written: None,
+            seen_written: i64::MIN,
+            others: HashMap::new(),
+        }
+    }
+}
+
+impl Cadence {
+    /// The interval a write at `now` promises: a second while another
+    /// instance runs, else [`ALONE_EVERY`].
+    pub fn every(&self, now: Instant) -> Duration {
+        let others = self
+            .others
+            .values()
+            .any(|&(_, moved)| now.saturating_duration_since(moved) < OTHERS_LIVE);
+        if others { PUBLISH_EVERY } else { ALONE_EVERY }
+    }
+
+    /// Whether the tick at `now`, with the newest delete taken in `seen`,
+    /// writes this instance's document (else it only reads the others').
+    /// A promise is kept a tick early, so a slow round trip does not break it.
+    pub fn due(&self, now: Instant, seen: i64) -> bool {
+        let Some((at, promised)) = self.written else {
+            return true;
+        };
+        seen != self.seen_written
+            || self.every(now) == PUBLISH_EVERY
+            || now.saturating_duration_since(at) + PUBLISH_EVERY >= promised
+    }
+
+    /// Records a write at `now` that published `seen` and promised `every`.
+    pub fn wrote(&mut self, now: Instant, seen: i64, every: Duration) {
+        self.written = Some((now, every));
+        self.seen_written = seen;
+    }
+
+    /// Records the others' beats read at `now`. One seen for the first time
+    /// counts as moving if it published recently enough to be running.
+    pub fn read(&mut self, now: Instant, beats: &[Beat]) {
+        self.others
+            .retain(|id, _| beats.iter().any(|b| &b.id == id));
+        for b in beats {
+            match self.others.get_mut(&b.id) {
+                Some((at, moved)) => {
+                    if *at != b.at {
+                        *at = b.at;
+                        *moved = now;
+                    }
+                }
+                None => {
+                    // Long enough ago not to count as live.
+                    let moved = if b.running {
+                        now
+                    } else {
+                        now.checked_sub(OTHERS_LIVE).unwrap_or(now)
+                    };
+                    self.others.insert(b.id.clone(), (b.at, moved));
+                }
+            }
+        }
+    }
+}
+
+/// Publishes the floor once (promising the next write within `every`) and
+/// reads the others' into the watermarks.
 pub async fn publish(
     instance: &Instance,
     store: &MongoStore,
     batcher: &BatcherHandle,
     journal: Option<&Journal>,
+    every: Duration,
 ) -> Option<Others> {
     let floor = own_floor(batcher, journal);
+    let every_ms = every.as_millis() as i64;
     match store
-        .publish_floor(&instance.id, floor, instance.durable, clock::unix_ms())
+        .publish_floor(
+            &instance.id,
+            floor,
+            instance.durable,
+            every_ms,
+            clock::unix_ms(),
+        )
         .await
     {
         Ok(others) => {
@@ -66,6 +165,20 @@ pub async fn publish(
         // The others' floors only rise: the last one read stays safe.
         Err(e) => {
             warn!(error = %e, "Could not publish this instance's floor; retrying.");
+            None
+        }
+    }
+}
+
+/// Reads the others' floors into the watermarks, without writing.
+async fn read(instance: &Instance, store: &MongoStore) -> Option<Others> {
+    match store.read_floors(&instance.id, clock::unix_ms()).await {
+        Ok(others) => {
+            store.watermarks().set_others(others.floor);
+            Some(others)
+        }
+        Err(e) => {
+            warn!(error = %e, "Could not read the other instances' floors; retrying.");
             None
         }
     }
@@ -85,7 +198,7 @@ pub async fn join(
     batcher: &BatcherHandle,
     journal: Option<&Journal>,
 ) {
-    let Some(first) = publish(instance, store, batcher, journal).await else {
+    let Some(first) = publish(instance, store, batcher, journal, PUBLISH_EVERY).await else {
         return;
     };
     if first.beats.is_empty() {
@@ -96,7 +209,7 @@ pub async fn join(
     let mut seen: HashMap<String, (i64, u8, Instant)> = first
         .beats
         .into_iter()
-        .map(|(id, at)| (id, (at, 0, started)))
+        .map(|b| (b.id, (b.at, 0, started)))
         .collect();
     loop {
         let now = Instant::now();
@@ -108,15 +221,15 @@ pub async fn join(
             break;
         }
         tokio::time::sleep(JOIN_POLL).await;
-        let Some(others) = publish(instance, store, batcher, journal).await else {
+        let Some(others) = publish(instance, store, batcher, journal, PUBLISH_EVERY).await else {
             continue;
         };
-        for (id, at) in others.beats {
+        for b in others.beats {
             // One that joined after this one waits for this one itself.
-            if let Some((last, moved, since)) = seen.get_mut(&id)
-                && at != *last
+            if let Some((last, moved, since)) = seen.get_mut(&b.id)
+                && b.at != *last
             {
-                *last = at;
+                *last = b.at;
                 *moved = moved.saturating_add(1);
                 *since = Instant::now();
             }
@@ -129,8 +242,9 @@ pub async fn join(
     );
 }
 
-/// Publishes the floor once a second until `end` resolves; then, if nothing
-/// is left unstored, removes this instance's document.
+/// Reads the others' floors once a second and publishes this one's as the
+/// [`Cadence`] says, until `end` resolves; then, if nothing is left
+/// unstored, removes this instance's document.
 pub async fn run(
     instance: Instance,
     store: Arc<MongoStore>,
@@ -145,13 +259,29 @@ pub async fn run(
     let mut holder = None;
     let mut last_warned: Option<Instant> = None;
     let mut stale_since: Option<Instant> = None;
+    // `join` has just written, promising a second.
+    let mut cadence = Cadence::default();
+    cadence.wrote(Instant::now(), i64::MIN, PUBLISH_EVERY);
     tokio::pin!(end);
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = &mut end => break,
         }
-        if let Some(others) = publish(&instance, &store, &batcher, journal.as_ref()).await {
+        let now = Instant::now();
+        let seen = store.deletes_seen();
+        let others = if cadence.due(now, seen) {
+            let every = cadence.every(now);
+            let others = publish(&instance, &store, &batcher, journal.as_ref(), every).await;
+            if others.is_some() {
+                cadence.wrote(now, seen, every);
+            }
+            others
+        } else {
+            read(&instance, &store).await
+        };
+        if let Some(others) = others {
+            cadence.read(Instant::now(), &others.beats);
             holder = others.holder;
         }
         if last_prune.elapsed() >= PRUNE_EVERY {
@@ -202,7 +332,13 @@ pub async fn run(
         // Owed readings wait for the next start: until then every value the
         // others store keeps its version.
         store
-            .publish_floor(&instance.id, i64::MIN, instance.durable, clock::unix_ms())
+            .publish_floor(
+                &instance.id,
+                i64::MIN,
+                instance.durable,
+                PUBLISH_EVERY.as_millis() as i64,
+                clock::unix_ms(),
+            )
             .await
             .map(|_| ())
     } else {
@@ -210,5 +346,137 @@ pub async fn run(
     };
     if let Err(e) = result {
         warn!(error = %e, "Could not update this instance's floor on the way out.");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn beat(id: &str, at: i64) -> Beat {
+        Beat {
+            id: id.to_owned(),
+            at,
+            running: true,
+        }
+    }
+
+    /// Drives a cadence one tick a second for `seconds`; `others(t)` gives
+    /// the beats read at second `t`. Returns the seconds it wrote at.
+    fn drive(seconds: u64, others: impl Fn(u64) -> Vec<Beat>) -> Vec<u64> {
+        let start = Instant::now();
+        let mut c = Cadence::default();
+        let mut writes = Vec::new();
+        for t in 0..seconds {
+            let now = start + Duration::from_secs(t);
+            if c.due(now, i64::MIN) {
+                let every = c.every(now);
+                c.wrote(now, i64::MIN, every);
+                writes.push(t);
+            }
+            c.read(now, &others(t));
+        }
+        writes
+    }
+
+    #[test]
+    fn a_lone_instance_writes_its_document_once_a_minute() {
+        let writes = drive(600, |_| Vec::new());
+        assert_eq!(
+            writes,
+            vec![0, 59, 118, 177, 236, 295, 354, 413, 472, 531, 590]
+        );
+    }
+
+    #[test]
+    fn another_running_instance_makes_it_write_every_second_until_it_stops() {
+        // The other beats for seconds 100..200, then stops.
+        let writes = drive(600, |t| {
+            if t < 100 {
+                Vec::new()
+            } else {
+                vec![beat("b", t.min(200) as i64)]
+            }
+        });
+        let every_second: Vec<u64> = (101..=200 + 149).collect();
+        assert!(
+            writes
+                .windows(every_second.len())
+                .any(|w| w == every_second)
+        );
+        // Then once a minute again, the first of those promising a minute.
+        let after: Vec<u64> = writes.into_iter().filter(|&t| t > 349).collect();
+        assert_eq!(after, vec![350, 409, 468, 527, 586]);
+    }
+
+    #[test]
+    fn a_stopped_instance_s_document_does_not_make_it_write_every_second() {
+        let stale = Beat {
+            id: "gone".to_owned(),
+            at: 5,
+            running: false,
+        };
+        let writes = drive(200, |_| vec![stale.clone()]);
+        assert_eq!(writes, vec![0, 59, 118, 177]);
+    }
+
+    #[test]
+    fn a_delete_taken_in_is_published_at_the_next_tick() {
+        let start = Instant::now();
+        let mut c = Cadence::default();
+        c.wrote(start, 1, ALONE_EVERY);
+        assert!(!c.due(start + Duration::from_secs(1), 1));
+        assert!(c.due(start + Duration::from_secs(1), 2));
+    }
+
+    proptest! {
+        /// Against the rules stated plainly: every promise is kept (ticks a
+        /// second apart), a tick writes whenever another instance moved
+        /// within `OTHERS_LIVE` or a delete was taken in since the last
+        /// write, and otherwise only when the promise is a tick from due.
+        #[test]
+        fn the_cadence_keeps_its_promises_and_writes_only_when_needed(
+            events in prop::collection::vec((any::<bool>(), prop::bool::weighted(0.02), prop::bool::weighted(0.01)), 1..900)
+        ) {
+            let start = Instant::now();
+            let mut c = Cadence::default();
+            let mut last: Option<(u64, u64, i64)> = None; // (second, promised s, seen)
+            let mut other_at = 0i64;
+            let mut other_moved: Option<u64> = None;
+            let mut seen = 0i64;
+            c.read(start, &[Beat { id: "b".to_owned(), at: 0, running: false }]);
+            for (t, &(quiet, moves, delete)) in events.iter().enumerate() {
+                let t = t as u64;
+                let now = start + Duration::from_secs(t);
+                if delete {
+                    seen += 1;
+                }
+                let live = other_moved.is_some_and(|m| t - m < OTHERS_LIVE.as_secs());
+                let must = match last {
+                    None => true,
+                    Some((at, promised, s)) => live || s != seen || t - at + 1 >= promised,
+                };
+                let due = c.due(now, seen);
+                prop_assert_eq!(due, must, "second {}", t);
+                if due {
+                    if let Some((at, promised, _)) = last {
+                        prop_assert!(t - at <= promised);
+                    }
+                    let every = c.every(now);
+                    prop_assert_eq!(every, if live { PUBLISH_EVERY } else { ALONE_EVERY });
+                    c.wrote(now, seen, every);
+                    last = Some((t, every.as_secs(), seen));
+                }
+                // The other instance is present from the start; it beats
+                // when it moves, and `quiet` ticks read nothing new.
+                if moves && !quiet {
+                    other_at += 1;
+                    other_moved = Some(t);
+                }
+                c.read(now, &[Beat { id: "b".to_owned(), at: other_at, running: false }]);
+            }
+        }
     }
 }

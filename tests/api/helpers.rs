@@ -141,6 +141,15 @@ impl TestApp {
             .expect("the request is sent")
     }
 
+    /// The sum of the metric series whose lines start with `line_start`.
+    pub async fn metric(&self, line_start: &str) -> f64 {
+        let text = self.get("/metrics").await.text().await.expect("metrics");
+        text.lines()
+            .filter(|l| l.starts_with(line_start))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
     pub async fn get_json(&self, path_and_query: &str) -> Value {
         let r = self.get(path_and_query).await;
         assert_eq!(r.status(), 200, "GET {path_and_query}");

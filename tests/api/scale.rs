@@ -430,3 +430,68 @@ async fn forgetting_an_instance_gone_for_good_lets_values_be_stored_without_vers
     .await;
     app.stop().await.expect("drains");
 }
+
+/// A lone instance writes its floor document once a minute (and says so in
+/// `every`): only other instances read it. It still reads theirs every
+/// second, so once another instance runs on the database, both write theirs
+/// every second.
+#[tokio::test]
+async fn a_lone_instance_writes_its_floor_once_a_minute_and_every_second_beside_another() {
+    use futures_util::TryStreamExt;
+    use mongodb::bson::{Document, doc};
+
+    let a = spawn_app_with(journal_settings()).await;
+    let metadata =
+        a.db.collection::<Document>(&a.settings.mongodb.metadata_collection);
+    let instances = || async {
+        metadata
+            .find(doc! { "_id": { "$regex": "^instance:" } })
+            .await
+            .expect("find")
+            .try_collect::<Vec<Document>>()
+            .await
+            .expect("read")
+    };
+    let every = |d: &Document| d.get_i64("every").ok();
+    const WRITTEN: &str =
+        "hourglass_db_documents_written_total{collection=\"metadata\",kind=\"instance_floor\"}";
+    const READ: &str =
+        "hourglass_db_documents_read_total{collection=\"metadata\",kind=\"instance_floor\"}";
+    eventually(
+        Duration::from_secs(20),
+        "a lone instance promises a minute",
+        || async {
+            let docs = instances().await;
+            docs.len() == 1 && every(&docs[0]) == Some(60_000)
+        },
+    )
+    .await;
+    // A read follows each write's count.
+    let read = a.metric(READ).await;
+    eventually(Duration::from_secs(20), "a read", || async {
+        a.metric(READ).await > read
+    })
+    .await;
+    let (written, read) = (a.metric(WRITTEN).await, a.metric(READ).await);
+    eventually(Duration::from_secs(20), "three more reads", || async {
+        a.metric(READ).await >= read + 3.0
+    })
+    .await;
+    assert_eq!(a.metric(WRITTEN).await, written, "reads without writes");
+
+    let mut s = a.settings.clone();
+    s.journal.dir = journal_dir();
+    let b = spawn_app_with(s).await;
+    let written = a.metric(WRITTEN).await;
+    eventually(WAIT, "both write every second", || async {
+        let docs = instances().await;
+        docs.len() == 2 && docs.iter().all(|d| every(d) == Some(1_000))
+    })
+    .await;
+    eventually(WAIT, "the lone one writes every second now", || async {
+        a.metric(WRITTEN).await >= written + 3.0
+    })
+    .await;
+    b.stop().await.expect("drains");
+    a.stop().await.expect("drains");
+}

@@ -76,14 +76,6 @@ fn model(expected: &[Value]) -> std::collections::BTreeMap<(String, String, i64)
         .collect()
 }
 
-async fn metric(app: &TestApp, line_start: &str) -> f64 {
-    let text = app.get("/metrics").await.text().await.expect("metrics");
-    text.lines()
-        .filter(|l| l.starts_with(line_start))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 #[tokio::test]
 async fn sparkplug_edge_nodes_publish_unchanged_and_their_values_are_stored_exactly() {
     let broker = Broker::start().await;
@@ -143,11 +135,8 @@ async fn sparkplug_edge_nodes_publish_unchanged_and_their_values_are_stored_exac
         json!([["Node Control/Rebirth", true]])
     );
     assert_eq!(
-        metric(
-            &app,
-            "hourglass_sparkplug_rebirth_requests_total{outcome=\"held\"}"
-        )
-        .await,
+        app.metric("hourglass_sparkplug_rebirth_requests_total{outcome=\"held\"}")
+            .await,
         1.0
     );
     // Dead letters: the unknown alias and the unborn node, payloads intact.
@@ -168,27 +157,22 @@ async fn sparkplug_edge_nodes_publish_unchanged_and_their_values_are_stored_exac
     assert!(dead.iter().all(|d| d["payload_base64"].is_string()));
     // Skipped metrics are counted.
     assert_eq!(
-        metric(&app, "hourglass_sparkplug_metrics_total{reason=\"null\"}").await,
+        app.metric("hourglass_sparkplug_metrics_total{reason=\"null\"}")
+            .await,
         1.0
     );
     assert_eq!(
-        metric(
-            &app,
-            "hourglass_sparkplug_metrics_total{reason=\"transient\"}"
-        )
-        .await,
+        app.metric("hourglass_sparkplug_metrics_total{reason=\"transient\"}")
+            .await,
         1.0
     );
     assert_eq!(
-        metric(
-            &app,
-            "hourglass_sparkplug_metrics_total{reason=\"not_numeric\"}"
-        )
-        .await,
+        app.metric("hourglass_sparkplug_metrics_total{reason=\"not_numeric\"}")
+            .await,
         1.0
     );
     assert_eq!(
-        metric(&app, "hourglass_sparkplug_stale_deaths_total").await,
+        app.metric("hourglass_sparkplug_stale_deaths_total").await,
         1.0
     );
 
@@ -251,7 +235,8 @@ async fn sparkplug_edge_nodes_publish_unchanged_and_their_values_are_stored_exac
     )
     .await;
     assert_eq!(
-        metric(&app, "hourglass_sparkplug_rebirth_requests_total").await,
+        app.metric("hourglass_sparkplug_rebirth_requests_total")
+            .await,
         0.0,
         "no rebirth after a restart"
     );

@@ -377,9 +377,7 @@ impl MongoStore {
             let docs = self.instance_documents().await?;
             let behind = docs.iter().find(|d| {
                 let id = d.get_str("_id").unwrap_or_default();
-                let running = d
-                    .get_datetime("at")
-                    .is_ok_and(|t| now - t.timestamp_millis() < RUNNING_WITHIN_MS);
+                let running = super::instances::published_within(d, now, RUNNING_WITHIN_MS);
                 let seen = d.get_i64("seen").unwrap_or(i64::MIN);
                 Some(id) != own.as_deref() && running && seen < at
             });
@@ -415,7 +413,8 @@ impl MongoStore {
         self.deletes.replace(recorded).await;
     }
 
-    pub(super) fn deletes_seen(&self) -> i64 {
+    /// The newest delete this instance has taken in (its `at`).
+    pub fn deletes_seen(&self) -> i64 {
         self.deletes.seen()
     }
 }

@@ -3,7 +3,8 @@
 //! whether a value this instance stores keeps its version, and the earliest
 //! of all when a stored version can be dropped (see the README's "Last write
 //! wins"). One small document per instance in the metadata collection,
-//! written and read once a second.
+//! read once a second and written as often as it promises (`every`): once a
+//! second while other instances run, once a minute for a lone one.
 
 use futures_util::TryStreamExt;
 use mongodb::bson::{Bson, DateTime, Document, doc};
@@ -16,6 +17,26 @@ const PREFIX: &str = "instance:";
 /// An instance without a journal that has not published for this long has
 /// stopped: what it held unstored died with it, so its floor no longer counts.
 const VOLATILE_AFTER_MS: i64 = 30_000;
+
+/// How often an instance that did not say writes its document (ms).
+const EVERY_MS: i64 = 1_000;
+
+/// How often the instance of `d` promised to write its document (ms).
+fn every_of(d: &Document) -> i64 {
+    match d.get("every") {
+        Some(Bson::Int64(e)) => *e,
+        Some(Bson::Int32(e)) => i64::from(*e),
+        _ => EVERY_MS,
+    }
+}
+
+/// The instance of `d` published within `window` ms of `now`, or within
+/// two of its promised intervals if those are longer: one that writes once
+/// a minute is not taken for stopped after 5 s of quiet.
+pub(super) fn published_within(d: &Document, now: i64, window: i64) -> bool {
+    d.get_datetime("at")
+        .is_ok_and(|at| now - at.timestamp_millis() < window.max(2 * every_of(d)))
+}
 
 /// A published floor; `None` if unreadable.
 fn floor_of(d: &Document) -> Option<i64> {
@@ -34,9 +55,7 @@ pub fn others_floor(docs: &[Document], own: &str, now: i64) -> i64 {
         .filter(|d| {
             // A journaled instance's floor holds until it comes back and
             // drains: its journal still owes those readings.
-            d.get_bool("durable").unwrap_or(true)
-                || d.get_datetime("at")
-                    .is_ok_and(|at| now - at.timestamp_millis() < VOLATILE_AFTER_MS)
+            d.get_bool("durable").unwrap_or(true) || published_within(d, now, VOLATILE_AFTER_MS)
         })
         // Unreadable: assume the worst, everything keeps its version.
         .map(|d| floor_of(d).unwrap_or(i64::MIN))
@@ -44,13 +63,27 @@ pub fn others_floor(docs: &[Document], own: &str, now: i64) -> i64 {
         .unwrap_or(i64::MAX)
 }
 
-/// When each other instance last published (its own clock, epoch ms).
-pub fn beats(docs: &[Document], own: &str) -> Vec<(String, i64)> {
+/// One other instance's last publish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Beat {
+    pub id: String,
+    /// When it published (its own clock, epoch ms).
+    pub at: i64,
+    /// It published recently enough, by its promise, to be running.
+    pub running: bool,
+}
+
+/// When each other instance last published, at `now` (epoch ms).
+pub fn beats(docs: &[Document], own: &str, now: i64) -> Vec<Beat> {
     docs.iter()
         .filter_map(|d| {
             let id = d.get_str("_id").ok()?;
             let at = d.get_datetime("at").ok()?.timestamp_millis();
-            (id != own).then(|| (id.to_owned(), at))
+            (id != own).then(|| Beat {
+                id: id.to_owned(),
+                at,
+                running: published_within(d, now, VOLATILE_AFTER_MS),
+            })
         })
         .collect()
 }
@@ -74,7 +107,7 @@ pub struct Others {
     /// Whose floor that is.
     pub holder: Option<String>,
     /// When each last published.
-    pub beats: Vec<(String, i64)>,
+    pub beats: Vec<Beat>,
 }
 
 /// One instance as it last published, for operators (`hourglass instances`).
@@ -87,6 +120,8 @@ pub struct InstanceInfo {
     pub durable: bool,
     /// When it last published (epoch ms, its own clock).
     pub at: Option<i64>,
+    /// How often it promised to publish (ms).
+    pub every_ms: i64,
 }
 
 /// Why an instance's document was not removed.
@@ -105,13 +140,14 @@ pub enum ForgetError {
 const RUNNING_WITHIN_MS: i64 = 30_000;
 
 impl MongoStore {
-    /// Publishes this instance's `floor` and reads the others'. Two round
-    /// trips.
+    /// Publishes this instance's `floor`, promising to publish again within
+    /// `every_ms`, and reads the others'. Two round trips.
     pub async fn publish_floor(
         &self,
         id: &str,
         floor: i64,
         durable: bool,
+        every_ms: i64,
         now: i64,
     ) -> Result<Others, StoreError> {
         let own = format!("{PREFIX}{id}");
@@ -124,12 +160,21 @@ impl MongoStore {
                     "floor": floor,
                     "durable": durable,
                     "at": DateTime::from_millis(now),
+                    "every": every_ms,
                     // The newest delete applied: a delete waits for it.
                     "seen": self.deletes_seen(),
                 } },
             )
             .upsert(true);
         self.driver(published).await.map_err(classify)?;
+        self.count(|m| m.db_documents("written", "metadata", "instance_floor", 1));
+        self.read_floors(id, now).await
+    }
+
+    /// Reads the other instances' floors and the deletes' tombstones (and
+    /// applies those): one round trip.
+    pub async fn read_floors(&self, id: &str, now: i64) -> Result<Others, StoreError> {
+        let own = format!("{PREFIX}{id}");
         // The instances' documents and the deletes' tombstones, in one read.
         let pattern = format!(
             "^({}|{})",
@@ -148,14 +193,11 @@ impl MongoStore {
             .into_iter()
             .partition(|d| d.get_str("_id").is_ok_and(|id| id.starts_with(PREFIX)));
         self.apply_tombstones(&tombstones).await;
-        self.count(|m| {
-            m.db_documents("written", "metadata", "instance_floor", 1);
-            m.db_documents("read", "metadata", "instance_floor", docs.len() as u64);
-        });
+        self.count(|m| m.db_documents("read", "metadata", "instance_floor", docs.len() as u64));
         Ok(Others {
             floor: others_floor(&docs, &own, now),
             holder: holder(&docs, &own, now),
-            beats: beats(&docs, &own),
+            beats: beats(&docs, &own, now),
         })
     }
 
@@ -187,6 +229,7 @@ impl MongoStore {
                     floor: floor_of(d),
                     durable: d.get_bool("durable").unwrap_or(true),
                     at: d.get_datetime("at").ok().map(|at| at.timestamp_millis()),
+                    every_ms: every_of(d),
                 })
             })
             .collect())
@@ -194,14 +237,15 @@ impl MongoStore {
 
     /// Removes the record of an instance that is gone for good (its journal
     /// lost), so that its floor stops holding versions back. Refuses one
-    /// that published within the last 30 s (at `now`, epoch ms).
+    /// that published within the last 30 s, or two of its promised intervals
+    /// if longer (at `now`, epoch ms).
     pub async fn forget_stopped_instance(&self, id: &str, now: i64) -> Result<(), ForgetError> {
         let known = self.instances().await?;
         let Some(info) = known.iter().find(|i| i.id == id) else {
             return Err(ForgetError::Unknown(id.to_owned()));
         };
         if let Some(at) = info.at
-            && now - at < RUNNING_WITHIN_MS
+            && now - at < RUNNING_WITHIN_MS.max(2 * info.every_ms)
         {
             return Err(ForgetError::Running {
                 id: id.to_owned(),
@@ -214,10 +258,12 @@ impl MongoStore {
 
     /// Removes this instance's document: it holds nothing unstored and stops.
     pub async fn forget_instance(&self, id: &str) -> Result<(), StoreError> {
-        self.metadata
+        let r = self
+            .metadata
             .delete_one(doc! { "_id": format!("{PREFIX}{id}") })
             .await
             .map_err(classify)?;
+        self.count(|m| m.db_documents("written", "metadata", "instance_floor", r.deleted_count));
         Ok(())
     }
 
@@ -263,5 +309,26 @@ mod tests {
         assert_eq!(others_floor(&docs[..1], "instance:me", now), i64::MAX);
         let odd = vec![doc! { "_id": "instance:x", "floor": "soon" }];
         assert_eq!(others_floor(&odd, "instance:me", now), i64::MIN);
+    }
+
+    #[test]
+    fn an_instance_is_judged_stopped_by_the_interval_it_promised() {
+        let now = 1_000_000;
+        let mut quiet = instance("q", 700_000, false, now - 50_000);
+        // Without a promise: a second, so 50 s of quiet is stopped.
+        assert!(!published_within(&quiet, now, 5_000));
+        assert_eq!(
+            others_floor(std::slice::from_ref(&quiet), "instance:me", now),
+            i64::MAX
+        );
+        quiet.insert("every", 60_000i64);
+        assert!(published_within(&quiet, now, 5_000));
+        assert_eq!(
+            others_floor(std::slice::from_ref(&quiet), "instance:me", now),
+            700_000
+        );
+        assert!(!published_within(&quiet, now + 70_001, 5_000));
+        let beat = &beats(&[quiet], "instance:me", now)[0];
+        assert_eq!((beat.id.as_str(), beat.running), ("instance:q", true));
     }
 }

@@ -41,7 +41,7 @@ mod settings;
 mod write;
 
 pub use dead_letters::{MAX_LISTED as MAX_LISTED_DEAD_LETTERS, Redriven};
-pub use instances::{InstanceInfo, Others};
+pub use instances::{Beat, InstanceInfo, Others};
 pub use settings::{Settings, tls_options};
 
 pub const BUCKET_INDEX: &str = "sensor_metric_start";
