@@ -18,7 +18,7 @@ use crate::store::{Read, StoreError};
 pub(super) const ENTRIES_PER_PASS: usize = 20_000;
 /// A marked hour is rolled up this long after its first mark at the
 /// latest, however often it is marked again (a backfill that goes on).
-const LATEST_AFTER: i64 = 60;
+pub(super) const LATEST_AFTER: i64 = 60;
 /// Bytes of one entry in a statement, above its key: field names, token,
 /// minutes and BSON framing (generous).
 const ENTRY_BYTES: usize = 64;
@@ -41,6 +41,17 @@ impl MongoStore {
         if marks.is_empty() {
             return Ok(0);
         }
+        // A lone instance's upkeep polls the markers until a poll comes
+        // `late_after` past this: past the marks' own time, and past the
+        // end of their write (a slow write is not missed).
+        let ordering = std::sync::atomic::Ordering::AcqRel;
+        self.last_mark.fetch_max(now, ordering);
+        let written = self.write_marks(&marks, now).await;
+        self.last_mark.fetch_max(super::unix_now(), ordering);
+        written
+    }
+
+    async fn write_marks(&self, marks: &late::Marks, now: i64) -> Result<usize, StoreError> {
         let token = ObjectId::new();
         // Commands within the server's limits by construction: statements
         // counted, bytes estimated from the keys (a body at most half the
@@ -50,7 +61,7 @@ impl MongoStore {
         let mut batch: Vec<Document> = Vec::new();
         let mut bytes = 0;
         let mut documents = 0_u64;
-        for (&id, entries) in &marks {
+        for (&id, entries) in marks {
             // A document's entries may be split over statements too.
             for chunk in entries.chunks(4096) {
                 let size: usize = chunk.iter().map(|(k, _)| 2 * k.len() + ENTRY_BYTES).sum();

@@ -88,6 +88,9 @@ pub struct MongoStore {
     close_after: i64,
     /// Seconds without a late mark before a marked hour is rolled up.
     late_after: i64,
+    /// When this instance last marked hours late (epoch seconds): a lone
+    /// instance polls the markers only while some of its own may be left.
+    last_mark: Arc<std::sync::atomic::AtomicI64>,
     dead_letter_retention: Option<Duration>,
     metrics: Option<Arc<Metrics>>,
     /// New series of accepted readings, to register ahead of storage.
@@ -229,6 +232,7 @@ impl MongoStore {
             upkeep: Arc::new(Mutex::new(Upkeep::new(close_after))),
             close_after,
             late_after,
+            last_mark: Arc::new(std::sync::atomic::AtomicI64::new(i64::MIN)),
             dead_letter_retention: settings.dead_letter_retention,
             metrics: None,
             registering: None,
@@ -287,6 +291,10 @@ impl MongoStore {
         const MAX_JOBS: usize = 20_000;
         // Often enough that a marked hour waits about `late_after`.
         let tick = Duration::from_secs(self.late_after.clamp(1, 5).unsigned_abs());
+        // When a poll of the markers last rolled up all that was due, and
+        // when the last poll ran.
+        let mut clean: Option<i64> = None;
+        let mut polled = i64::MIN;
         tokio::pin!(stop);
         loop {
             let now = unix_now();
@@ -302,10 +310,26 @@ impl MongoStore {
                 self.count(|m| m.rollup_pending.set(self.upkeep().pending() as i64));
                 more = due.len() == MAX_JOBS;
             }
-            match self.roll_up_late(now, self.late_after).await {
-                Ok(n) => more |= n >= late::ENTRIES_PER_PASS,
-                Err(e) => warn!(error = %e,
-                    "Rolling up the hours marked late failed; trying again (queries read their buckets meanwhile)."),
+            // A lone instance whose last clean poll came after its own last
+            // marks were due has none of its own left to find: it polls
+            // once a minute, for marks of operators' commands (`redrive`).
+            let lone = self.watermarks.others() == i64::MAX;
+            let last_mark = self.last_mark.load(std::sync::atomic::Ordering::Acquire);
+            let none_left = clean.is_some_and(|at| at > last_mark.saturating_add(self.late_after));
+            if !(lone && none_left && now.saturating_sub(polled) < late::LATEST_AFTER) {
+                polled = now;
+                match self.roll_up_late(now, self.late_after).await {
+                    Ok(n) if n >= late::ENTRIES_PER_PASS => {
+                        clean = None;
+                        more = true;
+                    }
+                    Ok(_) => clean = Some(now),
+                    Err(e) => {
+                        clean = None;
+                        warn!(error = %e,
+                            "Rolling up the hours marked late failed; trying again (queries read their buckets meanwhile).");
+                    }
+                }
             }
             if more {
                 continue;
