@@ -22,10 +22,13 @@
 //! asked to wait for storage.
 
 mod cursor;
+mod files;
+mod intake;
 mod record;
 mod segments;
 mod settings;
 
+pub use intake::{Ack, Intake, IntakeError, NotSafe, REGISTER_WAIT, Registrar, Wait};
 pub use settings::Settings;
 
 /// One framed journal record of `readings` (for the benchmarks).
@@ -53,12 +56,12 @@ use tokio::time::Instant;
 use tracing::{error, info, warn};
 
 use self::cursor::{Cursor, Step};
+use self::files::{bind, instance_id};
 use self::record::FRAME_HEADER;
 use self::segments::{ReadRecord, Recovered, Segments};
 use crate::batcher::clock::{self, Watermarks, unix_ms};
-use crate::batcher::driver::{BatcherHandle, SubmitError};
-use crate::batcher::{FlushResult, NotStored};
-use crate::domain::{BucketKey, Reading};
+use crate::batcher::driver::BatcherHandle;
+use crate::domain::Reading;
 use crate::shutdown::Shutdown;
 use crate::telemetry::metrics::Metrics;
 
@@ -91,98 +94,10 @@ pub enum OpenError {
     },
 }
 
-/// The file in the journal directory naming the target its readings were
-/// acknowledged for: `database/collection (granularity)`.
-const TARGET_FILE: &str = "TARGET";
-const INSTANCE_FILE: &str = "INSTANCE";
-
-/// This journal's instance id: the name its floor is published under (see
-/// `store::mongo::instances`), kept beside the segments so a restart over
-/// the same journal is the same instance.
-fn instance_id(dir: &std::path::Path) -> Result<String, OpenError> {
-    let path = dir.join(INSTANCE_FILE);
-    let io = |source| OpenError::Io {
-        dir: dir.display().to_string(),
-        source,
-    };
-    match std::fs::read_to_string(&path) {
-        Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_owned()),
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io(e)),
-    }
-    let id = uuid::Uuid::new_v4().to_string();
-    let tmp = dir.join(format!("{INSTANCE_FILE}.tmp"));
-    std::fs::write(&tmp, format!("{id}\n")).map_err(io)?;
-    std::fs::File::open(&tmp)
-        .and_then(|f| f.sync_all())
-        .map_err(io)?;
-    std::fs::rename(&tmp, &path).map_err(io)?;
-    Ok(id)
-}
-
-/// Binds the journal in `dir` to `target`: refuses when it holds readings of
-/// another target, and records `target` otherwise. A journal from before the
-/// target was recorded is taken as this target's.
-fn bind(dir: &std::path::Path, target: &str, readings: u64) -> Result<(), OpenError> {
-    let path = dir.join(TARGET_FILE);
-    let io = |source| OpenError::Io {
-        dir: dir.display().to_string(),
-        source,
-    };
-    match std::fs::read_to_string(&path) {
-        Ok(found) if found.trim() == target => return Ok(()),
-        Ok(found) if readings > 0 => {
-            return Err(OpenError::OtherTarget {
-                dir: dir.display().to_string(),
-                readings,
-                found: found.trim().to_owned(),
-                configured: target.to_owned(),
-            });
-        }
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io(e)),
-    }
-    // Written before any reading is journaled for this target, and synced
-    // with its directory, so a crash cannot leave readings without it.
-    let tmp = dir.join(format!("{TARGET_FILE}.tmp"));
-    std::fs::write(&tmp, format!("{target}\n")).map_err(io)?;
-    std::fs::File::open(&tmp)
-        .and_then(|f| f.sync_all())
-        .map_err(io)?;
-    std::fs::rename(&tmp, &path).map_err(io)?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io)
-}
-
 /// The disk refused a commit: the readings are not journaled.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("the journal could not be written: {0}")]
 pub struct JournalError(String);
-
-/// Why readings were refused before anything was done with them.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum IntakeError {
-    #[error("the journal is full ({bytes} of {max} bytes)")]
-    JournalFull { bytes: u64, max: u64 },
-    #[error("the journal has {QUEUE} appends waiting")]
-    Busy,
-    #[error(transparent)]
-    Full(#[from] crate::batcher::Full),
-    #[error("the service is shutting down")]
-    Closed,
-}
-
-impl From<SubmitError> for IntakeError {
-    fn from(e: SubmitError) -> Self {
-        match e {
-            SubmitError::Full(full) => Self::Full(full),
-            SubmitError::Closed => Self::Closed,
-        }
-    }
-}
 
 type Committed = oneshot::Sender<Result<(), JournalError>>;
 
@@ -725,178 +640,5 @@ impl JournalTask {
         self.metrics
             .journal_segments
             .set(segments.list().len() as i64);
-    }
-}
-
-/// How long a writer waits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Wait {
-    /// Until the readings are queued (`?async=true`).
-    Queued,
-    /// Until they are safe: in the journal, or stored when it is off.
-    Safe,
-    /// Until they are stored in MongoDB (`?wait=stored`).
-    Stored,
-}
-
-/// Told of the series of accepted readings, so that listings and series
-/// selections show a series from its first accepted reading rather than its
-/// first stored one (held readings may wait a minute or more for storage).
-pub trait Registrar: Send + Sync {
-    /// The series of `readings` not known to be registered (a cache: cheap).
-    fn unseen(&self, readings: &[Reading<'_>]) -> Vec<(String, String)>;
-    /// Registers them, in the background; the receiver resolves once the
-    /// registry has them (or the attempt failed: storage registers them
-    /// again when it stores their readings).
-    fn register(&self, series: Vec<(String, String)>) -> Option<oneshot::Receiver<()>>;
-}
-
-/// Where ingestors put readings: through the journal when it is on.
-#[derive(Clone)]
-pub struct Intake {
-    batcher: BatcherHandle,
-    journal: Option<Journal>,
-    registrar: Option<Arc<dyn Registrar>>,
-}
-
-/// What an accepted submission resolves to: safe as asked, with its new
-/// series registered.
-pub struct Ack(AckInner, Option<oneshot::Receiver<()>>);
-
-enum AckInner {
-    Now,
-    Stored(oneshot::Receiver<FlushResult>),
-    Journaled(oneshot::Receiver<Result<(), JournalError>>),
-}
-
-/// Why accepted readings were not made safe.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum NotSafe {
-    /// Storage can never apply these buckets; their readings are dead-lettered.
-    #[error("storage refused {} bucket(s); their readings are in the dead-letter collection", .0.len())]
-    DeadLettered(Vec<BucketKey>),
-    #[error(transparent)]
-    Journal(#[from] JournalError),
-    #[error("the service stopped before the readings were safe")]
-    Stopped,
-}
-
-/// How long an acknowledgement waits for its new series to be registered.
-/// Registration takes milliseconds when storage answers; when it does not,
-/// the attempt lasts the driver's server selection (30 s by default) and
-/// attempts queue behind each other, which held every first write of a new
-/// series past `http.write_timeout` during an outage the journal otherwise
-/// rides out. Past this the write is answered anyway: the flush that stores
-/// its readings registers the series.
-pub const REGISTER_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
-
-impl Ack {
-    /// Resolves once the readings are as safe as the writer asked, and
-    /// their new series are registered so a query finds them (waited for
-    /// [`REGISTER_WAIT`] at most).
-    pub async fn safe(self) -> Result<(), NotSafe> {
-        let safe = match self.0 {
-            AckInner::Now => Ok(()),
-            AckInner::Stored(rx) => match rx.await {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(NotStored::DeadLettered(keys))) => Err(NotSafe::DeadLettered(keys)),
-                Ok(Err(NotStored::Shutdown)) | Err(_) => Err(NotSafe::Stopped),
-            },
-            AckInner::Journaled(rx) => match rx.await {
-                Ok(result) => result.map_err(NotSafe::from),
-                Err(_) => Err(NotSafe::Stopped),
-            },
-        };
-        if let Some(registered) = self.1 {
-            let _ = tokio::time::timeout(REGISTER_WAIT, registered).await;
-        }
-        safe
-    }
-}
-
-impl Intake {
-    pub fn new(
-        batcher: BatcherHandle,
-        journal: Option<Journal>,
-        registrar: Option<Arc<dyn Registrar>>,
-    ) -> Self {
-        Self {
-            batcher,
-            journal,
-            registrar,
-        }
-    }
-
-    pub fn journal(&self) -> Option<&Journal> {
-        self.journal.as_ref()
-    }
-
-    /// Takes all of `readings` or none; registers their new series once taken.
-    pub fn submit(&self, readings: Vec<Reading<'_>>, wait: Wait) -> Result<Ack, IntakeError> {
-        let unseen = self
-            .registrar
-            .as_ref()
-            .map(|r| r.unseen(&readings))
-            .unwrap_or_default();
-        let inner = match (&self.journal, wait) {
-            (Some(journal), Wait::Queued | Wait::Safe) => {
-                let rx = journal.append(&readings, wait == Wait::Safe)?;
-                rx.map_or(AckInner::Now, AckInner::Journaled)
-            }
-            _ => {
-                let rx = self.batcher.submit(readings, wait != Wait::Queued)?;
-                rx.map_or(AckInner::Now, AckInner::Stored)
-            }
-        };
-        let registered = match &self.registrar {
-            Some(r) if !unseen.is_empty() => r.register(unseen),
-            _ => None,
-        };
-        Ok(Ack(inner, registered))
-    }
-
-    /// See [`BatcherHandle::flush_soon`]: only prompt readings wait for a flush.
-    pub fn flush_soon(&self) {
-        if self.journal.is_none() {
-            self.batcher.flush_soon();
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn target_of(dir: &std::path::Path) -> String {
-        std::fs::read_to_string(dir.join(TARGET_FILE)).expect("a target file")
-    }
-
-    #[test]
-    fn a_journal_with_readings_is_bound_to_its_target_and_an_empty_one_is_rebound() {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        bind(dir.path(), "db1/buckets (minute)", 0).expect("a new journal binds");
-        assert_eq!(target_of(dir.path()), "db1/buckets (minute)\n");
-        bind(dir.path(), "db1/buckets (minute)", 7).expect("the same target");
-        match bind(dir.path(), "db2/buckets (minute)", 7) {
-            Err(e @ OpenError::OtherTarget { .. }) => {
-                let message = e.to_string();
-                assert!(
-                    message.contains("7 readings acknowledged for db1/buckets (minute)")
-                        && message.contains("writes to db2/buckets (minute)"),
-                    "{message}"
-                );
-            }
-            other => panic!("{other:?}"),
-        }
-        assert_eq!(target_of(dir.path()), "db1/buckets (minute)\n", "unchanged");
-        bind(dir.path(), "db2/buckets (hour)", 0).expect("nothing left to store");
-        assert_eq!(target_of(dir.path()), "db2/buckets (hour)\n");
-    }
-
-    #[test]
-    fn a_journal_from_before_targets_were_recorded_is_taken_as_this_targets() {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        bind(dir.path(), "db/buckets (hour)", 12).expect("binds");
-        assert_eq!(target_of(dir.path()), "db/buckets (hour)\n");
     }
 }

@@ -1,0 +1,116 @@
+//! The upkeep task: rolls up ended hours and the hours marked late.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::{info, warn};
+
+use super::{MongoStore, late, rollups, unix_now};
+use crate::store::StoreError;
+use crate::store::upkeep::Job;
+
+impl MongoStore {
+    /// Rolls up `jobs`, counting what it read and wrote.
+    pub async fn roll_up_counted(
+        &self,
+        jobs: &[Job],
+        now: i64,
+        written: Option<&rollups::Written>,
+        replace: bool,
+    ) -> Result<usize, StoreError> {
+        let cost = self.roll_up(jobs, now, written, replace).await?;
+        self.count(|m| {
+            m.db_documents("read", "buckets", "rollup_upkeep", cost.buckets_read);
+            m.db_documents("read", "rollups", "rollup_upkeep", cost.rollups_read);
+            m.db_documents("written", "rollups", "rollup_upkeep", cost.rollups_written);
+            m.rollup_jobs.inc_by(jobs.len() as u64);
+        });
+        Ok(cost.round_trips)
+    }
+
+    /// Rolls up the hours this instance wrote into while they were open,
+    /// once they are due (see `store::upkeep`), and the hours any instance
+    /// marked late once their writes pause (see `store::late`), until `stop`
+    /// resolves; then the ones that ended (this instance writes nothing
+    /// more) and every late marker.
+    pub async fn run_upkeep(self: Arc<Self>, stop: impl std::future::Future<Output = ()>) {
+        const MAX_JOBS: usize = 20_000;
+        // Often enough that a marked hour waits about `late_after`.
+        let tick = Duration::from_secs(self.late_after.clamp(1, 5).unsigned_abs());
+        // When a poll of the markers last rolled up all that was due, and
+        // when the last poll ran.
+        let mut clean: Option<i64> = None;
+        let mut polled = i64::MIN;
+        tokio::pin!(stop);
+        loop {
+            let now = unix_now();
+            let due = self.upkeep().due(now, MAX_JOBS);
+            let mut more = false;
+            if !due.is_empty() {
+                let jobs: Vec<Job> = due.iter().map(|d| d.job.clone()).collect();
+                match self.roll_up_counted(&jobs, now, None, false).await {
+                    Ok(_) => self.upkeep().done(&due),
+                    Err(e) => warn!(error = %e, jobs = jobs.len(),
+                        "Rolling up ended hours failed; trying again (queries read their buckets meanwhile)."),
+                }
+                self.count(|m| m.rollup_pending.set(self.upkeep().pending() as i64));
+                more = due.len() == MAX_JOBS;
+            }
+            // A lone instance whose last clean poll came after its own last
+            // marks were due has none of its own left to find: it polls
+            // once a minute, for marks of operators' commands (`redrive`).
+            let lone = self.watermarks.others() == i64::MAX;
+            let last_mark = self.last_mark.load(std::sync::atomic::Ordering::Acquire);
+            let none_left = clean.is_some_and(|at| at > last_mark.saturating_add(self.late_after));
+            if !(lone && none_left && now.saturating_sub(polled) < late::LATEST_AFTER) {
+                polled = now;
+                match self.roll_up_late(now, self.late_after).await {
+                    Ok(n) if n >= late::ENTRIES_PER_PASS => {
+                        clean = None;
+                        more = true;
+                    }
+                    Ok(_) => clean = Some(now),
+                    Err(e) => {
+                        clean = None;
+                        warn!(error = %e,
+                            "Rolling up the hours marked late failed; trying again (queries read their buckets meanwhile).");
+                    }
+                }
+            }
+            if more {
+                continue;
+            }
+            tokio::select! {
+                _ = &mut stop => break,
+                _ = tokio::time::sleep(tick) => {}
+            }
+        }
+        let now = unix_now();
+        let ended = self.upkeep().ended(now, usize::MAX);
+        let jobs: Vec<Job> = ended.iter().map(|d| d.job.clone()).collect();
+        if !jobs.is_empty() {
+            match self.roll_up_counted(&jobs, now, None, false).await {
+                Ok(_) => self.upkeep().done(&ended),
+                Err(e) => warn!(error = %e, jobs = jobs.len(),
+                    "Could not roll up the ended hours before stopping; queries read their buckets until they are."),
+            }
+        }
+        loop {
+            match self.roll_up_late(now, 0).await {
+                Ok(n) if n >= late::ENTRIES_PER_PASS => continue,
+                Ok(_) => break,
+                Err(e) => {
+                    warn!(error = %e, "Could not roll up the hours marked late before stopping; another instance, or the next start, will.");
+                    break;
+                }
+            }
+        }
+        let open = self.upkeep().pending();
+        if open > 0 {
+            info!(
+                series_hours = open,
+                "Hours still open at shutdown are rolled up when next written, or read from their buckets."
+            );
+        }
+    }
+}
