@@ -71,8 +71,11 @@ const QUEUE: usize = 4096;
 const MAX_GROUP_BYTES: usize = 16 << 20;
 /// The backlog is read back in chunks of about this much.
 const READ_BYTES: usize = 4 << 20;
-/// How often the task looks for segments to delete and room for the backlog.
+/// How often the task looks for room for the backlog while there is one...
 const TICK: Duration = Duration::from_millis(200);
+/// ...and for segments to delete otherwise: each wake-up costs an idle
+/// service CPU, and a segment deleted a second later costs nothing.
+const IDLE_TICK: Duration = Duration::from_secs(1);
 
 /// Opening the journal failed.
 #[derive(Debug, thiserror::Error)]
@@ -331,20 +334,21 @@ impl JournalTask {
     /// was already queued and returns itself for [`Self::finish`].
     pub async fn run(mut self) -> Self {
         let shutdown = self.shared.shutdown.clone();
-        let mut tick = tokio::time::interval(TICK);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         self.feed().await;
+        let mut tidy = Instant::now() + TICK;
         loop {
             tokio::select! {
                 biased;
                 _ = shutdown.triggered() => break,
                 Some(first) = self.rx.recv() => self.commit(first).await,
                 _ = self.batcher.room(), if !self.cursor.caught_up() => self.feed().await,
-                _ = tick.tick() => {
+                _ = tokio::time::sleep_until(tidy) => {
                     if !self.cursor.caught_up() {
                         self.feed().await;
                     }
                     self.retire().await;
+                    let every = if self.cursor.caught_up() { IDLE_TICK } else { TICK };
+                    tidy = Instant::now() + every;
                 }
             }
         }
