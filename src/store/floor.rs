@@ -77,8 +77,9 @@ pub struct Cadence {
     seen_written: i64,
     /// The last read of the others' documents.
     last_read: Option<Instant>,
-    /// Each other instance's last beat, and when it was seen to move.
-    others: HashMap<String, (i64, Instant)>,
+    /// Each other instance's last beat, and when it was seen to move (never
+    /// for one already stopped when first seen).
+    others: HashMap<String, (i64, Option<Instant>)>,
 }
 
 impl Default for Cadence {
@@ -96,10 +97,9 @@ impl Cadence {
     /// The interval a write at `now` promises: a second while another
     /// instance runs, else [`ALONE_EVERY`].
     pub fn every(&self, now: Instant) -> Duration {
-        let others = self
-            .others
-            .values()
-            .any(|&(_, moved)| now.saturating_duration_since(moved) < OTHERS_LIVE);
+        let others = self.others.values().any(|&(_, moved)| {
+            moved.is_some_and(|m| now.saturating_duration_since(m) < OTHERS_LIVE)
+        });
         if others { PUBLISH_EVERY } else { ALONE_EVERY }
     }
 
@@ -141,16 +141,11 @@ impl Cadence {
                 Some((at, moved)) => {
                     if *at != b.at {
                         *at = b.at;
-                        *moved = now;
+                        *moved = Some(now);
                     }
                 }
                 None => {
-                    // Long enough ago not to count as live.
-                    let moved = if b.running {
-                        now
-                    } else {
-                        now.checked_sub(OTHERS_LIVE).unwrap_or(now)
-                    };
+                    let moved = b.running.then_some(now);
                     self.others.insert(b.id.clone(), (b.at, moved));
                 }
             }
@@ -284,8 +279,8 @@ pub async fn join(
 }
 
 /// Reads the others' floors and publishes this one's as the [`Cadence`]
-/// says, until `end` resolves; then, if nothing is left
-/// unstored, removes this instance's document.
+/// says, until `end` resolves; then, if nothing is left unstored, removes
+/// this instance's document.
 pub async fn run(
     instance: Instance,
     store: Arc<MongoStore>,

@@ -3,8 +3,10 @@
 //! whether a value this instance stores keeps its version, and the earliest
 //! of all when a stored version can be dropped (see the README's "Last write
 //! wins"). One small document per instance in the metadata collection,
-//! read once a second and written as often as it promises (`every`): once a
-//! second while other instances run, once a minute for a lone one.
+//! read and written once a second while other instances run; a lone one
+//! reads every three seconds and writes once a minute. Each write says how
+//! soon the next comes (`every`), and readers judge by it (see
+//! `store::floor`).
 
 use futures_util::TryStreamExt;
 use mongodb::bson::{Bson, DateTime, Document, doc};
