@@ -251,7 +251,7 @@ async fn hourglass_peer(
     };
     let target = ctx.target(what, "minute", false, journal).await?;
     let mongo = mongodb::Client::with_uri_str(ctx.mongodb_uri()?).await?;
-    // The service's CPU while it waits (its once-a-second floor, the
+    // The service's CPU while it waits (its floor reads, the
     // upkeep's polls, the driver's monitoring): the stand-in stretches a
     // load to tens of seconds where a real MongoDB takes a few, and this
     // rate times the load's duration is what the stretch costs.
