@@ -90,6 +90,17 @@ pub fn beats(docs: &[Document], own: &str, now: i64) -> Vec<Beat> {
         .collect()
 }
 
+/// Whether `own` rolls up the hours marked late: no other instance running
+/// by its promise has a lower id, so exactly one does while they agree on
+/// who runs.
+pub fn rolls_up_late(docs: &[Document], own: &str, now: i64) -> bool {
+    docs.iter().all(|d| {
+        d.get_str("_id").map_or(true, |id| {
+            id >= own || !published_within(d, now, VOLATILE_AFTER_MS)
+        })
+    })
+}
+
 /// The instance (id without the prefix) whose floor is the earliest of the
 /// others', the one that holds versions back.
 pub fn holder(docs: &[Document], own: &str, now: i64) -> Option<String> {
@@ -196,6 +207,10 @@ impl MongoStore {
             .partition(|d| d.get_str("_id").is_ok_and(|id| id.starts_with(PREFIX)));
         self.apply_tombstones(&tombstones).await;
         self.count(|m| m.db_documents("read", "metadata", "instance_floor", docs.len() as u64));
+        self.late_roller.store(
+            rolls_up_late(&docs, &own, now),
+            std::sync::atomic::Ordering::Release,
+        );
         Ok(Others {
             floor: others_floor(&docs, &own, now),
             holder: holder(&docs, &own, now),
@@ -311,6 +326,23 @@ mod tests {
         assert_eq!(others_floor(&docs[..1], "instance:me", now), i64::MAX);
         let odd = vec![doc! { "_id": "instance:x", "floor": "soon" }];
         assert_eq!(others_floor(&odd, "instance:me", now), i64::MIN);
+    }
+
+    #[test]
+    fn the_running_instance_with_the_lowest_id_rolls_up_late_hours() {
+        let now = 1_000_000;
+        let docs = vec![
+            instance("b", 5, true, now),
+            instance("c", 5, false, now),
+            // Stopped by its promise: no longer in the running.
+            instance("a", 5, true, now - VOLATILE_AFTER_MS - 1),
+        ];
+        assert!(rolls_up_late(&docs, "instance:b", now));
+        assert!(!rolls_up_late(&docs, "instance:c", now));
+        assert!(rolls_up_late(&docs[..0], "instance:c", now), "alone");
+        let mut a = docs[2].clone();
+        a.insert("at", DateTime::from_millis(now));
+        assert!(!rolls_up_late(&[a], "instance:b", now));
     }
 
     #[test]

@@ -92,6 +92,9 @@ pub struct MongoStore {
     /// When this instance last marked hours late (epoch seconds): a lone
     /// instance polls the markers only while some of its own may be left.
     last_mark: Arc<std::sync::atomic::AtomicI64>,
+    /// This instance rolls up the hours marked late: no other running
+    /// instance has a lower id (set with each read of the floors).
+    late_roller: Arc<std::sync::atomic::AtomicBool>,
     dead_letter_retention: Option<Duration>,
     metrics: Option<Arc<Metrics>>,
     /// New series of accepted readings, to register ahead of storage.
@@ -234,6 +237,7 @@ impl MongoStore {
             close_after,
             late_after,
             last_mark: Arc::new(std::sync::atomic::AtomicI64::new(i64::MIN)),
+            late_roller: Arc::new(std::sync::atomic::AtomicBool::new(true)),
             dead_letter_retention: settings.dead_letter_retention,
             metrics: None,
             registering: None,

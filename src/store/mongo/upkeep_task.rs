@@ -62,7 +62,11 @@ impl MongoStore {
             let lone = self.watermarks.others() == i64::MAX;
             let last_mark = self.last_mark.load(std::sync::atomic::Ordering::Acquire);
             let none_left = clean.is_some_and(|at| at > last_mark.saturating_add(self.late_after));
-            if !(lone && none_left && now.saturating_sub(polled) < late::LATEST_AFTER) {
+            // One instance rolls up the marked hours: two rolling up one
+            // hour at once could write a roll-up read before a flush over one
+            // read after it (late roll-ups replace their slots).
+            let roller = self.late_roller.load(std::sync::atomic::Ordering::Acquire);
+            if roller && !(lone && none_left && now.saturating_sub(polled) < late::LATEST_AFTER) {
                 polled = now;
                 match self.roll_up_late(now, self.late_after).await {
                     Ok(n) if n >= late::ENTRIES_PER_PASS => {
@@ -95,7 +99,8 @@ impl MongoStore {
                     "Could not roll up the ended hours before stopping; queries read their buckets until they are."),
             }
         }
-        loop {
+        // The instance that rolls them up goes on doing so; this one stops.
+        while self.late_roller.load(std::sync::atomic::Ordering::Acquire) {
             match self.roll_up_late(now, 0).await {
                 Ok(n) if n >= late::ENTRIES_PER_PASS => continue,
                 Ok(_) => break,
