@@ -174,10 +174,7 @@ pub async fn publish(
         )
         .await
     {
-        Ok(others) => {
-            store.watermarks().set_others(others.floor);
-            Some(others)
-        }
+        Ok(others) => Some(taken(store, others)),
         // The others' floors only rise: the last one read stays safe.
         Err(e) => {
             warn!(error = %e, "Could not publish this instance's floor; retrying.");
@@ -189,15 +186,18 @@ pub async fn publish(
 /// Reads the others' floors into the watermarks, without writing.
 async fn read(instance: &Instance, store: &MongoStore) -> Option<Others> {
     match store.read_floors(&instance.id, clock::unix_ms()).await {
-        Ok(others) => {
-            store.watermarks().set_others(others.floor);
-            Some(others)
-        }
+        Ok(others) => Some(taken(store, others)),
         Err(e) => {
             warn!(error = %e, "Could not read the other instances' floors; retrying.");
             None
         }
     }
+}
+
+/// Puts the others' floor read into the watermarks.
+fn taken(store: &MongoStore, others: Others) -> Others {
+    store.watermarks().set_others(others.floor);
+    others
 }
 
 /// Writes this instance's document as `cadence` says (and reads the
