@@ -47,6 +47,19 @@ async fn writes(url: &str) -> (std::collections::HashMap<String, f64>, f64) {
     (written, read)
 }
 
+/// The data's documents: what the write-ratio targets count.
+const DATA_KINDS: [&str; 4] = [
+    "bucket_update",
+    "rollup_upkeep",
+    "registry_update",
+    "dead_letter",
+];
+
+/// Seconds past a clock hour at which the steady-state marks are taken:
+/// after the hold grace (10 s), the roll-up (`buckets.rollup_after`, 60 s)
+/// and the late markers' clearing.
+const STEADY_AFTER: i64 = 120;
+
 #[allow(clippy::too_many_arguments)]
 pub async fn run(
     ctx: &Ctx,
@@ -118,7 +131,24 @@ pub async fn run(
         .copied()
         .unwrap_or(0.0);
     let mut next = tokio::time::Instant::now();
+    // The steady state: writes between two marks an hour apart, each
+    // `STEADY_AFTER` past a clock hour, once the previous hour's last held
+    // buckets, roll-ups and late markers are done, so each window holds one
+    // whole hour's work and none of the start's one-off writes.
+    let mut marks: Vec<(f64, std::collections::HashMap<String, f64>)> = Vec::new();
+    let mut next_mark = {
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        now - now.rem_euclid(3600) + 3600 + STEADY_AFTER
+    };
     for k in 0..data.ticks() {
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        if now >= next_mark {
+            next_mark += 3600;
+            marks.push((
+                f64::from(k) * data.series() as f64,
+                writes(&target.url).await.0,
+            ));
+        }
         tokio::time::sleep_until(next).await;
         next += interval;
         let rows: Vec<Row> = data.tick(k).collect();
@@ -230,16 +260,7 @@ pub async fn run(
         writes_after.0.get(kind).copied().unwrap_or(0.0)
             - writes_before.0.get(kind).copied().unwrap_or(0.0)
     };
-    // The data's documents: what the write-ratio targets count.
-    let data_written: f64 = [
-        "bucket_update",
-        "rollup_upkeep",
-        "registry_update",
-        "dead_letter",
-    ]
-    .iter()
-    .map(|k| written(k))
-    .sum();
+    let data_written: f64 = DATA_KINDS.iter().map(|k| written(k)).sum();
     // Every kind the service counts, coordination included (late markers,
     // the instance floor, version prunes, tombstones).
     let kinds: std::collections::BTreeMap<&str, f64> = writes_after
@@ -249,6 +270,15 @@ pub async fn run(
         .map(|k| (k.as_str(), written(k)))
         .collect();
     let all_written: f64 = kinds.values().sum();
+    // The last whole hour between two marks, if the run held one.
+    let steady = marks.windows(2).last().map(|w| {
+        let (o0, w0) = &w[0];
+        let (o1, w1) = &w[1];
+        let d = |k: &str| w1.get(k).copied().unwrap_or(0.0) - w0.get(k).copied().unwrap_or(0.0);
+        let data: f64 = DATA_KINDS.iter().map(|k| d(k)).sum();
+        let all: f64 = w1.keys().map(|k| d(k)).sum();
+        (o1 - o0, data, all)
+    });
     let upkeep_read = writes_after.1 - writes_before.1;
     let fsyncs = delta("hourglass_journal_fsyncs_total");
     let (p50, p99, max) = percentiles(latencies.lock().await.clone());
@@ -361,6 +391,14 @@ pub async fn run(
         "all document writes per reading (1 in …)".into(),
         one_in(all_written),
     ]);
+    if let Some((readings, data, all)) = steady {
+        let one_in = |w: f64| format!("1 in {}", f(readings / w.max(1.0)));
+        s.row(vec![
+            "steady state, the last whole clock hour: data / all document writes per reading"
+                .into(),
+            format!("{} / {}", one_in(data), one_in(all)),
+        ]);
+    }
     s.row(vec![
         "documents the rollup upkeep read per reading".into(),
         f(upkeep_read / offered as f64),
@@ -413,6 +451,11 @@ pub async fn run(
         "granularity": granularity, "peak_rss_mib": peak_rss,
         "journal": journal, "journal_bytes_per_reading": journal_bytes / offered as f64,
         "journal_fsyncs": fsyncs, "seconds_to_all_stored": all_s - offered_s,
+        "steady_hour": steady.map(|(readings, data, all)| serde_json::json!({
+            "readings": readings, "data_writes": data, "all_writes": all,
+            "data_writes_per_reading": data / readings.max(1.0),
+            "all_writes_per_reading": all / readings.max(1.0),
+        })),
     }));
     let mut ok = errors.load(Ordering::Relaxed) == 0 && stored as u64 == offered;
     if verify {

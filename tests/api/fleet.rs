@@ -302,6 +302,46 @@ async fn a_flush_of_65_late_sensors_in_a_fleet_of_10000_does_rollup_work_for_65(
     app.stop().await.expect("clean stop");
 }
 
+/// The registry's writes are counted like every other: a new series is
+/// registered as it is accepted, its first flush sets its `last_seen`, a
+/// flush of a newer hour moves it, and a flush of an hour already known
+/// writes nothing.
+#[tokio::test]
+async fn every_registry_write_is_counted_once_per_series_and_new_hour() {
+    let app = spawn_app().await;
+    let registry = || {
+        counted(
+            &app,
+            "hourglass_db_documents_written_total",
+            "kind=\"registry_update\"",
+        )
+    };
+    let hour = base_time() + 3 * 3600;
+    let batch = |start: i64| {
+        Value::Array(
+            (0..3)
+                .flat_map(|i| {
+                    let sensor = format!("reg-{i}");
+                    (0..2).map(move |k| reading(&sensor, "temp", start + 60 * k, 1.0))
+                })
+                .collect(),
+        )
+    };
+    let before = registry().await;
+    for (start, expected) in [(hour, 6.0), (hour + 600, 6.0), (hour + 3600, 9.0)] {
+        let r = app.post_readings(&batch(start)).await;
+        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+        assert_eq!(
+            registry().await - before,
+            expected,
+            "registry documents written after the flush of {start}"
+        );
+    }
+    let listed = app.get_json("/api/v1/sensors?prefix=reg-").await;
+    assert_eq!(listed["sensors"][0]["last_seen"], rfc3339(hour + 3600));
+    app.stop().await.expect("clean stop");
+}
+
 /// A backfill in time order, one request (one flush) per minute of an hour
 /// that has ended: the upkeep reads the buckets the flushes wrote and the
 /// hour documents, not the hour's earlier buckets again (rolling the hour

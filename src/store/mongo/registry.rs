@@ -58,6 +58,11 @@ impl MongoStore {
             };
             let reply = self.run_write(command, "a sensor registry update").await?;
             commands += 1;
+            let refused = reply.get_array("writeErrors").map_or(0, Vec::len);
+            // Every statement applied is a document written (an upsert of
+            // the series' metrics and newest hour).
+            let applied = chunk.len().saturating_sub(refused) as u64;
+            self.count(|m| m.db_documents("written", "sensors", "registry_update", applied));
             if let Ok(errors) = reply.get_array("writeErrors")
                 && !errors.is_empty()
             {
