@@ -369,7 +369,7 @@ impl Metrics {
             db_written: counter_vec(
                 &r,
                 "hourglass_db_documents_written_total",
-                "Documents the service wrote (each statement applied counts one), by collection and kind (bucket_update, late_marker, rollup_upkeep, registry_update, dead_letter, delete, version_prune, instance_floor, tombstone, sparkplug_birth).",
+                "Documents the service wrote (each statement applied counts one), by collection and kind (bucket_update, late_marker, rollup_upkeep, registry_update, labels, dead_letter, delete, version_prune, instance_floor, tombstone, sparkplug_birth, format).",
                 &["collection", "kind"],
             ),
             query_round_trips: histogram_vec_with(

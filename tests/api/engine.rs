@@ -507,7 +507,7 @@ async fn the_latest_reading_comes_from_the_newest_bucket_or_from_memory() {
     app.stop().await.expect("clean stop");
 }
 
-async fn put_labels(app: &TestApp, sensor: &str, labels: Value) -> reqwest::Response {
+pub async fn put_labels(app: &TestApp, sensor: &str, labels: Value) -> reqwest::Response {
     app.client
         .put(format!("{}/api/v1/sensors/{sensor}/labels", app.address))
         .json(&labels)

@@ -339,6 +339,18 @@ async fn every_registry_write_is_counted_once_per_series_and_new_hour() {
     }
     let listed = app.get_json("/api/v1/sensors?prefix=reg-").await;
     assert_eq!(listed["sensors"][0]["last_seen"], rfc3339(hour + 3600));
+    // Labels are written to the registry too, and counted apart.
+    let labels = || {
+        counted(
+            &app,
+            "hourglass_db_documents_written_total",
+            "kind=\"labels\"",
+        )
+    };
+    let before = labels().await;
+    let r = crate::engine::put_labels(&app, "reg-0", json!({ "site": "berlin" })).await;
+    assert_eq!(r.status(), 204);
+    assert_eq!(labels().await - before, 1.0, "a label write is counted");
     app.stop().await.expect("clean stop");
 }
 

@@ -328,8 +328,11 @@ impl MongoStore {
                     "multi": true,
                 }],
             };
-            self.run_write(command, "restarting late markers' grace")
+            let reply = self
+                .run_write(command, "restarting late markers' grace")
                 .await?;
+            let restarted = reply.get_i32("nModified").map_or(0, |n| n.max(0) as u64);
+            self.count(|m| m.db_documents("written", "late", "rollup_upkeep", restarted));
         }
         Ok(())
     }

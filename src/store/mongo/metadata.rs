@@ -108,7 +108,10 @@ impl MongoStore {
                     "rollup_schema_version": ROLLUP_SCHEMA_VERSION,
                 };
                 match self.metadata.insert_one(fresh.clone()).await {
-                    Ok(_) => fresh,
+                    Ok(_) => {
+                        self.count(|m| m.db_documents("written", "metadata", "format", 1));
+                        fresh
+                    }
                     // Another instance recorded it first: check against that.
                     Err(e) if duplicate_key(&e) => self
                         .metadata
@@ -147,7 +150,8 @@ impl MongoStore {
         }
         // Never lowered: an older instance refuses above, a newer one raises
         // the versions once its migration (none so far) has run.
-        self.metadata
+        let raised = self
+            .metadata
             .update_one(
                 doc! { "_id": FORMAT_ID },
                 doc! { "$max": {
@@ -157,6 +161,7 @@ impl MongoStore {
             )
             .await
             .map_err(classify)?;
+        self.count(|m| m.db_documents("written", "metadata", "format", raised.modified_count));
         Ok(())
     }
 }

@@ -113,15 +113,18 @@ impl MongoStore {
             .iter()
             .map(|(k, v)| (k.to_owned(), Bson::from(v)))
             .collect();
-        self.sensors
+        let r = self
+            .sensors
             .update_one(
                 doc! { "_id": sensor },
                 doc! { "$set": { "labels": labels }, "$setOnInsert": { "metrics": [] } },
             )
             .upsert(true)
             .await
-            .map(|_| ())
-            .map_err(classify)
+            .map_err(classify)?;
+        let written = r.modified_count + u64::from(r.upserted_id.is_some());
+        self.count(|m| m.db_documents("written", "sensors", "labels", written));
+        Ok(())
     }
 
     pub(super) async fn add_labels(
@@ -141,6 +144,8 @@ impl MongoStore {
             .projection(doc! { "labels": 1 })
             .await
             .map_err(classify)?;
+        // An upsert: one document written (or left as it was: not told apart).
+        self.count(|m| m.db_documents("written", "sensors", "labels", 1));
         let now = after.as_ref().and_then(|d| d.get_document("labels").ok());
         Ok(labels
             .iter()
