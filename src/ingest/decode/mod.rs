@@ -220,6 +220,15 @@ pub fn decode_ndjson<'a>(
 ) -> Result<Vec<Reading<'a>>, DecodeError> {
     let text = std::str::from_utf8(body)
         .map_err(|e| DecodeError::Malformed(format!("the body is not UTF-8: {e}")))?;
+    match plain::ndjson(text, ctx) {
+        Some(readings) => Ok(readings),
+        // Not all plain, or not all valid: line by line, to explain.
+        None => ndjson_lines(text, ctx),
+    }
+}
+
+/// [`decode_ndjson`] line by line, each line through serde unless plain.
+fn ndjson_lines<'a>(text: &'a str, ctx: &DecodeContext) -> Result<Vec<Reading<'a>>, DecodeError> {
     let lines = || {
         text.lines()
             .enumerate()

@@ -46,6 +46,41 @@ pub(super) fn readings<'a>(
     (p.at == text.len()).then_some(out)
 }
 
+/// Every line of an NDJSON body (one reading object per line, each with
+/// its `ts`; blank lines skipped), if they are all plain and valid: one
+/// pass over the body, as for an array.
+pub(super) fn ndjson<'a>(text: &'a str, ctx: &DecodeContext) -> Option<Vec<Reading<'a>>> {
+    let mut p = Parser { text, at: 0 };
+    let mut out = Vec::with_capacity((text.len() / 64).min(ctx.max_readings));
+    loop {
+        // Blank lines are whitespace, newlines included.
+        p.skip_ws();
+        if p.at == text.len() {
+            return Some(out);
+        }
+        let start = p.at;
+        let raw = p.object()?;
+        // One object per line: one that spans lines is two bad lines.
+        if p.bytes()[start..p.at].contains(&b'\n') {
+            return None;
+        }
+        raw.ts.as_ref()?;
+        if out.len() == ctx.max_readings {
+            return None;
+        }
+        out.push(validate(raw, Implied::default(), ctx).ok()?);
+        // The rest of its line: blanks, then a newline or the end.
+        while matches!(p.peek(), Some(b' ' | b'\t' | b'\r')) {
+            p.at += 1;
+        }
+        match p.next() {
+            None => return Some(out),
+            Some(b'\n') => {}
+            Some(_) => return None,
+        }
+    }
+}
+
 /// One reading object alone (an import's NDJSON line), if it is plain.
 pub(super) fn object(text: &str) -> Option<RawReading<'_>> {
     let mut p = Parser { text, at: 0 };
@@ -376,6 +411,51 @@ mod tests {
             }
             if let Err(DecodeError::TooMany { .. }) = reference {
                 prop_assert!(readings(&body, implied, &ctx()).is_none());
+            }
+        }
+    }
+
+    fn ndjson_body() -> impl Strategy<Value = String> {
+        let line_end = prop_oneof![
+            Just("\n"),
+            Just("\r\n"),
+            Just("\n\n"),
+            Just(" \n"),
+            Just(" ")
+        ];
+        (
+            prop::collection::vec((object(), line_end), 0..13),
+            prop_oneof![Just(""), Just("\n"), Just("x")],
+        )
+            .prop_map(|(lines, tail)| {
+                let mut body: String = lines
+                    .into_iter()
+                    .map(|(o, end)| format!("{o}{end}"))
+                    .collect();
+                body.push_str(tail);
+                body
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+        /// An NDJSON body decodes in one pass as line by line, or goes
+        /// line by line.
+        #[test]
+        fn plain_ndjson_bodies_decode_as_their_lines_decode(body in ndjson_body()) {
+            let ctx = ctx();
+            let reference = super::super::ndjson_lines(&body, &ctx);
+            if let Some(got) = ndjson(&body, &ctx) {
+                let Ok(want) = &reference else {
+                    return Err(TestCaseError::fail(format!("{body:?}: plain {got:?}, lines {reference:?}")));
+                };
+                prop_assert!(same(&got, want), "{:?}: plain {:?}, lines {:?}", body, got, want);
+            } else {
+                let long = body.split(|c: char| !c.is_ascii_digit()).any(|d| d.len() > 18);
+                prop_assert!(
+                    reference.is_err() || body.contains('\\') || body.contains("null") || long,
+                    "{:?}: lines {:?}, plain nothing", body, reference
+                );
             }
         }
     }
