@@ -141,6 +141,19 @@ impl CsvColumns {
     }
 }
 
+thread_local! {
+    /// A line's parsed tags and fields, kept from line to line: parsing each
+    /// into new vectors allocated twice a line.
+    static SCRATCH: std::cell::RefCell<Line<'static>> = std::cell::RefCell::new(Line::default());
+}
+
+/// An empty vector of another lifetime's elements, in `v`'s allocation
+/// (collecting in place keeps it: the layouts are the same).
+fn recycle<T, U>(mut v: Vec<T>) -> Vec<U> {
+    v.clear();
+    v.into_iter().filter_map(|_| None).collect()
+}
+
 /// Turns lines into what a batch sends.
 pub struct Converter {
     format: Format,
@@ -202,16 +215,27 @@ impl Converter {
                 // refused a batch. Only what the service cannot tell is
                 // checked: that the line carries its timestamp. Its readings
                 // (the fields that are not strings) are counted for the batch.
-                let mut line = Line::default();
-                parse_line(text.as_bytes(), &mut line).map_err(|e| e.to_string())?;
-                if line.timestamp.is_none() {
+                let readings = SCRATCH.with_borrow_mut(|scratch| {
+                    let mut line = Line {
+                        tags: recycle(std::mem::take(&mut scratch.tags)),
+                        fields: recycle(std::mem::take(&mut scratch.fields)),
+                        ..Line::default()
+                    };
+                    let parsed = parse_line(text.as_bytes(), &mut line);
+                    let readings = line
+                        .fields
+                        .iter()
+                        .filter(|(_, v)| !matches!(v, FieldValue::String(_)))
+                        .count();
+                    let stamped = line.timestamp.is_some();
+                    scratch.tags = recycle(line.tags);
+                    scratch.fields = recycle(line.fields);
+                    parsed.map(|()| (readings, stamped))
+                });
+                let (readings, stamped) = readings.map_err(|e| e.to_string())?;
+                if !stamped {
                     return Err(NO_TIMESTAMP.to_owned());
                 }
-                let readings = line
-                    .fields
-                    .iter()
-                    .filter(|(_, v)| !matches!(v, FieldValue::String(_)))
-                    .count();
                 if readings == 0 {
                     return Err(NO_NUMERIC_FIELD.to_owned());
                 }
@@ -448,6 +472,15 @@ pub(super) mod tests {
     use super::*;
     use crate::ingest::decode::{DecodeError, decode_ndjson};
     use std::time::Duration;
+
+    #[test]
+    fn a_recycled_vector_keeps_its_allocation() {
+        let mut v: Vec<(&str, f64)> = Vec::with_capacity(64);
+        v.push(("a", 1.0));
+        let w: Vec<(&'static str, f64)> = recycle(v);
+        assert!(w.is_empty());
+        assert!(w.capacity() >= 64, "capacity {}", w.capacity());
+    }
 
     fn ctx() -> DecodeContext {
         DecodeContext {
