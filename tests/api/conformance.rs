@@ -514,8 +514,6 @@ const DAY: i64 = 86_400;
 fn conformance_settings(g: Granularity) -> hourglass::Settings {
     let mut s = settings_with(g);
     s.ingest.max_age = Duration::from_secs(400 * DAY as u64);
-    s.http.write_timeout = Duration::from_secs(120);
-    s.http.request_timeout = Duration::from_secs(150);
     s.query.timeout = Duration::from_secs(60);
     s
 }

@@ -18,8 +18,6 @@ use crate::helpers::*;
 fn long_settings(g: Granularity) -> hourglass::Settings {
     let mut s = settings_with(g);
     s.ingest.max_age = Duration::from_secs(400 * 86_400);
-    s.http.write_timeout = Duration::from_secs(120);
-    s.http.request_timeout = Duration::from_secs(150);
     s
 }
 

@@ -41,6 +41,11 @@ pub fn test_settings() -> Settings {
     s.batcher.flush_interval = Duration::from_millis(50);
     // Hours written late are rolled up a second after their last write.
     s.buckets.late_rollup_after = Duration::from_secs(1);
+    // The stand-in is slow and CI runs tests side by side: a write may wait
+    // well past the shipped 10 s (seen in CI as a 503 after ten retries).
+    // The tests of the timeout itself set their own.
+    s.http.write_timeout = Duration::from_secs(120);
+    s.http.request_timeout = Duration::from_secs(150);
     s.mqtt.enabled = false;
     // Most tests check what is stored when the answer comes, which is what
     // the service does with the journal off; the journal tests turn it on.

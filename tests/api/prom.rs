@@ -174,10 +174,6 @@ async fn prometheus_with(samples: &[(&str, &str, i64, f64)]) -> Prometheus {
 async fn hourglass_with(samples: &[(&str, &str, i64, f64)]) -> TestApp {
     let mut s = test_settings();
     s.ingest.max_age = Duration::from_secs(2 * 86_400);
-    // Thousands of samples into the stand-in that every test shares: an
-    // answer may wait past the default timeout (seen once in CI, as a 503).
-    s.http.write_timeout = Duration::from_secs(120);
-    s.http.request_timeout = Duration::from_secs(150);
     let app = spawn_app_with(s).await;
     // Some seconds first written with another value: the later write wins.
     let overwritten: Vec<Value> = samples
