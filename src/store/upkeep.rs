@@ -129,6 +129,24 @@ impl Upkeep {
         }
     }
 
+    /// Marks the writes stored so far: taken by another roll-up (of the
+    /// hours marked late) before it reads buckets, for [`Self::rolled_up`].
+    pub fn mark(&self) -> u64 {
+        self.seq
+    }
+
+    /// A roll-up of the hours marked late read `jobs`' buckets after
+    /// [`Self::mark`] answered `mark` at `at`. The remembered entries of
+    /// those hours, if they had ended by `at`, are covered unless written
+    /// since: they are forgotten, not rolled up a second time once due (the
+    /// last held bucket of an hour is written after it ends, so it is
+    /// marked late and rolled up well before the hour is due here).
+    pub fn rolled_up(&mut self, jobs: &[Job], mark: u64, at: i64) {
+        for job in jobs.iter().filter(|j| j.hour + HOUR <= at) {
+            self.forget(job, mark);
+        }
+    }
+
     fn forget(&mut self, job: &Job, seq: u64) {
         let Some(series) = self.open.get_mut(&job.hour) else {
             return;
@@ -197,33 +215,62 @@ pub(crate) mod tests {
         /// has ended (marked late at once) or `close_after` later (the roller).
         #[test]
         fn every_write_is_covered_by_a_later_roll_up(
-            events in prop::collection::vec((0usize..3, 0i64..4, 0i64..200, any::<bool>()), 1..60),
+            events in prop::collection::vec((0usize..3, 0i64..4, 0i64..200, 0u8..4, any::<u16>()), 1..60),
             close_after in 0i64..120,
         ) {
             let mut u = Upkeep::new(close_after);
             let mut now = 0;
-            // (series, hour) → time of its last write, and whether a roll-up started after it.
-            let mut model: BTreeMap<(usize, i64), (i64, bool)> = BTreeMap::new();
-            for (sensor, hour, wait, roll) in events {
+            // (series, hour) → the event of its last write, and whether a
+            // roll-up started after it.
+            let mut model: BTreeMap<(usize, i64), (usize, bool)> = BTreeMap::new();
+            // A late roll-up under way: its mark, time, event and jobs.
+            let mut late: Option<(u64, i64, usize, Vec<Job>)> = None;
+            for (event, (sensor, hour, wait, action, pick)) in events.into_iter().enumerate() {
                 now += wait * 60;
                 let start = hour * HOUR + (now % HOUR).min(HOUR - 60) / 60 * 60;
                 let name = format!("s{sensor}");
                 let jobs = u.stored(&[update(&name, start)], now);
-                model.insert((sensor, hour), (now, false));
+                model.insert((sensor, hour), (event, false));
                 for j in &jobs {
                     let s: usize = j.sensor[1..].parse().expect("index");
-                    model.insert((s, j.hour / HOUR), (now, true));
+                    model.insert((s, j.hour / HOUR), (event, true));
                 }
-                if roll {
-                    let due = u.due(now, usize::MAX);
-                    for d in &due {
-                        let s: usize = d.job.sensor[1..].parse().expect("index");
-                        prop_assert!(d.job.hour + HOUR + close_after <= now);
-                        if let Some(e) = model.get_mut(&(s, d.job.hour / HOUR)) {
-                            e.1 = true;
+                match action {
+                    1 => {
+                        let due = u.due(now, usize::MAX);
+                        for d in &due {
+                            let s: usize = d.job.sensor[1..].parse().expect("index");
+                            prop_assert!(d.job.hour + HOUR + close_after <= now);
+                            if let Some(e) = model.get_mut(&(s, d.job.hour / HOUR)) {
+                                e.1 = true;
+                            }
                         }
+                        u.done(&due);
                     }
-                    u.done(&due);
+                    // A late roll-up starts: of any hours, ended or not
+                    // (another instance's clock may run ahead).
+                    2 if late.is_none() => {
+                        let jobs = (0..12)
+                            .filter(|k| pick & (1 << k) != 0)
+                            .map(|k| Job { sensor: format!("s{}", k % 3), metric: MetricName::default_metric().as_str().to_owned(), hour: (k / 3) as i64 * HOUR })
+                            .collect();
+                        late = Some((u.mark(), now, event, jobs));
+                    }
+                    // It ends: what it read covers the writes before it,
+                    // in the hours that had ended when it started (an open
+                    // hour's slots must not count as complete).
+                    3 => if let Some((mark, at, started, jobs)) = late.take() {
+                        for j in jobs.iter().filter(|j| j.hour + HOUR <= at) {
+                            let s: usize = j.sensor[1..].parse().expect("index");
+                            if let Some(e) = model.get_mut(&(s, j.hour / HOUR))
+                                && e.0 <= started
+                            {
+                                e.1 = true;
+                            }
+                        }
+                        u.rolled_up(&jobs, mark, at);
+                    }
+                    _ => {}
                 }
             }
             // At the end: whatever is not covered is still remembered.

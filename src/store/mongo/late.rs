@@ -8,7 +8,7 @@ use futures_util::TryStreamExt;
 use mongodb::bson::{Bson, Document, doc, oid::ObjectId};
 
 use super::rollups::Written;
-use super::{MongoStore, classify, classify_read};
+use super::{MongoStore, classify, classify_read, unix_now};
 use crate::domain::{BucketUpdate, Granularity};
 use crate::store::late::{self, Entry};
 use crate::store::upkeep::Job;
@@ -245,8 +245,17 @@ impl MongoStore {
             }
             jobs.sort_unstable();
             jobs.dedup();
+            // The open hours this instance remembers among them are read
+            // now: not rolled up again once due (see `Upkeep::rolled_up`).
+            let mark = self.upkeep().mark();
+            let at = unix_now();
             self.roll_up_counted(&jobs, now, Some(&written), true)
                 .await?;
+            let mut upkeep = self.upkeep();
+            upkeep.rolled_up(&jobs, mark, at);
+            let pending = upkeep.pending();
+            drop(upkeep);
+            self.count(|m| m.rollup_pending.set(pending as i64));
         }
         // Documents no flush marked since they were read go whole: every
         // entry of theirs is rolled up.
