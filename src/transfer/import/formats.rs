@@ -202,7 +202,13 @@ impl Converter {
                 // Sent as it is, in the service's NDJSON body, whose decoder
                 // checks it; `Checker` asks the same decoder here once the
                 // service has refused a batch, to find which lines and why.
-                let line = text.trim();
+                let bytes = text.as_bytes();
+                // Most lines are bare objects: nothing to trim.
+                let line = if bytes.first() == Some(&b'{') && bytes.last() == Some(&b'}') {
+                    text
+                } else {
+                    text.trim()
+                };
                 if !(line.starts_with('{') && line.ends_with('}')) {
                     return Err("a line must hold one reading object".to_owned());
                 }

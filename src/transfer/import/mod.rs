@@ -35,7 +35,7 @@ use tokio::sync::mpsc;
 use self::checkpoint::{Checkpoint, Rejects};
 use self::formats::{Checker, Converter, CsvColumns};
 pub use self::formats::{Format, TsUnit};
-use self::reader::{Reader, open};
+use self::reader::{Reader, Spares, open};
 use super::{Client, Posted, TransferError};
 use crate::config::Settings;
 use crate::ingest::line_protocol::Precision;
@@ -169,6 +169,7 @@ pub async fn run(
         .progress_chars("=> "),
     );
     let read_bytes = Arc::new(AtomicU64::new(0));
+    let spares = Spares::default();
     let (tx, rx) = mpsc::channel::<Result<Batch, TransferError>>(options.in_flight * 2);
     let mut work = Vec::new();
     for (i, p) in plans.iter().enumerate() {
@@ -202,6 +203,7 @@ pub async fn run(
             batch,
             max_bytes,
             read: read_bytes.clone(),
+            spares: spares.clone(),
         });
     }
     let reader = std::thread::Builder::new()
@@ -238,12 +240,17 @@ pub async fn run(
             .map(|batch| {
                 let client = &client;
                 let senders = &senders;
+                let spares = &spares;
                 async move {
                     let mut batch = batch?;
                     // Handed over as it is: no copy of the body.
                     let body = bytes::Bytes::from(std::mem::take(&mut batch.text));
                     let sender = &senders[batch.file];
-                    let outcome = deliver(client, sender, &batch.items, body).await?;
+                    let outcome = deliver(client, sender, &batch.items, &body).await?;
+                    // Sent: its buffers go back to the reader.
+                    if let Ok(text) = body.try_into_mut() {
+                        spares.give(text.into(), std::mem::take(&mut batch.items));
+                    }
                     Ok::<_, TransferError>((batch, outcome))
                 }
             })
@@ -377,7 +384,7 @@ async fn deliver(
     client: &Client,
     sender: &Sender,
     items: &[Item],
-    body: bytes::Bytes,
+    body: &bytes::Bytes,
 ) -> Result<(u64, Vec<Reject>), TransferError> {
     let mut stored = 0u64;
     let mut refused = Vec::new();
