@@ -63,12 +63,9 @@ impl MongoStore {
             // the series' metrics and newest hour).
             let applied = chunk.len().saturating_sub(refused) as u64;
             self.count(|m| m.db_documents("written", "sensors", "registry_update", applied));
-            if let Ok(errors) = reply.get_array("writeErrors")
-                && !errors.is_empty()
-            {
+            if refused > 0 {
                 return Err(StoreError::Poison(format!(
-                    "the sensor registry refused {} updates",
-                    errors.len()
+                    "the sensor registry refused {refused} updates"
                 )));
             }
         }
