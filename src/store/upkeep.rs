@@ -5,8 +5,10 @@
 //! ended is handed back: the flush marks it late (`store::late`), before it
 //! counts as stored, and it is rolled up once writes into it pause. An hour
 //! still open is remembered, with a sequence number of its last write, and
-//! is due `close_after` after it ends. Memory holds one entry per series and
-//! open hour written by this instance.
+//! is due `close_after` after it ends, unless a roll-up of the hours marked
+//! late reads it first (an hour's last held bucket is written just after
+//! the hour ends, so that is the usual case). Memory holds one entry per
+//! series and open hour written by this instance.
 
 use std::collections::{BTreeMap, HashMap};
 
