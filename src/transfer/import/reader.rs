@@ -46,7 +46,7 @@ pub(super) fn open(
 }
 
 /// Batch buffers handed back once sent, for the next batches: their pages
-/// are faulted in once, not for every batch (a tenth of the command's CPU).
+/// are faulted in once, not for every batch.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Spares(Arc<Mutex<Vec<Spare>>>);
 
