@@ -244,14 +244,47 @@ pub async fn delete(
 
 /// The `error` (or InfluxDB's `message`) of an error answer, else its text.
 async fn error_message(r: reqwest::Response) -> String {
-    let text = r.text().await.unwrap_or_default();
-    serde_json::from_str::<serde_json::Value>(&text)
-        .ok()
-        .and_then(|v| {
-            v.get("error")
-                .or_else(|| v.get("message"))
-                .and_then(|m| m.as_str())
-                .map(str::to_owned)
-        })
-        .unwrap_or(text)
+    message_of(&r.text().await.unwrap_or_default())
+}
+
+/// [`error_message`] of an answer's text, with the reason of its first
+/// detail: a refused line's own reason (a timestamp past the service's
+/// `ingest.max_age`, which the command's settings may not share), not
+/// only that the request was refused.
+fn message_of(text: &str) -> String {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(text) else {
+        return text.to_owned();
+    };
+    let Some(message) = v
+        .get("error")
+        .or_else(|| v.get("message"))
+        .and_then(|m| m.as_str())
+    else {
+        return text.to_owned();
+    };
+    match v.pointer("/details/0/reason").and_then(|r| r.as_str()) {
+        Some(reason) => format!("{message}: {reason}"),
+        None => message.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_answer_is_told_with_its_first_details_reason() {
+        let refused = r#"{"error":"1 of 1 readings are invalid; nothing was stored","details":[{"index":0,"reason":"ts is older than 7 days"}]}"#;
+        assert_eq!(
+            message_of(refused),
+            "1 of 1 readings are invalid; nothing was stored: ts is older than 7 days"
+        );
+        assert_eq!(message_of(r#"{"error":"busy"}"#), "busy");
+        assert_eq!(
+            message_of(r#"{"code":"invalid","message":"bad line"}"#),
+            "bad line"
+        );
+        assert_eq!(message_of("not json"), "not json");
+        assert_eq!(message_of(r#"{"other":1}"#), r#"{"other":1}"#);
+    }
 }

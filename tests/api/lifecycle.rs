@@ -272,7 +272,11 @@ async fn an_export_imports_back_unchanged_and_importing_twice_changes_nothing() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn line_protocol_csv_and_ndjson_files_import_with_labels_and_bad_lines_go_to_the_rejects() {
-    let app = spawn_app_with(settings_with(Granularity::Minute)).await;
+    let mut settings = settings_with(Granularity::Minute);
+    // Shorter than the command's (`config/default.toml`): a line only the
+    // service refuses, whose reason must reach the rejects all the same.
+    settings.ingest.max_age = std::time::Duration::from_secs(3 * 86_400);
+    let app = spawn_app_with(settings).await;
     let dir = tempfile::tempdir().expect("a temporary directory");
     let t0 = base_time();
     // Line protocol, gzipped, with a tag that becomes a label.
@@ -333,6 +337,12 @@ async fn line_protocol_csv_and_ndjson_files_import_with_labels_and_bad_lines_go_
         });
         readings.push('\n');
     }
+    // Line 34: older than the service keeps, not than the command's settings.
+    readings.push_str(&format!(
+        r#"{{"sensor":"tank","metric":"level","ts":{},"value":34}}"#,
+        (t0 - 3 * 86_400) * 1000
+    ));
+    readings.push('\n');
     std::fs::write(&ndjson, readings).expect("written");
 
     let out = cli(
@@ -358,7 +368,7 @@ async fn line_protocol_csv_and_ndjson_files_import_with_labels_and_bad_lines_go_
     .await;
     assert!(out.status.success(), "{}", text(&out));
     assert!(
-        text(&out).contains("172 readings stored, 8 lines refused"),
+        text(&out).contains("172 readings stored, 9 lines refused"),
         "{}",
         text(&out)
     );
@@ -414,11 +424,12 @@ async fn line_protocol_csv_and_ndjson_files_import_with_labels_and_bad_lines_go_
     );
     let ndjson_rejects = rejected("tank.ndjson");
     let lines: Vec<&str> = ndjson_rejects.lines().collect();
-    assert_eq!(lines.len(), 3, "{ndjson_rejects}");
+    assert_eq!(lines.len(), 4, "{ndjson_rejects}");
     for (line, (n, why)) in lines.iter().zip([
         (10, "ts is required"),
         (20, "expected f64"),
         (25, "one reading object"),
+        (34, "ts is more than 3days in the past"),
     ]) {
         assert!(
             line.starts_with(&format!("{}:{n}: ", ndjson.display())) && line.contains(why),
