@@ -60,6 +60,24 @@ fn line_protocol_body() -> Vec<u8> {
     out.into_bytes()
 }
 
+/// The same 10 000 readings one to a line, a measurement per metric and
+/// its field `value`, in seconds: the shape `loadtest peers` sends.
+fn line_protocol_value_body() -> Vec<u8> {
+    let mut out = String::new();
+    for second in 0..50 {
+        for sensor in 0..100 {
+            for metric in 0..2 {
+                let ts = NOW - 3600 + second;
+                let v = (sensor * 7 + second + metric) % 113;
+                out.push_str(&format!(
+                    "m{metric},sensor=truck-{sensor:04} value={v}.125 {ts}\n"
+                ));
+            }
+        }
+    }
+    out.into_bytes()
+}
+
 fn ctx() -> DecodeContext {
     DecodeContext {
         now: NOW,
@@ -113,6 +131,23 @@ fn benches(c: &mut Criterion) {
             let d = decode_line_protocol(
                 black_box(&lines),
                 Precision::Nanoseconds,
+                &ctx(),
+                &tags,
+                &arena,
+            )
+            .expect("in bounds");
+            assert_eq!(d.readings.len(), READINGS);
+            d.readings.len()
+        })
+    });
+
+    let value_lines = line_protocol_value_body();
+    group.bench_function("decode_10k_line_protocol_value", |b| {
+        b.iter(|| {
+            let arena = Bump::new();
+            let d = decode_line_protocol(
+                black_box(&value_lines),
+                Precision::Seconds,
                 &ctx(),
                 &tags,
                 &arena,
