@@ -274,10 +274,10 @@ mod tests {
 
     #[test]
     fn an_error_answer_is_told_with_its_first_details_reason() {
-        let refused = r#"{"error":"1 of 1 readings are invalid; nothing was stored","details":[{"index":0,"reason":"ts is older than 7 days"}]}"#;
+        let refused = r#"{"error":"1 of 1 readings are invalid; nothing was stored","details":[{"index":0,"reason":"ts is more than 7days in the past"}]}"#;
         assert_eq!(
             message_of(refused),
-            "1 of 1 readings are invalid; nothing was stored: ts is older than 7 days"
+            "1 of 1 readings are invalid; nothing was stored: ts is more than 7days in the past"
         );
         assert_eq!(message_of(r#"{"error":"busy"}"#), "busy");
         assert_eq!(
