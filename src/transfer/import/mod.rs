@@ -24,6 +24,7 @@ pub mod checkpoint;
 pub mod formats;
 mod reader;
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -170,7 +171,10 @@ pub async fn run(
     );
     let read_bytes = Arc::new(AtomicU64::new(0));
     let spares = Spares::default();
-    let (tx, rx) = mpsc::channel::<Result<Batch, TransferError>>(options.in_flight * 2);
+    // Two batches ready beyond those in flight: the reader is many times
+    // faster than the service, and each batch queued is a buffer more to
+    // fault in (a deeper queue cost a tenth of the command's CPU).
+    let (tx, rx) = mpsc::channel::<Result<Batch, TransferError>>(2);
     let mut work = Vec::new();
     for (i, p) in plans.iter().enumerate() {
         if p.checkpoint.done {
@@ -391,14 +395,14 @@ async fn deliver(
     let text = |item: &Item| String::from_utf8_lossy(&body[item.start..item.end]).into_owned();
     // The whole batch goes as the reader built it; a part is built anew.
     // `checked`: its lines were checked here already.
-    let mut pending = vec![(items.to_vec(), Some(body.clone()), false)];
+    let mut pending = vec![(Cow::Borrowed(items), Some(body.clone()), false)];
     while let Some((part, built, checked)) = pending.pop() {
         if part.is_empty() {
             continue;
         }
         let sent = built.unwrap_or_else(|| {
             let mut text = Vec::new();
-            for item in &part {
+            for item in part.iter() {
                 text.extend_from_slice(&body[item.start..item.end]);
                 text.push(b'\n');
             }
@@ -420,7 +424,7 @@ async fn deliver(
             Posted::Refused(_) => match &sender.check {
                 Some(checker) if !checked => {
                     let mut good = Vec::with_capacity(part.len());
-                    for item in part {
+                    for &item in part.iter() {
                         let line = text(&item);
                         match checker.check(&line) {
                             Ok(()) => good.push(item),
@@ -431,12 +435,12 @@ async fn deliver(
                             }),
                         }
                     }
-                    pending.push((good, None, true));
+                    pending.push((Cow::Owned(good), None, true));
                 }
                 _ => {
                     let mid = part.len() / 2;
-                    pending.push((part[mid..].to_vec(), None, true));
-                    pending.push((part[..mid].to_vec(), None, true));
+                    pending.push((Cow::Owned(part[mid..].to_vec()), None, true));
+                    pending.push((Cow::Owned(part[..mid].to_vec()), None, true));
                 }
             },
         }

@@ -209,8 +209,15 @@ impl Reader {
                         && let Some(last) = memchr::memrchr(b'\n', &buf[used..]).map(|i| used + i)
                         && let Ok(region) = std::str::from_utf8(&buf[used..last])
                     {
-                        for text in region.split('\n') {
+                        // `memchr`'s search, not `str::split`'s: `split`'s
+                        // newline search was a seventh of the command's CPU.
+                        let mut from = 0;
+                        for end in memchr::memchr_iter(b'\n', region.as_bytes())
+                            .chain(std::iter::once(region.len()))
+                        {
                             records += 1;
+                            let text = &region[from..end];
+                            from = end + 1;
                             if !self.text(text, records, &mut batch, &mut readings, tx) {
                                 return Ok(false);
                             }
