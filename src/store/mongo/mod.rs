@@ -36,6 +36,7 @@ mod late;
 mod metadata;
 mod rebuild;
 mod registry;
+mod replies;
 mod rollups;
 mod settings;
 mod upkeep_task;
@@ -498,7 +499,6 @@ impl BucketStore for MongoStore {
                 }
             }
         }
-        let mut bytes: u64 = 0;
         for starts in &fetch.starts {
             let start = match starts {
                 Starts::Range(from, to) => {
@@ -513,35 +513,32 @@ impl BucketStore for MongoStore {
                 filter.insert("period", period.name());
             }
             filter.insert("start", start);
-            let mut cursor = collection
+            let query = collection
                 .find(filter)
                 .projection(projection.clone())
                 .sort(doc! { "sensor": 1, "start": 1 })
                 .max_time(fetch.max_time)
                 .batch_size(BATCH_DOCUMENTS)
-                .await
-                .map_err(classify_read)?;
-            read.round_trips += 1;
+                .batch();
             let mut documents = 0;
-            while cursor.advance().await.map_err(classify_read)? {
-                documents += 1;
-                let raw = cursor.current();
-                bytes += raw.as_bytes().len() as u64;
-                let Some(&i) = raw.get_str("sensor").ok().and_then(|s| index.get(s)) else {
-                    continue;
-                };
-                let d = match fetch.level {
-                    Level::Buckets => Doc::Bucket(read_bucket(raw, self.granularity)?),
-                    Level::Rollups(period) => Doc::Rollup(read_rollup(raw, period)?),
-                };
-                each(i, d);
-            }
-            // A getMore per further batch of the size asked.
-            read.round_trips += documents / u64::from(BATCH_DOCUMENTS);
+            let replies = self
+                .each_document(query, false, classify_read, |raw| {
+                    documents += 1;
+                    if let Some(&i) = raw.get_str("sensor").ok().and_then(|s| index.get(s)) {
+                        each(
+                            i,
+                            match fetch.level {
+                                Level::Buckets => Doc::Bucket(read_bucket(raw, self.granularity)?),
+                                Level::Rollups(period) => Doc::Rollup(read_rollup(raw, period)?),
+                            },
+                        );
+                    }
+                    Ok(())
+                })
+                .await?;
+            read.round_trips += replies as u64;
             read.documents += documents;
         }
-        // And one per 16 MiB the server sends at most at a time.
-        read.round_trips += bytes / (16 << 20);
         self.count(|m| {
             m.db_documents("read", kind, "query", read.documents);
         });

@@ -21,6 +21,11 @@ const DAY: i64 = 86_400;
 /// Sensors in one `$in` of the upkeep's reads.
 const SENSORS_PER_READ: usize = 200;
 
+/// What a roll-up reads of a bucket.
+fn bucket_fields() -> mongodb::bson::Document {
+    doc! { "_id": 0, "sensor": 1, "metric": 1, "start": 1, "v": 1, "n": 1, "count": 1, "sum": 1, "min": 1, "max": 1, "schema_version": 1 }
+}
+
 type Series = (String, String);
 
 /// Per hour: the series rolled up from their hour document with the minutes
@@ -180,8 +185,8 @@ impl MongoStore {
             for (series, hs) in &rolled {
                 let (sensor, metric) = series;
                 for h in hs.values() {
-                    let slots = every_slot(Period::Hour, h.start, &h.minutes);
                     if replaces(series, h.start) {
+                        let slots = every_slot(Period::Hour, h.start, &h.minutes);
                         // The minutes computed afresh: all of them, or those read again.
                         let all: Vec<i64> = if h.partial {
                             h.minutes.iter().map(|s| s.start).collect()
@@ -194,6 +199,7 @@ impl MongoStore {
                             self.write_rollups(ready, &mut cost).await?;
                         }
                     } else if !h.minutes.is_empty() {
+                        let slots = every_slot(Period::Hour, h.start, &h.minutes);
                         let s = statement(sensor, metric, Period::Hour, h.start, &slots);
                         if let Some(ready) = outbox.push(s, &self.limits) {
                             self.write_rollups(ready, &mut cost).await?;
@@ -316,7 +322,7 @@ impl MongoStore {
         // so the values held at once are one chunk's, not every hour's.
         for ((from, to), series) in &runs {
             for chunk in series.chunks(SENSORS_PER_READ) {
-                let mut buckets: HashMap<(Series, i64), Vec<BucketRead>> = HashMap::new();
+                let mut buckets: HashMap<Series, HashMap<i64, Vec<BucketRead>>> = HashMap::new();
                 let wanted: BTreeSet<&Series> = chunk.iter().copied().collect();
                 let sensors: BTreeSet<&str> = chunk.iter().map(|s| s.0.as_str()).collect();
                 let metrics: BTreeSet<&str> = chunk.iter().map(|s| s.1.as_str()).collect();
@@ -325,35 +331,36 @@ impl MongoStore {
                     "metric": { "$in": metrics.into_iter().collect::<Vec<_>>() },
                     "start": { "$gte": start_date(*from), "$lt": start_date(*to) },
                 };
-                let mut cursor = self
-                    .driver(
-                        self.buckets
-                            .clone_with_type::<RawDocumentBuf>()
-                            .find(filter)
-                            .projection(doc! { "_id": 0, "sensor": 1, "metric": 1, "start": 1, "v": 1, "n": 1, "count": 1, "sum": 1, "min": 1, "max": 1, "schema_version": 1 }),
-                    )
-                    .await
-                    .map_err(classify)?;
-                cost.round_trips += 1;
-                // Each document read in place from the reply's batch, not copied.
-                while self.driver(cursor.advance()).await.map_err(classify)? {
-                    let d = cursor.current();
-                    cost.buckets_read += 1;
-                    let key = (
-                        d.get_str("sensor").unwrap_or_default().to_owned(),
-                        d.get_str("metric").unwrap_or_default().to_owned(),
-                    );
-                    if !wanted.contains(&key) {
-                        continue;
-                    }
-                    let b = read_bucket(d, self.granularity)?;
-                    let hour = b.start - b.start.rem_euclid(HOUR);
-                    buckets.entry((key, hour)).or_default().push(b);
-                }
+                let query = self
+                    .buckets
+                    .find(filter)
+                    .projection(bucket_fields())
+                    .batch();
+                cost.round_trips += self
+                    .each_document(query, true, classify, |d| {
+                        cost.buckets_read += 1;
+                        let key = (
+                            d.get_str("sensor").unwrap_or_default().to_owned(),
+                            d.get_str("metric").unwrap_or_default().to_owned(),
+                        );
+                        if wanted.contains(&key) {
+                            let b = read_bucket(d, self.granularity)?;
+                            let hour = b.start - b.start.rem_euclid(HOUR);
+                            buckets
+                                .entry(key)
+                                .or_default()
+                                .entry(hour)
+                                .or_default()
+                                .push(b);
+                        }
+                        Ok(())
+                    })
+                    .await?;
                 for &series in chunk {
                     let rolled = out.entry(series.clone()).or_default();
+                    let mut read = buckets.remove(series).unwrap_or_default();
                     for h in (*from..*to).step_by(HOUR as usize) {
-                        let mut bs = buckets.remove(&(series.clone(), h)).unwrap_or_default();
+                        let mut bs = read.remove(&h).unwrap_or_default();
                         bs.sort_by_key(|b| b.start);
                         rolled.insert(h, roll_hour(self.granularity, h, &bs));
                     }
@@ -425,30 +432,26 @@ impl MongoStore {
                     "metric": { "$in": metrics.into_iter().collect::<Vec<_>>() },
                     "start": { "$in": starts.clone() },
                 };
-                let mut cursor = self
-                    .driver(
-                        self.buckets
-                            .clone_with_type::<RawDocumentBuf>()
-                            .find(filter)
-                            .projection(doc! { "_id": 0, "sensor": 1, "metric": 1, "start": 1, "v": 1, "n": 1, "count": 1, "sum": 1, "min": 1, "max": 1, "schema_version": 1 }),
-                    )
-                    .await
-                    .map_err(classify)?;
-                cost.round_trips += 1;
-                // Each document read in place from the reply's batch, not copied.
-                while self.driver(cursor.advance()).await.map_err(classify)? {
-                    let d = cursor.current();
-                    cost.buckets_read += 1;
-                    let key = (
-                        d.get_str("sensor").unwrap_or_default().to_owned(),
-                        d.get_str("metric").unwrap_or_default().to_owned(),
-                    );
-                    let b = read_bucket(d, self.granularity)?;
-                    let k = (b.start - h) / 60;
-                    if wanted.get(&key).is_some_and(|m| m & (1 << k) != 0) {
-                        fresh.entry((key, h)).or_default().push(b);
-                    }
-                }
+                let query = self
+                    .buckets
+                    .find(filter)
+                    .projection(bucket_fields())
+                    .batch();
+                cost.round_trips += self
+                    .each_document(query, true, classify, |d| {
+                        cost.buckets_read += 1;
+                        let key = (
+                            d.get_str("sensor").unwrap_or_default().to_owned(),
+                            d.get_str("metric").unwrap_or_default().to_owned(),
+                        );
+                        let b = read_bucket(d, self.granularity)?;
+                        let k = (b.start - h) / 60;
+                        if wanted.get(&key).is_some_and(|m| m & (1 << k) != 0) {
+                            fresh.entry((key, h)).or_default().push(b);
+                        }
+                        Ok(())
+                    })
+                    .await?;
             }
         }
         for (&h, (list, _)) in &plan {
@@ -521,28 +524,25 @@ impl MongoStore {
                 "period": period.name(),
                 "start": { "$in": starts.iter().map(|&s| Bson::DateTime(start_date(s))).collect::<Vec<_>>() },
             };
-            let mut cursor = self
-                .driver(
-                    self.rollups
-                        .clone_with_type::<RawDocumentBuf>()
-                        .find(filter)
-                        .projection(doc! { "_id": 0, "sensor": 1, "metric": 1, "start": 1, "s": 1, "complete": 1, "schema_version": 1 }),
-                )
-                .await
-                .map_err(classify)?;
-            cost.round_trips += 1;
-            while self.driver(cursor.advance()).await.map_err(classify)? {
-                let d = cursor.current();
-                cost.rollups_read += 1;
-                let key = (
-                    d.get_str("sensor").unwrap_or_default().to_owned(),
-                    d.get_str("metric").unwrap_or_default().to_owned(),
-                );
-                let r = read_rollup(d, period)?;
-                if asked.get(&key).is_some_and(|s| s.contains(&r.start)) {
-                    out.insert((key, r.start), r);
-                }
-            }
+            let query = self
+                .rollups
+                .find(filter)
+                .projection(doc! { "_id": 0, "sensor": 1, "metric": 1, "start": 1, "s": 1, "complete": 1, "schema_version": 1 })
+                .batch();
+            cost.round_trips += self
+                .each_document(query, true, classify, |d| {
+                    cost.rollups_read += 1;
+                    let key = (
+                        d.get_str("sensor").unwrap_or_default().to_owned(),
+                        d.get_str("metric").unwrap_or_default().to_owned(),
+                    );
+                    let r = read_rollup(d, period)?;
+                    if asked.get(&key).is_some_and(|s| s.contains(&r.start)) {
+                        out.insert((key, r.start), r);
+                    }
+                    Ok(())
+                })
+                .await?;
         }
         Ok(out)
     }
@@ -616,21 +616,24 @@ impl MongoStore {
 /// and empty ones for the rest (all complete).
 fn every_slot(period: Period, start: i64, given: &[Slot]) -> Vec<Slot> {
     let len = period.slot_seconds();
-    (0..period.seconds() / len)
-        .map(|k| {
-            let at = start + k * len;
-            given
-                .iter()
-                .find(|s| s.start == at)
-                .copied()
-                .unwrap_or(Slot {
-                    start: at,
-                    summary: None,
-                    n: 0,
-                    rest: None,
-                })
+    let mut all: Vec<Slot> = (0..period.seconds() / len)
+        .map(|k| Slot {
+            start: start + k * len,
+            summary: None,
+            n: 0,
+            rest: None,
         })
-        .collect()
+        .collect();
+    // In reverse, so the first of slots given twice stands.
+    for s in given.iter().rev() {
+        let k = (s.start - start).div_euclid(len);
+        if let Some(slot) = usize::try_from(k).ok().and_then(|k| all.get_mut(k))
+            && slot.start == s.start
+        {
+            *slot = *s;
+        }
+    }
+    all
 }
 
 /// A day document as stored with `slots` written over it (a stored slot
@@ -695,6 +698,37 @@ mod tests {
             sent.push(outbox.take());
             let all: Vec<RawDocumentBuf> = sent.into_iter().flatten().collect();
             prop_assert_eq!(all, statements);
+        }
+
+        /// Every slot of the period, each the first given at its start (one
+        /// off the period or off a slot's start is left out), as a search
+        /// of the slots given for each start finds it.
+        #[test]
+        fn every_slot_is_the_first_given_at_its_start_or_empty(
+            given in prop::collection::vec((-3i64..65, 0i64..3, 1u64..4), 0..80),
+        ) {
+            let hour = 7 * HOUR;
+            let given: Vec<Slot> = given
+                .iter()
+                .map(|&(k, off, n)| Slot {
+                    start: hour + k * 60 + if off == 2 { 30 } else { 0 },
+                    summary: None,
+                    n,
+                    rest: None,
+                })
+                .collect();
+            let model: Vec<Slot> = (0..60)
+                .map(|k| {
+                    let at = hour + k * 60;
+                    given.iter().find(|s| s.start == at).copied().unwrap_or(Slot {
+                        start: at,
+                        summary: None,
+                        n: 0,
+                        rest: None,
+                    })
+                })
+                .collect();
+            prop_assert_eq!(every_slot(Period::Hour, hour, &given), model);
         }
     }
 
