@@ -249,7 +249,16 @@ async fn hourglass_peer(
             true,
         ),
     };
-    let target = ctx.target(what, "minute", false, journal).await?;
+    // Acknowledgements wait for storage: a stand-in's flush may outlast
+    // the default write timeout, and a refused batch sent again costs CPU
+    // twice.
+    let timeouts = vec![
+        ("HOURGLASS__HTTP__REQUEST_TIMEOUT".into(), "600s".into()),
+        ("HOURGLASS__HTTP__WRITE_TIMEOUT".into(), "590s".into()),
+    ];
+    let target = ctx
+        .target_with(what, "minute", false, journal, timeouts)
+        .await?;
     let mongo = mongodb::Client::with_uri_str(ctx.mongodb_uri()?).await?;
     // The service's CPU while it waits (its floor reads, the
     // upkeep's polls, the driver's monitoring): the stand-in stretches a

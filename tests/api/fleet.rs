@@ -426,6 +426,51 @@ async fn a_backfill_in_time_order_rereads_only_what_each_flush_wrote() {
     app.stop().await.expect("clean stop");
 }
 
+/// A late hour is not rolled up for quiet while a flush is under way: that
+/// flush marks it again when it ends, so the roll-up would be done twice.
+/// The server holds the second flush's bucket write for 15 s (a slow
+/// database), longer than `late_rollup_after`: the hour's first marker goes
+/// quiet meanwhile, yet the hour is rolled up once, after the flush.
+#[tokio::test]
+async fn a_late_hour_is_rolled_up_once_when_a_flush_into_it_outlasts_the_quiet() {
+    let mut db = crate::database::Database::start().await;
+    let mut settings = fleet_settings(Granularity::Minute);
+    settings.mongodb.uri = db.uri().into();
+    // Room before the marker is due, so the second flush starts first.
+    settings.buckets.late_rollup_after = Duration::from_secs(5);
+    let app = spawn_app_with(settings).await;
+    let hour = base_time() + 9 * 3600;
+    let r = app
+        .post_readings(&json!([reading("qf-0", "temp", hour + 5, 1.0)]))
+        .await;
+    assert_eq!(r.status(), 200);
+    let rolled = || counted(&app, "hourglass_rollup_hours_total", "");
+    let before = rolled().await;
+    app.db
+        .client()
+        .database("admin")
+        .run_command(mongodb::bson::doc! {
+            "configureFailPoint": "failCommand",
+            "mode": { "times": 1 },
+            "data": { "failCommands": ["update"], "blockConnection": true, "blockTimeMS": 15_000 },
+        })
+        .await
+        .expect("the server takes the fail point");
+    let r = app
+        .post_readings(&json!([reading("qf-0", "temp", hour + 65, 2.0)]))
+        .await;
+    assert_eq!(r.status(), 200);
+    app.late_rolled_up().await;
+    assert_eq!(
+        rolled().await - before,
+        1.0,
+        "rolled up once, after the flush"
+    );
+    assert_rollups_match_buckets(&app, Granularity::Minute).await;
+    app.stop().await.expect("clean stop");
+    db.stop();
+}
+
 /// A late write into an hour whose slots are complete: until the hour is
 /// rolled up again its marker sends queries to the buckets, so every answer
 /// (JSON, group, PromQL) holds the new readings at once; then the rollups

@@ -199,14 +199,15 @@ impl MongoStore {
     }
 
     /// Rolls up the hours marked late that are due as of `now`: no mark for
-    /// `quiet` seconds, or a first mark a minute ago. Answers the entries
-    /// rolled up (at most [`ENTRIES_PER_PASS`]); with `quiet` zero and
-    /// nothing written meanwhile, every marker goes.
-    pub async fn roll_up_late(&self, now: i64, quiet: i64) -> Result<usize, StoreError> {
-        let filter = doc! { "$or": [
-            { "at": { "$lte": date(now - quiet) } },
-            { "first": { "$lte": date(now - LATEST_AFTER) } },
-        ] };
+    /// `quiet` seconds (`None`: only the next one), or a first mark a minute
+    /// ago. Answers the entries rolled up (at most [`ENTRIES_PER_PASS`]);
+    /// with `quiet` zero and nothing written meanwhile, every marker goes.
+    pub async fn roll_up_late(&self, now: i64, quiet: Option<i64>) -> Result<usize, StoreError> {
+        let latest = doc! { "first": { "$lte": date(now - LATEST_AFTER) } };
+        let filter = match quiet {
+            Some(quiet) => doc! { "$or": [{ "at": { "$lte": date(now - quiet) } }, latest] },
+            None => latest,
+        };
         let mut cursor = self
             .driver(self.late.find(filter))
             .await

@@ -1,6 +1,6 @@
 //! [`BucketStore`] on MongoDB (any server ≥ 7 speaking its wire protocol).
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -96,6 +96,9 @@ pub struct MongoStore {
     /// This instance rolls up the hours marked late: no other running
     /// instance has a lower id (set with each read of the floors).
     late_roller: Arc<std::sync::atomic::AtomicBool>,
+    /// Flushes of this instance under way: a late hour is not rolled up
+    /// for quiet while one is (it would mark it again when it ends).
+    flushing: Arc<AtomicUsize>,
     dead_letter_retention: Option<Duration>,
     metrics: Option<Arc<Metrics>>,
     /// New series of accepted readings, to register ahead of storage.
@@ -239,6 +242,7 @@ impl MongoStore {
             late_after,
             last_mark: Arc::new(std::sync::atomic::AtomicI64::new(i64::MIN)),
             late_roller: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+            flushing: Arc::default(),
             dead_letter_retention: settings.dead_letter_retention,
             metrics: None,
             registering: None,
@@ -308,6 +312,23 @@ fn only_duplicates(e: &mongodb::error::Error) -> bool {
     }
 }
 
+/// Counts a flush under way for as long as it lives (a flush cancelled
+/// midway counts no more).
+struct Flushing<'a>(&'a AtomicUsize);
+
+impl<'a> Flushing<'a> {
+    fn enter(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::AcqRel);
+        Self(count)
+    }
+}
+
+impl Drop for Flushing<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 fn unix_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -349,6 +370,7 @@ impl Sink for MongoStore {
 
 impl MongoStore {
     async fn write_kept(&self, updates: &[&BucketUpdate]) -> Written {
+        let _flushing = Flushing::enter(&self.flushing);
         let mut written = self.write_updates(updates).await;
         let stored: Vec<&BucketUpdate> = updates
             .iter()

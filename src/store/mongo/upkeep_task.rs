@@ -68,12 +68,18 @@ impl MongoStore {
             let roller = self.late_roller.load(std::sync::atomic::Ordering::Acquire);
             if roller && !(lone && none_left && now.saturating_sub(polled) < late::LATEST_AFTER) {
                 polled = now;
-                match self.roll_up_late(now, self.late_after).await {
+                // A flush under way marks its late hours again when it ends
+                // (a slow database can take longer than `late_after`):
+                // rolling them up for quiet now would be done twice.
+                let flushing = self.flushing.load(std::sync::atomic::Ordering::Acquire) > 0;
+                let quiet = (!flushing).then_some(self.late_after);
+                match self.roll_up_late(now, quiet).await {
                     Ok(n) if n >= late::ENTRIES_PER_PASS => {
                         clean = None;
                         more = true;
                     }
-                    Ok(_) => clean = Some(now),
+                    // Only a pass that looked at every due marker is clean.
+                    Ok(_) => clean = quiet.map(|_| now),
                     Err(e) => {
                         clean = None;
                         warn!(error = %e,
@@ -101,7 +107,7 @@ impl MongoStore {
         }
         // The instance that rolls them up goes on doing so; this one stops.
         while self.late_roller.load(std::sync::atomic::Ordering::Acquire) {
-            match self.roll_up_late(now, 0).await {
+            match self.roll_up_late(now, Some(0)).await {
                 Ok(n) if n >= late::ENTRIES_PER_PASS => continue,
                 Ok(_) => break,
                 Err(e) => {
