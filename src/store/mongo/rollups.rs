@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use mongodb::bson::{Bson, RawDocumentBuf, doc};
+use mongodb::bson::{Bson, Document, RawDocument, RawDocumentBuf, doc};
 
 use super::{MongoStore, classify};
 use crate::domain::{BucketRead, Granularity, Period, RollupRead, Slot};
@@ -22,11 +22,34 @@ const DAY: i64 = 86_400;
 const SENSORS_PER_READ: usize = 200;
 
 /// What a roll-up reads of a bucket.
-fn bucket_fields() -> mongodb::bson::Document {
+fn bucket_fields() -> Document {
     doc! { "_id": 0, "sensor": 1, "metric": 1, "start": 1, "v": 1, "n": 1, "count": 1, "sum": 1, "min": 1, "max": 1, "schema_version": 1 }
 }
 
 type Series = (String, String);
+
+/// A filter on the sensors and metrics of `series`: their product may hold
+/// series nobody asked for, which the reader skips.
+fn series_filter<'a>(series: impl Iterator<Item = &'a Series>) -> Document {
+    let mut sensors = BTreeSet::new();
+    let mut metrics = BTreeSet::new();
+    for (sensor, metric) in series {
+        sensors.insert(sensor.as_str());
+        metrics.insert(metric.as_str());
+    }
+    doc! {
+        "sensor": { "$in": sensors.into_iter().collect::<Vec<_>>() },
+        "metric": { "$in": metrics.into_iter().collect::<Vec<_>>() },
+    }
+}
+
+/// The series of a bucket or rollup document read.
+fn series_of(d: &RawDocument) -> Series {
+    (
+        d.get_str("sensor").unwrap_or_default().to_owned(),
+        d.get_str("metric").unwrap_or_default().to_owned(),
+    )
+}
 
 /// Per hour: the series rolled up from their hour document with the minutes
 /// to read for each, and the union of those minutes.
@@ -324,13 +347,11 @@ impl MongoStore {
             for chunk in series.chunks(SENSORS_PER_READ) {
                 let mut buckets: HashMap<Series, HashMap<i64, Vec<BucketRead>>> = HashMap::new();
                 let wanted: BTreeSet<&Series> = chunk.iter().copied().collect();
-                let sensors: BTreeSet<&str> = chunk.iter().map(|s| s.0.as_str()).collect();
-                let metrics: BTreeSet<&str> = chunk.iter().map(|s| s.1.as_str()).collect();
-                let filter = doc! {
-                    "sensor": { "$in": sensors.into_iter().collect::<Vec<_>>() },
-                    "metric": { "$in": metrics.into_iter().collect::<Vec<_>>() },
-                    "start": { "$gte": start_date(*from), "$lt": start_date(*to) },
-                };
+                let mut filter = series_filter(chunk.iter().copied());
+                filter.insert(
+                    "start",
+                    doc! { "$gte": start_date(*from), "$lt": start_date(*to) },
+                );
                 let query = self
                     .buckets
                     .find(filter)
@@ -339,10 +360,7 @@ impl MongoStore {
                 cost.round_trips += self
                     .each_document(query, true, classify, |d| {
                         cost.buckets_read += 1;
-                        let key = (
-                            d.get_str("sensor").unwrap_or_default().to_owned(),
-                            d.get_str("metric").unwrap_or_default().to_owned(),
-                        );
+                        let key = series_of(d);
                         if wanted.contains(&key) {
                             let b = read_bucket(d, self.granularity)?;
                             let hour = b.start - b.start.rem_euclid(HOUR);
@@ -425,13 +443,8 @@ impl MongoStore {
                     break;
                 }
                 let wanted: HashMap<&Series, u64> = chunk.iter().copied().collect();
-                let sensors: BTreeSet<&str> = chunk.iter().map(|(s, _)| s.0.as_str()).collect();
-                let metrics: BTreeSet<&str> = chunk.iter().map(|(s, _)| s.1.as_str()).collect();
-                let filter = doc! {
-                    "sensor": { "$in": sensors.into_iter().collect::<Vec<_>>() },
-                    "metric": { "$in": metrics.into_iter().collect::<Vec<_>>() },
-                    "start": { "$in": starts.clone() },
-                };
+                let mut filter = series_filter(chunk.iter().map(|&(s, _)| s));
+                filter.insert("start", doc! { "$in": starts.clone() });
                 let query = self
                     .buckets
                     .find(filter)
@@ -440,10 +453,7 @@ impl MongoStore {
                 cost.round_trips += self
                     .each_document(query, true, classify, |d| {
                         cost.buckets_read += 1;
-                        let key = (
-                            d.get_str("sensor").unwrap_or_default().to_owned(),
-                            d.get_str("metric").unwrap_or_default().to_owned(),
-                        );
+                        let key = series_of(d);
                         let b = read_bucket(d, self.granularity)?;
                         let k = (b.start - h) / 60;
                         if wanted.get(&key).is_some_and(|m| m & (1 << k) != 0) {
@@ -515,15 +525,13 @@ impl MongoStore {
         let mut out = HashMap::new();
         let all: Vec<(&Series, &BTreeSet<i64>)> = asked.iter().collect();
         for chunk in all.chunks(SENSORS_PER_READ) {
-            let sensors: BTreeSet<&str> = chunk.iter().map(|(s, _)| s.0.as_str()).collect();
-            let metrics: BTreeSet<&str> = chunk.iter().map(|(s, _)| s.1.as_str()).collect();
             let starts: BTreeSet<i64> = chunk.iter().flat_map(|(_, s)| s.iter().copied()).collect();
-            let filter = doc! {
-                "sensor": { "$in": sensors.into_iter().collect::<Vec<_>>() },
-                "metric": { "$in": metrics.into_iter().collect::<Vec<_>>() },
-                "period": period.name(),
-                "start": { "$in": starts.iter().map(|&s| Bson::DateTime(start_date(s))).collect::<Vec<_>>() },
-            };
+            let mut filter = series_filter(chunk.iter().map(|&(s, _)| s));
+            filter.insert("period", period.name());
+            filter.insert(
+                "start",
+                doc! { "$in": starts.iter().map(|&s| Bson::DateTime(start_date(s))).collect::<Vec<_>>() },
+            );
             let query = self
                 .rollups
                 .find(filter)
@@ -532,10 +540,7 @@ impl MongoStore {
             cost.round_trips += self
                 .each_document(query, true, classify, |d| {
                     cost.rollups_read += 1;
-                    let key = (
-                        d.get_str("sensor").unwrap_or_default().to_owned(),
-                        d.get_str("metric").unwrap_or_default().to_owned(),
-                    );
+                    let key = series_of(d);
                     let r = read_rollup(d, period)?;
                     if asked.get(&key).is_some_and(|s| s.contains(&r.start)) {
                         out.insert((key, r.start), r);
