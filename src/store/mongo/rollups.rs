@@ -59,6 +59,31 @@ type HourPlan<'a> = (Vec<(&'a Series, u64)>, u64);
 /// only those buckets are read again, the hour document holds the rest.
 pub type Written = HashMap<(Series, i64), u64>;
 
+/// `jobs` in parts of at most `series` series each, every series' jobs in
+/// one part.
+fn series_parts(jobs: &[Job], series: usize) -> Vec<Vec<Job>> {
+    let mut sorted: Vec<&Job> = jobs.iter().collect();
+    sorted.sort_by(|a, b| (&a.sensor, &a.metric).cmp(&(&b.sensor, &b.metric)));
+    let mut parts: Vec<Vec<Job>> = Vec::new();
+    let mut in_part = 0;
+    let mut last: Option<(&str, &str)> = None;
+    for job in sorted {
+        let key = (job.sensor.as_str(), job.metric.as_str());
+        if last != Some(key) {
+            if in_part == series.max(1) || parts.is_empty() {
+                parts.push(Vec::new());
+                in_part = 0;
+            }
+            in_part += 1;
+            last = Some(key);
+        }
+        if let Some(part) = parts.last_mut() {
+            part.push(job.clone());
+        }
+    }
+    parts
+}
+
 /// Rollup statements waiting for their command, sent once they fill one:
 /// a roll-up of many series holds one command's worth at a time (an hour
 /// document's statement is some 25 KB; a backfill's 1 200 series-hours
@@ -99,6 +124,15 @@ pub struct Upkept {
     pub rollups_written: u64,
 }
 
+impl std::ops::AddAssign for Upkept {
+    fn add_assign(&mut self, other: Self) {
+        self.round_trips += other.round_trips;
+        self.buckets_read += other.buckets_read;
+        self.rollups_read += other.rollups_read;
+        self.rollups_written += other.rollups_written;
+    }
+}
+
 impl MongoStore {
     /// Rolls up `jobs` at every level, as of `now` (epoch seconds):
     /// - each job's hour: the hour document (minute buckets) and the day
@@ -119,7 +153,28 @@ impl MongoStore {
     /// `replace`: the jobs' hours are rolled up again after a delete may
     /// have removed readings, so their spans without readings remove the
     /// stored slots (late hours only: see `rollup::statement_removing`).
+    ///
+    /// A series' first roll-up of an ended day fills in every hour of its
+    /// thirty days not rolled up yet (up to 720): the series are rolled up
+    /// [`SENSORS_PER_READ`] at a time, so what is held at once stays
+    /// bounded whatever the fleet (at the first midnight of a fleet of
+    /// 10 000 series, millions of hours).
     pub async fn roll_up(
+        &self,
+        jobs: &[Job],
+        now: i64,
+        written: Option<&Written>,
+        replace: bool,
+    ) -> Result<Upkept, StoreError> {
+        let mut cost = Upkept::default();
+        for part in series_parts(jobs, SENSORS_PER_READ) {
+            cost += self.roll_up_part(&part, now, written, replace).await?;
+        }
+        Ok(cost)
+    }
+
+    /// [`Self::roll_up`] of a few series' jobs.
+    async fn roll_up_part(
         &self,
         jobs: &[Job],
         now: i64,
@@ -668,6 +723,37 @@ fn with_slots(stored: Option<&RollupRead>, day: i64, slots: &[Slot]) -> RollupRe
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    proptest! {
+        /// Every job lands in exactly one part, a part holds at most the
+        /// series asked, a series is never split, and no part is empty.
+        #[test]
+        fn a_roll_up_is_cut_into_parts_of_whole_series(
+            jobs in prop::collection::vec((0u8..6, 0u8..3, 0i64..4), 0..80),
+            series in 1usize..5,
+        ) {
+            let jobs: Vec<Job> = jobs
+                .into_iter()
+                .map(|(s, m, h)| Job { sensor: format!("s{s}"), metric: format!("m{m}"), hour: h * HOUR })
+                .collect();
+            let parts = series_parts(&jobs, series);
+            let key = |j: &Job| (j.sensor.clone(), j.metric.clone());
+            let mut seen: BTreeMap<Series, usize> = BTreeMap::new();
+            for (i, part) in parts.iter().enumerate() {
+                prop_assert!(!part.is_empty());
+                let in_part: BTreeSet<Series> = part.iter().map(key).collect();
+                prop_assert!(in_part.len() <= series);
+                for s in in_part {
+                    prop_assert!(seen.insert(s, i).is_none(), "a series in two parts");
+                }
+            }
+            let mut got: Vec<Job> = parts.into_iter().flatten().collect();
+            let mut want = jobs.clone();
+            got.sort_by_key(|j| (key(j), j.hour));
+            want.sort_by_key(|j| (key(j), j.hour));
+            prop_assert_eq!(got, want);
+        }
+    }
 
     proptest! {
         /// Whatever the statements' sizes, every batch the outbox lets go
