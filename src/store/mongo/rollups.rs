@@ -193,7 +193,11 @@ impl MongoStore {
         } else {
             BTreeSet::new()
         };
-        let replaces = |series: &Series, hour: i64| replaced.contains(&(series.clone(), hour));
+        // Asked for every hour a roll-up writes: no key is built (two
+        // strings) when nothing is replaced.
+        let replaces = |series: &Series, hour: i64| {
+            !replaced.is_empty() && replaced.contains(&(series.clone(), hour))
+        };
         let settled = now - self.close_after;
         let mut hours: BTreeMap<Series, BTreeSet<i64>> = BTreeMap::new();
         for j in jobs {
@@ -226,12 +230,13 @@ impl MongoStore {
         // Gap hours of ended days, and gap days of their thirty days.
         let mut lift: BTreeMap<Series, BTreeSet<i64>> = ended.clone();
         for (series, ds) in &ended {
+            let hs = hours.entry(series.clone()).or_default();
             for &d in ds {
                 let doc = days.get(&(series.clone(), d));
                 for h in (d..d + DAY).step_by(HOUR as usize) {
                     let k = ((h - d) / HOUR) as u16;
                     if h + HOUR <= settled && !doc.is_some_and(|r| r.is_complete(k)) {
-                        hours.entry(series.clone()).or_default().insert(h);
+                        hs.insert(h);
                     }
                 }
             }
