@@ -78,6 +78,24 @@ fn line_protocol_value_body() -> Vec<u8> {
     out.into_bytes()
 }
 
+/// 600 sensors × 2 metrics at each of `seconds` from `from` (seconds
+/// before `NOW`), tick by tick: a fleet's readings as an import sends them.
+fn fleet_body(from: i64, seconds: i64) -> Vec<u8> {
+    let mut items = Vec::new();
+    for second in from..from + seconds {
+        for sensor in 0..600 {
+            for metric in 0..2 {
+                let ts = (NOW - 3600 + second) * 1000;
+                items.push(format!(
+                    r#"{{"sensor":"truck-{sensor:04}","metric":"m{metric}","ts":{ts},"value":{}.5}}"#,
+                    (sensor * 7 + second) % 113
+                ));
+            }
+        }
+    }
+    format!("[{}]", items.join(",")).into_bytes()
+}
+
 fn ctx() -> DecodeContext {
     DecodeContext {
         now: NOW,
@@ -181,6 +199,32 @@ fn benches(c: &mut Criterion) {
                 batcher.take_all().expect("a batch")
             },
             BatchSize::SmallInput,
+        )
+    });
+
+    // 12 000 buckets held (1 200 series, 10 minutes), as while the
+    // database is slow; then 10 000 readings of the fleet's next 8 seconds.
+    let held: Vec<Vec<u8>> = (0..10).map(|m| fleet_body(m * 60, 1)).collect();
+    let next = fleet_body(9 * 60 + 1, 8);
+    group.bench_function("batcher_hold_10k_among_12k_buckets", |b| {
+        b.iter_batched(
+            || {
+                let mut batcher: Batcher<()> = Batcher::new(Granularity::Minute, LIMITS);
+                for body in &held {
+                    let readings = decode_readings(body, &ctx()).expect("valid");
+                    batcher
+                        .offer_held(readings, 1, Instant::now(), 0, 0)
+                        .expect("room");
+                }
+                (batcher, decode_readings(&next, &ctx()).expect("valid"))
+            },
+            |(mut batcher, readings)| {
+                batcher
+                    .offer_held(readings, 2, Instant::now(), 0, 0)
+                    .expect("room");
+                batcher
+            },
+            BatchSize::LargeInput,
         )
     });
 

@@ -375,8 +375,12 @@ impl<W> Batcher<W> {
         self.wanted = 0;
         let before = self.next_held_due;
         let was_pressured = self.pressured();
+        let n = readings.len() as u64;
         for r in readings {
             self.insert(r, Kind::Held { origin, unix_ms }, now, ack_ms);
+        }
+        if n > 0 {
+            *self.outstanding.entry(origin).or_default() += n;
         }
         let earlier = match (before, self.next_held_due) {
             (Some(b), Some(a)) => a < b,
@@ -526,7 +530,6 @@ impl<W> Batcher<W> {
                     Some((o, n)) if *o == origin => *n += 1,
                     _ => open.origins.push((origin, 1)),
                 }
-                *self.outstanding.entry(origin).or_default() += 1;
                 false
             }
         }

@@ -154,6 +154,56 @@ fn recycle<T, U>(mut v: Vec<T>) -> Vec<U> {
     v.into_iter().filter_map(|_| None).collect()
 }
 
+/// A CSV row's fields, as byte ranges of its text.
+trait Row {
+    fn width(&self) -> usize;
+    fn whole(&self) -> &[u8];
+    /// `whole`, if known to be UTF-8.
+    fn utf8(&self) -> Option<&str> {
+        None
+    }
+    fn range(&self, i: usize) -> Option<std::ops::Range<usize>>;
+}
+
+impl Row for csv::ByteRecord {
+    fn width(&self) -> usize {
+        self.len()
+    }
+    fn whole(&self) -> &[u8] {
+        self.as_slice()
+    }
+    fn range(&self, i: usize) -> Option<std::ops::Range<usize>> {
+        csv::ByteRecord::range(self, i)
+    }
+}
+
+/// A line without quotes: its fields end at its commas and at its end.
+struct PlainRow<'a> {
+    text: &'a [u8],
+    utf8: Option<&'a str>,
+    commas: &'a [usize],
+}
+
+impl Row for PlainRow<'_> {
+    fn width(&self) -> usize {
+        self.commas.len() + 1
+    }
+    fn whole(&self) -> &[u8] {
+        self.text
+    }
+    fn utf8(&self) -> Option<&str> {
+        self.utf8
+    }
+    fn range(&self, i: usize) -> Option<std::ops::Range<usize>> {
+        let start = match i {
+            0 => 0,
+            _ => self.commas.get(i - 1)? + 1,
+        };
+        let end = self.commas.get(i).copied().unwrap_or(self.text.len());
+        (i <= self.commas.len()).then_some(start..end)
+    }
+}
+
 /// Turns lines into what a batch sends.
 pub struct Converter {
     format: Format,
@@ -250,27 +300,44 @@ impl Converter {
         }
     }
 
-    fn csv(
+    /// A CSV line without quotes (`text`, its line ending cut off), whose
+    /// fields end at `commas` and at its end: as [`Self::line`] takes a row
+    /// of the `csv` crate, which reads such a line into the same fields.
+    /// `utf8`: the same line, known to be UTF-8.
+    pub fn plain_csv_row(
         &self,
-        c: &CsvColumns,
-        record: &csv::ByteRecord,
+        text: &[u8],
+        utf8: Option<&str>,
+        commas: &[usize],
         out: &mut Vec<u8>,
-    ) -> Result<(), String> {
-        if record.len() != c.width {
+    ) -> Result<usize, String> {
+        let Some(columns) = &self.columns else {
+            return Err("no header row".to_owned());
+        };
+        let row = PlainRow { text, utf8, commas };
+        self.csv(columns, &row, out).map(|()| 1)
+    }
+
+    fn csv(&self, c: &CsvColumns, record: &impl Row, out: &mut Vec<u8>) -> Result<(), String> {
+        if record.width() != c.width {
             return Err(format!(
                 "{} fields where the header has {}",
-                record.len(),
+                record.width(),
                 c.width
             ));
         }
         // One UTF-8 check for the whole row, not one per field; a field is
         // then a slice of it (`get` refuses a slice that splits a character,
         // which two bad fields could make look valid together).
-        let row = std::str::from_utf8(record.as_slice()).ok();
+        let whole = record.whole();
+        let row = record.utf8().or_else(|| std::str::from_utf8(whole).ok());
         let field = |i: usize, name: &str| {
-            row.zip(record.range(i))
+            let range = record.range(i);
+            row.zip(range.clone())
                 .and_then(|(row, range)| row.get(range))
-                .or_else(|| std::str::from_utf8(record.get(i).unwrap_or_default()).ok())
+                .or_else(|| {
+                    std::str::from_utf8(range.and_then(|r| whole.get(r)).unwrap_or_default()).ok()
+                })
                 .map(trim)
                 .ok_or_else(|| format!("{name} is not UTF-8"))
         };
