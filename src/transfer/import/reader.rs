@@ -361,7 +361,7 @@ impl Reader {
     /// One line of a CSV file (`raw`, its line ending on or off) read
     /// without the `csv` crate: a line with no quote and no carriage return
     /// but at its end is split at its commas, the fields the `csv` crate
-    /// would read (its byte-at-a-time state machine was a fifth of the
+    /// would read (its byte-at-a-time state machine was a quarter of the
     /// command's CPU). `None`: the line needs quoting rules, and nothing of
     /// it was taken. `Some(false)`: nobody listens.
     fn plain_csv_line(
