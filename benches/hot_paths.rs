@@ -28,9 +28,15 @@ const NOW: i64 = 1_700_000_000;
 
 /// 10 000 readings: 100 sensors × 2 metrics × 50 consecutive seconds.
 fn body() -> Vec<u8> {
-    let mut items = Vec::with_capacity(READINGS);
-    for second in 0..50 {
-        for sensor in 0..100 {
+    json_body(100, 0, 50)
+}
+
+/// `sensors` × 2 metrics at each of `seconds` seconds from `from` (seconds
+/// after an hour before `NOW`), tick by tick, as a JSON array.
+fn json_body(sensors: i64, from: i64, seconds: i64) -> Vec<u8> {
+    let mut items = Vec::new();
+    for second in from..from + seconds {
+        for sensor in 0..sensors {
             for metric in 0..2 {
                 let ts = (NOW - 3600 + second) * 1000;
                 items.push(format!(
@@ -76,24 +82,6 @@ fn line_protocol_value_body() -> Vec<u8> {
         }
     }
     out.into_bytes()
-}
-
-/// 600 sensors × 2 metrics at each of `seconds` from `from` (seconds
-/// before `NOW`), tick by tick: a fleet's readings as an import sends them.
-fn fleet_body(from: i64, seconds: i64) -> Vec<u8> {
-    let mut items = Vec::new();
-    for second in from..from + seconds {
-        for sensor in 0..600 {
-            for metric in 0..2 {
-                let ts = (NOW - 3600 + second) * 1000;
-                items.push(format!(
-                    r#"{{"sensor":"truck-{sensor:04}","metric":"m{metric}","ts":{ts},"value":{}.5}}"#,
-                    (sensor * 7 + second) % 113
-                ));
-            }
-        }
-    }
-    format!("[{}]", items.join(",")).into_bytes()
 }
 
 fn ctx() -> DecodeContext {
@@ -204,8 +192,8 @@ fn benches(c: &mut Criterion) {
 
     // 12 000 buckets held (1 200 series, 10 minutes), as while the
     // database is slow; then 10 000 readings of the fleet's next 8 seconds.
-    let held: Vec<Vec<u8>> = (0..10).map(|m| fleet_body(m * 60, 1)).collect();
-    let next = fleet_body(9 * 60 + 1, 8);
+    let held: Vec<Vec<u8>> = (0..10).map(|m| json_body(600, m * 60, 1)).collect();
+    let next = json_body(600, 9 * 60 + 1, 8);
     group.bench_function("batcher_hold_10k_among_12k_buckets", |b| {
         b.iter_batched(
             || {

@@ -411,35 +411,13 @@ impl Reader {
         if *records <= self.skip {
             return true;
         }
-        let line = plain.lines;
-        let mark = batch.text.len();
-        if !batch.items.is_empty() {
-            batch.text.push(b'\n');
-        }
-        let start = batch.text.len();
-        match self
-            .converter
-            .plain_csv_row(text, utf8, commas, &mut batch.text)
-        {
-            Ok(n) => {
-                batch.items.push(Item {
-                    line,
-                    start,
-                    end: batch.text.len(),
-                    readings: n,
-                });
-                *readings += n;
-            }
-            Err(reason) => {
-                batch.text.truncate(mark);
-                batch.rejects.push(Reject {
-                    line,
-                    reason,
-                    text: String::from_utf8_lossy(text).into_owned(),
-                });
-            }
-        }
-        let full = *readings >= self.batch || batch.text.len() >= self.max_bytes;
+        let full = self.offer(
+            batch,
+            plain.lines,
+            readings,
+            |out| self.converter.plain_csv_row(text, utf8, commas, out),
+            || String::from_utf8_lossy(text).into_owned(),
+        );
         !full || self.send_full(batch, readings, *records, tx)
     }
 
@@ -514,12 +492,39 @@ impl Reader {
         record: Option<&csv::ByteRecord>,
         readings: &mut usize,
     ) -> bool {
+        self.offer(
+            batch,
+            line,
+            readings,
+            |out| self.converter.line(text, record, out),
+            || match record {
+                Some(r) => r
+                    .iter()
+                    .map(String::from_utf8_lossy)
+                    .collect::<Vec<_>>()
+                    .join(","),
+                None => text.to_owned(),
+            },
+        )
+    }
+
+    /// Appends what `convert` writes of a record at `line` to the batch, or
+    /// refuses the record (as `refused_text` shows it) with `convert`'s
+    /// reason; answers whether the batch is full.
+    fn offer(
+        &self,
+        batch: &mut Batch,
+        line: u64,
+        readings: &mut usize,
+        convert: impl FnOnce(&mut Vec<u8>) -> Result<usize, String>,
+        refused_text: impl FnOnce() -> String,
+    ) -> bool {
         let mark = batch.text.len();
         if !batch.items.is_empty() {
             batch.text.push(b'\n');
         }
         let start = batch.text.len();
-        match self.converter.line(text, record, &mut batch.text) {
+        match convert(&mut batch.text) {
             Ok(n) => {
                 batch.items.push(Item {
                     line,
@@ -534,14 +539,7 @@ impl Reader {
                 batch.rejects.push(Reject {
                     line,
                     reason,
-                    text: match record {
-                        Some(r) => r
-                            .iter()
-                            .map(String::from_utf8_lossy)
-                            .collect::<Vec<_>>()
-                            .join(","),
-                        None => text.to_owned(),
-                    },
+                    text: refused_text(),
                 });
             }
         }
