@@ -94,6 +94,7 @@ pub mod pure {
         BucketUpdate, METRIC_MAX_LEN, MetricName, Reading, SENSOR_MAX_LEN, SensorId, TimeWindow,
         parse_timestamp_ms, parse_timestamp_str,
     };
+    pub use crate::ingest::decode::csv::{CsvFormat, decode_csv};
     pub use crate::ingest::decode::{
         DecodeContext, decode_ndjson, decode_payload, decode_readings,
     };
@@ -114,7 +115,7 @@ pub mod pure {
     pub use crate::store::command::{Chunk, Commands, Limits, Target};
     pub use crate::store::document::{Form, Versioning, update_statement};
     pub use crate::transfer::import::formats::{
-        Converter as ImportConverter, CsvColumns, Format as ImportFormat, TsUnit,
+        Converter as ImportConverter, Format as ImportFormat,
     };
 }
 

@@ -73,7 +73,8 @@ enum Command {
         /// (fields: sensor, metric, ts, value; each defaults to its own name).
         #[arg(long = "column", value_name = "FIELD=COLUMN", value_parser = pair)]
         columns: Vec<(String, String)>,
-        /// CSV: a column to leave out (any other unknown column stops the import).
+        /// CSV: a column to leave out (an unnamed column is; any other
+        /// unknown column stops the import).
         #[arg(long = "ignore", value_name = "COLUMN")]
         ignore: Vec<String>,
         /// CSV: how integer timestamps count (auto: RFC 3339 or epoch ms).

@@ -12,6 +12,7 @@ use tracing::warn;
 use super::{ApiError, AppState};
 use crate::auth::Principal;
 use crate::domain::{BucketKey, Granularity, Reading};
+use crate::ingest::decode::csv::{CsvFormat, TsUnit, decode_csv};
 use crate::ingest::decode::{DecodeContext, DecodeError, Detail, decode_ndjson, decode_readings};
 use crate::journal::{IntakeError, NotSafe, Wait};
 use crate::store::BucketStore;
@@ -25,6 +26,45 @@ pub struct IngestParams {
     pub async_: bool,
     /// `stored`: answer once in MongoDB rather than once in the journal.
     pub wait: Option<WaitFor>,
+    /// CSV: how integer timestamps count.
+    pub ts_unit: Option<TsUnit>,
+    /// CSV: the columns holding fields not in columns of their own names.
+    #[serde(rename = "column.sensor")]
+    pub column_sensor: Option<String>,
+    #[serde(rename = "column.metric")]
+    pub column_metric: Option<String>,
+    #[serde(rename = "column.ts")]
+    pub column_ts: Option<String>,
+    #[serde(rename = "column.value")]
+    pub column_value: Option<String>,
+    /// CSV: columns left out, separated by commas.
+    pub ignore: Option<String>,
+}
+
+impl IngestParams {
+    /// How a CSV body is read; `None` when no CSV parameter is given.
+    fn csv(&self) -> Option<CsvFormat> {
+        let mapping: Vec<(String, String)> = [
+            ("sensor", &self.column_sensor),
+            ("metric", &self.column_metric),
+            ("ts", &self.column_ts),
+            ("value", &self.column_value),
+        ]
+        .into_iter()
+        .filter_map(|(f, c)| Some((f.to_owned(), c.clone()?)))
+        .collect();
+        let ignore: Vec<String> = self
+            .ignore
+            .iter()
+            .flat_map(|i| i.split(','))
+            .map(str::to_owned)
+            .collect();
+        (self.ts_unit.is_some() || !mapping.is_empty() || !ignore.is_empty()).then(|| CsvFormat {
+            mapping,
+            ignore,
+            ts_unit: self.ts_unit.unwrap_or_default(),
+        })
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -38,23 +78,52 @@ pub struct Accepted {
     pub accepted: usize,
 }
 
-/// A body's decoder, by its `Content-Type`: JSON (a reading or an array of
-/// them), or NDJSON (a reading with its `ts` per line: the export's format,
-/// which `hourglass import` sends as it reads it).
-type Decoder = for<'a> fn(&'a [u8], &DecodeContext) -> Result<Vec<Reading<'a>>, DecodeError>;
+/// A body's format, by its `Content-Type`: JSON (a reading or an array of
+/// them), NDJSON (a reading with its `ts` per line: the export's format,
+/// which `hourglass import` sends as it reads it), or CSV with a header row
+/// (what `hourglass import` sends of a CSV file).
+enum Body {
+    Json,
+    Ndjson,
+    Csv(CsvFormat),
+}
 
-fn decoder(headers: &HeaderMap) -> Option<Decoder> {
-    let mime = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())?
-        .trim();
-    if mime.eq_ignore_ascii_case("application/json") {
-        Some(decode_readings)
-    } else if mime.eq_ignore_ascii_case("application/x-ndjson") {
-        Some(decode_ndjson)
-    } else {
-        None
+impl Body {
+    fn of(headers: &HeaderMap, params: &IngestParams) -> Option<Result<Self, ApiError>> {
+        let mime = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())?
+            .trim();
+        let csv = params.csv();
+        let csv_params = csv.is_some();
+        let body = if mime.eq_ignore_ascii_case("text/csv") {
+            Body::Csv(csv.unwrap_or_default())
+        } else if mime.eq_ignore_ascii_case("application/json") {
+            Body::Json
+        } else if mime.eq_ignore_ascii_case("application/x-ndjson") {
+            Body::Ndjson
+        } else {
+            return None;
+        };
+        if csv_params && !matches!(body, Body::Csv(_)) {
+            return Some(Err(ApiError::bad_request(
+                "ts_unit, column.<field> and ignore apply to a text/csv body",
+            )));
+        }
+        Some(Ok(body))
+    }
+
+    fn decode<'a>(
+        &self,
+        body: &'a [u8],
+        ctx: &DecodeContext,
+    ) -> Result<Vec<Reading<'a>>, DecodeError> {
+        match self {
+            Body::Json => decode_readings(body, ctx),
+            Body::Ndjson => decode_ndjson(body, ctx),
+            Body::Csv(format) => decode_csv(body, format, ctx),
+        }
     }
 }
 
@@ -68,7 +137,9 @@ impl From<DecodeError> for ApiError {
                 message,
                 details,
             },
-            DecodeError::Malformed(_) | DecodeError::NotReadings => ApiError::bad_request(message),
+            DecodeError::Malformed(_) | DecodeError::NotReadings | DecodeError::Csv(_) => {
+                ApiError::bad_request(message)
+            }
         }
     }
 }
@@ -88,8 +159,11 @@ impl From<IntakeError> for ApiError {
 }
 
 #[utoipa::path(post, path = "/api/v1/readings",
-    params(("wait" = Option<String>, Query, description = "stored: answer once in MongoDB"), ("async" = Option<bool>, Query)),
-    request_body(content = Object, description = "A reading {sensor, metric?, ts, value} or an array of them (application/json); or one reading with its ts per line (application/x-ndjson, the export's format)", content_type = "application/json"),
+    params(("wait" = Option<String>, Query, description = "stored: answer once in MongoDB"), ("async" = Option<bool>, Query),
+        ("ts_unit" = Option<String>, Query, description = "text/csv: auto (RFC 3339 or epoch ms), s, ms, us or ns"),
+        ("column.sensor" = Option<String>, Query, description = "text/csv: the column holding the sensor (likewise column.metric, column.ts, column.value)"),
+        ("ignore" = Option<String>, Query, description = "text/csv: columns left out, separated by commas")),
+    request_body(content = Object, description = "A reading {sensor, metric?, ts, value} or an array of them (application/json); one reading with its ts per line (application/x-ndjson, the export's format); or a header row naming sensor, metric?, ts and value, then a reading per row (text/csv)", content_type = "application/json"),
     responses((status = 200, description = "Accepted (journaled, or stored)"), (status = 400, description = "A reading is invalid; nothing was taken"),
         (status = 503, description = "At a bound; retry after Retry-After")))]
 pub async fn post_readings<S: BucketStore>(
@@ -111,13 +185,14 @@ pub async fn post_readings<S: BucketStore>(
         (false, None) => Wait::Safe,
     };
     let metrics = &state.metrics;
-    let Some(decode) = decoder(&headers) else {
+    let Some(body_format) = Body::of(&headers, &params) else {
         metrics.rejected(Source::Http, Rejection::ContentType, 1);
         return Err(ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "Content-Type must be application/json, or application/x-ndjson for one reading with its ts per line",
+            "Content-Type must be application/json, application/x-ndjson for one reading with its ts per line, or text/csv with a header row",
         ));
     };
+    let body_format = body_format?;
     let body = body.map_err(|e| match e.status() {
         StatusCode::PAYLOAD_TOO_LARGE => {
             metrics.rejected(Source::Http, Rejection::TooLarge, 1);
@@ -138,7 +213,7 @@ pub async fn post_readings<S: BucketStore>(
         .settings
         .ingest
         .decode_context(OffsetDateTime::now_utc().unix_timestamp());
-    let readings = decode(&body, &ctx).inspect_err(|e| {
+    let readings = body_format.decode(&body, &ctx).inspect_err(|e| {
         let (reason, n) = e.rejection();
         metrics.rejected(Source::Http, reason, n);
     })?;
@@ -157,7 +232,7 @@ pub async fn post_readings<S: BucketStore>(
         Outcome::Queued => Ok((StatusCode::ACCEPTED, Json(Accepted { accepted }))),
         Outcome::Safe => Ok((StatusCode::OK, Json(Accepted { accepted }))),
         Outcome::DeadLettered(buckets) => Err(dead_lettered(
-            decode(&body, &ctx),
+            body_format.decode(&body, &ctx),
             &buckets,
             state.settings.granularity,
         )),

@@ -125,6 +125,16 @@ pub struct Reading<'a> {
 }
 
 impl Reading<'_> {
+    /// A copy that borrows nothing.
+    pub fn into_owned(self) -> Reading<'static> {
+        Reading {
+            sensor: self.sensor.into_owned(),
+            metric: self.metric.into_owned(),
+            ts: self.ts,
+            value: self.value,
+        }
+    }
+
     pub fn check_value(value: f64) -> Result<f64, InvalidReading> {
         if value.is_finite() {
             Ok(value)

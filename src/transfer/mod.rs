@@ -146,6 +146,16 @@ impl Client {
             .await
     }
 
+    /// CSV rows after their header row, to `POST /api/v1/readings`.
+    pub async fn post_csv(
+        &self,
+        body: bytes::Bytes,
+        ts_unit: crate::ingest::decode::csv::TsUnit,
+    ) -> Result<Posted, TransferError> {
+        let path = format!("/api/v1/readings?ts_unit={}", ts_unit.as_str());
+        self.post(&path, "text/csv; charset=utf-8", body).await
+    }
+
     pub async fn post_line_protocol(
         &self,
         body: bytes::Bytes,

@@ -207,6 +207,75 @@ async fn an_ndjson_body_takes_a_reading_with_its_ts_per_line_all_or_nothing() {
 }
 
 #[tokio::test]
+async fn a_csv_body_maps_its_columns_and_is_all_or_nothing() {
+    let app = spawn_app().await;
+    let t = base_time();
+    let params = "?ts_unit=s&column.ts=time&column.sensor=device&column.value=temp&ignore=note";
+    // A quoted field, a CRLF, a blank line, an empty metric (the default).
+    let good = format!(
+        "time,device,metric,temp,note\r\n{t},cv,m,1.5,\"a, b\"\n\n{},cv,,2.5,x\n{},cv,m,3,\"say \"\"hi\"\"\"\n",
+        t + 1,
+        t + 2
+    );
+    let bad = good.replace(",3,", ",three,");
+    let r = app.post_raw("text/csv", bad.into_bytes(), params).await;
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().await.expect("json");
+    assert_eq!(body["details"][0]["index"], 4, "its line, from 0: {body}");
+    assert!(
+        body["details"][0]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("\"three\" is not a number")),
+        "{body}"
+    );
+    for (query, why) in [
+        (
+            "?ts_unit=s&column.ts=time&column.sensor=device&column.value=temp",
+            "\"note\"",
+        ),
+        (
+            "?ts_unit=s&column.sensor=device&column.value=temp&ignore=note",
+            "\"ts\"",
+        ),
+        ("?ts_unit=hours", "ts_unit"),
+    ] {
+        let r = app
+            .post_raw("text/csv", good.clone().into_bytes(), query)
+            .await;
+        assert_eq!(r.status(), 400, "{query}");
+        let body: Value = r.json().await.expect("json");
+        let error = body["error"].as_str().unwrap_or_default();
+        assert!(error.contains(why), "{query}: {body}");
+    }
+    let json = serde_json::to_vec(&reading("cv", "m", t, 1.0)).expect("json");
+    let r = app.post_raw("application/json", json, "?ts_unit=s").await;
+    assert_eq!(r.status(), 400, "CSV parameters on a JSON body");
+    tokio::time::sleep(app.settings.batcher.flush_interval * 4).await;
+    assert!(
+        app.buckets().await.is_empty(),
+        "nothing from the refused requests is stored"
+    );
+
+    let r = app.post_raw("text/csv", good.into_bytes(), params).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.expect("json")["accepted"], 3);
+    let range = format!("from={}&to={}", rfc3339(t - 60), rfc3339(t + 60));
+    let avg = app
+        .get_json(&format!("/api/v1/sensors/cv/average?metric=m&{range}"))
+        .await;
+    assert_eq!(
+        (avg["count"].as_u64(), avg["sum"].as_f64()),
+        (Some(2), Some(4.5)),
+        "{avg}"
+    );
+    let avg = app
+        .get_json(&format!("/api/v1/sensors/cv/average?metric=value&{range}"))
+        .await;
+    assert_eq!(avg["sum"].as_f64(), Some(2.5), "the default metric: {avg}");
+    app.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
 async fn the_wrong_content_type_is_415() {
     let app = spawn_app().await;
     let body = serde_json::to_vec(&reading("s", "m", base_time(), 1.0)).expect("json");

@@ -16,6 +16,7 @@ use crate::domain::{
 };
 use crate::telemetry::metrics::Rejection;
 
+pub mod csv;
 mod plain;
 
 /// How many per-reading errors a response lists at most.
@@ -42,6 +43,9 @@ pub enum DecodeError {
     Malformed(String),
     #[error("the body must be a reading object or an array of them")]
     NotReadings,
+    /// A CSV body's header, or its text.
+    #[error("{0}")]
+    Csv(String),
     #[error("{count} readings in one request; the limit is {max}")]
     TooMany { count: usize, max: usize },
     #[error("{invalid} of {total} readings are invalid; nothing was stored")]
@@ -57,7 +61,9 @@ impl DecodeError {
     /// how many readings it refused (1 when they could not be counted).
     pub fn rejection(&self) -> (Rejection, usize) {
         match self {
-            DecodeError::Malformed(_) | DecodeError::NotReadings => (Rejection::Malformed, 1),
+            DecodeError::Malformed(_) | DecodeError::NotReadings | DecodeError::Csv(_) => {
+                (Rejection::Malformed, 1)
+            }
             DecodeError::TooMany { count, .. } => (Rejection::TooLarge, *count),
             DecodeError::Invalid { total, .. } => (Rejection::Invalid, *total),
         }
@@ -438,30 +444,56 @@ fn collect<'a>(
     results: impl Iterator<Item = (usize, Result<Reading<'a>, String>)>,
     capacity: usize,
 ) -> Result<Vec<Reading<'a>>, DecodeError> {
-    let mut readings = Vec::with_capacity(capacity);
-    let mut details = Vec::new();
-    let (mut total, mut invalid) = (0, 0);
+    let mut out = Collector::new(capacity);
     for (index, result) in results {
-        total += 1;
+        out.push(index, result);
+    }
+    out.finish()
+}
+
+/// A request's readings as they are decoded: all of them, or the details
+/// of the invalid ones.
+struct Collector<'a> {
+    readings: Vec<Reading<'a>>,
+    details: Vec<Detail>,
+    total: usize,
+    invalid: usize,
+}
+
+impl<'a> Collector<'a> {
+    fn new(capacity: usize) -> Self {
+        Self {
+            readings: Vec::with_capacity(capacity),
+            details: Vec::new(),
+            total: 0,
+            invalid: 0,
+        }
+    }
+
+    fn push(&mut self, index: usize, result: Result<Reading<'a>, String>) {
+        self.total += 1;
         match result {
-            Ok(r) if invalid == 0 => readings.push(r),
+            Ok(r) if self.invalid == 0 => self.readings.push(r),
             Ok(_) => {}
             Err(reason) => {
-                invalid += 1;
-                if details.len() < MAX_DETAILS {
-                    details.push(Detail { index, reason });
+                self.invalid += 1;
+                if self.details.len() < MAX_DETAILS {
+                    self.details.push(Detail { index, reason });
                 }
             }
         }
     }
-    if invalid > 0 {
-        return Err(DecodeError::Invalid {
-            invalid,
-            total,
-            details,
-        });
+
+    fn finish(self) -> Result<Vec<Reading<'a>>, DecodeError> {
+        if self.invalid > 0 {
+            return Err(DecodeError::Invalid {
+                invalid: self.invalid,
+                total: self.total,
+                details: self.details,
+            });
+        }
+        Ok(self.readings)
     }
-    Ok(readings)
 }
 
 #[cfg(test)]

@@ -34,11 +34,13 @@ use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
 use self::checkpoint::{Checkpoint, Rejects};
-use self::formats::{Checker, Converter, CsvColumns};
-pub use self::formats::{Format, TsUnit};
+pub use self::formats::Format;
+use self::formats::{Checker, Converter};
 use self::reader::{Reader, Spares, open};
 use super::{Client, Posted, TransferError};
 use crate::config::Settings;
+use crate::ingest::decode::csv::CsvColumns;
+pub use crate::ingest::decode::csv::TsUnit;
 use crate::ingest::line_protocol::Precision;
 
 /// What `hourglass import` was asked to do.
@@ -186,24 +188,13 @@ pub async fn run(
         summary.resumed += p.checkpoint.records;
         summary.readings += p.checkpoint.readings;
         summary.rejected += p.checkpoint.rejected;
-        let ctx = settings
-            .ingest
-            .decode_context(time::OffsetDateTime::now_utc().unix_timestamp());
-        let mut converter = Converter::new(
-            p.format,
-            ctx,
-            options.ts_unit,
-            settings.line_protocol.sensor_tags.clone(),
-        );
-        if let Some(c) = &p.columns {
-            converter.set_columns(c.clone());
-        }
         work.push(Reader {
             file: i,
             path: p.path.clone(),
             format: p.format,
             skip: p.checkpoint.records,
-            converter,
+            converter: Converter::new(p.format),
+            head: header_line(p),
             batch,
             max_bytes,
             read: read_bytes.clone(),
@@ -224,11 +215,9 @@ pub async fn run(
         .iter()
         .map(|p| Sender {
             format: p.format,
-            // Converted rows go in epoch seconds; line-protocol files as they are.
-            precision: match p.format {
-                Format::LineProtocol => options.precision.clone(),
-                Format::Csv | Format::Ndjson => "s".to_owned(),
-            },
+            precision: options.precision.clone(),
+            ts_unit: options.ts_unit,
+            head: bytes::Bytes::from(header_line(p)),
             check: Checker::new(
                 p.format,
                 settings
@@ -236,6 +225,7 @@ pub async fn run(
                     .decode_context(time::OffsetDateTime::now_utc().unix_timestamp()),
                 precision,
                 settings.line_protocol.sensor_tags.clone(),
+                p.columns.clone().map(|c| (c, options.ts_unit)),
             ),
         })
         .collect();
@@ -315,6 +305,17 @@ pub async fn run(
     Ok(summary)
 }
 
+/// What starts each of a file's batches: a CSV file's header, naming the
+/// columns of the fields where the file has them (mapped and ignored
+/// columns are settled here, by position), then its newline.
+fn header_line(plan: &Plan) -> Vec<u8> {
+    plan.columns.as_ref().map_or_else(Vec::new, |c| {
+        let mut head = c.canonical_header().into_bytes();
+        head.push(b'\n');
+        head
+    })
+}
+
 /// Writes a file's checkpoint once the rejects it counts are durable.
 fn save(plan: &mut Plan) -> Result<(), TransferError> {
     plan.rejects.sync()?;
@@ -351,7 +352,7 @@ fn plan(path: &Path, options: &ImportOptions) -> Result<Plan, TransferError> {
                 )));
             }
             Some(
-                CsvColumns::from_header(&header, &options.columns, &options.ignore)
+                CsvColumns::from_header(header.iter(), &options.columns, &options.ignore)
                     .map_err(|e| TransferError::Usage(format!("{}: {e}", path.display())))?,
             )
         }
@@ -371,11 +372,15 @@ fn plan(path: &Path, options: &ImportOptions) -> Result<Plan, TransferError> {
 /// How a file's batches go to the service.
 struct Sender {
     format: Format,
-    /// Line protocol's timestamp unit (`s` for converted CSV rows).
+    /// Line protocol's timestamp unit.
     precision: String,
-    /// Lines sent as they are (NDJSON, line protocol): the service's decoder,
-    /// asked which lines of a refused batch it refuses.
-    check: Option<Checker>,
+    /// CSV's timestamp unit.
+    ts_unit: TsUnit,
+    /// What starts each batch (CSV's header), or nothing.
+    head: bytes::Bytes,
+    /// The service's decoder, asked which lines of a refused batch it
+    /// refuses.
+    check: Checker,
 }
 
 /// Sends a batch's `body` (its `items`, one line each). A part the service
@@ -401,7 +406,7 @@ async fn deliver(
             continue;
         }
         let sent = built.unwrap_or_else(|| {
-            let mut text = Vec::new();
+            let mut text = sender.head.to_vec();
             for item in part.iter() {
                 text.extend_from_slice(&body[item.start..item.end]);
                 text.push(b'\n');
@@ -410,9 +415,8 @@ async fn deliver(
         });
         let posted = match sender.format {
             Format::Ndjson => client.post_ndjson(sent).await?,
-            Format::Csv | Format::LineProtocol => {
-                client.post_line_protocol(sent, &sender.precision).await?
-            }
+            Format::Csv => client.post_csv(sent, sender.ts_unit).await?,
+            Format::LineProtocol => client.post_line_protocol(sent, &sender.precision).await?,
         };
         match posted {
             Posted::Stored => stored += part.iter().map(|i| i.readings as u64).sum::<u64>(),
@@ -421,28 +425,25 @@ async fn deliver(
                 reason,
                 text: text(&part[0]),
             }),
-            Posted::Refused(_) => match &sender.check {
-                Some(checker) if !checked => {
-                    let mut good = Vec::with_capacity(part.len());
-                    for &item in part.iter() {
-                        let line = text(&item);
-                        match checker.check(&line) {
-                            Ok(()) => good.push(item),
-                            Err(reason) => refused.push(Reject {
-                                line: item.line,
-                                reason,
-                                text: line,
-                            }),
-                        }
+            Posted::Refused(_) if !checked => {
+                let mut good = Vec::with_capacity(part.len());
+                for &item in part.iter() {
+                    match sender.check.check(&body[item.start..item.end]) {
+                        Ok(()) => good.push(item),
+                        Err(reason) => refused.push(Reject {
+                            line: item.line,
+                            reason,
+                            text: text(&item),
+                        }),
                     }
-                    pending.push((Cow::Owned(good), None, true));
                 }
-                _ => {
-                    let mid = part.len() / 2;
-                    pending.push((Cow::Owned(part[mid..].to_vec()), None, true));
-                    pending.push((Cow::Owned(part[..mid].to_vec()), None, true));
-                }
-            },
+                pending.push((Cow::Owned(good), None, true));
+            }
+            Posted::Refused(_) => {
+                let mid = part.len() / 2;
+                pending.push((Cow::Owned(part[mid..].to_vec()), None, true));
+                pending.push((Cow::Owned(part[..mid].to_vec()), None, true));
+            }
         }
     }
     Ok((stored, refused))

@@ -11,6 +11,7 @@ use tokio::sync::mpsc;
 
 use super::formats::{Converter, Format};
 use super::{Batch, Item, Reject, TransferError};
+use crate::ingest::decode::csv as csv_body;
 
 /// Counts the bytes read from the file (before decompression): the progress.
 struct Counting<R> {
@@ -88,6 +89,8 @@ pub(super) struct Reader {
     /// Records read before an interruption: skipped.
     pub(super) skip: u64,
     pub(super) converter: Converter,
+    /// What starts each batch: a CSV file's header line.
+    pub(super) head: Vec<u8>,
     pub(super) batch: usize,
     pub(super) max_bytes: usize,
     pub(super) read: Arc<AtomicU64>,
@@ -107,13 +110,14 @@ impl Reader {
     }
 
     fn fresh(&self, records: u64) -> Batch {
-        let (text, items) = self.spares.take().unwrap_or_else(|| {
+        let (mut text, items) = self.spares.take().unwrap_or_else(|| {
             (
                 Vec::with_capacity(self.max_bytes.min(1 << 20)),
                 // A line holds at least one reading: never grown.
                 Vec::with_capacity(self.batch.min(1 << 16)),
             )
         });
+        text.extend_from_slice(&self.head);
         Batch {
             file: self.file,
             records,
@@ -140,7 +144,6 @@ impl Reader {
                 let mut plain = PlainCsv::default();
                 // A line that spans the reader's buffer is gathered here.
                 let mut carry = Vec::new();
-                let mut commas = Vec::new();
                 // From the first line that needs quoting rules, that line and
                 // the rest of the file go to the `csv` crate.
                 let mut quoted: Option<Vec<u8>> = None;
@@ -191,69 +194,44 @@ impl Reader {
                         carry.clear();
                         used = i + 1;
                     }
-                    // The buffer's whole lines in one pass: each byte looked
-                    // at once for the line's end, its commas, and a quote or
-                    // carriage return (such a line goes the general way).
-                    if carry.is_empty()
-                        && let Some(last) = memchr::memrchr(b'\n', &buf[used..]).map(|i| used + i)
-                    {
-                        let region = &buf[used..=last];
-                        // Checked as UTF-8 whole: its lines then need no check.
-                        let text = std::str::from_utf8(region).ok();
-                        let mut start = 0;
-                        let mut special = false;
+                    // The buffer's whole lines in one pass of `memchr`, which
+                    // stops at line ends and at what needs quoting rules.
+                    if carry.is_empty() {
+                        let mut at = used;
                         // The line ends in a CRLF.
                         let mut crlf = false;
-                        commas.clear();
-                        for (i, &b) in region.iter().enumerate() {
-                            match b {
-                                b',' => commas.push(i - start),
-                                b'\r' if region.get(i + 1) == Some(&b'\n') => crlf = true,
-                                b'"' | b'\r' => special = true,
+                        while let Some(i) = memchr::memchr3(b'\n', b'"', b'\r', &buf[at..]) {
+                            let i = at + i;
+                            match buf[i] {
                                 b'\n' => {
-                                    let end = i - usize::from(crlf);
-                                    let line = &region[start..end];
-                                    let outcome = if special {
-                                        self.plain_csv_line(
-                                            line,
-                                            &mut plain,
-                                            &mut records,
-                                            &mut batch,
-                                            &mut readings,
-                                            tx,
-                                        )
-                                    } else {
-                                        let text = text.and_then(|t| t.get(start..end));
-                                        Some(self.plain_csv_row(
-                                            line,
-                                            text,
-                                            &commas,
-                                            &mut plain,
-                                            &mut records,
-                                            &mut batch,
-                                            &mut readings,
-                                            tx,
-                                        ))
-                                    };
-                                    match outcome {
-                                        Some(true) => {}
-                                        Some(false) => return Ok(false),
-                                        None => {
-                                            let rest = buf[used + start..].to_vec();
-                                            input.consume(len);
-                                            quoted = Some(rest);
-                                            break 'plain;
-                                        }
+                                    let line = &buf[used..i - usize::from(crlf)];
+                                    match self.plain_csv_row(
+                                        line,
+                                        &mut plain,
+                                        &mut records,
+                                        &mut batch,
+                                        &mut readings,
+                                        tx,
+                                    ) {
+                                        true => {}
+                                        false => return Ok(false),
                                     }
-                                    start = i + 1;
-                                    special = false;
+                                    used = i + 1;
                                     crlf = false;
-                                    commas.clear();
                                 }
-                                _ => {}
+                                b'\r' if buf.get(i + 1) == Some(&b'\n') => crlf = true,
+                                // Its newline is in the next buffer: the line
+                                // is carried, and looked at whole there.
+                                b'\r' if i + 1 == len => break,
+                                _ => {
+                                    let rest = buf[used..].to_vec();
+                                    input.consume(len);
+                                    quoted = Some(rest);
+                                    break 'plain;
+                                }
                             }
+                            at = i + 1;
                         }
-                        used = last + 1;
                     }
                     carry.extend_from_slice(&buf[used..]);
                     input.consume(len);
@@ -359,11 +337,11 @@ impl Reader {
     }
 
     /// One line of a CSV file (`raw`, its line ending on or off) read
-    /// without the `csv` crate: a line with no quote and no carriage return
-    /// but at its end is split at its commas, the fields the `csv` crate
-    /// would read (its byte-at-a-time state machine was a quarter of the
-    /// command's CPU). `None`: the line needs quoting rules, and nothing of
-    /// it was taken. `Some(false)`: nobody listens.
+    /// without the `csv` crate, when it has no quote and no carriage return
+    /// but at its end: its fields are the ones the `csv` crate would read,
+    /// and the service splits it at its commas. `None`: the line needs
+    /// quoting rules, and nothing of it was taken. `Some(false)`: nobody
+    /// listens.
     fn plain_csv_line(
         &self,
         raw: &[u8],
@@ -373,24 +351,17 @@ impl Reader {
         readings: &mut usize,
         tx: &mpsc::Sender<Result<Batch, TransferError>>,
     ) -> Option<bool> {
-        let text = raw.strip_suffix(b"\n").unwrap_or(raw);
-        let text = text.strip_suffix(b"\r").unwrap_or(text);
-        if memchr::memchr2(b'"', b'\r', text).is_some() {
-            return None;
-        }
-        let commas: Vec<usize> = memchr::memchr_iter(b',', text).collect();
-        Some(self.plain_csv_row(text, None, &commas, plain, records, batch, readings, tx))
+        let text = csv_body::plain_line(raw)?;
+        Some(self.plain_csv_row(text, plain, records, batch, readings, tx))
     }
 
-    /// A line without quotes, carriage returns or its newline, whose fields
-    /// end at `commas` and at its end (`utf8`: the same line, known to be
-    /// UTF-8): a record unless it is blank. `false`: nobody listens.
-    #[allow(clippy::too_many_arguments)]
+    /// A line without quotes, carriage returns or its newline: a record
+    /// unless it is blank, sent as it is (the service checks it, and
+    /// `Checker` here once the service has refused its batch). `false`:
+    /// nobody listens.
     fn plain_csv_row(
         &self,
         text: &[u8],
-        utf8: Option<&str>,
-        commas: &[usize],
         plain: &mut PlainCsv,
         records: &mut u64,
         batch: &mut Batch,
@@ -415,8 +386,11 @@ impl Reader {
             batch,
             plain.lines,
             readings,
-            |out| self.converter.plain_csv_row(text, utf8, commas, out),
-            || String::from_utf8_lossy(text).into_owned(),
+            |out| {
+                out.extend_from_slice(text);
+                Ok(1)
+            },
+            String::new,
         );
         !full || self.send_full(batch, readings, *records, tx)
     }
@@ -620,11 +594,12 @@ impl Reader {
 mod tests {
     use super::super::TsUnit;
     use super::*;
+    use crate::ingest::decode::csv::CsvColumns;
 
     /// The batches a reader makes of `text`, resumed past `skip` records:
     /// each line sent with its number, and the refused ones.
     fn read(text: &[u8], skip: u64, batch: usize) -> (Vec<(u64, String)>, Vec<u64>, u64) {
-        let converter = super::super::formats::tests::converter(Format::Ndjson, TsUnit::Auto);
+        let converter = super::super::formats::tests::converter(Format::Ndjson);
         read_as(Format::Ndjson, converter, text, skip, batch)
     }
 
@@ -638,12 +613,17 @@ mod tests {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let path = dir.path().join("lines");
         std::fs::write(&path, text).expect("written");
+        let head = match format {
+            Format::Csv => format!("{}\n", csv_columns().canonical_header()).into_bytes(),
+            _ => Vec::new(),
+        };
         let reader = Reader {
             file: 0,
             path,
             format,
             skip,
             converter,
+            head: head.clone(),
             batch,
             max_bytes: 1 << 20,
             read: Arc::new(AtomicU64::new(0)),
@@ -654,6 +634,10 @@ mod tests {
         let (mut sent, mut refused, mut records) = (Vec::new(), Vec::new(), 0);
         while let Some(b) = rx.blocking_recv() {
             let b = b.expect("no error");
+            assert!(
+                b.text.starts_with(&head),
+                "each batch starts with the header"
+            );
             for item in &b.items {
                 let line = String::from_utf8(b.text[item.start..item.end].to_vec());
                 sent.push((item.line, line.expect("UTF-8")));
@@ -673,7 +657,8 @@ mod tests {
             path: PathBuf::new(),
             format: Format::Ndjson,
             skip: 0,
-            converter: super::super::formats::tests::converter(Format::Ndjson, TsUnit::Auto),
+            converter: super::super::formats::tests::converter(Format::Ndjson),
+            head: Vec::new(),
             batch: 10,
             max_bytes: 1 << 20,
             read: Arc::new(AtomicU64::new(0)),
@@ -748,22 +733,25 @@ mod tests {
     }
 
     /// CSV files: sensor, metric, ts (s), value and an ignored note.
-    fn csv_converter() -> Converter {
-        let mut c = super::super::formats::tests::converter(Format::Csv, TsUnit::Seconds);
-        let header = csv::StringRecord::from(vec!["sensor", "metric", "ts", "value", "note"]);
-        c.set_columns(
-            super::super::formats::CsvColumns::from_header(&header, &[], &["note".to_owned()])
-                .expect("the header"),
-        );
-        c
+    fn csv_columns() -> CsvColumns {
+        let header = ["sensor", "metric", "ts", "value", "note"];
+        CsvColumns::from_header(header, &[], &["note".to_owned()]).expect("the header")
+    }
+
+    /// Why the service refuses a row as the import sends it, if it does.
+    fn refused(text: &str) -> bool {
+        let ctx = super::super::formats::tests::ctx();
+        let c = csv_columns();
+        csv_body::check_row(text.as_bytes(), &c, TsUnit::Seconds, &ctx).is_err()
     }
 
     /// What the reader makes of a CSV file, as the `csv` crate reads all of
-    /// it: each record converted (or refused), at the line it starts on
+    /// it: each record sent as one CSV line, at the line it starts on
     /// (counted here: the `csv` crate starts a row after a CRLF on the line
-    /// before).
+    /// before), and the lines of the rows the service refuses.
     fn csv_model(text: &[u8], skip: u64) -> (Vec<(u64, String)>, Vec<u64>, u64) {
-        let c = csv_converter();
+        let ctx = super::super::formats::tests::ctx();
+        let c = csv_columns();
         let mut csv = csv::ReaderBuilder::new()
             .has_headers(false)
             .flexible(true)
@@ -782,9 +770,10 @@ mod tests {
             }
             let line = 1 + memchr::memchr_iter(b'\n', &text[..at]).count() as u64;
             let mut out = Vec::new();
-            match c.line("", Some(&record), &mut out) {
-                Ok(_) => sent.push((line, String::from_utf8(out).expect("UTF-8"))),
-                Err(_) => refused.push(line),
+            csv_body::write_row(&record, &mut out);
+            sent.push((line, String::from_utf8(out).expect("UTF-8")));
+            if c.reading(&&record, TsUnit::Seconds, &ctx).is_err() {
+                refused.push(line);
             }
         }
         // A resumed file reports at least the records resumed past.
@@ -827,12 +816,16 @@ mod tests {
             }
             text.pop();
             proptest::prop_assert!(text.len() > 1 << 16);
-            let (sent, refused, records) = read_as(Format::Csv, csv_converter(), &text, skip, 700);
+            let (sent, at_read, records) = read_as(Format::Csv, super::super::formats::tests::converter(Format::Csv), &text, skip, 700);
             let (want_sent, want_refused, want_records) = csv_model(&text, skip);
             proptest::prop_assert_eq!(records, want_records);
             let first = sent.iter().zip(&want_sent).find(|(a, b)| a != b);
             proptest::prop_assert_eq!(first, None);
             proptest::prop_assert_eq!(sent.len(), want_sent.len());
+            proptest::prop_assert!(at_read.is_empty(), "rows are checked by the service");
+            // The rows as sent are refused where the rows as read are.
+            let refused: Vec<u64> =
+                sent.iter().filter(|(_, t)| refused(t)).map(|(l, _)| *l).collect();
             proptest::prop_assert_eq!(refused, want_refused);
         }
     }
@@ -841,14 +834,35 @@ mod tests {
     #[test]
     fn blank_csv_lines_are_skipped_and_rows_keep_their_line_numbers() {
         let text = b"sensor,metric,ts,value,note\n\ns1,m,1763999000,1,n\r\n\r\n\ns2,m,1763999000,bad,n\ns3,m,1763999000,3,n";
-        let (sent, refused, records) = read_as(Format::Csv, csv_converter(), text, 0, 10);
+        let (sent, _, records) = read_as(
+            Format::Csv,
+            super::super::formats::tests::converter(Format::Csv),
+            text,
+            0,
+            10,
+        );
         let lines: Vec<u64> = sent.iter().map(|(l, _)| *l).collect();
-        assert_eq!(lines, [3, 7]);
-        assert_eq!(refused, [6]);
+        assert_eq!(lines, [3, 6, 7]);
+        let bad: Vec<u64> = sent
+            .iter()
+            .filter(|(_, t)| refused(t))
+            .map(|(l, _)| *l)
+            .collect();
+        assert_eq!(bad, [6]);
+        assert_eq!(
+            sent[0].1, "s1,m,1763999000,1,n",
+            "sent as it is, without its CR"
+        );
         assert_eq!(records, 4, "the header and three rows");
         // Resumed past the header and the first row.
-        let (sent, refused, _) = read_as(Format::Csv, csv_converter(), text, 2, 10);
-        assert_eq!(sent.len(), 1);
-        assert_eq!(refused, [6]);
+        let (sent, _, _) = read_as(
+            Format::Csv,
+            super::super::formats::tests::converter(Format::Csv),
+            text,
+            2,
+            10,
+        );
+        let lines: Vec<u64> = sent.iter().map(|(l, _)| *l).collect();
+        assert_eq!(lines, [6, 7]);
     }
 }
