@@ -130,7 +130,11 @@ impl CsvColumns {
                 ));
             }
         }
-        let names: Vec<&str> = names.into_iter().map(str::trim).collect();
+        // A spreadsheet's UTF-8 byte order mark is not part of the first name.
+        let names: Vec<&str> = names
+            .into_iter()
+            .map(|n| n.trim_start_matches('\u{feff}').trim())
+            .collect();
         let column_of = |field: &'static str| -> &str {
             mapping
                 .iter()
@@ -480,7 +484,7 @@ mod tests {
 
     #[test]
     fn columns_map_by_name_and_unknown_columns_are_refused() {
-        let h = ["time", "device", "reading", "note", " "];
+        let h = ["\u{feff}time", "device", "reading", "note", " "];
         let map = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
             pairs
                 .iter()
@@ -644,6 +648,35 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// A CSV row is the reading the JSON decoder reads from the same
+        /// fields: the same sensor, metric, second and value to the bit,
+        /// values written plainly or with exponents.
+        #[test]
+        fn a_csv_row_reads_as_the_json_reading_of_the_same_fields(
+            sensor in "[A-Za-z0-9_.:-]{1,40}",
+            metric in "[A-Za-z0-9_-]{1,30}",
+            value in proptest::num::f64::NORMAL | proptest::num::f64::SUBNORMAL
+                | proptest::num::f64::ZERO,
+            ms in (NOW * 1000 - 86_000_000)..(NOW * 1000 + 200_000),
+        ) {
+            let json = format!(
+                r#"{{"sensor":"{sensor}","metric":"{metric}","ts":{ms},"value":{}}}"#,
+                serde_json::to_string(&value).expect("finite")
+            );
+            let from_json = super::super::decode_timestamped(&json, &ctx()).expect("valid");
+            for text in [value.to_string(), format!("{value:e}")] {
+                let body = format!("sensor,metric,ts,value\n{sensor},{metric},{ms},{text}\n");
+                let read = decode_csv(body.as_bytes(), &format(TsUnit::Milliseconds), &ctx())
+                    .expect("valid");
+                prop_assert_eq!(read.len(), 1);
+                let r = &read[0];
+                prop_assert_eq!(r.sensor.as_str(), from_json.sensor.as_str());
+                prop_assert_eq!(r.metric.as_str(), from_json.metric.as_str());
+                prop_assert_eq!(r.ts, from_json.ts);
+                prop_assert_eq!(r.value.to_bits(), from_json.value.to_bits());
+            }
+        }
 
         #[test]
         fn a_field_is_trimmed_as_str_trim_does(s in "[ \t\u{a0}\u{3000}a-z0-9.é]{0,6}") {
