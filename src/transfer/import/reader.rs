@@ -205,7 +205,7 @@ impl Reader {
                             match buf[i] {
                                 b'\n' => {
                                     let line = &buf[used..i - usize::from(crlf)];
-                                    match self.plain_csv_row(
+                                    if !self.plain_csv_row(
                                         line,
                                         &mut plain,
                                         &mut records,
@@ -213,8 +213,7 @@ impl Reader {
                                         &mut readings,
                                         tx,
                                     ) {
-                                        true => {}
-                                        false => return Ok(false),
+                                        return Ok(false);
                                     }
                                     used = i + 1;
                                     crlf = false;
