@@ -367,12 +367,33 @@ pub fn decode_csv<'a>(
     let mut out = Collector::new((body.len() / 40).min(ctx.max_readings));
     let mut rows = 0usize;
     let mut commas = Vec::new();
+    // Checked as UTF-8 whole: a row's text then needs no check of its own.
+    let utf8 = std::str::from_utf8(body).ok();
     let mut start = 0;
     let mut index = 0;
     while start < body.len() {
-        let end = memchr::memchr(b'\n', &body[start..]).map_or(body.len(), |i| start + i + 1);
-        let Some(text) = plain_line(&body[start..end]) else {
-            break;
+        // The line's end and its commas in one look at each byte; a quote
+        // or a carriage return sends the line to `plain_line` to decide.
+        commas.clear();
+        let mut special = false;
+        let mut end = start;
+        while let Some(&b) = body.get(end) {
+            match b {
+                b'\n' => break,
+                b',' => commas.push(end - start),
+                b'"' | b'\r' => special = true,
+                _ => {}
+            }
+            end += 1;
+        }
+        let line = &body[start..(end + 1).min(body.len())];
+        let text = if special {
+            match plain_line(line) {
+                Some(text) => text,
+                None => break,
+            }
+        } else {
+            &line[..end - start]
         };
         if !text.is_empty() {
             match &columns {
@@ -384,11 +405,9 @@ pub fn decode_csv<'a>(
                 Some(c) => {
                     rows += 1;
                     if rows <= ctx.max_readings {
-                        commas.clear();
-                        commas.extend(memchr::memchr_iter(b',', text));
                         let row = PlainRow {
                             text,
-                            utf8: None,
+                            utf8: utf8.and_then(|u| u.get(start..start + text.len())),
                             commas: &commas,
                         };
                         out.push(index, c.reading(&row, format.ts_unit, ctx));
@@ -397,7 +416,7 @@ pub fn decode_csv<'a>(
             }
         }
         index += 1;
-        start = end;
+        start = end + 1;
     }
     if start < body.len() {
         // From this line on, quoting rules: the `csv` crate.
