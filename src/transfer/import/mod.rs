@@ -2,19 +2,18 @@
 //! its HTTP API, so they take the same validation, journal and batcher as
 //! every other write.
 //!
-//! - [`formats`]: CSV rows checked and converted to line protocol before
-//!   they are sent; NDJSON and line-protocol lines sent as they are (the
-//!   service decodes them once, not twice) and checked here with the
-//!   service's own decoder only in a batch the service refused. A bad line
-//!   goes to the file's rejects with its line number while the good ones
-//!   are stored.
+//! - [`formats`]: lines sent as they are (the service decodes them once,
+//!   not twice; CSV rows after a header naming the fields where the file
+//!   has them) and checked here with the service's own decoder only in a
+//!   batch the service refused. A bad line goes to the file's rejects with
+//!   its line number while the good ones are stored.
 //! - [`checkpoint`]: every second and at each file's end, the records
 //!   acknowledged (journaled) so far, so an interrupted import resumes
 //!   there. Batches acknowledged after it, or in flight when it stopped,
 //!   are sent again: a reading written twice at its second changes
 //!   nothing, so nothing counts twice.
 //!
-//! A reader thread ([`reader`]) decodes (gzip or plain) and converts lines
+//! A reader thread ([`reader`]) decodes (gzip or plain) and cuts lines
 //! into batches; a few batches are in flight at once and settle in file
 //! order, each writing its rejects and then the checkpoint. A batch the service refuses
 //! (400) is checked line by line, then split until the lines it refuses

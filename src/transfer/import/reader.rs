@@ -1,5 +1,5 @@
 //! The reader thread: a file's lines (gunzipped when they are gzip),
-//! converted and cut into batches, handed to the senders in file order.
+//! cut into batches, handed to the senders in file order.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
