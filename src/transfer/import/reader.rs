@@ -412,7 +412,7 @@ impl Reader {
             .flexible(true)
             .from_reader(input);
         // Bytes, not text: only the fields a reading uses are checked as
-        // UTF-8 (by the converter), and no row allocates.
+        // UTF-8 (by the service), and no row allocates.
         let mut record = csv::ByteRecord::new();
         if !plain.header {
             // The header was checked when the import was planned.
