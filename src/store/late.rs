@@ -42,6 +42,7 @@
 use mongodb::bson::{Bson, Document, doc, oid::ObjectId};
 
 use crate::domain::{BucketUpdate, Granularity};
+use crate::store::raw_writer::Writer;
 use crate::store::upkeep::HOUR;
 
 /// Partitions of an hour's markers.
@@ -127,23 +128,59 @@ pub fn generation(now: i64) -> &'static str {
 }
 
 /// The upsert of one marker document's entries, by the flush `token`, at
-/// `now` (epoch seconds).
-pub fn mark_statement(id: i64, entries: &[(String, u64)], token: ObjectId, now: i64) -> Document {
-    let at = Bson::DateTime(mongodb::bson::DateTime::from_millis(
-        now.saturating_mul(1000),
-    ));
+/// `now` (epoch seconds), written as element `index` of a command's
+/// `updates`: `{q: {_id}, u: {$set: {t, e.<key>.<g>.q…}, $bit: {e.<key>.<g>.w:
+/// {or: w}…}, $max: {at}, $min: {first}}, upsert: true}`. Written in place:
+/// a backfill's flush marks every series it wrote, and building these as
+/// `Document`s (a formatted key and a tree node per field, then encoded
+/// again) cost more than the flush's bucket statements.
+pub fn write_mark_statement(
+    w: &mut Writer,
+    index: &str,
+    id: i64,
+    entries: &[(String, u64)],
+    token: ObjectId,
+    now: i64,
+) {
+    let at = now.saturating_mul(1000);
     let g = generation(now);
-    let mut set = doc! { "t": token };
-    let mut or = Document::new();
-    for (k, w) in entries {
-        set.insert(format!("e.{k}.{g}.q"), token);
-        or.insert(format!("e.{k}.{g}.w"), doc! { "or": *w as i64 });
+    let mut field = String::new();
+    let statement = w.document(index);
+    let q = w.document("q");
+    w.int64("_id", id);
+    w.end(q);
+    let u = w.document("u");
+    let set = w.document("$set");
+    w.object_id("t", &token);
+    for (k, _) in entries {
+        w.object_id(entry_path(&mut field, k, g, "q"), &token);
     }
-    doc! {
-        "q": { "_id": id },
-        "u": { "$set": set, "$bit": or, "$max": { "at": at.clone() }, "$min": { "first": at } },
-        "upsert": true,
+    w.end(set);
+    let bit = w.document("$bit");
+    for (k, minutes) in entries {
+        let or = w.document(entry_path(&mut field, k, g, "w"));
+        w.int64("or", *minutes as i64);
+        w.end(or);
     }
+    w.end(bit);
+    let max = w.document("$max");
+    w.datetime("at", at);
+    w.end(max);
+    let min = w.document("$min");
+    w.datetime("first", at);
+    w.end(min);
+    w.end(u);
+    w.boolean("upsert", true);
+    w.end(statement);
+}
+
+/// `e.<key>.<generation>.<last>`, written into `buf`.
+fn entry_path<'b>(buf: &'b mut String, key: &str, generation: &str, last: &str) -> &'b str {
+    buf.clear();
+    for part in ["e.", key, ".", generation, ".", last] {
+        buf.push_str(part);
+    }
+    buf
 }
 
 /// One series' marker, as read.
@@ -302,6 +339,35 @@ mod tests {
     use crate::store::upkeep::tests::update;
     use proptest::prelude::*;
 
+    /// The statement [`write_mark_statement`] writes, as a `Document`.
+    fn mark_statement(id: i64, entries: &[(String, u64)], token: ObjectId, now: i64) -> Document {
+        let at = Bson::DateTime(mongodb::bson::DateTime::from_millis(
+            now.saturating_mul(1000),
+        ));
+        let g = generation(now);
+        let mut set = doc! { "t": token };
+        let mut or = Document::new();
+        for (k, w) in entries {
+            set.insert(format!("e.{k}.{g}.q"), token);
+            or.insert(format!("e.{k}.{g}.w"), doc! { "or": *w as i64 });
+        }
+        doc! {
+            "q": { "_id": id },
+            "u": { "$set": set, "$bit": or, "$max": { "at": at.clone() }, "$min": { "first": at } },
+            "upsert": true,
+        }
+    }
+
+    /// [`write_mark_statement`]'s bytes, read back as a `Document`.
+    fn written_mark(id: i64, entries: &[(String, u64)], token: ObjectId, now: i64) -> Document {
+        let mut w = Writer::default();
+        let root = w.root();
+        write_mark_statement(&mut w, "0", id, entries, token, now);
+        w.end(root);
+        let d = w.finish().expect("closed").to_document().expect("valid BSON");
+        d.get_document("0").expect("the statement").clone()
+    }
+
     #[test]
     fn only_ended_hours_are_marked_with_their_minutes() {
         let h = 1000 * HOUR;
@@ -395,7 +461,7 @@ mod tests {
     fn marks_alternate_generations_by_the_minute() {
         let k = key("s", "m");
         let at = |now: i64| {
-            let s = mark_statement(1, &[(k.clone(), 1)], ObjectId::new(), now);
+            let s = written_mark(1, &[(k.clone(), 1)], ObjectId::new(), now);
             let u = s.get_document("u").expect("u").clone();
             let set = u.get_document("$set").expect("$set").clone();
             assert!(set.contains_key("t"), "the document's token is set");
@@ -416,6 +482,17 @@ mod tests {
             let k = key(&sensor, &metric);
             prop_assert!(!k.contains('.') && !k.starts_with('$'));
             prop_assert_eq!(parse_key(&k), Some((sensor, metric)));
+        }
+
+        #[test]
+        fn a_mark_is_written_as_its_document_model(
+            id in any::<i64>(),
+            series in proptest::collection::btree_map("[a-zA-Z0-9_~:-]{1,30}[|][a-z0-9_]{1,10}", any::<u64>(), 1..20),
+            now in 0i64..4_000_000_000,
+        ) {
+            let entries: Vec<(String, u64)> = series.into_iter().collect();
+            let token = ObjectId::new();
+            prop_assert_eq!(written_mark(id, &entries, token, now), mark_statement(id, &entries, token, now));
         }
 
         #[test]

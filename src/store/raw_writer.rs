@@ -16,6 +16,7 @@ const STRING: u8 = 0x02;
 const DOCUMENT: u8 = 0x03;
 const ARRAY: u8 = 0x04;
 const BOOLEAN: u8 = 0x08;
+const OBJECT_ID: u8 = 0x07;
 const DATETIME: u8 = 0x09;
 const INT32: u8 = 0x10;
 const INT64: u8 = 0x12;
@@ -114,6 +115,11 @@ impl Writer {
         self.buf.push(u8::from(value));
     }
 
+    pub fn object_id(&mut self, key: &str, value: &mongodb::bson::oid::ObjectId) {
+        self.key(OBJECT_ID, key);
+        self.buf.extend_from_slice(&value.bytes());
+    }
+
     pub fn datetime(&mut self, key: &str, millis: i64) {
         self.key(DATETIME, key);
         self.buf.extend_from_slice(&millis.to_le_bytes());
@@ -166,6 +172,7 @@ mod tests {
     #[test]
     fn nested_documents_are_encoded_like_the_bson_crate_does() {
         let inner = rawdoc! { "$ifNull": ["$v", {}] };
+        let token = mongodb::bson::oid::ObjectId::new();
         let mut w = Writer::default();
         let root = w.root();
         let q = w.document("q");
@@ -180,12 +187,14 @@ mod tests {
         w.end(d);
         w.end(u);
         w.boolean("upsert", true);
+        w.object_id("t", &token);
         w.end(root);
         let built = w.finish().expect("closed");
         let expected = rawdoc! {
             "q": { "sensor": "truck-1 é\0x", "start": DateTime::from_millis(1_700_000_000_000) },
             "u": [ inner, { "7": -2.5, "schema_version": 1 } ],
             "upsert": true,
+            "t": token,
         };
         assert_eq!(built.as_bytes(), expected.as_bytes());
     }

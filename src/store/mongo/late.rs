@@ -5,12 +5,13 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use futures_util::TryStreamExt;
-use mongodb::bson::{Bson, Document, doc, oid::ObjectId};
+use mongodb::bson::{Bson, Document, RawDocumentBuf, doc, oid::ObjectId};
 
 use super::rollups::Written;
 use super::{MongoStore, classify, classify_read, unix_now};
 use crate::domain::{BucketUpdate, Granularity};
 use crate::store::late::{self, Entry};
+use crate::store::raw_writer::{Open, Writer, index_key};
 use crate::store::upkeep::Job;
 use crate::store::{Read, StoreError};
 
@@ -22,6 +23,49 @@ pub(super) const LATEST_AFTER: i64 = 60;
 /// Bytes of one entry in a statement, above its key: field names, token,
 /// minutes and BSON framing (generous).
 const ENTRY_BYTES: usize = 64;
+
+/// An `update` command of marker statements, written as they come.
+struct MarkCommand {
+    writer: Writer,
+    root: Open,
+    updates: Open,
+    statements: usize,
+}
+
+impl MarkCommand {
+    fn new(collection: &str) -> Self {
+        let mut writer = Writer::with_capacity(4096);
+        let root = writer.root();
+        writer.string("update", collection);
+        let updates = writer.array("updates");
+        Self {
+            writer,
+            root,
+            updates,
+            statements: 0,
+        }
+    }
+
+    fn push(&mut self, id: i64, entries: &[(String, u64)], token: ObjectId, now: i64) {
+        let mut key = [0; 20];
+        let index = index_key(self.statements, &mut key);
+        late::write_mark_statement(&mut self.writer, index, id, entries, token, now);
+        self.statements += 1;
+    }
+
+    fn finish(self) -> Result<RawDocumentBuf, mongodb::bson::raw::Error> {
+        let Self {
+            mut writer,
+            root,
+            updates,
+            ..
+        } = self;
+        writer.end(updates);
+        writer.boolean("ordered", false);
+        writer.end(root);
+        writer.finish()
+    }
+}
 
 /// Epoch seconds as a BSON date.
 fn date(t: i64) -> Bson {
@@ -58,26 +102,28 @@ impl MongoStore {
         // largest document).
         let max_bytes = self.limits.max_bson_object_size / 2;
         let mut round_trips = 0;
-        let mut batch: Vec<Document> = Vec::new();
+        let mut batch = MarkCommand::new(self.late.name());
         let mut bytes = 0;
         let mut documents = 0_u64;
         for (&id, entries) in marks {
             // A document's entries may be split over statements too.
             for chunk in entries.chunks(4096) {
                 let size: usize = chunk.iter().map(|(k, _)| 2 * k.len() + ENTRY_BYTES).sum();
-                if !batch.is_empty()
-                    && (batch.len() >= self.limits.max_write_batch_size || bytes + size > max_bytes)
+                if batch.statements > 0
+                    && (batch.statements >= self.limits.max_write_batch_size
+                        || bytes + size > max_bytes)
                 {
-                    self.send_marks(std::mem::take(&mut batch)).await?;
+                    let full = std::mem::replace(&mut batch, MarkCommand::new(self.late.name()));
+                    self.send_marks(full).await?;
                     round_trips += 1;
                     bytes = 0;
                 }
-                batch.push(late::mark_statement(id, chunk, token, now));
+                batch.push(id, chunk, token, now);
                 bytes += size + 128;
                 documents += 1;
             }
         }
-        if !batch.is_empty() {
+        if batch.statements > 0 {
             self.send_marks(batch).await?;
             round_trips += 1;
         }
@@ -85,13 +131,13 @@ impl MongoStore {
         Ok(round_trips)
     }
 
-    async fn send_marks(&self, statements: Vec<Document>) -> Result<(), StoreError> {
-        let command = doc! {
-            "update": self.late.name(),
-            "updates": statements,
-            "ordered": false,
-        };
-        let reply = self.run_write(command, "marking late hours").await?;
+    async fn send_marks(&self, command: MarkCommand) -> Result<(), StoreError> {
+        let command = command
+            .finish()
+            .map_err(|e| StoreError::Poison(format!("marking late hours was not encoded: {e}")))?;
+        let reply = self
+            .run_raw_write(command, "marking late hours")
+            .await?;
         match reply.get_array("writeErrors") {
             // Nothing here can be refused for its contents but a document
             // over the size limit: sent again a bounded number of times.
