@@ -364,7 +364,11 @@ mod tests {
         let root = w.root();
         write_mark_statement(&mut w, "0", id, entries, token, now);
         w.end(root);
-        let d = w.finish().expect("closed").to_document().expect("valid BSON");
+        let d = w
+            .finish()
+            .expect("closed")
+            .to_document()
+            .expect("valid BSON");
         d.get_document("0").expect("the statement").clone()
     }
 

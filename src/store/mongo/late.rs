@@ -135,9 +135,7 @@ impl MongoStore {
         let command = command
             .finish()
             .map_err(|e| StoreError::Poison(format!("marking late hours was not encoded: {e}")))?;
-        let reply = self
-            .run_raw_write(command, "marking late hours")
-            .await?;
+        let reply = self.run_raw_write(command, "marking late hours").await?;
         match reply.get_array("writeErrors") {
             // Nothing here can be refused for its contents but a document
             // over the size limit: sent again a bounded number of times.
