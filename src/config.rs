@@ -11,7 +11,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 use crate::settings::{Invalid, invalid};
-use crate::{api, auth, batcher, ingest, journal, query, shutdown, store, telemetry};
+use crate::{api, auth, batcher, ingest, journal, query, runtime, shutdown, store, telemetry};
 
 pub const ENV_PREFIX: &str = "HOURGLASS__";
 
@@ -39,6 +39,7 @@ pub struct Settings {
     pub auth: auth::Settings,
     pub log: telemetry::Settings,
     pub shutdown: shutdown::Settings,
+    pub runtime: runtime::Settings,
 }
 
 impl Settings {
@@ -86,6 +87,7 @@ impl Settings {
         self.journal.validate()?;
         self.query.validate()?;
         self.shutdown.validate()?;
+        self.runtime.validate()?;
         let per_request = self.ingest.max_readings_per_request;
         // One request's readings may each open a bucket and hold a value.
         for (key, bound) in [

@@ -13,7 +13,8 @@
 //! - `settings`: the error naming an invalid key; every component owns its
 //!   own settings type next to its code.
 //! - `telemetry`: logging and Prometheus metrics. `shutdown`: one trigger and
-//!   one deadline that every stage follows.
+//!   one deadline that every stage follows. `runtime`: the tokio runtime,
+//!   sized by `[runtime]`.
 //! - `domain`: readings, validated names, buckets, aggregates, read plans.
 //! - `batcher`: the pure core (`now` passed in) and its async driver, which
 //!   settles every bucket by its own outcome. It decides when a bucket is
@@ -51,6 +52,7 @@ mod domain;
 mod ingest;
 mod journal;
 mod query;
+mod runtime;
 mod settings;
 mod shutdown;
 mod startup;
@@ -128,6 +130,7 @@ mod layering {
         "settings",
         "telemetry",
         "shutdown",
+        "runtime",
         "domain",
         "batcher",
         "journal",

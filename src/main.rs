@@ -192,8 +192,7 @@ fn selection<const N: usize>(
     query.extend(labels.into_iter().map(|(k, v)| (format!("label.{k}"), v)));
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     if let Some(Command::HashToken) = args.command {
         // From stdin, not argv: arguments show in `ps` and shell history.
@@ -208,6 +207,15 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let settings = Settings::load(Some(&args.config))?;
+    settings
+        .runtime
+        .build()
+        .context("starting the runtime")?
+        .block_on(run(args, settings))
+}
+
+/// Everything but `hash-token`, on the runtime `[runtime]` sizes.
+async fn run(args: Args, settings: Settings) -> anyhow::Result<()> {
     // Import and export print their own lines; standard output may be the
     // exported file itself, so no log subscriber writes there.
     if let Some(Command::Import {

@@ -75,6 +75,10 @@ async fn replay(journal: &Journal, batcher: &BatcherHandle) {
 impl Application {
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
         let metrics = Arc::new(Metrics::new());
+        // The runtime this runs on: `[runtime]`'s in the binary, a test's own.
+        metrics
+            .runtime_workers
+            .set(tokio::runtime::Handle::current().metrics().num_workers() as i64);
         let mut store = MongoStore::connect(&settings.mongodb, &settings.buckets)
             .await
             .context("connecting to MongoDB")?

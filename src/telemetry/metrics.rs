@@ -118,6 +118,7 @@ pub struct Metrics {
     pub query_round_trips: HistogramVec,
     pub rollup_jobs: IntCounter,
     pub rollup_pending: IntGauge,
+    pub runtime_workers: IntGauge,
     /// CPU seconds spent inside the driver's calls (see `store::mongo::driver_cpu`).
     pub driver_cpu: Counter,
 }
@@ -388,6 +389,11 @@ impl Metrics {
                 &r,
                 "hourglass_rollup_pending_hours",
                 "Series-hours this instance wrote into while open, not rolled up yet.",
+            ),
+            runtime_workers: gauge(
+                &r,
+                "hourglass_runtime_worker_threads",
+                "Worker threads of the runtime the service runs on (runtime.worker_threads).",
             ),
             driver_cpu: {
                 let name = "hourglass_mongodb_driver_cpu_seconds_total";

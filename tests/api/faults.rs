@@ -224,7 +224,8 @@ fn peak_rss_kib(pid: u32) -> u64 {
 }
 
 #[tokio::test]
-async fn overload_is_refused_with_503_memory_stays_bounded_and_acknowledged_data_is_kept() {
+async fn overload_is_refused_with_503_memory_stays_bounded_and_acknowledged_data_is_kept_on_one_worker_thread()
+ {
     let settings = test_settings();
     let reader = spawn_app_with(settings.clone()).await;
     let logs = tempfile::tempdir().expect("temp dir");
@@ -235,9 +236,24 @@ async fn overload_is_refused_with_503_memory_stays_bounded_and_acknowledged_data
         ("HOURGLASS__BATCHER__MAX_BUFFERED_READINGS", "5000"),
         ("HOURGLASS__INGEST__MAX_READINGS_PER_REQUEST", "1000"),
         ("HOURGLASS__SHUTDOWN__TIMEOUT", "60s"),
+        // The smallest runtime keeps every promise too (see `runtime`).
+        ("HOURGLASS__RUNTIME__WORKER_THREADS", "1"),
     ];
     let mut child = spawn_binary(&settings, &extra, &log);
-    let url = format!("{}/api/v1/readings?async=true", binary_address(&log).await);
+    let address = binary_address(&log).await;
+    let metrics = reqwest::get(format!("{address}/metrics"))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "hourglass_runtime_worker_threads 1"),
+        "one worker thread, as configured"
+    );
+    let url = format!("{address}/api/v1/readings?async=true");
     let t = base_time();
     let acked: Arc<Mutex<Model>> = Arc::new(Mutex::new(Model::new()));
     let refused = Arc::new(AtomicUsize::new(0));
