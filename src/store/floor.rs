@@ -8,14 +8,15 @@
 //! deletes' tombstones and writes its own floor once a second. A lone
 //! instance reads every three seconds (it answers a newcomer at once) and
 //! writes once a minute, so that operators see it running; it also writes
-//! when it has taken a new delete in (the delete waits for that). Each
-//! write promises the next ([`Cadence`]), and readers judge an instance
-//! stopped by its promise.
+//! as soon as it has taken a new delete in (the delete waits for that).
+//! Each write promises the next ([`Cadence`]), and readers judge an
+//! instance stopped by its promise. In between, the task sleeps: an idle
+//! service wakes only to read or write.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::{Instant, MissedTickBehavior};
+use tokio::time::Instant;
 use tracing::{info, warn};
 
 use hashbrown::HashMap;
@@ -42,6 +43,9 @@ const OTHERS_LIVE: Duration = Duration::from_secs(150);
 /// once, so this leaves a few round trips of margin.
 const SILENT_AFTER: Duration = Duration::from_secs(8);
 const JOIN_POLL: Duration = Duration::from_millis(200);
+/// The most ticks [`run`] sleeps through at once (a lone instance reads
+/// every [`ALONE_READ_EVERY`] anyway).
+const MAX_IDLE_TICKS: u32 = 60;
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
 /// A floor this far back is held by an instance that is not coming back
 /// soon: operators are told which one, at most this often.
@@ -122,6 +126,19 @@ impl Cadence {
         self.last_read.is_none_or(|at| {
             now.saturating_duration_since(at) + PUBLISH_EVERY / 2 >= ALONE_READ_EVERY
         })
+    }
+
+    /// Ticks ([`PUBLISH_EVERY`] apart) from `now` to the first that writes
+    /// or reads, the newest delete taken in still `seen`: [`run`] sleeps
+    /// through the ones between, which would do nothing (each wake-up of an
+    /// idle service costs CPU), and a delete taken in wakes it.
+    pub fn idle_ticks(&self, now: Instant, seen: i64) -> u32 {
+        (1..MAX_IDLE_TICKS)
+            .find(|&k| {
+                let t = now + PUBLISH_EVERY * k;
+                self.due(t, seen) || self.read_due(t)
+            })
+            .unwrap_or(MAX_IDLE_TICKS)
     }
 
     /// Records a write at `now` that published `seen` and promised `every`.
@@ -289,8 +306,8 @@ pub async fn run(
     end: impl std::future::Future<Output = ()>,
 ) {
     let watermarks = store.watermarks();
-    let mut tick = tokio::time::interval(PUBLISH_EVERY);
-    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    // The last tick's start: the next is the first due after it.
+    let mut last_tick: Option<Instant> = None;
     let mut last_prune = Instant::now();
     let mut holder = None;
     let mut last_warned: Option<Instant> = None;
@@ -300,11 +317,16 @@ pub async fn run(
     cadence.wrote(Instant::now(), i64::MIN, PUBLISH_EVERY);
     tokio::pin!(end);
     loop {
+        let next = last_tick.map_or_else(Instant::now, |at| {
+            at + PUBLISH_EVERY * cadence.idle_ticks(at, store.deletes_seen())
+        });
         tokio::select! {
-            _ = tick.tick() => {}
+            _ = tokio::time::sleep_until(next) => {}
+            _ = store.delete_taken() => {}
             _ = &mut end => break,
         }
         let now = Instant::now();
+        last_tick = Some(now);
         let others = if cadence.due(now, store.deletes_seen()) {
             write(&mut cadence, &instance, &store, &batcher, journal.as_ref()).await
         } else if cadence.read_due(now) {
@@ -497,6 +519,24 @@ mod tests {
     }
 
     #[test]
+    fn a_lone_instance_wakes_only_to_read_or_write() {
+        let start = Instant::now();
+        let mut c = Cadence::default();
+        let (mut t, mut wakes) = (0u64, 0);
+        while t < 600 {
+            tick(&mut c, start + Duration::from_secs(t), i64::MIN, &[]);
+            wakes += 1;
+            t += u64::from(c.idle_ticks(start + Duration::from_secs(t), i64::MIN));
+        }
+        // Only at the seconds where a tick reads or writes (a read every
+        // three seconds, a write once a minute), where ticking woke 600 times.
+        let (writes, reads) = drive(600, |_| Vec::new());
+        let acting: std::collections::BTreeSet<u64> = writes.into_iter().chain(reads).collect();
+        assert_eq!(wakes, acting.len());
+        assert!(wakes <= 211, "{wakes}");
+    }
+
+    #[test]
     fn a_delete_taken_in_is_published_at_the_next_tick() {
         let start = Instant::now();
         let mut c = Cadence::default();
@@ -566,6 +606,47 @@ mod tests {
                     last = Some((t, every.as_secs(), seen));
                 }
             }
+        }
+
+        /// Sleeping through the idle ticks, woken by each delete taken in,
+        /// writes and reads at exactly the seconds a tick every second does
+        /// (`run` against the tick-driven loop), whatever the other instance
+        /// and the deletes do.
+        #[test]
+        fn sleeping_through_idle_ticks_writes_and_reads_as_ticking_every_second(
+            events in prop::collection::vec((prop::bool::weighted(0.03), prop::bool::weighted(0.01), prop::bool::weighted(0.005)), 1..900)
+        ) {
+            let start = Instant::now();
+            let (mut ticking, mut sleeping) = (Cadence::default(), Cadence::default());
+            let (mut other_at, mut seen, mut running) = (0i64, 0i64, true);
+            let other = |at, running| [Beat { id: "b".to_owned(), at, running }];
+            // Second 0 ticks in both; `next` is the sleeper's next tick.
+            let mut next = 0u64;
+            let mut woken = 0;
+            for (t, &(moves, delete, stops)) in events.iter().enumerate() {
+                let t = t as u64;
+                let now = start + Duration::from_secs(t);
+                if stops {
+                    running = !running;
+                }
+                if moves && running {
+                    other_at += 1;
+                }
+                if delete {
+                    seen += 1;
+                }
+                let beats = other(other_at, running);
+                let expected = tick(&mut ticking, now, seen, &beats);
+                if t == next || delete {
+                    let got = tick(&mut sleeping, now, seen, &beats);
+                    prop_assert_eq!(got, expected, "second {}", t);
+                    next = t + u64::from(sleeping.idle_ticks(now, seen));
+                    woken += 1;
+                } else {
+                    prop_assert_eq!(expected, (false, false), "second {}: a tick slept through would have acted", t);
+                }
+            }
+            prop_assert!(woken <= events.len());
         }
     }
 }

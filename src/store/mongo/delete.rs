@@ -32,6 +32,9 @@ pub struct Deletes {
     set: RwLock<Vec<Tombstone>>,
     /// The newest tombstone applied (`at`), published with the floor.
     seen: AtomicI64,
+    /// Wakes the floor task when this instance takes a delete in, so that it
+    /// publishes `seen` at once rather than sleep through its idle ticks.
+    taken: tokio::sync::Notify,
 }
 
 impl Default for Deletes {
@@ -39,6 +42,7 @@ impl Default for Deletes {
         Self {
             set: RwLock::new(Vec::new()),
             seen: AtomicI64::new(i64::MIN),
+            taken: tokio::sync::Notify::new(),
         }
     }
 }
@@ -69,6 +73,7 @@ impl Deletes {
         }
         drop(set);
         self.seen.fetch_max(at, Ordering::AcqRel);
+        self.taken.notify_one();
     }
 
     pub fn seen(&self) -> i64 {
@@ -416,6 +421,12 @@ impl MongoStore {
     /// The newest delete this instance has taken in (its `at`).
     pub fn deletes_seen(&self) -> i64 {
         self.deletes.seen()
+    }
+
+    /// Resolves once this instance takes a delete in (at once if it did
+    /// since the last call resolved).
+    pub async fn delete_taken(&self) {
+        self.deletes.taken.notified().await;
     }
 }
 
