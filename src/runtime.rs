@@ -3,10 +3,10 @@
 //! Tokio's default is one worker thread per core. The service mostly waits
 //! on MongoDB, and its tasks hand work to each other (a request to the
 //! batcher, an operation to the driver's pool and topology tasks): with
-//! two workers, each hand-off may wake the other thread. On a 2-core
-//! machine, one worker took 13–20% less CPU per reading for the same
-//! line-protocol load (see the README's benchmarks), at the cost of a long
-//! query holding up ingest while it computes.
+//! two workers, each hand-off may wake the other thread. On a small
+//! machine one worker can save that CPU (see the README's "Measuring" for
+//! what it did here), at the cost of a long query holding up ingest while
+//! it computes; the default stays tokio's.
 
 use serde::{Deserialize, Serialize};
 
