@@ -241,16 +241,9 @@ async fn overload_is_refused_with_503_memory_stays_bounded_and_acknowledged_data
     ];
     let mut child = spawn_binary(&settings, &extra, &log);
     let address = binary_address(&log).await;
-    let metrics = reqwest::get(format!("{address}/metrics"))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
-    assert!(
-        metrics
-            .lines()
-            .any(|l| l == "hourglass_runtime_worker_threads 1"),
+    assert_eq!(
+        metric(&address, "hourglass_runtime_worker_threads").await,
+        1.0,
         "one worker thread, as configured"
     );
     let url = format!("{address}/api/v1/readings?async=true");

@@ -460,6 +460,20 @@ pub fn spawn_binary(
     cmd.spawn().expect("the hourglass binary starts")
 }
 
+/// The value of an unlabelled metric in the `/metrics` text of the service
+/// at `address` (a binary's, or an app's).
+pub async fn metric(address: &str, name: &str) -> f64 {
+    let text = reqwest::get(format!("{address}/metrics"))
+        .await
+        .expect("metrics answer")
+        .text()
+        .await
+        .expect("text");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{name} in {text}"))
+}
+
 /// The `http://host:port` a binary started with [`spawn_binary`] listens on.
 pub async fn binary_address(log: &std::path::Path) -> String {
     let mut address = None;

@@ -21,19 +21,6 @@ fn now() -> i64 {
     time::OffsetDateTime::now_utc().unix_timestamp()
 }
 
-/// The value of an unlabelled metric in a `/metrics` text.
-async fn metric(address: &str, name: &str) -> f64 {
-    let text = reqwest::get(format!("{address}/metrics"))
-        .await
-        .expect("metrics answer")
-        .text()
-        .await
-        .expect("text");
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("{name} in {text}"))
-}
-
 fn readings_for(sensor: &str, ts: &[i64], value: impl Fn(i64) -> f64, model: &mut Model) -> Value {
     Value::Array(
         ts.iter()
