@@ -598,6 +598,15 @@ pub async fn run(
     report.notes.push("Disk bytes are what each data directory holds right after the load: VictoriaMetrics keeps its newest parts in memory even after a forced flush (a lower bound), InfluxDB 1.x holds its write-ahead log before compaction (an upper bound). Compare them only after a long run.".into());
     report.notes.push(format!("Each system loaded {ROUNDS} times in interleaved rounds, each on a fresh server; a row is its run of median CPU (the peers' one-second loads vary by a third from run to run, and this machine's speed drifts by a fifth within minutes). VictoriaMetrics loaded again after each Hourglass load ({} loads in all, its row their median): each Hourglass ratio is over the mean of the VictoriaMetrics loads just before and after it, and a row's ratio is the median of its rounds' ratios.", ROUNDS * 4));
     report.notes.push("The data ends an hour ago, so Hourglass marks its hours late and rolls them up once the writes pause: each Hourglass row's CPU runs until that upkeep is done.".into());
+    // Late writes into a UTC day that has ended complete that whole day (every
+    // hour of each series, its 30-day slot): a run started in the first hour
+    // or so after midnight measures that too.
+    let today = time::OffsetDateTime::now_utc()
+        .unix_timestamp()
+        .div_euclid(86_400);
+    if data.start.div_euclid(86_400) < today {
+        report.notes.push("This run's data lies in a UTC day that had ended by the run's end, so Hourglass' loads after midnight also rolled up that whole day (every hour of every series, and its 30-day slot): their CPU is not comparable with runs whose data lies in the current day (those started after about 01:15 UTC).".into());
+    }
     report.notes.push("Hourglass' journaled row runs the service's default: each answer waits for the journal's fsync, not MongoDB, and the load's CPU and time run until every reading is stored (a bucket is written once its minute has closed, not once per request). The other Hourglass rows run with the journal off, so each answer means stored.".into());
     report.notes.push("Hourglass' row counts the service process only; its storage is the Python stand-in SecantusDB (bytes are the collection's data and index sizes as the server reports them), so its throughput is the stand-in's. The CPU column is the fair comparison of the ingest paths.".into());
     for (h, r) in peers[2..].iter().zip(&ratios) {

@@ -2,7 +2,7 @@
 //! buckets of the hours to roll up, computes every level, writes the slots.
 //! `hourglass rebuild-rollups` drives it over whole periods (`rebuild`).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use mongodb::bson::{Bson, Document, RawDocument, RawDocumentBuf, doc};
 
@@ -186,17 +186,17 @@ impl MongoStore {
             return Ok(cost);
         }
         // Series and hour of every job whose empty spans remove stored slots.
-        let replaced: BTreeSet<(Series, i64)> = if replace {
+        // Borrowed from the jobs: asked for every hour and slot a roll-up
+        // writes, so a probe must not build a key (two strings).
+        let replaced: HashSet<(&str, &str, i64)> = if replace {
             jobs.iter()
-                .map(|j| ((j.sensor.clone(), j.metric.clone()), j.hour))
+                .map(|j| (j.sensor.as_str(), j.metric.as_str(), j.hour))
                 .collect()
         } else {
-            BTreeSet::new()
+            HashSet::new()
         };
-        // Asked for every hour a roll-up writes: no key is built (two
-        // strings) when nothing is replaced.
         let replaces = |series: &Series, hour: i64| {
-            !replaced.is_empty() && replaced.contains(&(series.clone(), hour))
+            !replaced.is_empty() && replaced.contains(&(series.0.as_str(), series.1.as_str(), hour))
         };
         let settled = now - self.close_after;
         let mut hours: BTreeMap<Series, BTreeSet<i64>> = BTreeMap::new();
@@ -461,13 +461,18 @@ impl MongoStore {
         out: &mut BTreeMap<Series, BTreeMap<i64, Hour>>,
         cost: &mut Upkept,
     ) -> Result<(), StoreError> {
+        // Borrowed keys: a probe per hour asked must not build two strings.
+        let was_written: HashSet<(&str, &str, i64)> = written
+            .keys()
+            .map(|((sensor, metric), h)| (sensor.as_str(), metric.as_str(), *h))
+            .collect();
         let asked: BTreeMap<Series, BTreeSet<i64>> = hours
             .iter()
             .map(|(series, hs)| {
                 let hs: BTreeSet<i64> = hs
                     .iter()
                     .copied()
-                    .filter(|&h| written.contains_key(&(series.clone(), h)))
+                    .filter(|&h| was_written.contains(&(series.0.as_str(), series.1.as_str(), h)))
                     .collect();
                 (series.clone(), hs)
             })
