@@ -12,9 +12,10 @@
 //! The modules, bottom to top; each uses only those before it:
 //! - `settings`: the error naming an invalid key; every component owns its
 //!   own settings type next to its code.
-//! - `telemetry`: logging and Prometheus metrics. `shutdown`: one trigger and
-//!   one deadline that every stage follows. `runtime`: the tokio runtime,
-//!   sized by `[runtime]`.
+//! - `runtime`: the tokio runtime, sized by `[runtime]`, and the MongoDB
+//!   driver's own one-thread runtime. `telemetry`: logging and Prometheus
+//!   metrics. `shutdown`: one trigger and one deadline that every stage
+//!   follows.
 //! - `domain`: readings, validated names, buckets, aggregates, read plans.
 //! - `batcher`: the pure core (`now` passed in) and its async driver, which
 //!   settles every bucket by its own outcome. It decides when a bucket is
@@ -128,9 +129,9 @@ mod layering {
     /// The modules, bottom to top, as declared above.
     const LAYERS: &[&str] = &[
         "settings",
+        "runtime",
         "telemetry",
         "shutdown",
-        "runtime",
         "domain",
         "batcher",
         "journal",

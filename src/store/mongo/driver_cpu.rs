@@ -1,22 +1,28 @@
 //! The CPU the official driver spends, told apart from the service's own.
 //!
-//! The driver runs inside the tasks that await it (it encodes a command,
-//! writes it, reads and decodes the reply in the caller's poll), so no
-//! thread or task holds its CPU alone. Each driver call on the write path
-//! and the rollup upkeep is awaited through [`Timed`], which adds this
-//! thread's CPU time across each poll of the call to
-//! `hourglass_mongodb_driver_cpu_seconds_total`. The `peers` load test
-//! reports the service's CPU with and without it. What is not wrapped
-//! (startup, administration, queries) and the driver's own background
-//! tasks (server monitoring, the connection pool) count as the service's,
-//! so the split errs on the service's side. A poll costs two reads of the
-//! thread's clock (a system call each), counted as the driver's.
+//! The driver runs in two places. Its calls run inside the tasks that await
+//! them (a call encodes a command, writes it, reads and decodes the reply in
+//! the caller's poll), so no thread holds that CPU alone: each call on the
+//! write path and the rollup upkeep is awaited through [`Timed`], which adds
+//! this thread's CPU time across each poll of the call. Its background work
+//! (server monitoring, the connection pool, dialing, the readiness of its
+//! sockets) runs on its own thread (`crate::runtime::driver`), whose CPU is
+//! counted as it parks. Both make
+//! `hourglass_mongodb_driver_cpu_seconds_total`; the `peers` load test
+//! reports the service's CPU with and without it. Calls not wrapped
+//! (startup, administration, queries) and the tasks the driver spawns from
+//! a call (an implicit session's return to its pool) count as the
+//! service's, so the split errs on the service's side. A poll costs two
+//! reads of the thread's clock (a system call each), counted as the
+//! driver's.
 
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use prometheus::Counter;
+
+use crate::runtime::thread_cpu_seconds as thread_cpu;
 
 pin_project_lite::pin_project! {
     /// A driver call whose CPU time goes to `counter` (none: not counted).
@@ -50,20 +56,6 @@ impl<F: Future> Future for Timed<'_, F> {
         }
         out
     }
-}
-
-/// This thread's CPU time in seconds, where the system has such a clock.
-#[cfg(unix)]
-fn thread_cpu() -> Option<f64> {
-    use nix::time::{ClockId, clock_gettime};
-    clock_gettime(ClockId::CLOCK_THREAD_CPUTIME_ID)
-        .ok()
-        .map(|t| t.tv_sec() as f64 + t.tv_nsec() as f64 * 1e-9)
-}
-
-#[cfg(not(unix))]
-fn thread_cpu() -> Option<f64> {
-    None
 }
 
 #[cfg(test)]

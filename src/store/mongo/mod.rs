@@ -213,7 +213,12 @@ impl MongoStore {
             ),
             None => None,
         };
-        let client = Client::with_options(options).map_err(classify)?;
+        // Made on the driver's own runtime, where its background tasks then
+        // run (see `crate::runtime`).
+        let client = {
+            let _driver = crate::runtime::driver().map(|rt| rt.enter());
+            Client::with_options(options).map_err(classify)?
+        };
         let seconds = |d: Duration| i64::try_from(d.as_secs()).unwrap_or(i64::MAX / 4);
         let close_after = seconds(buckets.rollup_after);
         let late_after = seconds(buckets.late_rollup_after);
