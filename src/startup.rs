@@ -297,13 +297,19 @@ impl Application {
             }
         });
         let stopping = shutdown.clone();
-        let serve = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { stopping.triggered().await })
-            .into_future();
+        // On a worker: the binary awaits this function on its main thread,
+        // and the accept loop (and every wake of it) would run there, one
+        // more thread woken beside the workers.
+        let mut serve = tokio::spawn(
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move { stopping.triggered().await })
+                .into_future(),
+        );
         tokio::select! {
-            served = serve => served.context("serving HTTP")?,
+            served = &mut serve => served.context("the HTTP server panicked")?.context("serving HTTP")?,
             // In-flight requests (a stuck upload, say) get until the deadline.
             _ = shutdown.deadline_passed() => {
+                serve.abort();
                 warn!("HTTP requests still in progress at the shutdown deadline were cut off.");
             }
         }

@@ -213,12 +213,7 @@ impl MongoStore {
             ),
             None => None,
         };
-        // Made on the driver's own runtime, where its background tasks then
-        // run (see `crate::runtime`).
-        let client = {
-            let _driver = crate::runtime::driver().map(|rt| rt.enter());
-            Client::with_options(options).map_err(classify)?
-        };
+        let client = client_on_driver_runtime(options).map_err(classify)?;
         let seconds = |d: Duration| i64::try_from(d.as_secs()).unwrap_or(i64::MAX / 4);
         let close_after = seconds(buckets.rollup_after);
         let late_after = seconds(buckets.late_rollup_after);
@@ -741,9 +736,42 @@ impl BucketStore for MongoStore {
     }
 }
 
+/// A client made on the driver's own runtime, where its background tasks
+/// then run (see `crate::runtime`), whatever runtime calls it.
+fn client_on_driver_runtime(options: ClientOptions) -> mongodb::error::Result<Client> {
+    let _driver = crate::runtime::driver().map(|rt| rt.enter());
+    Client::with_options(options)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_client_s_background_tasks_run_on_the_driver_s_thread_not_the_caller_s() {
+        // Nothing listens on port 1: the monitors keep trying, in tasks.
+        let options = ClientOptions::builder()
+            .hosts(vec![mongodb::options::ServerAddress::Tcp {
+                host: "127.0.0.1".into(),
+                port: Some(1),
+            }])
+            .build();
+        let here = tokio::runtime::Handle::current().metrics();
+        let before = here.num_alive_tasks();
+        let client = client_on_driver_runtime(options).expect("a client");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            here.num_alive_tasks(),
+            before,
+            "driver tasks on the caller's runtime"
+        );
+        let driver = crate::runtime::driver().expect("the driver's runtime");
+        assert!(
+            driver.metrics().num_alive_tasks() > 0,
+            "no driver tasks on its runtime"
+        );
+        drop(client);
+    }
 
     #[test]
     fn a_reply_with_a_write_concern_error_is_unconfirmed() {
