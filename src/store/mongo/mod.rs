@@ -1,6 +1,6 @@
 //! [`BucketStore`] on MongoDB (any server ≥ 7 speaking its wire protocol).
 
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -8,10 +8,10 @@ use mongodb::bson::{Bson, Document, RawDocumentBuf, doc};
 use mongodb::options::ClientOptions;
 use mongodb::{Client, Collection, Database};
 use secrecy::ExposeSecret;
-use tracing::{error, info, warn};
+use tracing::info;
 
 use super::command::Limits;
-use super::document::{dead_letter_document, read_bucket, start_date};
+use super::document::{read_bucket, start_date};
 use super::errors::{self, Class};
 use super::rollup::read_rollup;
 use super::upkeep::Upkeep;
@@ -20,8 +20,7 @@ use super::{
     StoredBucket,
 };
 use crate::batcher::clock::Watermarks;
-use crate::batcher::{DeadLetter, Outcome, Sink, UNKNOWN_ERROR_ATTEMPTS, Written};
-use crate::domain::{BucketUpdate, Granularity, field_name};
+use crate::domain::{Granularity, field_name};
 use crate::domain::{Level, Starts, Values};
 use crate::telemetry::metrics::Metrics;
 
@@ -39,6 +38,7 @@ mod registry;
 mod replies;
 mod rollups;
 mod settings;
+mod sink;
 mod upkeep_task;
 mod write;
 
@@ -299,171 +299,10 @@ impl MongoStore {
     }
 }
 
-/// Whether every error of an unordered insert is a duplicate key.
-fn only_duplicates(e: &mongodb::error::Error) -> bool {
-    match &*e.kind {
-        mongodb::error::ErrorKind::InsertMany(failure) => {
-            failure.write_concern_error.is_none()
-                && failure.write_errors.as_ref().is_some_and(|w| {
-                    !w.is_empty() && w.iter().all(|x| x.code == errors::DUPLICATE_KEY)
-                })
-        }
-        _ => false,
-    }
-}
-
-/// Counts a flush under way for as long as it lives (a flush cancelled
-/// midway counts no more).
-struct Flushing<'a>(&'a AtomicUsize);
-
-impl<'a> Flushing<'a> {
-    fn enter(count: &'a AtomicUsize) -> Self {
-        count.fetch_add(1, Ordering::AcqRel);
-        Self(count)
-    }
-}
-
-impl Drop for Flushing<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
 fn unix_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX / 4))
-}
-
-impl Sink for MongoStore {
-    async fn write(&self, updates: &[&BucketUpdate]) -> Written {
-        // Held for the whole write: a delete counts an instance as having
-        // seen it only once no write that began before is still going.
-        let deletes = self.deletes.read().await;
-        if deletes.is_empty() {
-            return self.write_kept(updates).await;
-        }
-        let kept: Vec<Option<std::borrow::Cow<'_, BucketUpdate>>> = updates
-            .iter()
-            .map(|u| crate::store::delete::without_deleted(u, &deletes))
-            .collect();
-        let sent: Vec<&BucketUpdate> = kept.iter().flatten().map(|c| c.as_ref()).collect();
-        let inner = self.write_kept(&sent).await;
-        // Updates left with nothing are done: what they held was deleted.
-        let mut outcomes = inner.outcomes.into_iter();
-        Written {
-            outcomes: kept
-                .iter()
-                .map(|k| match k {
-                    Some(_) => outcomes.next().unwrap_or(Outcome::Stored),
-                    None => Outcome::Stored,
-                })
-                .collect(),
-            round_trips: inner.round_trips,
-        }
-    }
-
-    async fn dead_letter(&self, letters: &[DeadLetter<'_>]) -> Outcome {
-        self.dead_letter_kept(letters).await
-    }
-}
-
-impl MongoStore {
-    async fn write_kept(&self, updates: &[&BucketUpdate]) -> Written {
-        let _flushing = Flushing::enter(&self.flushing);
-        let mut written = self.write_updates(updates).await;
-        let stored: Vec<&BucketUpdate> = updates
-            .iter()
-            .zip(&written.outcomes)
-            .filter(|(_, o)| matches!(o, Outcome::Stored))
-            .map(|(u, _)| *u)
-            .collect();
-        self.count(|m| m.db_documents("written", "buckets", "bucket_update", stored.len() as u64));
-        // Hours still open are remembered and rolled up once they end; the
-        // ended ones written into are marked late (after their buckets,
-        // before the batch counts as stored: queries read the marked buckets
-        // instead of their stale slots) and rolled up once their writes
-        // pause (see `store::late`). The registry follows.
-        let now = unix_now();
-        self.upkeep().stored(stored.iter().copied(), now);
-        let after = match self.mark_late(&stored, now).await {
-            Ok(n) => {
-                written.round_trips += n;
-                self.register(&stored).await
-            }
-            Err(e) => Err(e),
-        };
-        let resend = match &after {
-            Ok(_) => {
-                self.unclassed_after.store(0, Ordering::Release);
-                None
-            }
-            Err(StoreError::Outage(message)) => Some(message.clone()),
-            // A bounded number of times: a deterministic refusal must not
-            // rewrite the batch for ever.
-            Err(StoreError::Unclassed(message)) => {
-                let failed = self.unclassed_after.fetch_add(1, Ordering::AcqRel) + 1;
-                if failed < UNKNOWN_ERROR_ATTEMPTS {
-                    Some(message.clone())
-                } else {
-                    self.unclassed_after.store(0, Ordering::Release);
-                    None
-                }
-            }
-            Err(_) => None,
-        };
-        match (after, resend) {
-            (Ok(n), _) => written.round_trips += n,
-            // Buckets and rollups are idempotent: the whole batch goes again.
-            (Err(_), Some(message)) => {
-                for o in &mut written.outcomes {
-                    if matches!(o, Outcome::Stored) {
-                        *o = Outcome::Outage(message.clone());
-                    }
-                }
-            }
-            // The readings are stored in their buckets; a summary may be
-            // stale where a late write changed a rolled-up hour.
-            (Err(e @ StoreError::Unclassed(_)), None) => error!(
-                error = %e,
-                attempts = UNKNOWN_ERROR_ATTEMPTS,
-                "The late-hour markers or the sensor registry could not be updated after a flush, however often it was sent; the buckets are stored, but answers over the affected hours may be stale until `hourglass rebuild-rollups` is run over them."
-            ),
-            (Err(e), None) => warn!(
-                error = %e,
-                "The late-hour markers or the sensor registry could not be updated after a flush; the buckets are stored. Run `hourglass rebuild-rollups` over the affected days."
-            ),
-        }
-        written
-    }
-
-    async fn dead_letter_kept(&self, letters: &[DeadLetter<'_>]) -> Outcome {
-        if letters.is_empty() {
-            return Outcome::Stored;
-        }
-        let documents = letters
-            .iter()
-            .map(|l| dead_letter_document(l, self.granularity));
-        match self
-            .dead_letters
-            .insert_many(documents)
-            .ordered(false)
-            .await
-        {
-            Ok(_) => {
-                self.count(|m| {
-                    m.db_documents("written", "rejected", "dead_letter", letters.len() as u64)
-                });
-                Outcome::Stored
-            }
-            // Already there (a replay): the same readings, one document.
-            Err(e) if only_duplicates(&e) => Outcome::Stored,
-            Err(e) => match errors::classify(&e) {
-                Class::Outage => Outcome::Outage(e.to_string()),
-                Class::Poison => Outcome::Poison(errors::describe(&e)),
-            },
-        }
-    }
 }
 
 impl BucketStore for MongoStore {
