@@ -164,6 +164,56 @@ fn benches(c: &mut Criterion) {
         })
     });
 
+    // The request path of `loadtest peers`' line protocol into buckets a
+    // previous body opened, with the readings grouped by series (as the
+    // service hands them over) and in line order (time order, interleaved).
+    for grouped in [true, false] {
+        let name = if grouped { "grouped" } else { "interleaved" };
+        let earlier = line_protocol_value_body();
+        group.bench_function(
+            format!("line_protocol_value_into_open_buckets_10k_{name}"),
+            |b| {
+                b.iter_batched(
+                    || {
+                        let mut batcher: Batcher<()> = Batcher::new(Granularity::Minute, LIMITS);
+                        let arena = Bump::new();
+                        let d = decode_line_protocol(
+                            &earlier,
+                            Precision::Seconds,
+                            &ctx(),
+                            &tags,
+                            &arena,
+                        )
+                        .expect("in bounds");
+                        batcher
+                            .offer(d.readings, None, Instant::now(), 0)
+                            .expect("room");
+                        batcher
+                    },
+                    |mut batcher| {
+                        let arena = Bump::new();
+                        let mut d = decode_line_protocol(
+                            black_box(&value_lines),
+                            Precision::Seconds,
+                            &ctx(),
+                            &tags,
+                            &arena,
+                        )
+                        .expect("in bounds");
+                        if grouped {
+                            d.group_by_series();
+                        }
+                        batcher
+                            .offer(d.readings, None, Instant::now(), 1)
+                            .expect("room");
+                        batcher
+                    },
+                    BatchSize::LargeInput,
+                )
+            },
+        );
+    }
+
     // What a journaled write adds to the request path: framing with its
     // CRC-32C, then reading the frame back for the batcher.
     group.bench_function("journal_encode_10k", |b| {

@@ -158,7 +158,7 @@ async fn write<S: BucketStore>(
         .ingest
         .decode_context(OffsetDateTime::now_utc().unix_timestamp());
     let arena = Bump::new();
-    let decoded = match decode(
+    let mut decoded = match decode(
         &body,
         precision,
         &ctx,
@@ -185,6 +185,7 @@ async fn write<S: BucketStore>(
         return InfluxError::new(api, StatusCode::FORBIDDEN, e.to_string()).into_response();
     }
     state.labels.offer(&decoded.labels);
+    decoded.group_by_series();
     let partial = (decoded.refused > 0).then(|| decoded.partial_write_message());
     if !decoded.readings.is_empty() {
         match submit(state, decoded.readings, Wait::Safe).await {

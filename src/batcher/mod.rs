@@ -171,6 +171,34 @@ struct Open {
 const INITIAL_VALUES: usize = 16;
 
 impl Open {
+    /// Puts a second's value acknowledged at `ack`, unless a later
+    /// acknowledgement holds it; returns whether the second is new here.
+    fn put(&mut self, offset: u16, value: f64, ack: i64) -> bool {
+        self.min_ack = self.min_ack.min(ack);
+        let values = &mut self.values;
+        // Readings mostly arrive in time order: check the end before searching.
+        let at = match values.last() {
+            Some(last) if last.0 == offset => Ok(values.len() - 1),
+            Some(last) if last.0 < offset => Err(values.len()),
+            None => Err(0),
+            Some(_) => values.binary_search_by_key(&offset, |&(o, _, _)| o),
+        };
+        match at {
+            Ok(i) => {
+                let v = &mut values[i];
+                if ack >= v.2 {
+                    v.1 = value;
+                    v.2 = ack;
+                }
+                false
+            }
+            Err(i) => {
+                values.insert(i, (offset, value, ack));
+                true
+            }
+        }
+    }
+
     fn new(since: Instant) -> Self {
         Self {
             values: Vec::with_capacity(INITIAL_VALUES),
@@ -331,10 +359,7 @@ impl<W> Batcher<W> {
             self.next_ticket += 1;
             self.next_ticket
         });
-        let mut buckets = 0;
-        for r in readings {
-            buckets += usize::from(self.insert(r, Kind::Prompt { ticket }, now, ack_ms));
-        }
+        let buckets = self.insert(&readings, Kind::Prompt { ticket }, now, ack_ms);
         self.prompt_readings += n;
         if let (Some(waiter), Some(ticket)) = (waiter, ticket)
             && buckets > 0
@@ -376,9 +401,7 @@ impl<W> Batcher<W> {
         let before = self.next_held_due;
         let was_pressured = self.pressured();
         let n = readings.len() as u64;
-        for r in readings {
-            self.insert(r, Kind::Held { origin, unix_ms }, now, ack_ms);
-        }
+        self.insert(&readings, Kind::Held { origin, unix_ms }, now, ack_ms);
         if n > 0 {
             *self.outstanding.entry(origin).or_default() += n;
         }
@@ -438,10 +461,15 @@ impl<W> Batcher<W> {
 
     /// When held readings of the bucket starting at `start`, first held at
     /// `now` (`unix_ms` on the wall clock), must be written.
-    fn held_due(&self, start: i64, now: Instant, unix_ms: i64) -> Instant {
-        let hold = self.limits.hold;
+    fn held_due(
+        granularity: Granularity,
+        hold: Hold,
+        start: i64,
+        now: Instant,
+        unix_ms: i64,
+    ) -> Instant {
         let window_end_ms = start
-            .saturating_add(self.granularity.seconds())
+            .saturating_add(granularity.seconds())
             .saturating_mul(1000);
         let grace_ms = i64::try_from(hold.grace.as_millis()).unwrap_or(i64::MAX);
         let wait_ms = window_end_ms
@@ -452,87 +480,83 @@ impl<W> Batcher<W> {
         now + wait
     }
 
-    /// Inserts one reading; returns whether a prompt ticket was newly tied to
-    /// its bucket.
+    /// Inserts `readings`; returns how many buckets a prompt ticket was
+    /// newly tied to.
+    ///
+    /// A reading right after one of the same bucket with the very same names
+    /// (as a decoder hands a series grouped) goes to the bucket already at
+    /// hand: a bucket is looked up once per run, not once per reading. Only
+    /// addresses are compared: comparing text would cost readings that are
+    /// not grouped more than a run saves.
     ///
     /// Per second the value acknowledged last wins (the later offer on a tie):
     /// a journal replayed behind fresher readings never overwrites them.
-    fn insert(&mut self, r: Reading<'_>, kind: Kind, now: Instant, ack: i64) -> bool {
-        let start = self.granularity.bucket_start(r.ts);
-        let offset = self.granularity.offset(r.ts);
-        let key = BucketKeyRef {
-            sensor: r.sensor.as_str(),
-            metric: r.metric.as_str(),
-            start,
-        };
-        let due = match kind {
-            Kind::Held { unix_ms, .. } => Some(self.held_due(start, now, unix_ms)),
-            Kind::Prompt { .. } => None,
-        };
-        let open = match self.pending.get_mut(&key) {
-            Some(open) => open,
-            None => self
-                .pending
-                .entry(BucketKey {
-                    sensor: r.sensor.into_owned(),
-                    metric: r.metric.into_owned(),
+    fn insert(&mut self, readings: &[Reading<'_>], kind: Kind, now: Instant, ack: i64) -> usize {
+        let (granularity, hold) = (self.granularity, self.limits.hold);
+        let seconds = granularity.seconds();
+        let (mut tied, mut added) = (0, 0);
+        let mut next_held_due = self.next_held_due;
+        let pending = &mut self.pending;
+        // The run's first reading, its bucket's start, and the bucket.
+        let mut run: Option<(&Reading<'_>, i64, &mut Open)> = None;
+        for r in readings {
+            let same = run.as_ref().is_some_and(|(first, start, _)| {
+                r.ts >= *start && r.ts - start < seconds && r.shares_names(first)
+            });
+            if !same {
+                let start = granularity.bucket_start(r.ts);
+                let key = BucketKeyRef {
+                    sensor: r.sensor.as_str(),
+                    metric: r.metric.as_str(),
                     start,
-                })
-                .or_insert_with(|| Open::new(now)),
-        };
-        open.readings += 1;
-        open.min_ack = open.min_ack.min(ack);
-        let values = &mut open.values;
-        // Readings mostly arrive in time order: check the end before searching.
-        let at = match values.last() {
-            Some(last) if last.0 == offset => Ok(values.len() - 1),
-            Some(last) if last.0 < offset => Err(values.len()),
-            None => Err(0),
-            Some(_) => values.binary_search_by_key(&offset, |&(o, _, _)| o),
-        };
-        let added = match at {
-            Ok(i) => {
-                let v = &mut values[i];
-                if ack >= v.2 {
-                    v.1 = r.value;
-                    v.2 = ack;
-                }
-                false
-            }
-            Err(i) => {
-                values.insert(i, (offset, r.value, ack));
-                true
-            }
-        };
-        self.pending_values += usize::from(added);
-        match kind {
-            Kind::Prompt { ticket } => {
-                open.prompt = true;
-                // Tickets only grow and an offer is applied whole, so this
-                // offer's ticket, if already tied to the bucket, is the last one.
-                match ticket {
-                    Some(t) if open.tickets.last() != Some(&t) => {
-                        open.tickets.push(t);
-                        true
+                };
+                let open = match pending.get_mut(&key) {
+                    Some(open) => open,
+                    None => pending
+                        .entry(BucketKey {
+                            sensor: r.sensor.clone().into_owned(),
+                            metric: r.metric.clone().into_owned(),
+                            start,
+                        })
+                        .or_insert_with(|| Open::new(now)),
+                };
+                match kind {
+                    Kind::Prompt { ticket } => {
+                        open.prompt = true;
+                        // Tickets only grow and an offer is applied whole, so this
+                        // offer's ticket, if already tied to the bucket, is the last one.
+                        if let Some(t) = ticket
+                            && open.tickets.last() != Some(&t)
+                        {
+                            open.tickets.push(t);
+                            tied += 1;
+                        }
                     }
-                    _ => false,
+                    Kind::Held { unix_ms, .. } => {
+                        if open.held_due.is_none() {
+                            let due = Self::held_due(granularity, hold, start, now, unix_ms);
+                            open.held_due = Some(due);
+                            next_held_due = Some(next_held_due.map_or(due, |d| d.min(due)));
+                        }
+                    }
                 }
+                run = Some((r, start, open));
             }
-            Kind::Held { origin, .. } => {
-                if open.held_due.is_none() {
-                    open.held_due = due;
-                    self.next_held_due = match (self.next_held_due, due) {
-                        (Some(a), Some(b)) => Some(a.min(b)),
-                        (a, b) => a.or(b),
-                    };
-                }
+            let Some((_, _, open)) = run.as_mut() else {
+                continue;
+            };
+            open.readings += 1;
+            added += usize::from(open.put(granularity.offset(r.ts), r.value, ack));
+            if let Kind::Held { origin, .. } = kind {
                 match open.origins.last_mut() {
                     Some((o, n)) if *o == origin => *n += 1,
                     _ => open.origins.push((origin, 1)),
                 }
-                false
             }
         }
+        self.pending_values += added;
+        self.next_held_due = next_held_due;
+        tied
     }
 
     /// Makes the open batch due now. Returns whether there is one (and so the
@@ -840,6 +864,91 @@ mod tests {
             ts,
             value,
         }
+    }
+
+    /// A reading whose sensor name is `sensor` itself, shared by every
+    /// reading made so (as a decoder's series), or every third second a
+    /// copy of it (the same text elsewhere).
+    fn reading_of(sensor: &'static str, ts: i64, value: f64) -> Reading<'static> {
+        let sensor = if ts % 3 == 0 {
+            SensorId::parse(sensor.to_owned())
+        } else {
+            SensorId::parse(sensor)
+        };
+        Reading {
+            sensor: sensor.expect("valid sensor"),
+            metric: MetricName::default_metric(),
+            ts,
+            value,
+        }
+    }
+
+    /// Offers of up to `len` runs: a sensor below `sensors`, a second below
+    /// `seconds` and a value, then up to 3 more seconds of that sensor (runs
+    /// cross bucket ends at times).
+    fn runs(
+        sensors: usize,
+        seconds: i64,
+        len: usize,
+    ) -> impl Strategy<Value = Vec<(usize, i64, i32)>> {
+        prop::collection::vec((0..sensors, 0..seconds, -5..5i32, 1..5i64), 1..len).prop_map(
+            move |runs| {
+                runs.into_iter()
+                    .flat_map(|(s, ts, v, n)| (0..n).map(move |k| (s, ts + k, v + k as i32)))
+                    .take(len - 1)
+                    .collect()
+            },
+        )
+    }
+
+    #[test]
+    fn a_run_of_one_series_fills_its_bucket_up_to_the_bucket_s_end_only() {
+        let mut b: Batcher<()> = Batcher::new(Granularity::Minute, LIMITS);
+        let t0 = Instant::now();
+        // s1's seconds 58, 59, 61 and 62 (shared names, across a minute's
+        // end), s2, then s1's 60 (its name copied) and 59 again: each in its
+        // bucket, the last value per second winning.
+        let readings = vec![
+            reading_of("s1", 58, 1.0),
+            reading_of("s1", 59, 2.0),
+            reading_of("s1", 61, 4.0),
+            reading_of("s1", 62, 5.0),
+            reading_of("s2", 59, 6.0),
+            reading_of("s1", 60, 7.0),
+            reading_of("s1", 59, 8.0),
+        ];
+        assert!(
+            !readings[1].shares_names(&readings[5]),
+            "a copy, not shared"
+        );
+        b.offer_held(readings, 9, t0, 0, 0).expect("room");
+        let batch = b.take_all().expect("a batch");
+        let mut got: Vec<_> = batch
+            .items
+            .iter()
+            .map(|i| {
+                let k = &i.update.key;
+                (
+                    k.sensor.to_string(),
+                    k.start,
+                    i.update.values.clone(),
+                    i.readings,
+                    i.journaled(),
+                )
+            })
+            .collect();
+        got.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+        assert_eq!(
+            got,
+            vec![
+                ("s1".into(), 0, vec![(58, 1.0), (59, 8.0)], 3, 3),
+                ("s1".into(), 60, vec![(0, 7.0), (1, 4.0), (2, 5.0)], 3, 3),
+                ("s2".into(), 0, vec![(59, 6.0)], 1, 1),
+            ]
+        );
+        assert_eq!(b.lowest_unsettled_origin(), Some(9));
+        settle_all(&mut b, &batch, Settled::Stored);
+        assert_eq!((b.buffered(), b.lowest_unsettled_origin()), (0, None));
     }
 
     #[test]
@@ -1233,7 +1342,7 @@ mod tests {
         fn held_readings_are_each_written_once_within_the_memory_bound(
             ops in prop::collection::vec(
                 prop_oneof![
-                    4 => prop::collection::vec((0..4usize, 0..400i64, -5..5i32), 1..12).prop_map(Op::Offer),
+                    4 => runs(4, 400, 12).prop_map(Op::Offer),
                     2 => (0..30_000u64).prop_map(Op::Advance),
                     1 => Just(Op::Take),
                 ],
@@ -1278,7 +1387,7 @@ mod tests {
                     Op::Offer(rs) => {
                         origin += 1;
                         let unix_ms = (unix0 + (now - t0).as_secs() as i64) * 1000;
-                        let readings: Vec<_> = rs.iter().map(|&(s, ts, v)| reading(sensors[s], ts, f64::from(v))).collect();
+                        let readings: Vec<_> = rs.iter().map(|&(s, ts, v)| reading_of(sensors[s], ts, f64::from(v))).collect();
                         let mut tries = 0;
                         loop {
                             match b.offer_held(readings.clone(), origin, now, unix_ms, 0) {
@@ -1347,7 +1456,7 @@ mod tests {
         fn batches_applied_in_order_equal_last_write_wins(
             ops in prop::collection::vec(
                 prop_oneof![
-                    4 => prop::collection::vec((0..3usize, 0..200i64, -5..5i32), 1..20).prop_map(Some),
+                    4 => runs(3, 200, 20).prop_map(Some),
                     1 => Just(None),
                 ],
                 1..40,
@@ -1391,7 +1500,7 @@ mod tests {
                     Some(rs) => {
                         for &(s, ts, v) in &rs { model.insert((s, ts), f64::from(v)); }
                         expect_dead.insert(i, rs.iter().any(|&(s, _, _)| Some(s) == dead_sensor));
-                        let readings: Vec<_> = rs.iter().map(|&(s, ts, v)| reading(sensors[s], ts, f64::from(v))).collect();
+                        let readings: Vec<_> = rs.iter().map(|&(s, ts, v)| reading_of(sensors[s], ts, f64::from(v))).collect();
                         b.offer(readings, Some(i), now, 0).expect("room");
                     }
                     None => if let Some(batch) = b.take_all() {

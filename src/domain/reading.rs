@@ -154,6 +154,21 @@ impl Reading<'_> {
         }
     }
 
+    /// Whether `other` is of the same sensor and metric.
+    pub fn same_series(&self, other: &Reading<'_>) -> bool {
+        self.shares_names(other)
+            || (self.sensor.as_str() == other.sensor.as_str()
+                && self.metric.as_str() == other.metric.as_str())
+    }
+
+    /// Whether `other`'s sensor and metric are the very same text as this
+    /// one's (one address): a decoder hands a series' readings shared names,
+    /// so this tells its runs apart without reading the text.
+    pub fn shares_names(&self, other: &Reading<'_>) -> bool {
+        std::ptr::eq(self.sensor.as_str(), other.sensor.as_str())
+            && std::ptr::eq(self.metric.as_str(), other.metric.as_str())
+    }
+
     pub fn check_value(value: f64) -> Result<f64, InvalidReading> {
         if value.is_finite() {
             Ok(value)

@@ -114,9 +114,21 @@ pub struct Decoded<'a> {
     pub lines: usize,
     /// String fields skipped.
     pub strings: usize,
+    /// Each reading's group: one per sensor and metric, numbered from 0 in
+    /// the order met (see [`Decoded::group_by_series`]).
+    groups: Vec<u32>,
+    group_count: u32,
 }
 
 impl Decoded<'_> {
+    /// Puts the readings of each series together, each series' in the
+    /// order they came. A body written in time order interleaves its series;
+    /// grouped, what takes the readings looks each bucket and series up once
+    /// per run instead of once per reading.
+    pub fn group_by_series(&mut self) {
+        group_stably(&mut self.readings, &mut self.groups, self.group_count);
+    }
+
     /// InfluxDB's partial-write message: the refused lines and reasons.
     pub fn partial_write_message(&self) -> String {
         let mut m = format!(
@@ -167,6 +179,44 @@ enum Refusal {
     Range,
 }
 
+/// Reorders `items` so those of one group are together, in their order (a
+/// stable counting sort by group id, skipped when they already are).
+/// `groups` holds each item's group id, below `count`; it is used up.
+fn group_stably<T>(items: &mut [T], groups: &mut [u32], count: u32) {
+    debug_assert_eq!(items.len(), groups.len());
+    if items.len() < 2 {
+        return;
+    }
+    let mut next = vec![0u32; count as usize];
+    for &g in groups.iter() {
+        next[g as usize] += 1;
+    }
+    // Already together: one series, or a body written series by series.
+    let runs = 1 + groups.windows(2).filter(|w| w[0] != w[1]).count();
+    if runs == next.iter().filter(|&&n| n > 0).count() {
+        return;
+    }
+    let mut at = 0;
+    for n in &mut next {
+        (*n, at) = (at, at + *n);
+    }
+    // Each item's place, then the permutation applied in place: every swap
+    // puts one item where it belongs, so at most one swap per item.
+    let places = groups;
+    for p in places.iter_mut() {
+        let g = *p as usize;
+        *p = next[g];
+        next[g] += 1;
+    }
+    for i in 0..items.len() {
+        while places[i] as usize != i {
+            let j = places[i] as usize;
+            items.swap(i, j);
+            places.swap(i, j);
+        }
+    }
+}
+
 /// Per body: the metric names and tag sets met so far, so each distinct one
 /// is built and checked once.
 struct Seen<'a> {
@@ -180,6 +230,10 @@ struct Seen<'a> {
     /// Series (a line's text up to its first space) whose measurement, sensor
     /// and labels were taken: a line of one of them parses only its fields.
     series: HashMap<&'a str, Series<'a>>,
+    /// The group of each sensor and metric met: by name, not by series
+    /// text, so differently written tag sets of one sensor share a group
+    /// and their readings keep their order.
+    groups: HashMap<(SensorId<'a>, MetricName<'a>), u32>,
 }
 
 /// What a taken series parses to.
@@ -187,11 +241,20 @@ struct Seen<'a> {
 struct Series<'a> {
     measurement: Text<'a>,
     sensor: SensorId<'a>,
-    /// The metric of its field `value` (the common case), if valid.
-    value_metric: Option<MetricName<'a>>,
+    /// The metric of its field `value` (the common case) with its group,
+    /// if valid.
+    value: Option<(u32, MetricName<'a>)>,
 }
 
 impl<'a> Seen<'a> {
+    /// The group of readings of `sensor` and `metric`.
+    fn group(&mut self, sensor: &SensorId<'a>, metric: &MetricName<'a>) -> u32 {
+        // Names borrowed from the body clone without allocating.
+        let key = (sensor.clone(), metric.clone());
+        let next = u32::try_from(self.groups.len()).unwrap_or(u32::MAX);
+        *self.groups.entry(key).or_insert(next)
+    }
+
     /// The metric of field `field` of measurement `measurement` (both raw).
     fn metric(&mut self, measurement: &'a str, field: &'a str) -> Option<MetricName<'a>> {
         if let Some(m) = self.metrics.get(&(measurement, field)) {
@@ -233,12 +296,14 @@ pub fn decode<'a>(
         // A body written in time order carries many series: sized up front
         // rather than rehashed as it grows (bounded, as a body may repeat one).
         series: HashMap::with_capacity(line_count.min(MAX_PRESIZED_SERIES)),
+        groups: HashMap::new(),
     };
     // Checked once for the body; a line is checked alone only if it fails.
     let text = std::str::from_utf8(body).ok();
     // About one reading per line: Telegraf writes one field per line unless
     // a plugin gathers several.
     out.readings.reserve(line_count.min(ctx.max_readings));
+    out.groups.reserve(line_count.min(ctx.max_readings));
     let mut lines = Lines::new(body);
     while let Some((number, bytes)) = lines.next() {
         let source = match text.and_then(|t| t.get(lines.start()..lines.start() + bytes.len())) {
@@ -266,6 +331,7 @@ pub fn decode<'a>(
             }
             Err(refusal) => {
                 out.readings.truncate(before);
+                out.groups.truncate(before);
                 out.strings = strings;
                 out.refused += 1;
                 if out.errors.len() < MAX_DETAILS {
@@ -277,6 +343,7 @@ pub fn decode<'a>(
             }
         }
     }
+    out.group_count = u32::try_from(seen.groups.len()).unwrap_or(u32::MAX);
     Ok(out)
 }
 
@@ -339,11 +406,12 @@ fn decode_line<'a>(
             }
         };
         let metric = if key.raw() == "value" {
-            series.value_metric.clone()
+            series.value.clone()
         } else {
             seen.metric(measurement, key.raw())
+                .map(|m| (seen.group(&series.sensor, &m), m))
         };
-        let metric = metric.ok_or_else(|| {
+        let (group, metric) = metric.ok_or_else(|| {
             let measurement = series.measurement.unescape(Kind::Measurement);
             let name = if key.raw() == "value" {
                 measurement.into_owned()
@@ -364,6 +432,7 @@ fn decode_line<'a>(
             ts,
             value,
         });
+        out.groups.push(group);
     }
     Ok(())
 }
@@ -424,10 +493,13 @@ fn identify<'a>(
         }
     }
     let measurement = line.measurement.unwrap_or_default();
+    let value = seen
+        .metric(measurement.raw(), "value")
+        .map(|m| (seen.group(&sensor, &m), m));
     Ok(Series {
         measurement,
         sensor,
-        value_metric: seen.metric(measurement.raw(), "value"),
+        value,
     })
 }
 
@@ -773,9 +845,11 @@ mod tests {
     }
 
     /// Series a body repeats, valid or not, escaped or not.
-    const SERIES: [&str; 8] = [
+    const SERIES: [&str; 9] = [
         "temperature,sensor=s1",
         "temperature,sensor=s2,site=roof",
+        // The series above written otherwise: one sensor and metric.
+        "temperature,site=roof,sensor=s2",
         "hum\\ idity,sensor=s1",
         "temperature,site=roof",
         "temperature,sensor=bad\\ id",
@@ -795,6 +869,28 @@ mod tests {
         "value=1e3 1700000002",
     ];
 
+    /// Whether `got` is `input` reordered so that the items of each group
+    /// are together and in their order.
+    fn is_stable_grouping<T: PartialEq, G: PartialEq>(
+        got: &[T],
+        input: &[T],
+        group: impl Fn(&T) -> G,
+    ) -> bool {
+        let of = |items: &[T], g: &G| -> Vec<usize> {
+            (0..items.len())
+                .filter(|&i| group(&items[i]) == *g)
+                .collect()
+        };
+        got.len() == input.len()
+            && input.iter().all(|x| {
+                let g = group(x);
+                let (mine, theirs) = (of(got, &g), of(input, &g));
+                mine.len() == theirs.len()
+                    && mine.windows(2).all(|w| w[1] == w[0] + 1)
+                    && mine.iter().zip(&theirs).all(|(&a, &b)| got[a] == input[b])
+            })
+    }
+
     proptest! {
         #[test]
         fn a_body_decodes_as_its_lines_do_one_by_one(
@@ -812,9 +908,27 @@ mod tests {
                 reasons.extend(alone.errors.into_iter().map(|e| (i + 1, e.reason)));
             }
             let got: Vec<_> = whole.readings.iter().map(|r| (r.sensor.to_string(), r.metric.to_string(), r.ts, r.value)).collect();
-            prop_assert_eq!(got, readings);
-            let got: Vec<_> = whole.errors.into_iter().map(|e| (e.line, e.reason)).collect();
+            prop_assert_eq!(&got, &readings);
+            let got: Vec<_> = whole.errors.iter().map(|e| (e.line, e.reason.clone())).collect();
             prop_assert_eq!(got, reasons);
+            // Grouped: each sensor and metric's readings together, in order.
+            let mut grouped = whole;
+            grouped.group_by_series();
+            let got: Vec<_> = grouped.readings.iter().map(|r| (r.sensor.to_string(), r.metric.to_string(), r.ts, r.value)).collect();
+            prop_assert!(is_stable_grouping(&got, &readings, |r| (r.0.clone(), r.1.clone())), "{:?}", got);
+        }
+
+        #[test]
+        fn grouping_keeps_each_group_s_order_and_puts_it_together(
+            groups in proptest::collection::vec(0..6u32, 0..60),
+            extra in 0..3u32,
+        ) {
+            let count = groups.iter().max().map_or(0, |m| m + 1) + extra;
+            let input: Vec<(u32, usize)> = groups.iter().copied().zip(0..).collect();
+            let mut items = input.clone();
+            let mut ids = groups.clone();
+            group_stably(&mut items, &mut ids, count);
+            prop_assert!(is_stable_grouping(&items, &input, |x| x.0), "{:?}", items);
         }
 
         #[test]

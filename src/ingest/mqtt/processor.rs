@@ -267,7 +267,7 @@ fn line_protocol_readings<'a>(
     arena: &'a Bump,
 ) -> Result<(Vec<Reading<'a>>, Option<Unusable>), Submit> {
     let lp = &shared.line_protocol;
-    let decoded = decode(
+    let mut decoded = decode(
         payload,
         Precision::Nanoseconds,
         ctx,
@@ -285,6 +285,7 @@ fn line_protocol_readings<'a>(
         kind: Rejection::Invalid,
         readings: decoded.refused,
     });
+    decoded.group_by_series();
     Ok((decoded.readings, refused))
 }
 

@@ -164,14 +164,14 @@ impl Registrar for MongoStore {
         // thousands of series not yet registered (a scan made that
         // quadratic, a tenth of an import's CPU).
         let mut fresh: hashbrown::HashSet<(&str, &str)> = hashbrown::HashSet::new();
-        let mut last: Option<(&str, &str)> = None;
+        let mut last: Option<&Reading<'_>> = None;
         for r in readings {
-            let series = (r.sensor.as_str(), r.metric.as_str());
             // Readings of one series mostly come together: look once.
-            if last == Some(series) {
+            if last.is_some_and(|last| last.same_series(r)) {
                 continue;
             }
-            last = Some(series);
+            last = Some(r);
+            let series = (r.sensor.as_str(), r.metric.as_str());
             if !known.contains_key(&SeriesRef(series.0, series.1)) && fresh.insert(series) {
                 out.push((series.0.to_owned(), series.1.to_owned()));
             }
