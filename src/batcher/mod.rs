@@ -542,15 +542,14 @@ impl<W> Batcher<W> {
                 }
                 run = Some((r, start, open));
             }
-            let Some((_, _, open)) = run.as_mut() else {
-                continue;
-            };
-            open.readings += 1;
-            added += usize::from(open.put(granularity.offset(r.ts), r.value, ack));
-            if let Kind::Held { origin, .. } = kind {
-                match open.origins.last_mut() {
-                    Some((o, n)) if *o == origin => *n += 1,
-                    _ => open.origins.push((origin, 1)),
+            if let Some((_, _, open)) = run.as_mut() {
+                open.readings += 1;
+                added += usize::from(open.put(granularity.offset(r.ts), r.value, ack));
+                if let Kind::Held { origin, .. } = kind {
+                    match open.origins.last_mut() {
+                        Some((o, n)) if *o == origin => *n += 1,
+                        _ => open.origins.push((origin, 1)),
+                    }
                 }
             }
         }
@@ -883,9 +882,9 @@ mod tests {
         }
     }
 
-    /// Offers of up to `len` runs: a sensor below `sensors`, a second below
-    /// `seconds` and a value, then up to 3 more seconds of that sensor (runs
-    /// cross bucket ends at times).
+    /// Offers of fewer than `len` readings, in runs: a sensor below
+    /// `sensors`, a second below `seconds` and a value, then up to 3 more
+    /// seconds of that sensor (runs cross bucket ends at times).
     fn runs(
         sensors: usize,
         seconds: i64,
