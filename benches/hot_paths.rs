@@ -495,5 +495,57 @@ fn import(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(hot, benches, plans, sparkplug, import);
+/// The upkeep's read-back: bucket documents as the server returns them
+/// (the upkeep's projection) into every minute's and the hour's slots.
+fn rollups(c: &mut Criterion) {
+    use hourglass::pure::{ReadBack, roll_hours_of};
+    use mongodb::bson::{DateTime, Document, RawDocumentBuf, doc};
+    let hour = (NOW / 3600 - 1) * 3600;
+    let series: Vec<(String, String)> = (0..10)
+        .map(|i| (format!("truck-{i:04}"), "temp".to_owned()))
+        .collect();
+    let mut docs = Vec::new();
+    for minute in 0..60 {
+        for (k, (sensor, metric)) in series.iter().enumerate() {
+            let start = hour + minute * 60;
+            let mut v = Document::new();
+            let mut sum = 0.0;
+            for second in 0..60 {
+                let x = ((k as i64 * 7 + minute + second) % 113) as f64 + 0.5;
+                v.insert(second.to_string(), x);
+                sum += x;
+            }
+            let d = doc! {
+                "sensor": sensor, "metric": metric,
+                "start": DateTime::from_millis(start * 1000),
+                "v": v, "n": 3_i64, "count": 60_i64, "sum": sum, "min": 0.5, "max": 112.5,
+                "schema_version": 2,
+            };
+            docs.push(RawDocumentBuf::from_document(&d).expect("encodes"));
+        }
+    }
+    let mut group = c.benchmark_group("rollups");
+    group.throughput(Throughput::Elements(docs.len() as u64));
+    group.bench_function("roll_up_read_back_600_minute_buckets", |b| {
+        b.iter(|| {
+            let mut read = ReadBack::new(
+                Granularity::Minute,
+                series.iter().map(|(s, m)| (s.as_str(), m.as_str())),
+            );
+            for d in &docs {
+                read.add(black_box(d), |_, _| true).expect("readable");
+            }
+            series
+                .iter()
+                .map(|(s, m)| {
+                    let buckets = read.take(s, m);
+                    roll_hours_of(Granularity::Minute, hour, hour + 3600, &buckets)
+                })
+                .collect::<Vec<_>>()
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(hot, benches, plans, sparkplug, import, rollups);
 criterion_main!(hot);

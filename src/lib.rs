@@ -117,6 +117,7 @@ pub mod pure {
     pub use crate::query::{Calendar, Grid, Need, Plan};
     pub use crate::store::command::{Chunk, Commands, Limits, Target};
     pub use crate::store::document::{Form, Versioning, update_statement};
+    pub use crate::store::rollup::{ReadBack, roll_hours_of};
     pub use crate::transfer::import::formats::{
         Converter as ImportConverter, Format as ImportFormat,
     };

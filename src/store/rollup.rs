@@ -39,8 +39,9 @@ use std::sync::LazyLock;
 use mongodb::bson::{RawBsonRef, RawDocument, RawDocumentBuf, rawdoc};
 
 use super::StoreError;
-use super::document::{elements, raw_number, raw_seconds};
+use super::document::{elements, raw_number, raw_seconds, read_bucket};
 use super::raw_writer::{Writer, index_key};
+use super::upkeep::HOUR;
 use crate::domain::{
     BucketRead, Granularity, Moments, Period, Rest, RollupRead, Sample, Slot, Summary,
 };
@@ -303,39 +304,49 @@ pub fn all_slots(period: Period) -> u64 {
     if n >= 64 { u64::MAX } else { (1 << n) - 1 }
 }
 
-/// The update statement that writes `slots` (all in the `period` document
-/// starting at `start`) and marks them complete: each replaces the stored
-/// slot unless that one counts more writes; a slot without readings only
-/// sets its bit (a stored one stays: rollups outlive their buckets).
-/// Everything from the data is a `$literal` or a filter value.
-pub fn statement(
-    sensor: &str,
-    metric: &str,
-    period: Period,
-    start: i64,
-    slots: &[Slot],
-) -> RawDocumentBuf {
-    statement_removing(sensor, metric, period, start, slots, &[])
-}
-
-/// [`statement`], but the slots starting at `replaced` are written whatever
-/// is stored, and removed when they hold nothing: spans rolled up again
-/// while marked late, whose readings a delete may have removed (see
+/// Writes, as element `key` of the document open in `w` (the upkeep writes
+/// each statement straight into its command), the update statement that
+/// writes `slots` (all in the `period` document starting at `start`) and
+/// marks them complete: each replaces the stored slot unless that one
+/// counts more writes; a slot without readings only sets its bit (a stored
+/// one stays: rollups outlive their buckets). Everything from the data is a
+/// `$literal` or a filter value.
+///
+/// Except the slots starting at `replaced`: those are written whatever is
+/// stored, and removed when they hold nothing: spans rolled up again while
+/// marked late, whose readings a delete may have removed (see
 /// `store::delete`), so that their write counts went down. No write can be
-/// racing unseen: one after the read marks the hour again, and it is
-/// rolled up once more.
-pub fn statement_removing(
+/// racing unseen: one after the read marks the hour again, and it is rolled
+/// up once more.
+#[allow(clippy::too_many_arguments)]
+pub fn write_statement(
+    w: &mut Writer,
+    key: &str,
     sensor: &str,
     metric: &str,
     period: Period,
     start: i64,
     slots: &[Slot],
     replaced: &[i64],
-) -> RawDocumentBuf {
+) {
     // Written in place, in order (see `raw_writer`): each slot was a
-    // document of its own, copied into a `$cond`, copied into the statement.
-    let mut w = Writer::with_capacity(256 + slots.len() * 400);
-    let root = w.root();
+    // document of its own, copied into a `$cond`, copied into the statement,
+    // and each statement copied into its command.
+    let statement = w.document(key);
+    statement_fields(w, sensor, metric, period, start, slots, replaced);
+    w.end(statement);
+}
+
+/// The fields of [`write_statement`]'s statement, into the document open in `w`.
+fn statement_fields(
+    w: &mut Writer,
+    sensor: &str,
+    metric: &str,
+    period: Period,
+    start: i64,
+    slots: &[Slot],
+    replaced: &[i64],
+) {
     let q = w.document("q");
     w.string("sensor", sensor);
     w.string("metric", metric);
@@ -367,7 +378,7 @@ pub fn statement_removing(
         let entry = w.document(key);
         if forced {
             let literal = w.document("$literal");
-            slot_fields(&mut w, slot);
+            slot_fields(w, slot);
             w.end(literal);
         } else {
             let cond = w.array("$cond");
@@ -385,7 +396,7 @@ pub fn statement_removing(
             w.string("1", path);
             let literal_doc = w.document("2");
             let literal = w.document("$literal");
-            slot_fields(&mut w, slot);
+            slot_fields(w, slot);
             w.end(literal);
             w.end(literal_doc);
             w.end(cond);
@@ -424,11 +435,6 @@ pub fn statement_removing(
     }
     w.end(u);
     w.boolean("upsert", true);
-    w.end(root);
-    // Every document opened above is closed, so finishing cannot fail; if
-    // it did, the empty statement would be refused by the server as a
-    // whole command, an error, not a roll-up quietly skipped.
-    w.finish().unwrap_or_default()
 }
 
 /// Per slot number: the key, `$s.<k>` and `$s.<k>.w` (at most 60 slots).
@@ -458,13 +464,113 @@ static STORED_COMPLETE: LazyLock<RawDocumentBuf> = LazyLock::new(|| {
 
 /// A bucket's readings as samples, in time order.
 pub fn samples(b: &BucketRead) -> Vec<Sample> {
-    b.values
-        .iter()
-        .map(|&(o, v)| Sample {
-            t: b.start + i64::from(o),
-            v,
-        })
-        .collect()
+    let mut out = Vec::with_capacity(b.values.len());
+    samples_into(b, &mut out);
+    out
+}
+
+/// [`samples`] into `out` (emptied first), so that rolling up many buckets
+/// reuses one buffer.
+fn samples_into(b: &BucketRead, out: &mut Vec<Sample>) {
+    out.clear();
+    out.extend(b.values.iter().map(|&(o, v)| Sample {
+        t: b.start + i64::from(o),
+        v,
+    }));
+}
+
+/// Buckets read back for a roll-up, kept per series asked. A document's
+/// series is looked up by the names borrowed from its bytes, so reading one
+/// allocates only its values: a pass reads back every bucket late flushes
+/// wrote, as many as the readings over 60 (a fifth of a late load's CPU).
+pub struct ReadBack<'a> {
+    granularity: Granularity,
+    /// Each series asked, by names, to its position (in the order given).
+    index: hashbrown::HashMap<(&'a str, &'a str), usize>,
+    buckets: Vec<Vec<BucketRead>>,
+}
+
+impl<'a> ReadBack<'a> {
+    /// Reads buckets of `granularity` for `series` (a repeat is one series).
+    pub fn new(
+        granularity: Granularity,
+        series: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Self {
+        let mut index = hashbrown::HashMap::new();
+        for s in series {
+            let next = index.len();
+            index.entry(s).or_insert(next);
+        }
+        let buckets = (0..index.len()).map(|_| Vec::new()).collect();
+        Self {
+            granularity,
+            index,
+            buckets,
+        }
+    }
+
+    /// Reads the bucket document `d` and keeps it if its series was asked
+    /// and `keep(position of the series, bucket start)` says so. A filter
+    /// on sensors and metrics may match series nobody asked for: those are
+    /// skipped unread. Answers whether it was kept.
+    pub fn add(
+        &mut self,
+        d: &RawDocument,
+        keep: impl FnOnce(usize, i64) -> bool,
+    ) -> Result<bool, StoreError> {
+        let names = (
+            d.get_str("sensor").unwrap_or_default(),
+            d.get_str("metric").unwrap_or_default(),
+        );
+        let Some(&position) = self.index.get(&names) else {
+            return Ok(false);
+        };
+        let b = read_bucket(d, self.granularity)?;
+        if !keep(position, b.start) {
+            return Ok(false);
+        }
+        if let Some(kept) = self.buckets.get_mut(position) {
+            kept.push(b);
+        }
+        Ok(true)
+    }
+
+    /// The buckets kept of a series, sorted by start (none if not asked).
+    pub fn take(&mut self, sensor: &str, metric: &str) -> Vec<BucketRead> {
+        let Some(mut kept) = self
+            .index
+            .get(&(sensor, metric))
+            .and_then(|&p| self.buckets.get_mut(p))
+            .map(std::mem::take)
+        else {
+            return Vec::new();
+        };
+        kept.sort_by_key(|b| b.start);
+        kept
+    }
+}
+
+/// Rolls up each hour of `[from, to)` (multiples of an hour) from `buckets`,
+/// sorted by start; buckets outside the range are ignored.
+pub fn roll_hours_of(
+    granularity: Granularity,
+    from: i64,
+    to: i64,
+    buckets: &[BucketRead],
+) -> Vec<Hour> {
+    let mut rest = buckets;
+    let mut out = Vec::new();
+    let mut h = from;
+    while h < to {
+        let skip = rest.partition_point(|b| b.start < h);
+        rest = &rest[skip..];
+        let n = rest.partition_point(|b| b.start < h + HOUR);
+        let (this, later) = rest.split_at(n);
+        out.push(roll_hour(granularity, h, this));
+        rest = later;
+        h += HOUR;
+    }
+    out
 }
 
 /// What an hour of one series rolls up to.
@@ -484,9 +590,13 @@ pub struct Hour {
 pub fn roll_hour(granularity: Granularity, hour: i64, buckets: &[BucketRead]) -> Hour {
     match granularity {
         Granularity::Minute => {
+            let mut buf = Vec::new();
             let minutes: Vec<Slot> = buckets
                 .iter()
-                .map(|b| Slot::of(b.start, &samples(b), b.n))
+                .map(|b| {
+                    samples_into(b, &mut buf);
+                    Slot::of(b.start, &buf, b.n)
+                })
                 .collect();
             let slot = Slot::of_slots(hour, &minutes);
             Hour {
@@ -523,6 +633,35 @@ mod tests {
     use mongodb::bson::{Bson, doc};
     use mongodb::bson::{RawArrayBuf, RawBson};
     use proptest::prelude::*;
+
+    /// [`write_statement`]'s statement as a document of its own.
+    fn statement_removing(
+        sensor: &str,
+        metric: &str,
+        period: Period,
+        start: i64,
+        slots: &[Slot],
+        replaced: &[i64],
+    ) -> RawDocumentBuf {
+        let mut w = Writer::default();
+        let root = w.root();
+        write_statement(&mut w, "0", sensor, metric, period, start, slots, replaced);
+        w.end(root);
+        let command = w.finish().expect("closed");
+        let statement = command.get_document("0").expect("the statement");
+        statement.to_raw_document_buf()
+    }
+
+    /// [`statement_removing`] replacing nothing.
+    fn statement(
+        sensor: &str,
+        metric: &str,
+        period: Period,
+        start: i64,
+        slots: &[Slot],
+    ) -> RawDocumentBuf {
+        statement_removing(sensor, metric, period, start, slots, &[])
+    }
 
     /// A slot as stored, its times in seconds from the slot's start; fields
     /// that follow from others are left out (see the README's "Rollups").
@@ -679,6 +818,96 @@ mod tests {
                 })
                 .collect()
         })
+    }
+
+    /// A minute bucket as the upkeep's projection returns it, its values
+    /// under their seconds in the order given.
+    fn bucket_doc(sensor: &str, metric: &str, start: i64, values: &[(u16, f64)]) -> RawDocumentBuf {
+        let mut v = mongodb::bson::Document::new();
+        for (o, x) in values {
+            v.insert(o.to_string(), *x);
+        }
+        let sum: f64 = values.iter().map(|x| x.1).sum();
+        let d = doc! {
+            "sensor": sensor, "metric": metric, "start": start_date(start), "v": v,
+            "n": 2_i64, "count": values.len() as i64, "sum": sum,
+            "min": values.iter().map(|x| x.1).fold(f64::INFINITY, f64::min),
+            "max": values.iter().map(|x| x.1).fold(f64::NEG_INFINITY, f64::max),
+            "schema_version": 2,
+        };
+        RawDocumentBuf::from_document(&d).expect("encodes")
+    }
+
+    proptest! {
+        /// Whatever documents come back, in any order: each series asked
+        /// keeps exactly its buckets that `keep` takes, and its hours roll
+        /// up as each hour's buckets, sorted, roll up alone; others' are
+        /// skipped.
+        #[test]
+        fn buckets_read_back_roll_up_as_each_hour_alone(
+            docs in prop::collection::vec(
+                (0usize..4, -70i64..190, prop::collection::btree_map(0u16..60, -100i32..100, 1..8), any::<bool>()),
+                0..40,
+            ),
+            order in any::<u64>(),
+        ) {
+            let from = 10 * HOUR;
+            let to = from + 2 * HOUR;
+            let names = ["a", "b", "c", "d.e"];
+            // "c" and "d.e" are not asked; series "a" is asked twice.
+            let asked = [("a", "m"), ("b", "m"), ("a", "m")];
+            let mut seen = std::collections::BTreeSet::new();
+            // (name, start, values, kept)
+            type Bucket = (usize, i64, Vec<(u16, f64)>, bool);
+            let docs: Vec<Bucket> = docs
+                .into_iter()
+                .filter(|(s, minute, _, _)| seen.insert((*s, *minute)))
+                .map(|(s, minute, v, keep)| {
+                    let values = v.into_iter().rev().map(|(o, x)| (o, f64::from(x) / 4.0)).collect();
+                    (s, from + minute * 60, values, keep)
+                })
+                .collect();
+            let mut shuffled = docs.clone();
+            let n = shuffled.len().max(1);
+            shuffled.rotate_left(order as usize % n);
+            let mut read = ReadBack::new(Granularity::Minute, asked);
+            for (s, start, values, keep) in &shuffled {
+                let d = bucket_doc(names[*s], "m", *start, values);
+                let kept = read.add(&d, |position, at| {
+                    assert_eq!(at, *start);
+                    assert_eq!(asked[position].0, names[*s]);
+                    *keep
+                }).expect("readable");
+                prop_assert_eq!(kept, *s < 2 && *keep);
+            }
+            for name in ["a", "b", "c"] {
+                let buckets = read.take(name, "m");
+                let mut want: Vec<(i64, Vec<(u16, f64)>)> = docs
+                    .iter()
+                    .filter(|(s, _, _, keep)| names[*s] == name && name != "c" && *keep)
+                    .map(|(_, start, values, _)| {
+                        let mut v = values.clone();
+                        v.sort_by_key(|x| x.0);
+                        (*start, v)
+                    })
+                    .collect();
+                want.sort_by_key(|w| w.0);
+                let got: Vec<(i64, Vec<(u16, f64)>)> = buckets.iter().map(|b| (b.start, b.values.clone())).collect();
+                prop_assert_eq!(&got, &want);
+                prop_assert!(read.take(name, "m").is_empty(), "taken once");
+                let hours = roll_hours_of(Granularity::Minute, from, to, &buckets);
+                prop_assert_eq!(hours.len(), 2);
+                for (k, hour) in hours.iter().enumerate() {
+                    let h = from + k as i64 * HOUR;
+                    let alone: Vec<BucketRead> = buckets
+                        .iter()
+                        .filter(|b| b.start >= h && b.start < h + HOUR)
+                        .cloned()
+                        .collect();
+                    prop_assert_eq!(hour, &roll_hour(Granularity::Minute, h, &alone));
+                }
+            }
+        }
     }
 
     proptest! {

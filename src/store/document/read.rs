@@ -119,6 +119,9 @@ fn seconds_into(doc: &RawDocument, base: u16, out: &mut Vec<(u16, f64)>) -> Resu
 fn plain_seconds(bytes: &[u8], base: u16, out: &mut Vec<(u16, f64)>) -> Option<()> {
     // A document: its length (checked when it was read), its elements, a 0.
     let body = bytes.get(4..bytes.len().checked_sub(1)?)?;
+    // A value takes at least 11 bytes (type, a digit, its 0, a double): room
+    // for all of them at once, not the doublings from empty.
+    out.reserve(body.len() / 11);
     let mut at = 0;
     while at < body.len() {
         const DOUBLE: u8 = 0x01;

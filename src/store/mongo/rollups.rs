@@ -10,10 +10,10 @@ use super::{MongoStore, classify};
 use crate::domain::{BucketRead, Granularity, Period, RollupRead, Slot};
 use crate::store::StoreError;
 use crate::store::command::Limits;
-use crate::store::document::{read_bucket, start_date};
-use crate::store::raw_writer::{Writer, index_key};
+use crate::store::document::start_date;
+use crate::store::raw_writer::{self, Writer, index_key};
 use crate::store::rollup::{
-    Hour, all_slots, read_rollup, roll_day, roll_hour, statement, statement_removing,
+    Hour, ReadBack, all_slots, read_rollup, roll_day, roll_hour, roll_hours_of, write_statement,
 };
 use crate::store::upkeep::{HOUR, Job};
 
@@ -84,36 +84,111 @@ fn series_parts(jobs: &[Job], series: usize) -> Vec<Vec<Job>> {
     parts
 }
 
-/// Rollup statements waiting for their command, sent once they fill one:
-/// a roll-up of many series holds one command's worth at a time (an hour
-/// document's statement is some 25 KB; a backfill's 1 200 series-hours
-/// were 30 MB at once).
-#[derive(Default)]
+/// Rollup statements written straight into their `update` command, which
+/// goes out once the next statement would not fit it: a roll-up of many
+/// series holds one command at a time (an hour document's statement is some
+/// 25 KB; a backfill's 1 200 series-hours were 30 MB at once), and each
+/// statement is written once, where it had been built alone and copied in.
 struct Outbox {
-    statements: Vec<RawDocumentBuf>,
-    bytes: usize,
+    collection: String,
+    limits: Limits,
+    open: Option<Open>,
+}
+
+/// The command being written.
+struct Open {
+    w: Writer,
+    root: raw_writer::Open,
+    updates: raw_writer::Open,
+    /// Bytes before the first statement.
+    header: usize,
+    statements: usize,
 }
 
 impl Outbox {
-    /// Adds `statement`; answers the statements before it when it would not
-    /// fit their command (as [`MongoStore::write_rollups`] cuts them), to be
-    /// sent now.
-    fn push(&mut self, statement: RawDocumentBuf, limits: &Limits) -> Option<Vec<RawDocumentBuf>> {
-        let len = statement.as_bytes().len();
-        let full = !self.statements.is_empty()
-            && (self.bytes + len > limits.command_budget() / 2
-                || self.statements.len() >= limits.max_write_batch_size.max(1));
-        let ready = full.then(|| self.take());
-        self.bytes += len;
-        self.statements.push(statement);
-        ready
+    fn new(collection: &str, limits: Limits) -> Self {
+        Self {
+            collection: collection.to_owned(),
+            limits,
+            open: None,
+        }
     }
 
-    fn take(&mut self) -> Vec<RawDocumentBuf> {
-        self.bytes = 0;
-        std::mem::take(&mut self.statements)
+    /// Writes a statement: `write` writes it as the element with the key it
+    /// is given, and may be called twice. Answers the command before it,
+    /// with its statement count, when the statement would take its
+    /// statements past half the command budget or the command holds the
+    /// most a write batch may: to be sent now.
+    fn push(
+        &mut self,
+        write: impl Fn(&mut Writer, &str),
+    ) -> Result<Option<(RawDocumentBuf, usize)>, StoreError> {
+        let budget = self.limits.command_budget() / 2;
+        let max = self.limits.max_write_batch_size.max(1);
+        let mut ready = None;
+        if self.open.as_ref().is_some_and(|c| c.statements >= max) {
+            ready = self.take()?;
+        }
+        let mut key = [0; 20];
+        let c = self
+            .open
+            .get_or_insert_with(|| open(&self.collection, budget));
+        let before = c.w.written();
+        write(&mut c.w, index_key(c.statements, &mut key));
+        if c.statements > 0 && c.w.written() - c.header > budget {
+            c.w.truncate(before);
+            ready = self.take()?;
+            let c = self
+                .open
+                .get_or_insert_with(|| open(&self.collection, budget));
+            write(&mut c.w, index_key(0, &mut key));
+            c.statements = 1;
+        } else {
+            c.statements += 1;
+        }
+        Ok(ready)
+    }
+
+    /// The command written so far, if any, closed.
+    fn take(&mut self) -> Result<Option<(RawDocumentBuf, usize)>, StoreError> {
+        let Some(Open {
+            mut w,
+            root,
+            updates,
+            statements,
+            ..
+        }) = self.open.take()
+        else {
+            return Ok(None);
+        };
+        w.end(updates);
+        w.boolean("ordered", false);
+        w.end(root);
+        let command = w
+            .finish()
+            .map_err(|e| StoreError::Unclassed(format!("a rollup command: {e}")))?;
+        Ok(Some((command, statements)))
     }
 }
+
+/// A new `update` command on `collection`, with room for `budget` bytes of
+/// statements (only the pages written are ever touched).
+fn open(collection: &str, budget: usize) -> Open {
+    let mut w = Writer::with_capacity(budget.min(MAX_PRESIZED) + 64 * 1024);
+    let root = w.root();
+    w.string("update", collection);
+    let updates = w.array("updates");
+    Open {
+        header: w.written(),
+        w,
+        root,
+        updates,
+        statements: 0,
+    }
+}
+
+/// The most a command's buffer is sized up front.
+const MAX_PRESIZED: usize = 16 << 20;
 
 /// What a roll-up read and wrote, for the write and read counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -263,7 +338,7 @@ impl MongoStore {
         }
         let rolled = self.roll_hours(&hours, written, &mut cost).await?;
         // Hour documents (minute buckets), then the day documents' slots.
-        let mut outbox = Outbox::default();
+        let mut outbox = Outbox::new(self.rollups.name(), self.limits);
         if self.granularity == Granularity::Minute {
             for (series, hs) in &rolled {
                 let (sensor, metric) = series;
@@ -276,22 +351,45 @@ impl MongoStore {
                         } else {
                             slots.iter().map(|s| s.start).collect()
                         };
-                        let s =
-                            statement_removing(sensor, metric, Period::Hour, h.start, &slots, &all);
-                        if let Some(ready) = outbox.push(s, &self.limits) {
+                        let s = |w: &mut Writer, key: &str| {
+                            write_statement(
+                                w,
+                                key,
+                                sensor,
+                                metric,
+                                Period::Hour,
+                                h.start,
+                                &slots,
+                                &all,
+                            );
+                        };
+                        if let Some(ready) = outbox.push(s)? {
                             self.write_rollups(ready, &mut cost).await?;
                         }
                     } else if !h.minutes.is_empty() {
                         let slots = every_slot(Period::Hour, h.start, &h.minutes);
-                        let s = statement(sensor, metric, Period::Hour, h.start, &slots);
-                        if let Some(ready) = outbox.push(s, &self.limits) {
+                        let s = |w: &mut Writer, key: &str| {
+                            write_statement(
+                                w,
+                                key,
+                                sensor,
+                                metric,
+                                Period::Hour,
+                                h.start,
+                                &slots,
+                                &[],
+                            );
+                        };
+                        if let Some(ready) = outbox.push(s)? {
                             self.write_rollups(ready, &mut cost).await?;
                         }
                     }
                 }
             }
         }
-        self.write_rollups(outbox.take(), &mut cost).await?;
+        if let Some(ready) = outbox.take()? {
+            self.write_rollups(ready, &mut cost).await?;
+        }
         let mut thirty: BTreeMap<(Series, i64), Vec<Slot>> = BTreeMap::new();
         // Days with replaced hours: their 30-day slots are replaced too.
         let mut forced: BTreeMap<(Series, i64), Vec<i64>> = BTreeMap::new();
@@ -315,15 +413,19 @@ impl MongoStore {
                 // A day of nothing that only lifts into its thirty days
                 // needs no document of its own.
                 if !(empty && lifted && stored.is_none()) {
-                    let s = statement_removing(
-                        &series.0,
-                        &series.1,
-                        Period::Day,
-                        day,
-                        slots,
-                        &replaced,
-                    );
-                    if let Some(ready) = outbox.push(s, &self.limits) {
+                    let s = |w: &mut Writer, key: &str| {
+                        write_statement(
+                            w,
+                            key,
+                            &series.0,
+                            &series.1,
+                            Period::Day,
+                            day,
+                            slots,
+                            &replaced,
+                        );
+                    };
+                    if let Some(ready) = outbox.push(s)? {
                         self.write_rollups(ready, &mut cost).await?;
                     }
                 }
@@ -354,17 +456,32 @@ impl MongoStore {
                 }
             }
         }
-        self.write_rollups(outbox.take(), &mut cost).await?;
-        let statements = thirty
-            .iter()
-            .map(|((series, p), slots)| {
-                let replaced = forced
-                    .get(&(series.clone(), *p))
-                    .map_or(&[][..], Vec::as_slice);
-                statement_removing(&series.0, &series.1, Period::Days30, *p, slots, replaced)
-            })
-            .collect();
-        self.write_rollups(statements, &mut cost).await?;
+        if let Some(ready) = outbox.take()? {
+            self.write_rollups(ready, &mut cost).await?;
+        }
+        for ((series, p), slots) in &thirty {
+            let replaced = forced
+                .get(&(series.clone(), *p))
+                .map_or(&[][..], Vec::as_slice);
+            let s = |w: &mut Writer, key: &str| {
+                write_statement(
+                    w,
+                    key,
+                    &series.0,
+                    &series.1,
+                    Period::Days30,
+                    *p,
+                    slots,
+                    replaced,
+                );
+            };
+            if let Some(ready) = outbox.push(s)? {
+                self.write_rollups(ready, &mut cost).await?;
+            }
+        }
+        if let Some(ready) = outbox.take()? {
+            self.write_rollups(ready, &mut cost).await?;
+        }
         Ok(cost)
     }
 
@@ -405,8 +522,10 @@ impl MongoStore {
         // so the values held at once are one chunk's, not every hour's.
         for ((from, to), series) in &runs {
             for chunk in series.chunks(SENSORS_PER_READ) {
-                let mut buckets: HashMap<Series, HashMap<i64, Vec<BucketRead>>> = HashMap::new();
-                let wanted: BTreeSet<&Series> = chunk.iter().copied().collect();
+                let mut read = ReadBack::new(
+                    self.granularity,
+                    chunk.iter().map(|s| (s.0.as_str(), s.1.as_str())),
+                );
                 let mut filter = series_filter(chunk.iter().copied());
                 filter.insert(
                     "start",
@@ -420,27 +539,14 @@ impl MongoStore {
                 cost.round_trips += self
                     .each_document(query, true, classify, |d| {
                         cost.buckets_read += 1;
-                        let key = series_of(d);
-                        if wanted.contains(&key) {
-                            let b = read_bucket(d, self.granularity)?;
-                            let hour = b.start - b.start.rem_euclid(HOUR);
-                            buckets
-                                .entry(key)
-                                .or_default()
-                                .entry(hour)
-                                .or_default()
-                                .push(b);
-                        }
-                        Ok(())
+                        read.add(d, |_, _| true).map(drop)
                     })
                     .await?;
                 for &series in chunk {
+                    let buckets = read.take(&series.0, &series.1);
                     let rolled = out.entry(series.clone()).or_default();
-                    let mut read = buckets.remove(series).unwrap_or_default();
-                    for h in (*from..*to).step_by(HOUR as usize) {
-                        let mut bs = read.remove(&h).unwrap_or_default();
-                        bs.sort_by_key(|b| b.start);
-                        rolled.insert(h, roll_hour(self.granularity, h, &bs));
+                    for hour in roll_hours_of(self.granularity, *from, *to, &buckets) {
+                        rolled.insert(hour.start, hour);
                     }
                 }
             }
@@ -507,7 +613,10 @@ impl MongoStore {
                 if starts.is_empty() {
                     break;
                 }
-                let wanted: HashMap<&Series, u64> = chunk.iter().copied().collect();
+                let mut read = ReadBack::new(
+                    self.granularity,
+                    chunk.iter().map(|(s, _)| (s.0.as_str(), s.1.as_str())),
+                );
                 let mut filter = series_filter(chunk.iter().map(|&(s, _)| s));
                 filter.insert("start", doc! { "$in": starts.clone() });
                 let query = self
@@ -518,22 +627,28 @@ impl MongoStore {
                 cost.round_trips += self
                     .each_document(query, true, classify, |d| {
                         cost.buckets_read += 1;
-                        let key = series_of(d);
-                        let b = read_bucket(d, self.granularity)?;
-                        let k = (b.start - h) / 60;
-                        if wanted.get(&key).is_some_and(|m| m & (1 << k) != 0) {
-                            fresh.entry((key, h)).or_default().push(b);
-                        }
-                        Ok(())
+                        // Only the minutes this series asked (the read is of
+                        // the union of every series' minutes).
+                        let asked = |position: usize, start: i64| {
+                            let k = (start - h).div_euclid(60);
+                            (0..60).contains(&k)
+                                && chunk.get(position).is_some_and(|&(_, m)| m & (1 << k) != 0)
+                        };
+                        read.add(d, asked).map(drop)
                     })
                     .await?;
+                for &(series, _) in chunk {
+                    let buckets = read.take(&series.0, &series.1);
+                    if !buckets.is_empty() {
+                        fresh.insert((series.clone(), h), buckets);
+                    }
+                }
             }
         }
         for (&h, (list, _)) in &plan {
             for &(series, minutes) in list {
                 let doc = &stored[&(series.clone(), h)];
-                let mut bs = fresh.remove(&(series.clone(), h)).unwrap_or_default();
-                bs.sort_by_key(|b| b.start);
+                let bs = fresh.remove(&(series.clone(), h)).unwrap_or_default();
                 let read = roll_hour(Granularity::Minute, h, &bs);
                 // The hour's slots: the ones read, and the stored ones of the
                 // minutes not read (complete, so equal to their buckets).
@@ -623,40 +738,10 @@ impl MongoStore {
     /// again, or the operator rebuilds).
     async fn write_rollups(
         &self,
-        encoded: Vec<RawDocumentBuf>,
+        (command, statements): (RawDocumentBuf, usize),
         cost: &mut Upkept,
     ) -> Result<(), StoreError> {
-        if encoded.is_empty() {
-            return Ok(());
-        }
-        let budget = self.limits.command_budget() / 2;
-        let max = self.limits.max_write_batch_size.max(1);
-        let mut start = 0;
-        while start < encoded.len() {
-            let mut end = start;
-            let mut bytes = 0;
-            while end < encoded.len()
-                && end - start < max
-                && (end == start || bytes + encoded[end].as_bytes().len() <= budget)
-            {
-                bytes += encoded[end].as_bytes().len();
-                end += 1;
-            }
-            // Each statement copied once, into the command's own buffer.
-            let mut w = Writer::with_capacity(bytes + 256);
-            let root = w.root();
-            w.string("update", self.rollups.name());
-            let updates = w.array("updates");
-            let mut key = [0; 20];
-            for (i, s) in encoded[start..end].iter().enumerate() {
-                w.raw_document(index_key(i, &mut key), s);
-            }
-            w.end(updates);
-            w.boolean("ordered", false);
-            w.end(root);
-            let command = w
-                .finish()
-                .map_err(|e| StoreError::Unclassed(format!("a rollup command: {e}")))?;
+        {
             let reply = self.run_raw_write(command, "a rollup update").await?;
             cost.round_trips += 1;
             if let Ok(errors) = reply.get_array("writeErrors")
@@ -675,8 +760,7 @@ impl MongoStore {
                     crate::store::errors::Class::Poison => StoreError::Poison(message),
                 });
             }
-            cost.rollups_written += (end - start) as u64;
-            start = end;
+            cost.rollups_written += statements as u64;
         }
         Ok(())
     }
@@ -766,9 +850,10 @@ mod tests {
     }
 
     proptest! {
-        /// Whatever the statements' sizes, every batch the outbox lets go
-        /// fits one command, nothing is lost or reordered, and a batch is
-        /// let go only when the next statement would not fit it.
+        /// Whatever the statements' sizes, every command the outbox lets go
+        /// is an `update` of the rollups that fits the limits, nothing is
+        /// lost or reordered, and a command is let go only when the next
+        /// statement would not fit it.
         #[test]
         fn the_outbox_lets_go_whole_commands_in_order(
             sizes in prop::collection::vec(0usize..300, 0..60),
@@ -780,23 +865,47 @@ mod tests {
                 max_write_batch_size: batch,
             };
             let budget = limits.command_budget() / 2;
+            // A statement's bytes in its command: type, index key, its own.
+            let element = |i: usize, d: &RawDocumentBuf| 2 + i.to_string().len() + d.as_bytes().len();
+            let elements = |ds: &[RawDocumentBuf]| -> usize {
+                ds.iter().enumerate().map(|(i, d)| element(i, d)).sum()
+            };
             let statements: Vec<RawDocumentBuf> = sizes
                 .iter()
                 .enumerate()
                 .map(|(i, &n)| mongodb::bson::rawdoc! { "i": i as i64, "pad": "x".repeat(n) })
                 .collect();
-            let mut outbox = Outbox::default();
+            let mut outbox = Outbox::new("rollups", limits);
             let mut sent: Vec<Vec<RawDocumentBuf>> = Vec::new();
-            for s in &statements {
-                if let Some(ready) = outbox.push(s.clone(), &limits) {
-                    let bytes: usize = ready.iter().map(|d| d.as_bytes().len()).sum();
-                    prop_assert!(ready.len() <= batch);
-                    prop_assert!(ready.len() == 1 || bytes <= budget);
-                    prop_assert!(ready.len() == batch || bytes + s.as_bytes().len() > budget);
-                    sent.push(ready);
+            let check = |command: RawDocumentBuf, count: usize| -> Result<Vec<RawDocumentBuf>, TestCaseError> {
+                prop_assert_eq!(command.get_str("update"), Ok("rollups"));
+                prop_assert_eq!(command.get_bool("ordered"), Ok(false));
+                let updates: Vec<RawDocumentBuf> = command
+                    .get_array("updates")
+                    .expect("updates")
+                    .into_iter()
+                    .map(|u| u.expect("readable").as_document().expect("a statement").to_raw_document_buf())
+                    .collect();
+                prop_assert_eq!(updates.len(), count);
+                prop_assert!(count <= batch);
+                let bytes = elements(&updates);
+                prop_assert!(count == 1 || bytes <= budget, "{} bytes of statements", bytes);
+                Ok(updates)
+            };
+            for (i, s) in statements.iter().enumerate() {
+                let write = |w: &mut Writer, key: &str| w.raw_document(key, s);
+                if let Some((command, count)) = outbox.push(write).expect("closes") {
+                    sent.push(check(command, count)?);
+                    let last = sent.last().expect("just sent");
+                    let next = element(last.len(), s);
+                    prop_assert!(last.len() == batch || elements(last) + next > budget);
+                    prop_assert_eq!(sent.iter().map(Vec::len).sum::<usize>(), i);
                 }
             }
-            sent.push(outbox.take());
+            if let Some((command, count)) = outbox.take().expect("closes") {
+                sent.push(check(command, count)?);
+            }
+            prop_assert!(outbox.take().expect("empty").is_none());
             let all: Vec<RawDocumentBuf> = sent.into_iter().flatten().collect();
             prop_assert_eq!(all, statements);
         }
