@@ -482,7 +482,8 @@ fn samples_into(b: &BucketRead, out: &mut Vec<Sample>) {
 /// Buckets read back for a roll-up, kept per series asked. A document's
 /// series is looked up by the names borrowed from its bytes, so reading one
 /// allocates only its values: a pass reads back every bucket late flushes
-/// wrote, as many as the readings over 60 (a fifth of a late load's CPU).
+/// wrote, one per 60 readings (reading them back was a tenth of a late
+/// line-protocol load's CPU).
 pub struct ReadBack<'a> {
     granularity: Granularity,
     /// Each series asked, by names, to its position (in the order given).

@@ -227,7 +227,7 @@ impl MongoStore {
     ///
     /// `replace`: the jobs' hours are rolled up again after a delete may
     /// have removed readings, so their spans without readings remove the
-    /// stored slots (late hours only: see `rollup::statement_removing`).
+    /// stored slots (late hours only: see `rollup::write_statement`).
     ///
     /// A series' first roll-up of an ended day fills in every hour of its
     /// thirty days not rolled up yet (up to 720): the series are rolled up
@@ -732,36 +732,35 @@ impl MongoStore {
         Ok(out)
     }
 
-    /// Sends rollup statements in `update` commands within the server's
-    /// limits, with the URI's write concern. A statement refused is an
-    /// error for the whole roll-up (rollups are derived: the batch is sent
-    /// again, or the operator rebuilds).
+    /// Sends one rollup `update` command of [`Outbox`] (`statements`
+    /// statements, within the server's limits), with the URI's write
+    /// concern. A statement refused is an error for the whole roll-up
+    /// (rollups are derived: the batch is sent again, or the operator
+    /// rebuilds).
     async fn write_rollups(
         &self,
         (command, statements): (RawDocumentBuf, usize),
         cost: &mut Upkept,
     ) -> Result<(), StoreError> {
+        let reply = self.run_raw_write(command, "a rollup update").await?;
+        cost.round_trips += 1;
+        if let Ok(errors) = reply.get_array("writeErrors")
+            && let Some(first) = errors.iter().filter_map(Bson::as_document).next()
         {
-            let reply = self.run_raw_write(command, "a rollup update").await?;
-            cost.round_trips += 1;
-            if let Ok(errors) = reply.get_array("writeErrors")
-                && let Some(first) = errors.iter().filter_map(Bson::as_document).next()
-            {
-                let code = first.get_i32("code").unwrap_or_default();
-                let message = format!(
-                    "{} rollup statements refused, first: code {code}: {}",
-                    errors.len(),
-                    first.get_str("errmsg").unwrap_or_default()
-                );
-                // Two writers creating one document: the loser is sent again.
-                return Err(match crate::store::errors::classify_write_error(code) {
-                    _ if code == crate::store::errors::DUPLICATE_KEY => StoreError::Outage(message),
-                    crate::store::errors::Class::Outage => StoreError::Outage(message),
-                    crate::store::errors::Class::Poison => StoreError::Poison(message),
-                });
-            }
-            cost.rollups_written += statements as u64;
+            let code = first.get_i32("code").unwrap_or_default();
+            let message = format!(
+                "{} rollup statements refused, first: code {code}: {}",
+                errors.len(),
+                first.get_str("errmsg").unwrap_or_default()
+            );
+            // Two writers creating one document: the loser is sent again.
+            return Err(match crate::store::errors::classify_write_error(code) {
+                _ if code == crate::store::errors::DUPLICATE_KEY => StoreError::Outage(message),
+                crate::store::errors::Class::Outage => StoreError::Outage(message),
+                crate::store::errors::Class::Poison => StoreError::Poison(message),
+            });
         }
+        cost.rollups_written += statements as u64;
         Ok(())
     }
 }
