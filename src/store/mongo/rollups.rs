@@ -343,46 +343,32 @@ impl MongoStore {
             for (series, hs) in &rolled {
                 let (sensor, metric) = series;
                 for h in hs.values() {
-                    if replaces(series, h.start) {
-                        let slots = every_slot(Period::Hour, h.start, &h.minutes);
-                        // The minutes computed afresh: all of them, or those read again.
-                        let all: Vec<i64> = if h.partial {
-                            h.minutes.iter().map(|s| s.start).collect()
-                        } else {
-                            slots.iter().map(|s| s.start).collect()
-                        };
-                        let s = |w: &mut Writer, key: &str| {
-                            write_statement(
-                                w,
-                                key,
-                                sensor,
-                                metric,
-                                Period::Hour,
-                                h.start,
-                                &slots,
-                                &all,
-                            );
-                        };
-                        if let Some(ready) = outbox.push(s)? {
-                            self.write_rollups(ready, &mut cost).await?;
-                        }
-                    } else if !h.minutes.is_empty() {
-                        let slots = every_slot(Period::Hour, h.start, &h.minutes);
-                        let s = |w: &mut Writer, key: &str| {
-                            write_statement(
-                                w,
-                                key,
-                                sensor,
-                                metric,
-                                Period::Hour,
-                                h.start,
-                                &slots,
-                                &[],
-                            );
-                        };
-                        if let Some(ready) = outbox.push(s)? {
-                            self.write_rollups(ready, &mut cost).await?;
-                        }
+                    let replacing = replaces(series, h.start);
+                    if !replacing && h.minutes.is_empty() {
+                        continue;
+                    }
+                    let slots = every_slot(Period::Hour, h.start, &h.minutes);
+                    // Replaced: the minutes computed afresh, all of them or
+                    // those read again.
+                    let replaced: Vec<i64> = match (replacing, h.partial) {
+                        (false, _) => Vec::new(),
+                        (true, true) => h.minutes.iter().map(|s| s.start).collect(),
+                        (true, false) => slots.iter().map(|s| s.start).collect(),
+                    };
+                    let s = |w: &mut Writer, key: &str| {
+                        write_statement(
+                            w,
+                            key,
+                            sensor,
+                            metric,
+                            Period::Hour,
+                            h.start,
+                            &slots,
+                            &replaced,
+                        );
+                    };
+                    if let Some(ready) = outbox.push(s)? {
+                        self.write_rollups(ready, &mut cost).await?;
                     }
                 }
             }
