@@ -23,7 +23,7 @@ use hashbrown::HashMap;
 pub use self::labels::LabelSync;
 use self::parse::{
     FieldValue, Kind, Line, Lines, ParseError, Text, parse_fields, parse_line, parse_text,
-    series_end,
+    series_end, value_field,
 };
 pub use self::settings::Settings;
 use super::decode::DecodeContext;
@@ -367,6 +367,20 @@ fn decode_line<'a>(
             let end = series_end(text.as_bytes());
             match end.and_then(|end| Some((end, seen.series.get(&text[..end])?))) {
                 Some((end, series)) => {
+                    // The common line, a known series' `value`: pushed
+                    // without the general field loop.
+                    if let (Some((group, metric)), Some((value, ts))) =
+                        (&series.value, value_field(&text.as_bytes()[end..]))
+                    {
+                        out.readings.push(Reading {
+                            sensor: series.sensor.clone(),
+                            metric: metric.clone(),
+                            ts: seconds(ts, precision, ctx)?,
+                            value,
+                        });
+                        out.groups.push(*group);
+                        return Ok(());
+                    }
                     let series = series.clone();
                     parse_fields(text, end, line)?;
                     series
@@ -386,13 +400,7 @@ fn decode_line<'a>(
             identify(line, sensor_tags, seen, out)?
         }
     };
-    let ts = match line.timestamp {
-        Some(ts) => {
-            let ts = precision.to_seconds(ts).ok_or(Refusal::Range)?;
-            ctx.window.check(ts, ctx.now).map_err(Refusal::Timestamp)?
-        }
-        None => ctx.now,
-    };
+    let ts = seconds(line.timestamp, precision, ctx)?;
     let measurement = series.measurement.raw();
     for &(key, field) in &line.fields {
         let value = match field {
@@ -435,6 +443,18 @@ fn decode_line<'a>(
         out.groups.push(group);
     }
     Ok(())
+}
+
+/// A line's timestamp in `precision` as epoch seconds inside the window
+/// (the time received if it has none).
+fn seconds(ts: Option<i64>, precision: Precision, ctx: &DecodeContext) -> Result<i64, Refusal> {
+    match ts {
+        Some(ts) => {
+            let ts = precision.to_seconds(ts).ok_or(Refusal::Range)?;
+            ctx.window.check(ts, ctx.now).map_err(Refusal::Timestamp)
+        }
+        None => Ok(ctx.now),
+    }
 }
 
 /// The sensor of a parsed line, its labels checked (and each distinct tag
@@ -858,8 +878,22 @@ mod tests {
         "9lives,sensor=s1",
     ];
     /// Field sets and timestamps, valid or not.
-    const REST: [&str; 8] = [
+    /// The first ones are the shape decoded without the general field loop
+    /// and shapes at its edges, which the general loop takes.
+    const REST: [&str; 20] = [
         "value=21.5 1700000000",
+        "value=-0.0 1700000000",
+        "value=7",
+        "value=9007199254740993 1700000000",
+        "value=1234567890.1234567891 1700000000",
+        "value=0.0000000000000000000001 1700000000",
+        "value=12. 1700000000",
+        "value=.5 1700000000",
+        "value=5  1700000000",
+        "value=5 1700000000 ",
+        "value=5 +1700000000",
+        "value=5 -1700000000",
+        "value=5 99999999999999999999",
         "value=3i,max=4u",
         "value=1,note=\"a b\" 1699999990",
         "value=abc 1700000000",
@@ -904,17 +938,17 @@ mod tests {
             let mut reasons = Vec::new();
             for (i, line) in lines.iter().enumerate() {
                 let alone = decode(line.as_bytes(), Precision::Seconds, &ctx(1000), &tags(), &arena).expect("in bounds");
-                readings.extend(alone.readings.iter().map(|r| (r.sensor.to_string(), r.metric.to_string(), r.ts, r.value)));
+                readings.extend(alone.readings.iter().map(|r| (r.sensor.to_string(), r.metric.to_string(), r.ts, r.value.to_bits())));
                 reasons.extend(alone.errors.into_iter().map(|e| (i + 1, e.reason)));
             }
-            let got: Vec<_> = whole.readings.iter().map(|r| (r.sensor.to_string(), r.metric.to_string(), r.ts, r.value)).collect();
+            let got: Vec<_> = whole.readings.iter().map(|r| (r.sensor.to_string(), r.metric.to_string(), r.ts, r.value.to_bits())).collect();
             prop_assert_eq!(&got, &readings);
             let got: Vec<_> = whole.errors.iter().map(|e| (e.line, e.reason.clone())).collect();
             prop_assert_eq!(got, reasons);
             // Grouped: each sensor and metric's readings together, in order.
             let mut grouped = whole;
             grouped.group_by_series();
-            let got: Vec<_> = grouped.readings.iter().map(|r| (r.sensor.to_string(), r.metric.to_string(), r.ts, r.value)).collect();
+            let got: Vec<_> = grouped.readings.iter().map(|r| (r.sensor.to_string(), r.metric.to_string(), r.ts, r.value.to_bits())).collect();
             prop_assert!(is_stable_grouping(&got, &readings, |r| (r.0.clone(), r.1.clone())), "{:?}", got);
         }
 

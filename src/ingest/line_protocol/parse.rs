@@ -354,6 +354,73 @@ pub fn parse_fields<'a>(s: &'a str, mut i: usize, out: &mut Line<'a>) -> Result<
     Ok(())
 }
 
+/// The rest of a line after its series when it is the common shape, one
+/// field `value` holding a plain decimal and an optional timestamp
+/// (` value=21.5 1700000000`): its value and timestamp, as
+/// [`parse_fields`] would parse them. Anything else answers `None` and is
+/// left to [`parse_fields`], errors included. A third of a line's cost was
+/// the general field loop and `str::parse::<f64>`.
+pub fn value_field(rest: &[u8]) -> Option<(f64, Option<i64>)> {
+    let rest = rest.strip_prefix(b" value=")?;
+    let (value, rest) = plain_decimal(rest)?;
+    match rest {
+        [] => Some((value, None)),
+        [b' ', ts @ ..] if ts.first().is_some_and(u8::is_ascii_digit) => {
+            // Digits to the end: `parse_int` refuses anything else.
+            Some((value, Some(parse_int(ts)?)))
+        }
+        _ => None,
+    }
+}
+
+/// `-?[0-9]+(.[0-9]+)?` at the start of `b`, ending at its end or a space,
+/// when it converts exactly: at most 19 digits whose integer fits in 53
+/// bits, and at most 22 after the point. Then the digits and the power of
+/// ten are both exact as `f64` and one division rounds correctly (Clinger's
+/// fast path, which `str::parse` also takes for these), so the answer is
+/// `str::parse`'s to the bit.
+fn plain_decimal(b: &[u8]) -> Option<(f64, &[u8])> {
+    const POWERS: [f64; 23] = [
+        1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16,
+        1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
+    ];
+    let (negative, digits) = match b {
+        [b'-', rest @ ..] => (true, rest),
+        _ => (false, b),
+    };
+    let mut mantissa: u64 = 0;
+    let mut count = 0usize;
+    let mut i = 0;
+    while let Some(&c) = digits.get(i).filter(|c| c.is_ascii_digit()) {
+        mantissa = mantissa.wrapping_mul(10).wrapping_add(u64::from(c - b'0'));
+        i += 1;
+    }
+    if i == 0 {
+        return None;
+    }
+    count += i;
+    let mut fraction = 0;
+    if digits.get(i) == Some(&b'.') {
+        i += 1;
+        let from = i;
+        while let Some(&c) = digits.get(i).filter(|c| c.is_ascii_digit()) {
+            mantissa = mantissa.wrapping_mul(10).wrapping_add(u64::from(c - b'0'));
+            i += 1;
+        }
+        fraction = i - from;
+        if fraction == 0 {
+            return None;
+        }
+        count += fraction;
+    }
+    let rest = &digits[i..];
+    if count > 19 || mantissa > 1 << 53 || !matches!(rest.first(), None | Some(b' ')) {
+        return None;
+    }
+    let value = mantissa as f64 / *POWERS.get(fraction)?;
+    Some((if negative { -value } else { value }, rest))
+}
+
 /// Parses the value starting at `i`; answers it and where it ended.
 fn field_value<'a>(
     s: &'a str,
@@ -393,6 +460,7 @@ fn field_value<'a>(
         ),
         b"t" | b"T" | b"true" | b"True" | b"TRUE" => FieldValue::Boolean(true),
         b"f" | b"F" | b"false" | b"False" | b"FALSE" => FieldValue::Boolean(false),
+        bytes if let Some((v, [])) = plain_decimal(bytes) => FieldValue::Float(v),
         bytes => {
             // A digit or a point after the sign: `parse` would also take
             // "inf" and "NaN", which line protocol does not have, and past
@@ -433,6 +501,52 @@ fn parse_int(num: &[u8]) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The shortcut answers only what the general field loop reads, and
+        /// takes every plain decimal of up to 15 digits.
+        #[test]
+        fn the_value_field_shortcut_reads_what_parse_fields_reads(
+            noise in "( value=| value=-| vaLue=|  value=)[0-9.e+ i-]{0,30}",
+            number in "-?[0-9]{1,10}(\\.[0-9]{1,10})?",
+            ts in proptest::option::of("[0-9]{1,19}"),
+        ) {
+            let plain = format!(" value={number}{}", ts.as_ref().map(|t| format!(" {t}")).unwrap_or_default());
+            let short = number.bytes().filter(u8::is_ascii_digit).count() <= 15;
+            for rest in [noise, plain.clone()] {
+                let text = format!("m{rest}");
+                let mut line = Line::default();
+                let general = parse_fields(&text, 1, &mut line).map(|()| line);
+                let Some((value, ts)) = value_field(rest.as_bytes()) else {
+                    prop_assert!(rest != plain || !short || general.is_err(), "{:?} not taken", text);
+                    continue;
+                };
+                let line = general.map_err(|e| TestCaseError::fail(format!("{e} for {text:?}")))?;
+                prop_assert_eq!(line.fields.len(), 1);
+                prop_assert_eq!(line.fields[0].0.raw(), "value");
+                let FieldValue::Float(v) = line.fields[0].1 else {
+                    return Err(TestCaseError::fail(format!("not a float: {text:?}")));
+                };
+                prop_assert_eq!(v.to_bits(), value.to_bits(), "{:?}", text);
+                if rest == plain {
+                    let std: f64 = number.parse().expect("a decimal");
+                    prop_assert_eq!(value.to_bits(), std.to_bits(), "{:?}", text);
+                }
+                prop_assert_eq!(line.timestamp, ts);
+            }
+        }
+
+        /// Decimals as `str::parse` reads them, to the bit.
+        #[test]
+        fn plain_decimals_are_std_s_to_the_bit(s in "-?[0-9]{1,22}(\\.[0-9]{1,25})?") {
+            if let Some((v, rest)) = plain_decimal(s.as_bytes()) {
+                prop_assert!(rest.is_empty());
+                let std: f64 = s.parse().expect("a decimal");
+                prop_assert_eq!(v.to_bits(), std.to_bits(), "{}", s);
+            }
+        }
+    }
 
     fn parse(line: &str) -> Result<Line<'_>, ParseError> {
         let mut out = Line::default();
