@@ -101,20 +101,31 @@ fn bit(start: i64) -> u64 {
 pub type Marks = std::collections::BTreeMap<i64, Vec<(String, u64)>>;
 
 /// The marks of `stored` updates whose hour has ended by `now`.
+///
+/// A flush holds a series' minutes of one hour as several updates: they are
+/// merged by the borrowed names first, so each series-hour's key is built
+/// once, not once per minute.
 pub fn marks<'a>(stored: impl IntoIterator<Item = &'a BucketUpdate>, now: i64) -> Marks {
-    let mut by_series: std::collections::BTreeMap<(i64, String), u64> = Default::default();
+    let mut by_series: std::collections::HashMap<(i64, &'a str, &'a str), u64> = Default::default();
     for u in stored {
         let start = u.key.start;
         let hour = start - start.rem_euclid(HOUR);
         if hour + HOUR > now {
             continue;
         }
-        let k = key(u.key.sensor.as_str(), u.key.metric.as_str());
-        *by_series.entry((hour, k)).or_default() |= bit(start);
+        *by_series
+            .entry((hour, u.key.sensor.as_str(), u.key.metric.as_str()))
+            .or_default() |= bit(start);
     }
     let mut out = Marks::new();
-    for ((hour, k), w) in by_series {
+    for ((hour, sensor, metric), w) in by_series {
+        let k = key(sensor, metric);
         out.entry(doc_id(hour, &k)).or_default().push((k, w));
+    }
+    // A document's entries in key order, as the command is written: the
+    // same flush writes the same bytes whatever the map's order.
+    for entries in out.values_mut() {
+        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     }
     out
 }
@@ -497,6 +508,35 @@ mod tests {
             let entries: Vec<(String, u64)> = series.into_iter().collect();
             let token = ObjectId::new();
             prop_assert_eq!(written_mark(id, &entries, token, now), mark_statement(id, &entries, token, now));
+        }
+
+        #[test]
+        fn marks_are_each_ended_series_hours_minutes_in_key_order(
+            ups in proptest::collection::vec((0usize..4, 0i64..180), 0..60),
+            now_min in 0i64..240,
+        ) {
+            let base = 1000 * HOUR;
+            let names = ["a", "a.b", "b:1", "a_b"];
+            let stored: Vec<BucketUpdate> = ups
+                .iter()
+                .map(|&(s, m)| update(names[s], base + m * 60))
+                .collect();
+            let now = base + now_min * 60;
+            // The model: one entry per series and ended hour, the union of
+            // its minutes' bits, a document's entries sorted by key.
+            let mut model: std::collections::BTreeMap<(i64, String), u64> = Default::default();
+            for u in &stored {
+                let hour = u.key.start - u.key.start.rem_euclid(HOUR);
+                if hour + HOUR <= now {
+                    *model.entry((hour, key(u.key.sensor.as_str(), u.key.metric.as_str()))).or_default() |=
+                        1 << ((u.key.start - hour) / 60);
+                }
+            }
+            let mut expected = Marks::new();
+            for ((hour, k), w) in model {
+                expected.entry(doc_id(hour, &k)).or_default().push((k, w));
+            }
+            prop_assert_eq!(marks(stored.iter(), now), expected);
         }
 
         #[test]
