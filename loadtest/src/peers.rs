@@ -681,6 +681,15 @@ pub async fn run(
         "driver_cpu_s_per_million": p.driver_s / n * 1e6, "peak_rss_mib": p.rss_mib, "bytes_per_reading": p.disk_bytes / n, "avg_1h_ms": p.avg_ms, "series_24h_ms": p.series_ms,
         "avg_1h_answer": p.avg_answer,
     })).collect::<Vec<_>>());
+    // Each VictoriaMetrics load in the order run, per round: the spread
+    // behind every ratio above.
+    report.set(
+        "victoria_metrics_cpu_s_per_million_by_round",
+        victorias
+            .iter()
+            .map(|vm| vm.iter().map(|c| c / n * 1e6).collect::<Vec<_>>())
+            .collect::<Vec<_>>(),
+    );
     report.set(
         "cpu_ratios_to_victoria_metrics",
         serde_json::json!({
