@@ -142,8 +142,8 @@ fn benches(c: &mut Criterion) {
                 &arena,
             )
             .expect("in bounds");
-            assert_eq!(d.readings.len(), READINGS);
-            d.readings.len()
+            assert_eq!(d.len(), READINGS);
+            d.len()
         })
     });
 
@@ -159,8 +159,8 @@ fn benches(c: &mut Criterion) {
                 &arena,
             )
             .expect("in bounds");
-            assert_eq!(d.readings.len(), READINGS);
-            d.readings.len()
+            assert_eq!(d.len(), READINGS);
+            d.len()
         })
     });
 
@@ -186,7 +186,7 @@ fn benches(c: &mut Criterion) {
                         )
                         .expect("in bounds");
                         batcher
-                            .offer(d.readings, None, Instant::now(), 0)
+                            .offer(d.readings(), None, Instant::now(), 0)
                             .expect("room");
                         batcher
                     },
@@ -200,11 +200,13 @@ fn benches(c: &mut Criterion) {
                             &arena,
                         )
                         .expect("in bounds");
-                        if grouped {
-                            d.group_by_series();
-                        }
+                        let readings = if grouped {
+                            d.take_grouped()
+                        } else {
+                            d.readings()
+                        };
                         batcher
-                            .offer(d.readings, None, Instant::now(), 1)
+                            .offer(readings, None, Instant::now(), 1)
                             .expect("room");
                         batcher
                     },

@@ -184,6 +184,10 @@ impl Principal {
         &self,
         mut sensors: impl Iterator<Item = &'s str>,
     ) -> Result<(), AuthError> {
+        // Not a pass over every reading of a request for nothing.
+        if self.sees_all_sensors() {
+            return Ok(());
+        }
         match sensors.find(|s| !self.may_access(s)) {
             None => Ok(()),
             Some(sensor) => Err(AuthError::Sensor {

@@ -180,15 +180,15 @@ async fn write<S: BucketStore>(
         metrics.rejected(Source::Http, Rejection::Invalid, decoded.refused);
     }
     metrics.line_protocol_strings.inc_by(decoded.strings as u64);
+    let readings = decoded.take_grouped();
     // A device token writes only its own sensors; one stranger refuses all.
-    if let Err(e) = principal.check_sensors(decoded.readings.iter().map(|r| r.sensor.as_str())) {
+    if let Err(e) = principal.check_sensors(readings.iter().map(|r| r.sensor.as_str())) {
         return InfluxError::new(api, StatusCode::FORBIDDEN, e.to_string()).into_response();
     }
     state.labels.offer(&decoded.labels);
-    decoded.group_by_series();
     let partial = (decoded.refused > 0).then(|| decoded.partial_write_message());
-    if !decoded.readings.is_empty() {
-        match submit(state, decoded.readings, Wait::Safe).await {
+    if !readings.is_empty() {
+        match submit(state, readings, Wait::Safe).await {
             Ok(Outcome::Safe | Outcome::Queued) => {}
             // As over MQTT: the readings are in the dead-letter collection
             // and retrying cannot help, so the write is not failed.

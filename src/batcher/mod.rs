@@ -199,9 +199,10 @@ impl Open {
         }
     }
 
-    fn new(since: Instant) -> Self {
+    /// An empty bucket about to take `readings` readings.
+    fn new(since: Instant, readings: usize) -> Self {
         Self {
-            values: Vec::with_capacity(INITIAL_VALUES),
+            values: Vec::with_capacity(readings.max(INITIAL_VALUES)),
             min_ack: i64::MAX,
             tickets: Vec::new(),
             readings: 0,
@@ -499,26 +500,41 @@ impl<W> Batcher<W> {
         let pending = &mut self.pending;
         // The run's first reading, its bucket's start, and the bucket.
         let mut run: Option<(&Reading<'_>, i64, &mut Open)> = None;
-        for r in readings {
-            let same = run.as_ref().is_some_and(|(first, start, _)| {
-                r.ts >= *start && r.ts - start < seconds && r.shares_names(first)
-            });
+        let in_run = |r: &Reading<'_>, first: &Reading<'_>, start: i64| {
+            r.ts >= start && r.ts - start < seconds && r.shares_names(first)
+        };
+        for (i, r) in readings.iter().enumerate() {
+            let same = run
+                .as_ref()
+                .is_some_and(|(first, start, _)| in_run(r, first, *start));
             if !same {
                 let start = granularity.bucket_start(r.ts);
+                // Room for the whole run at once: grown a reading at a time,
+                // a bucket's values were copied at each doubling.
+                // A bucket holds a value per second at most, however many
+                // readings repeat one.
+                let len = readings[i..]
+                    .iter()
+                    .take_while(|x| in_run(x, r, start))
+                    .count()
+                    .min(usize::try_from(seconds).unwrap_or(usize::MAX));
                 let key = BucketKeyRef {
                     sensor: r.sensor.as_str(),
                     metric: r.metric.as_str(),
                     start,
                 };
                 let open = match pending.get_mut(&key) {
-                    Some(open) => open,
+                    Some(open) => {
+                        open.values.reserve(len);
+                        open
+                    }
                     None => pending
                         .entry(BucketKey {
                             sensor: r.sensor.clone().into_owned(),
                             metric: r.metric.clone().into_owned(),
                             start,
                         })
-                        .or_insert_with(|| Open::new(now)),
+                        .or_insert_with(|| Open::new(now, len)),
                 };
                 match kind {
                     Kind::Prompt { ticket } => {

@@ -245,24 +245,34 @@ pub struct Slot {
 impl Slot {
     /// The slot starting at `start` of readings sorted by time (all inside it).
     pub fn of(start: i64, samples: &[Sample], n: u64) -> Self {
-        let summary = Summary::of(samples);
-        let rest = match samples {
-            [first, rest @ ..] if first.t == start && !rest.is_empty() => {
-                let sum = rest.iter().map(|s| s.v).sum();
-                let min = rest.iter().map(|s| s.v).fold(f64::INFINITY, f64::min);
-                let max = rest.iter().map(|s| s.v).fold(f64::NEG_INFINITY, f64::max);
-                Some(Rest {
-                    second: rest[0],
-                    sum,
-                    min,
-                    max,
-                })
-            }
-            _ => None,
+        let Some((&head, tail)) = samples.split_first() else {
+            return Self {
+                start,
+                summary: None,
+                n,
+                rest: None,
+            };
         };
+        // One pass for the summary and the rest's sum, min and max: the
+        // roll-up of every late hour runs this over each of its readings.
+        // The sum starts at -0.0, as `Iterator::sum` does.
+        let mut summary = Summary::one(head);
+        let (mut sum, mut min, mut max) = (-0.0, f64::INFINITY, f64::NEG_INFINITY);
+        for &x in tail {
+            summary.push(x);
+            sum += x.v;
+            min = f64::min(min, x.v);
+            max = f64::max(max, x.v);
+        }
+        let rest = (head.t == start && !tail.is_empty()).then(|| Rest {
+            second: tail[0],
+            sum,
+            min,
+            max,
+        });
         Self {
             start,
-            summary,
+            summary: Some(summary),
             n,
             rest,
         }

@@ -101,10 +101,24 @@ pub struct SensorLabels<'a> {
     pub labels: Vec<(Cow<'a, str>, Cow<'a, str>)>,
 }
 
+/// A reading as decoded: its series by number (see [`Decoded::series`]).
+/// A third of a [`Reading`]'s size, so a body's readings are written and
+/// reordered compactly before they become readings.
+#[derive(Debug, Clone, Copy)]
+struct Row {
+    series: u32,
+    ts: i64,
+    value: f64,
+}
+
 /// What a body decodes to.
 #[derive(Debug, Default)]
 pub struct Decoded<'a> {
-    pub readings: Vec<Reading<'a>>,
+    /// The readings in the body's order.
+    rows: Vec<Row>,
+    /// Each series' sensor and metric, by number: one per sensor and
+    /// metric, numbered from 0 in the order met.
+    series: Vec<(SensorId<'a>, MetricName<'a>)>,
     pub labels: Vec<SensorLabels<'a>>,
     /// The first [`MAX_DETAILS`] refused lines.
     pub errors: Vec<LineError>,
@@ -114,19 +128,68 @@ pub struct Decoded<'a> {
     pub lines: usize,
     /// String fields skipped.
     pub strings: usize,
-    /// Each reading's group: one per sensor and metric, numbered from 0 in
-    /// the order met (see [`Decoded::group_by_series`]).
-    groups: Vec<u32>,
-    group_count: u32,
 }
 
-impl Decoded<'_> {
-    /// Puts the readings of each series together, each series' in the
-    /// order they came. A body written in time order interleaves its series;
-    /// grouped, what takes the readings looks each bucket and series up once
-    /// per run instead of once per reading.
-    pub fn group_by_series(&mut self) {
-        group_stably(&mut self.readings, &mut self.groups, self.group_count);
+impl<'a> Decoded<'a> {
+    /// Readings taken.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    fn reading(&self, row: &Row) -> Reading<'a> {
+        let (sensor, metric) = &self.series[row.series as usize];
+        Reading {
+            sensor: sensor.clone(),
+            metric: metric.clone(),
+            ts: row.ts,
+            value: row.value,
+        }
+    }
+
+    /// The readings in the body's order.
+    pub fn readings(&self) -> Vec<Reading<'a>> {
+        self.rows.iter().map(|r| self.reading(r)).collect()
+    }
+
+    /// Takes the readings with each series' together, each series' in the
+    /// order they came (a stable counting sort by series). A body written
+    /// in time order interleaves its series; grouped, what takes the
+    /// readings looks each bucket and series up once per run instead of
+    /// once per reading.
+    pub fn take_grouped(&mut self) -> Vec<Reading<'a>> {
+        let rows = std::mem::take(&mut self.rows);
+        let mut next = vec![0u32; self.series.len()];
+        for r in &rows {
+            next[r.series as usize] += 1;
+        }
+        // Already together: one series, or a body written series by series.
+        let runs = 1 + rows
+            .windows(2)
+            .filter(|w| w[0].series != w[1].series)
+            .count();
+        if rows.len() < 2 || runs == next.iter().filter(|&&n| n > 0).count() {
+            return rows.iter().map(|r| self.reading(r)).collect();
+        }
+        let mut at = 0;
+        for n in &mut next {
+            (*n, at) = (at, at + *n);
+        }
+        // Each place's row, then the readings built in that order: written
+        // once each, in sequence, rather than swapped into place.
+        let mut order = vec![0u32; rows.len()];
+        for (i, r) in (0u32..).zip(&rows) {
+            let place = &mut next[r.series as usize];
+            order[*place as usize] = i;
+            *place += 1;
+        }
+        order
+            .iter()
+            .map(|&i| self.reading(&rows[i as usize]))
+            .collect()
     }
 
     /// InfluxDB's partial-write message: the refused lines and reasons.
@@ -179,44 +242,6 @@ enum Refusal {
     Range,
 }
 
-/// Reorders `items` so those of one group are together, in their order (a
-/// stable counting sort by group id, skipped when they already are).
-/// `groups` holds each item's group id, below `count`; it is used up.
-fn group_stably<T>(items: &mut [T], groups: &mut [u32], count: u32) {
-    debug_assert_eq!(items.len(), groups.len());
-    if items.len() < 2 {
-        return;
-    }
-    let mut next = vec![0u32; count as usize];
-    for &g in groups.iter() {
-        next[g as usize] += 1;
-    }
-    // Already together: one series, or a body written series by series.
-    let runs = 1 + groups.windows(2).filter(|w| w[0] != w[1]).count();
-    if runs == next.iter().filter(|&&n| n > 0).count() {
-        return;
-    }
-    let mut at = 0;
-    for n in &mut next {
-        (*n, at) = (at, at + *n);
-    }
-    // Each item's place, then the permutation applied in place: every swap
-    // puts one item where it belongs, so at most one swap per item.
-    let places = groups;
-    for p in places.iter_mut() {
-        let g = *p as usize;
-        *p = next[g];
-        next[g] += 1;
-    }
-    for i in 0..items.len() {
-        while places[i] as usize != i {
-            let j = places[i] as usize;
-            items.swap(i, j);
-            places.swap(i, j);
-        }
-    }
-}
-
 /// Per body: the metric names and tag sets met so far, so each distinct one
 /// is built and checked once.
 struct Seen<'a> {
@@ -230,10 +255,12 @@ struct Seen<'a> {
     /// Series (a line's text up to its first space) whose measurement, sensor
     /// and labels were taken: a line of one of them parses only its fields.
     series: HashMap<&'a str, Series<'a>>,
-    /// The group of each sensor and metric met: by name, not by series
-    /// text, so differently written tag sets of one sensor share a group
+    /// The number of each sensor and metric met: by name, not by series
+    /// text, so differently written tag sets of one sensor share a number
     /// and their readings keep their order.
     groups: HashMap<(SensorId<'a>, MetricName<'a>), u32>,
+    /// The series by number.
+    table: Vec<(SensorId<'a>, MetricName<'a>)>,
 }
 
 /// What a taken series parses to.
@@ -241,9 +268,9 @@ struct Seen<'a> {
 struct Series<'a> {
     measurement: Text<'a>,
     sensor: SensorId<'a>,
-    /// The metric of its field `value` (the common case) with its group,
-    /// if valid.
-    value: Option<(u32, MetricName<'a>)>,
+    /// The series number of its field `value` (the common case), if that
+    /// metric is valid.
+    value: Option<u32>,
 }
 
 impl<'a> Seen<'a> {
@@ -251,8 +278,11 @@ impl<'a> Seen<'a> {
     fn group(&mut self, sensor: &SensorId<'a>, metric: &MetricName<'a>) -> u32 {
         // Names borrowed from the body clone without allocating.
         let key = (sensor.clone(), metric.clone());
-        let next = u32::try_from(self.groups.len()).unwrap_or(u32::MAX);
-        *self.groups.entry(key).or_insert(next)
+        let next = u32::try_from(self.table.len()).unwrap_or(u32::MAX);
+        *self.groups.entry(key).or_insert_with(|| {
+            self.table.push((sensor.clone(), metric.clone()));
+            next
+        })
     }
 
     /// The metric of field `field` of measurement `measurement` (both raw).
@@ -297,20 +327,20 @@ pub fn decode<'a>(
         // rather than rehashed as it grows (bounded, as a body may repeat one).
         series: HashMap::with_capacity(line_count.min(MAX_PRESIZED_SERIES)),
         groups: HashMap::new(),
+        table: Vec::new(),
     };
     // Checked once for the body; a line is checked alone only if it fails.
     let text = std::str::from_utf8(body).ok();
     // About one reading per line: Telegraf writes one field per line unless
     // a plugin gathers several.
-    out.readings.reserve(line_count.min(ctx.max_readings));
-    out.groups.reserve(line_count.min(ctx.max_readings));
+    out.rows.reserve(line_count.min(ctx.max_readings));
     let mut lines = Lines::new(body);
     while let Some((number, bytes)) = lines.next() {
         let source = match text.and_then(|t| t.get(lines.start()..lines.start() + bytes.len())) {
             Some(text) => Source::Text(text),
             None => Source::Bytes(bytes),
         };
-        let before = out.readings.len();
+        let before = out.rows.len();
         let strings = out.strings;
         match decode_line(
             source,
@@ -323,15 +353,14 @@ pub fn decode<'a>(
         ) {
             Ok(()) => {
                 out.lines += 1;
-                if out.readings.len() > ctx.max_readings {
+                if out.rows.len() > ctx.max_readings {
                     return Err(TooMany {
                         max: ctx.max_readings,
                     });
                 }
             }
             Err(refusal) => {
-                out.readings.truncate(before);
-                out.groups.truncate(before);
+                out.rows.truncate(before);
                 out.strings = strings;
                 out.refused += 1;
                 if out.errors.len() < MAX_DETAILS {
@@ -343,7 +372,7 @@ pub fn decode<'a>(
             }
         }
     }
-    out.group_count = u32::try_from(seen.groups.len()).unwrap_or(u32::MAX);
+    out.series = seen.table;
     Ok(out)
 }
 
@@ -369,16 +398,14 @@ fn decode_line<'a>(
                 Some((end, series)) => {
                     // The common line, a known series' `value`: pushed
                     // without the general field loop.
-                    if let (Some((group, metric)), Some((value, ts))) =
+                    if let (Some(group), Some((value, ts))) =
                         (&series.value, value_field(&text.as_bytes()[end..]))
                     {
-                        out.readings.push(Reading {
-                            sensor: series.sensor.clone(),
-                            metric: metric.clone(),
+                        out.rows.push(Row {
+                            series: *group,
                             ts: seconds(ts, precision, ctx)?,
                             value,
                         });
-                        out.groups.push(*group);
                         return Ok(());
                     }
                     let series = series.clone();
@@ -413,13 +440,13 @@ fn decode_line<'a>(
                 continue;
             }
         };
-        let metric = if key.raw() == "value" {
-            series.value.clone()
+        let group = if key.raw() == "value" {
+            series.value
         } else {
             seen.metric(measurement, key.raw())
-                .map(|m| (seen.group(&series.sensor, &m), m))
+                .map(|m| seen.group(&series.sensor, &m))
         };
-        let (group, metric) = metric.ok_or_else(|| {
+        let group = group.ok_or_else(|| {
             let measurement = series.measurement.unescape(Kind::Measurement);
             let name = if key.raw() == "value" {
                 measurement.into_owned()
@@ -434,13 +461,11 @@ fn decode_line<'a>(
         })?;
         let value = Reading::check_value(value)
             .map_err(|_| Refusal::Value(key.unescape(Kind::Key).into_owned()))?;
-        out.readings.push(Reading {
-            sensor: series.sensor.clone(),
-            metric,
+        out.rows.push(Row {
+            series: group,
             ts,
             value,
         });
-        out.groups.push(group);
     }
     Ok(())
 }
@@ -515,7 +540,7 @@ fn identify<'a>(
     let measurement = line.measurement.unwrap_or_default();
     let value = seen
         .metric(measurement.raw(), "value")
-        .map(|m| (seen.group(&sensor, &m), m));
+        .map(|m| seen.group(&sensor, &m));
     Ok(Series {
         measurement,
         sensor,
@@ -582,7 +607,7 @@ mod tests {
         let arena = Bump::new();
         let d = decode(body.as_bytes(), precision, &ctx(100), &tags(), &arena).expect("in bounds");
         assert_eq!(d.errors, [], "{body}");
-        d.readings
+        d.readings()
             .iter()
             .map(|r| (r.sensor.to_string(), r.metric.to_string(), r.ts, r.value))
             .collect()
@@ -688,7 +713,8 @@ mod tests {
             &arena,
         )
         .expect("ok");
-        let sensors: Vec<_> = d.readings.iter().map(|r| r.sensor.as_str()).collect();
+        let readings = d.readings();
+        let sensors: Vec<_> = readings.iter().map(|r| r.sensor.as_str()).collect();
         assert_eq!(sensors, ["a", "f"]);
         let lines: Vec<_> = d.errors.iter().map(|e| e.line).collect();
         assert_eq!(lines, [2, 3, 5, 6, 7, 8, 10]);
@@ -751,7 +777,7 @@ mod tests {
             &arena,
         )
         .expect("ok");
-        assert_eq!(d.readings.len(), 2);
+        assert_eq!(d.len(), 2);
         assert_eq!(
             d.labels,
             [SensorLabels {
@@ -938,31 +964,41 @@ mod tests {
             let mut reasons = Vec::new();
             for (i, line) in lines.iter().enumerate() {
                 let alone = decode(line.as_bytes(), Precision::Seconds, &ctx(1000), &tags(), &arena).expect("in bounds");
-                readings.extend(alone.readings.iter().map(|r| (r.sensor.to_string(), r.metric.to_string(), r.ts, r.value.to_bits())));
+                readings.extend(alone.readings().iter().map(|r| (r.sensor.to_string(), r.metric.to_string(), r.ts, r.value.to_bits())));
                 reasons.extend(alone.errors.into_iter().map(|e| (i + 1, e.reason)));
             }
-            let got: Vec<_> = whole.readings.iter().map(|r| (r.sensor.to_string(), r.metric.to_string(), r.ts, r.value.to_bits())).collect();
+            let got: Vec<_> = whole.readings().iter().map(|r| (r.sensor.to_string(), r.metric.to_string(), r.ts, r.value.to_bits())).collect();
             prop_assert_eq!(&got, &readings);
             let got: Vec<_> = whole.errors.iter().map(|e| (e.line, e.reason.clone())).collect();
             prop_assert_eq!(got, reasons);
             // Grouped: each sensor and metric's readings together, in order.
             let mut grouped = whole;
-            grouped.group_by_series();
-            let got: Vec<_> = grouped.readings.iter().map(|r| (r.sensor.to_string(), r.metric.to_string(), r.ts, r.value.to_bits())).collect();
+            let got: Vec<_> = grouped.take_grouped().iter().map(|r| (r.sensor.to_string(), r.metric.to_string(), r.ts, r.value.to_bits())).collect();
             prop_assert!(is_stable_grouping(&got, &readings, |r| (r.0.clone(), r.1.clone())), "{:?}", got);
         }
 
+        /// Any interleaving of series, with refused lines among them,
+        /// comes out grouped and in order.
         #[test]
-        fn grouping_keeps_each_group_s_order_and_puts_it_together(
-            groups in proptest::collection::vec(0..6u32, 0..60),
-            extra in 0..3u32,
+        fn grouping_keeps_each_series_order_and_puts_it_together(
+            lines in proptest::collection::vec((0..4usize, 0..3usize, proptest::bool::weighted(0.1)), 0..60),
         ) {
-            let count = groups.iter().max().map_or(0, |m| m + 1) + extra;
-            let input: Vec<(u32, usize)> = groups.iter().copied().zip(0..).collect();
-            let mut items = input.clone();
-            let mut ids = groups.clone();
-            group_stably(&mut items, &mut ids, count);
-            prop_assert!(is_stable_grouping(&items, &input, |x| x.0), "{:?}", items);
+            let body: String = lines
+                .iter()
+                .enumerate()
+                .map(|(i, &(s, m, bad))| {
+                    let value = if bad { "\"text\"i".to_owned() } else { i.to_string() };
+                    format!("m{m},sensor=s{s} value={value},other={i} {}\n", 1_700_000_000 + i)
+                })
+                .collect();
+            let arena = Bump::new();
+            let mut d = decode(body.as_bytes(), Precision::Seconds, &ctx(1000), &tags(), &arena).expect("in bounds");
+            let key = |r: &Reading<'_>| (r.sensor.to_string(), r.metric.to_string(), r.ts, r.value.to_bits());
+            let input: Vec<_> = d.readings().iter().map(key).collect();
+            prop_assert_eq!(input.len(), 2 * lines.iter().filter(|l| !l.2).count());
+            let got: Vec<_> = d.take_grouped().iter().map(key).collect();
+            prop_assert!(is_stable_grouping(&got, &input, |r| (r.0.clone(), r.1.clone())), "{:?}", got);
+            prop_assert!(d.is_empty());
         }
 
         #[test]

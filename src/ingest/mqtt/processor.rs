@@ -285,8 +285,7 @@ fn line_protocol_readings<'a>(
         kind: Rejection::Invalid,
         readings: decoded.refused,
     });
-    decoded.group_by_series();
-    Ok((decoded.readings, refused))
+    Ok((decoded.take_grouped(), refused))
 }
 
 fn describe(e: &DecodeError) -> String {

@@ -214,7 +214,7 @@ impl Checker {
                 if let Some(e) = decoded.errors.first() {
                     return Err(e.reason.clone());
                 }
-                if decoded.readings.is_empty() {
+                if decoded.is_empty() {
                     return Err(NO_NUMERIC_FIELD.to_owned());
                 }
                 Ok(())
@@ -426,7 +426,7 @@ pub(super) mod tests {
             &arena,
         )
         .expect("a line");
-        assert_eq!(decoded.readings.len(), 3);
+        assert_eq!(decoded.len(), 3);
         // Refused before sending: what the service would take but an import
         // may not (no timestamp), and what is not line protocol at all.
         for bad in [
