@@ -66,12 +66,14 @@ fn line_protocol_body() -> Vec<u8> {
     out.into_bytes()
 }
 
-/// The same 10 000 readings one to a line, a measurement per metric and
-/// its field `value`, in seconds: the shape `loadtest peers` sends.
+/// 10 000 readings one to a line, a measurement per metric and its field
+/// `value`, in seconds: the shape `loadtest peers` sends, with as many
+/// lines per series (8) as its bodies hold, so an eighth of the lines are
+/// a series' first in the body.
 fn line_protocol_value_body() -> Vec<u8> {
     let mut out = String::new();
-    for second in 0..50 {
-        for sensor in 0..100 {
+    for second in 0..8 {
+        for sensor in 0..625 {
             for metric in 0..2 {
                 let ts = NOW - 3600 + second;
                 let v = (sensor * 7 + second + metric) % 113;

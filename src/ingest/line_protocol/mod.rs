@@ -22,7 +22,7 @@ use hashbrown::HashMap;
 
 pub use self::labels::LabelSync;
 use self::parse::{
-    FieldValue, Kind, Line, Lines, ParseError, Text, parse_fields, parse_line, parse_text,
+    FieldValue, Kind, Line, Lines, ParseError, Text, parse_fields, parse_line, parse_series,
     series_end, value_field,
 };
 pub use self::settings::Settings;
@@ -326,8 +326,8 @@ pub fn decode<'a>(
         // A body written in time order carries many series: sized up front
         // rather than rehashed as it grows (bounded, as a body may repeat one).
         series: HashMap::with_capacity(line_count.min(MAX_PRESIZED_SERIES)),
-        groups: HashMap::new(),
-        table: Vec::new(),
+        groups: HashMap::with_capacity(line_count.min(MAX_PRESIZED_SERIES)),
+        table: Vec::with_capacity(line_count.min(MAX_PRESIZED_SERIES)),
     };
     // Checked once for the body; a line is checked alone only if it fails.
     let text = std::str::from_utf8(body).ok();
@@ -413,11 +413,31 @@ fn decode_line<'a>(
                     series
                 }
                 None => {
-                    parse_text(text, line)?;
-                    let series = identify(line, sensor_tags, seen, out)?;
-                    if let Some(end) = end {
+                    let end = parse_series(text, line)?;
+                    let series = match identify(line, sensor_tags, seen, out) {
+                        Ok(series) => series,
+                        Err(e) => {
+                            // A syntax error is named before any other.
+                            parse_fields(text, end, line)?;
+                            return Err(e);
+                        }
+                    };
+                    if series_end(text.as_bytes()) == Some(end) {
                         seen.series.insert(&text[..end], series.clone());
                     }
+                    // A new series' first line takes the shortcut too: in a
+                    // body of a few lines per series, it is a good share.
+                    if let (Some(group), Some((value, ts))) =
+                        (series.value, value_field(&text.as_bytes()[end..]))
+                    {
+                        out.rows.push(Row {
+                            series: group,
+                            ts: seconds(ts, precision, ctx)?,
+                            value,
+                        });
+                        return Ok(());
+                    }
+                    parse_fields(text, end, line)?;
                     series
                 }
             }

@@ -256,6 +256,13 @@ pub fn parse_line<'a>(line: &'a [u8], out: &mut Line<'a>) -> Result<(), ParseErr
 /// [`parse_line`] of a line already known to be UTF-8 (checked once for a
 /// whole body, which is cheaper than line by line).
 pub fn parse_text<'a>(s: &'a str, out: &mut Line<'a>) -> Result<(), ParseError> {
+    let end = parse_series(s, out)?;
+    parse_fields(s, end, out)
+}
+
+/// The first part of [`parse_text`]: the measurement and tags, into `out`
+/// (its fields and timestamp cleared). Answers where the series ends.
+pub fn parse_series<'a>(s: &'a str, out: &mut Line<'a>) -> Result<usize, ParseError> {
     let b = s.as_bytes();
     out.measurement = None;
     out.tag_section = "";
@@ -292,7 +299,7 @@ pub fn parse_text<'a>(s: &'a str, out: &mut Line<'a>) -> Result<(), ParseError> 
         }
         out.tag_section = &s[section..i];
     }
-    parse_fields(s, i, out)
+    Ok(i)
 }
 
 /// Where a line's series (its measurement and tags) ends, at its first
