@@ -413,22 +413,24 @@ fn decode_line<'a>(
                     series
                 }
                 None => {
-                    let end = parse_series(text, line)?;
+                    let at = parse_series(text, line)?;
                     let series = match identify(line, sensor_tags, seen, out) {
                         Ok(series) => series,
                         Err(e) => {
                             // A syntax error is named before any other.
-                            parse_fields(text, end, line)?;
+                            parse_fields(text, at, line)?;
                             return Err(e);
                         }
                     };
-                    if series_end(text.as_bytes()) == Some(end) {
-                        seen.series.insert(&text[..end], series.clone());
+                    // Its later lines find it by the text up to the first
+                    // space, the series when it holds no escape.
+                    if end == Some(at) {
+                        seen.series.insert(&text[..at], series.clone());
                     }
                     // A new series' first line takes the shortcut too: in a
-                    // body of a few lines per series, it is a good share.
+                    // body of a few lines per series, it is an eighth.
                     if let (Some(group), Some((value, ts))) =
-                        (series.value, value_field(&text.as_bytes()[end..]))
+                        (series.value, value_field(&text.as_bytes()[at..]))
                     {
                         out.rows.push(Row {
                             series: group,
@@ -437,7 +439,7 @@ fn decode_line<'a>(
                         });
                         return Ok(());
                     }
-                    parse_fields(text, end, line)?;
+                    parse_fields(text, at, line)?;
                     series
                 }
             }
