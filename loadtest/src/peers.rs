@@ -11,7 +11,9 @@ use futures_util::StreamExt;
 use crate::backfill;
 use crate::ctx::Ctx;
 use crate::dataset::{Dataset, Row, rfc3339};
-use crate::procs::{Proc, cpu_seconds_fine, dir_bytes, http_url, peak_rss_mib, scrape};
+use crate::procs::{
+    Proc, cpu_seconds_fine, cpu_until_settled, dir_bytes, http_url, peak_rss_mib, scrape,
+};
 use crate::report::{Plot, Report, Section, f};
 
 const RUNS: usize = 5;
@@ -159,6 +161,14 @@ struct Peer {
     /// Hourglass only: the driver's share of `idle_s` (its thread's
     /// monitoring and pool upkeep, the floor's reads).
     idle_driver_s: f64,
+    /// The CPU until the server had done what the load left it: a peer's
+    /// deferred work (see `cpu_until_settled`) counted, like Hourglass',
+    /// whose `cpu_s` already runs until every reading is stored and rolled
+    /// up (this is that figure again).
+    settled_cpu_s: f64,
+    /// The idle rate times the load's duration until settled (Hourglass:
+    /// `idle_s`).
+    settled_idle_s: f64,
     /// Hourglass only: the CPU seconds spent inside the MongoDB driver
     /// (`hourglass_mongodb_driver_cpu_seconds_total`), part of `cpu_s`.
     driver_s: f64,
@@ -183,9 +193,16 @@ async fn line_peer(
     concurrency: usize,
 ) -> anyhow::Result<Peer> {
     let client = reqwest::Client::new();
+    // Its idle rate, after its start's own work, for what the wait below
+    // adds.
+    tokio::time::sleep(PEER_STARTUP).await;
+    let idle0 = server.cpu();
+    tokio::time::sleep(PEER_IDLE_SAMPLE).await;
+    let idle_rate = (server.cpu() - idle0) / PEER_IDLE_SAMPLE.as_secs_f64();
     let cpu0 = server.cpu();
     let secs = send_lines(ctx, write_url, data, batch, concurrency).await?;
     let cpu_s = server.cpu() - cpu0;
+    let (settled, waited) = cpu_until_settled(server.pid, idle_rate, PEER_SETTLE_WITHIN).await?;
     if let Some(flush) = flush_url {
         let _ = client.get(flush).send().await;
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -194,6 +211,8 @@ async fn line_peer(
         name,
         readings_per_s: data.len() as f64 / secs,
         cpu_s,
+        settled_cpu_s: settled - cpu0,
+        settled_idle_s: idle_rate * (secs + waited),
         rss_mib: peak_rss_mib(server.pid),
         disk_bytes: server.dir.as_ref().map_or(0, |d| dir_bytes(d.path())) as f64,
         avg_ms: median_ms(&client, &queries[0]).await?,
@@ -216,6 +235,13 @@ enum Format {
     /// means journaled, and the load ends when every reading is stored.
     LineProtocolJournaled,
 }
+
+/// How long a peer is left after its start before its idle CPU is measured.
+const PEER_STARTUP: Duration = Duration::from_secs(1);
+/// How long a peer's idle CPU is measured before its load.
+const PEER_IDLE_SAMPLE: Duration = Duration::from_secs(2);
+/// How long a peer may take to finish what its load left it.
+const PEER_SETTLE_WITHIN: Duration = Duration::from_secs(60);
 
 /// How long the service's idle CPU is measured before each load.
 pub(crate) const IDLE_SAMPLE: Duration = Duration::from_secs(10);
@@ -331,6 +357,8 @@ async fn hourglass_peer(
         name,
         readings_per_s,
         cpu_s,
+        settled_cpu_s: cpu_s,
+        settled_idle_s: idle_s,
         rss_mib: target.proc.as_ref().map_or(0.0, |p| peak_rss_mib(p.pid)),
         disk_bytes: as_f64(&stats, "size") + as_f64(&stats, "totalIndexSize"),
         avg_ms: median_ms(&client, &avg).await?,
@@ -503,7 +531,7 @@ pub async fn run(
     let mut rounds: Vec<Vec<Peer>> = Vec::with_capacity(ROUNDS);
     // Per round: VictoriaMetrics before the first Hourglass load and after
     // each.
-    let mut victorias: Vec<Vec<f64>> = Vec::with_capacity(ROUNDS);
+    let mut victorias: Vec<Vec<Peer>> = Vec::with_capacity(ROUNDS);
     let mut victoria_runs: Vec<Peer> = Vec::new();
     for _ in 0..ROUNDS {
         let first = victoria_peer(ctx, data, batch, concurrency, (from24, end)).await?;
@@ -511,7 +539,7 @@ pub async fn run(
             first.clone(),
             influx_peer(ctx, data, batch, concurrency, (from1, from24, end)).await?,
         ];
-        let mut vm = vec![first.cpu_s];
+        let mut vm = vec![first.clone()];
         victoria_runs.push(first);
         // Hourglass thrice: the JSON API, then the very bodies the peers
         // got, with the journal off and on.
@@ -533,23 +561,23 @@ pub async fn run(
                 .await?,
             );
             let after = victoria_peer(ctx, data, batch, concurrency, (from24, end)).await?;
-            vm.push(after.cpu_s);
+            vm.push(after.clone());
             victoria_runs.push(after);
         }
         rounds.push(round);
         victorias.push(vm);
     }
     // Per Hourglass row (index 2 on): each round's `cpu(row)` over the mean
-    // CPU of that round's VictoriaMetrics loads just before and after it,
-    // sorted.
-    let ratios_of = |cpu: fn(&Peer) -> f64| -> Vec<Vec<f64>> {
+    // `vm_cpu` of that round's VictoriaMetrics loads just before and after
+    // it, sorted.
+    let ratios_against = |cpu: fn(&Peer) -> f64, vm_cpu: fn(&Peer) -> f64| -> Vec<Vec<f64>> {
         (2..rounds[0].len())
             .map(|i| {
                 let mut r: Vec<f64> = rounds
                     .iter()
                     .zip(&victorias)
                     .map(|(round, vm)| {
-                        let around = (vm[i - 2] + vm[i - 1]) / 2.0;
+                        let around = (vm_cpu(&vm[i - 2]) + vm_cpu(&vm[i - 1])) / 2.0;
                         cpu(&round[i]).max(0.0) / around.max(1e-9)
                     })
                     .collect();
@@ -558,6 +586,8 @@ pub async fn run(
             })
             .collect()
     };
+    // Against VictoriaMetrics' CPU at its last answer.
+    let ratios_of = |cpu: fn(&Peer) -> f64| ratios_against(cpu, |vm| vm.cpu_s);
     let ratios = ratios_of(|p| p.cpu_s);
     let mut peers: Vec<Peer> = (0..rounds[0].len())
         .map(|i| {
@@ -566,6 +596,19 @@ pub async fn run(
             runs.swap_remove(ROUNDS / 2)
         })
         .collect();
+    // The median of VictoriaMetrics' loads counted until settled, and above
+    // its idle CPU.
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let vm_settled = median(victoria_runs.iter().map(|p| p.settled_cpu_s).collect());
+    let vm_settled_above_idle = median(
+        victoria_runs
+            .iter()
+            .map(|p| p.settled_cpu_s - p.settled_idle_s)
+            .collect(),
+    );
     // VictoriaMetrics' row: its run of median CPU among all its loads.
     victoria_runs.sort_by(|a, b| a.cpu_s.total_cmp(&b.cpu_s));
     peers[0] = victoria_runs.swap_remove(victoria_runs.len() / 2);
@@ -578,7 +621,8 @@ pub async fn run(
         &[
             "system",
             "readings/s",
-            "CPU s per million readings",
+            "CPU s per million readings (a peer's at its last answer)",
+            "the same, until settled",
             "of which the MongoDB driver",
             "peak RSS MiB",
             "bytes per reading (disk)",
@@ -591,6 +635,7 @@ pub async fn run(
             p.name.into(),
             f(p.readings_per_s),
             f(p.cpu_s / n * 1e6),
+            f(p.settled_cpu_s / n * 1e6),
             if p.idle_s > 0.0 || p.driver_s > 0.0 {
                 f(p.driver_s / n * 1e6)
             } else {
@@ -667,6 +712,44 @@ pub async fn run(
             r.iter().map(|&x| f(x)).collect::<Vec<_>>().join(", ")
         ));
     }
+    // Each system counted until it has done what the load asked: the peers
+    // until settled (Hourglass' rows already run until stored and rolled
+    // up).
+    let settled_ratios = |cpu: fn(&Peer) -> f64| ratios_against(cpu, |vm| vm.settled_cpu_s);
+    report.notes.push(format!(
+        "VictoriaMetrics answers a write before it has done most of the work: a second or so later it turns the acknowledged rows into parts (sorted, compressed, indexed). The ratios above stop its clock at its last answer. Counted until it settles (its CPU back at its idle rate, measured for {} s before the load, for a whole second), VictoriaMetrics spent {} µs per reading ({} above its idle CPU) against {} µs at its last answer, the medians of its {} loads; InfluxDB 1.x spent {} µs against {}. Hourglass' rows already run until every reading is stored and rolled up, so the ratios below count each system until it has done what the load asked. Each is over the VictoriaMetrics loads just before and after it, counted the same way.",
+        PEER_IDLE_SAMPLE.as_secs(),
+        f(vm_settled / n * 1e6),
+        f(vm_settled_above_idle / n * 1e6),
+        f(peers[0].cpu_s / n * 1e6),
+        ROUNDS * 4,
+        f(peers[1].settled_cpu_s / n * 1e6),
+        f(peers[1].cpu_s / n * 1e6),
+    ));
+    let settled = settled_ratios(|p| p.cpu_s);
+    let settled_without_driver = settled_ratios(|p| p.cpu_s - p.driver_s);
+    let settled_above_idle = ratios_against(
+        |p| p.cpu_s - p.driver_s - (p.idle_s - p.idle_driver_s),
+        |vm| vm.settled_cpu_s - vm.settled_idle_s,
+    );
+    for (((h, a), b), c) in peers[2..]
+        .iter()
+        .zip(&settled)
+        .zip(&settled_without_driver)
+        .zip(&settled_above_idle)
+    {
+        let rounds = |r: &Vec<f64>| r.iter().map(|&x| f(x)).collect::<Vec<_>>().join(", ");
+        report.notes.push(format!(
+            "{}, against VictoriaMetrics until settled: ratio {} (rounds {}); without the driver {} (rounds {}); without the driver and above idle CPU, against VictoriaMetrics above its idle CPU, {} (rounds {}).",
+            h.name,
+            f(a[ROUNDS / 2]),
+            rounds(a),
+            f(b[ROUNDS / 2]),
+            rounds(b),
+            f(c[ROUNDS / 2]),
+            rounds(c),
+        ));
+    }
     report.plots.push(Plot::Bars {
         file: "peers-cpu.svg".into(),
         title: "CPU seconds per million readings".into(),
@@ -678,6 +761,7 @@ pub async fn run(
     });
     report.set("peers", peers.iter().map(|p| serde_json::json!({
         "system": p.name, "readings_per_s": p.readings_per_s, "cpu_s_per_million": p.cpu_s / n * 1e6,
+        "settled_cpu_s_per_million": p.settled_cpu_s / n * 1e6, "settled_idle_cpu_s_per_million": p.settled_idle_s / n * 1e6,
         "driver_cpu_s_per_million": p.driver_s / n * 1e6, "peak_rss_mib": p.rss_mib, "bytes_per_reading": p.disk_bytes / n, "avg_1h_ms": p.avg_ms, "series_24h_ms": p.series_ms,
         "avg_1h_answer": p.avg_answer,
     })).collect::<Vec<_>>());
@@ -687,8 +771,28 @@ pub async fn run(
         "victoria_metrics_cpu_s_per_million_by_round",
         victorias
             .iter()
-            .map(|vm| vm.iter().map(|c| c / n * 1e6).collect::<Vec<_>>())
+            .map(|vm| vm.iter().map(|p| p.cpu_s / n * 1e6).collect::<Vec<_>>())
             .collect::<Vec<_>>(),
+    );
+    report.set(
+        "victoria_metrics_settled_cpu_s_per_million_by_round",
+        victorias
+            .iter()
+            .map(|vm| {
+                vm.iter()
+                    .map(|p| p.settled_cpu_s / n * 1e6)
+                    .collect::<Vec<_>>()
+            })
+            .collect::<Vec<_>>(),
+    );
+    report.set(
+        "cpu_ratios_to_victoria_metrics_settled",
+        serde_json::json!({
+            "with_driver": settled,
+            "without_driver": settled_without_driver,
+            "without_driver_above_idle": settled_above_idle,
+            "rows": ["json", "line_protocol", "line_protocol_journaled"],
+        }),
     );
     report.set(
         "cpu_ratios_to_victoria_metrics",

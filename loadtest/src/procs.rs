@@ -339,6 +339,50 @@ pub async fn wait_idle(pid: u32, limit: Duration) -> anyhow::Result<()> {
     }
 }
 
+/// How a server's deferred work is waited for (see `cpu_until_settled`).
+const SETTLE_TICK: Duration = Duration::from_millis(250);
+/// Quiet ticks in a row that end the wait: one second.
+const SETTLE_QUIET_TICKS: usize = 4;
+/// CPU a quiet second may use above the idle rate: Go's and Tokio's timers
+/// and a GC cycle, far below the tenth of a second a peer defers.
+const SETTLE_SLACK_S: f64 = 0.003;
+
+/// Where a server's deferred work ended, from its CPU used in each tick
+/// since the load's last answer: the first tick that starts `quiet` ticks
+/// in a row using together at most `allowed` CPU seconds. `None` while the
+/// samples do not yet show such a run.
+pub fn settled_at(ticks: &[f64], quiet: usize, allowed: f64) -> Option<usize> {
+    (0..=ticks.len().checked_sub(quiet)?)
+        .find(|&i| ticks[i..i + quiet].iter().sum::<f64>() <= allowed)
+}
+
+/// Waits until a server has done the work a load left it (VictoriaMetrics
+/// turns the rows it acknowledged into parts a second or so later, and that
+/// is as much CPU again as the writes): until it spends a second at its
+/// `idle_rate`. Returns its CPU-time clock where the quiet second began and
+/// the seconds waited until then, or an error after `limit`.
+pub async fn cpu_until_settled(
+    pid: u32,
+    idle_rate: f64,
+    limit: Duration,
+) -> anyhow::Result<(f64, f64)> {
+    let allowed =
+        idle_rate * SETTLE_TICK.as_secs_f64() * SETTLE_QUIET_TICKS as f64 + SETTLE_SLACK_S;
+    let started = Instant::now();
+    let mut clock = vec![cpu_seconds(pid)];
+    loop {
+        tokio::time::sleep(SETTLE_TICK).await;
+        clock.push(cpu_seconds(pid));
+        let ticks: Vec<f64> = clock.windows(2).map(|w| w[1] - w[0]).collect();
+        if let Some(i) = settled_at(&ticks, SETTLE_QUIET_TICKS, allowed) {
+            return Ok((clock[i], i as f64 * SETTLE_TICK.as_secs_f64()));
+        }
+        if started.elapsed() > limit {
+            bail!("process {pid} was still busy {limit:?} after its load");
+        }
+    }
+}
+
 /// Stops (SIGSTOP) or resumes (SIGCONT) a process.
 pub fn pause(pid: u32, paused: bool) -> anyhow::Result<()> {
     let signal = if paused {
@@ -353,6 +397,33 @@ pub fn pause(pid: u32, paused: bool) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_server_settles_where_its_first_quiet_second_begins() {
+        let busy = [0.05, 0.04, 0.02];
+        let quiet = [0.0005, 0.0007, 0.0004, 0.0006];
+        let ticks: Vec<f64> = busy.iter().chain(&quiet).copied().collect();
+        assert_eq!(settled_at(&ticks, 4, 0.003), Some(3));
+        // Not yet: the quiet run is one tick short.
+        assert_eq!(settled_at(&ticks[..6], 4, 0.003), None);
+        // Work after the first quiet second is not the load's: the wait
+        // ended there.
+        let late: Vec<f64> = ticks.iter().chain(&[0.03]).chain(&quiet).copied().collect();
+        assert_eq!(settled_at(&late, 4, 0.003), Some(3));
+        // A burst inside a would-be quiet second (a merge) moves the end
+        // past it.
+        let burst: Vec<f64> = busy
+            .iter()
+            .chain(&[0.0005, 0.03, 0.0005])
+            .chain(&quiet)
+            .copied()
+            .collect();
+        // The quiet second begins with the tick after the burst.
+        assert_eq!(settled_at(&burst, 4, 0.003), Some(5));
+        // A server that was idle all along settled at once.
+        assert_eq!(settled_at(&quiet, 4, 0.003), Some(0));
+        assert_eq!(settled_at(&[], 4, 0.003), None);
+    }
 
     #[test]
     fn the_precise_cpu_clock_agrees_with_the_kernel_s_ticks() {

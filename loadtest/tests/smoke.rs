@@ -154,6 +154,22 @@ fn peers_runs_victoria_metrics_and_influxdb_next_to_hourglass() {
     assert!(json[0].as_u64().is_some_and(|n| n > 0), "{r}");
     assert_eq!(json, lp, "{r}");
     assert_eq!(json, &peers[4]["avg_1h_answer"], "journaled: {r}");
+    // Each system's CPU until settled counts its CPU until its last answer
+    // and what it did after; Hourglass' runs until stored already.
+    for p in peers {
+        let (answered, settled) = (
+            p["cpu_s_per_million"].as_f64(),
+            p["settled_cpu_s_per_million"].as_f64(),
+        );
+        assert!(
+            settled.is_some_and(|s| answered.is_some_and(|a| a > 0.0 && s >= a)),
+            "{r}"
+        );
+    }
+    assert_eq!(
+        peers[2]["settled_cpu_s_per_million"],
+        peers[2]["cpu_s_per_million"]
+    );
     // Hourglass' CPU inside the MongoDB driver is told apart, and is part of its CPU.
     for p in &peers[2..] {
         let (all, driver) = (
