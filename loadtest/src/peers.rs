@@ -705,7 +705,7 @@ pub async fn run(
     let own_work = ratios_of(|p| p.cpu_s - p.driver_s - (p.idle_s - p.idle_driver_s));
     for (h, r) in peers[2..].iter().zip(&own_work) {
         report.notes.push(format!(
-            "{}, without the driver and above its own idle CPU (the idle CPU less the driver's share of it): {} µs per reading; ratio {} (rounds {}). The idle share is the stand-in's stretch of the load; the targets are judged on the figure with it.",
+            "{}, without the driver and above its own idle CPU (the idle CPU less the driver's share of it): {} µs per reading; ratio {} (rounds {}). The idle share is the stand-in's stretch of the load.",
             h.name,
             f((h.cpu_s - h.driver_s - (h.idle_s - h.idle_driver_s)).max(0.0) / n * 1e6),
             f(r[ROUNDS / 2]),
