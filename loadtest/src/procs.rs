@@ -343,7 +343,7 @@ pub async fn wait_idle(pid: u32, limit: Duration) -> anyhow::Result<()> {
 const SETTLE_TICK: Duration = Duration::from_millis(250);
 /// Quiet ticks in a row that end the wait: one second.
 const SETTLE_QUIET_TICKS: usize = 4;
-/// CPU a quiet second may use above the idle rate: Go's and Tokio's timers
+/// CPU a quiet second may use above the idle rate: the Go runtime's timers
 /// and a GC cycle, far below the tenth of a second a peer defers.
 const SETTLE_SLACK_S: f64 = 0.003;
 
