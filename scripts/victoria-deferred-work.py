@@ -57,7 +57,11 @@ def bodies(sensors):
 
 
 def one(n, chunks):
-    data = tempfile.mkdtemp()
+    with tempfile.TemporaryDirectory() as data:
+        measure(n, chunks, data)
+
+
+def measure(n, chunks, data):
     port = free_port()
     vm = subprocess.Popen(
         ["victoria-metrics", f"-storageDataPath={data}/data", f"-httpListenAddr=127.0.0.1:{port}", "-retentionPeriod=100y"],
