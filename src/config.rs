@@ -55,6 +55,19 @@ impl Settings {
         Self::extract(Self::base(file)?.merge(Env::prefixed(ENV_PREFIX).split("__")))
     }
 
+    /// For the clients of a running instance (`import`, `export`,
+    /// `delete`): like [`Settings::load`], but `file` is optional and only
+    /// what a client uses is checked (no server, broker or journal needed).
+    pub fn load_client(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let figment = Self::base(file)?.merge(Env::prefixed(ENV_PREFIX).split("__"));
+        let settings: Settings = figment.extract().map_err(Box::new)?;
+        settings.http.validate()?;
+        settings.ingest.validate()?;
+        settings.line_protocol.validate()?;
+        settings.runtime.validate()?;
+        Ok(settings)
+    }
+
     /// Defaults and `file` alone, ignoring the environment: what the file says.
     pub fn load_file(file: &Path) -> Result<Self, ConfigError> {
         Self::extract(Self::base(Some(file))?)
@@ -295,14 +308,14 @@ mod tests {
                 .contains("mqtt.topic_prefix")
         );
         s.mqtt.topic_prefix = "sensors".into();
-        s.mqtt.dead_letter_topic = Some("sensors/dead".into());
+        s.mqtt.dead_letter_topic = "sensors/dead".into();
         assert!(
             s.validate()
                 .expect_err("a loop")
                 .to_string()
                 .contains("mqtt.dead_letter_topic")
         );
-        s.mqtt.dead_letter_topic = Some("sensors-dead".into());
+        s.mqtt.dead_letter_topic = "sensors-dead".into();
         assert!(s.validate().is_ok());
         s.mqtt.shared_group = Some("a/b".into());
         assert!(

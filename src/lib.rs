@@ -94,8 +94,8 @@ pub mod pure {
         Batch, Batcher, BatcherLimits, Hold, Item, Settings as BatcherSettings, Settled,
     };
     pub use crate::domain::{
-        BucketUpdate, METRIC_MAX_LEN, MetricName, Reading, SENSOR_MAX_LEN, SensorId, TimeWindow,
-        parse_timestamp_ms, parse_timestamp_str,
+        BucketUpdate, METRIC_MAX_LEN, MetricName, Reading, SENSOR_MAX_LEN, Sample, SensorId,
+        TimeWindow, parse_timestamp_ms, parse_timestamp_str,
     };
     pub use crate::ingest::decode::csv::{CsvFormat, decode_csv};
     pub use crate::ingest::decode::{
@@ -114,6 +114,10 @@ pub mod pure {
     };
     pub use crate::ingest::sparkplug::{Host as SparkplugHost, Rules as SparkplugRules};
     pub use crate::journal::{decode_frame as journal_decode, encode_frame as journal_encode};
+    pub use crate::query::promql::memory::{Budget as PromBudget, Memory as PromMemory};
+    pub use crate::query::promql::{
+        LabelSet as PromLabels, Limits as PromLimits, Steps as PromSteps,
+    };
     pub use crate::query::{Calendar, Grid, Need, Plan};
     pub use crate::store::command::{Chunk, Commands, Limits, Target};
     pub use crate::store::document::{Form, Versioning, update_statement};

@@ -17,13 +17,19 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[unsafe(export_name = "_rjem_malloc_conf")]
 pub static MALLOC_CONF: &[u8; 44] = hourglass::MALLOC_CONF;
 
+/// Where the configuration is read from unless `--config` says otherwise.
+const DEFAULT_CONFIG: &str = "config/default.toml";
+
 /// IoT time-series ingestion into MongoDB buckets.
 #[derive(Parser)]
 #[command(version)]
 struct Args {
-    /// The configuration file (TOML). HOURGLASS__SECTION__KEY variables override it.
-    #[arg(long, default_value = "config/default.toml")]
-    config: PathBuf,
+    /// The configuration file (TOML), config/default.toml by default.
+    /// HOURGLASS__SECTION__KEY variables override it. `import`, `export` and
+    /// `delete` are clients of a running instance and need none: the
+    /// HOURGLASS_URL and HOURGLASS_TOKEN variables are enough.
+    #[arg(long)]
+    config: Option<PathBuf>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -206,7 +212,17 @@ fn main() -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    let settings = Settings::load(Some(&args.config))?;
+    let settings = match &args.command {
+        // Clients of the HTTP API: a configuration only if there is one.
+        Some(Command::Import { .. } | Command::Export { .. } | Command::Delete { .. }) => {
+            let default = PathBuf::from(DEFAULT_CONFIG);
+            let file = args.config.clone().or(default.exists().then_some(default));
+            Settings::load_client(file.as_deref())?
+        }
+        _ => Settings::load(Some(
+            args.config.as_deref().unwrap_or(DEFAULT_CONFIG.as_ref()),
+        ))?,
+    };
     settings
         .runtime
         .build()

@@ -23,6 +23,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::settings::{Invalid, invalid};
 
+/// A worker thread's stack: tokio's default, set here so that the tests
+/// proving deep queries safe (`query::promql::limits`) run on the same.
+pub const WORKER_STACK_BYTES: usize = 2 * 1024 * 1024;
+
 /// More worker threads than this is a typo, not a machine.
 const MAX_WORKER_THREADS: usize = 1024;
 
@@ -48,7 +52,10 @@ impl Settings {
     /// The runtime these settings describe.
     pub fn build(&self) -> std::io::Result<tokio::runtime::Runtime> {
         let mut builder = tokio::runtime::Builder::new_multi_thread();
-        builder.enable_all().thread_name("hourglass-worker");
+        builder
+            .enable_all()
+            .thread_name("hourglass-worker")
+            .thread_stack_size(WORKER_STACK_BYTES);
         if self.worker_threads > 0 {
             builder.worker_threads(self.worker_threads);
         }

@@ -256,7 +256,12 @@ impl Application {
                 shutdown.clone(),
             )
             .context("starting MQTT ingestion")?;
-            info!(url = %settings.mqtt.url, client_id = %settings.mqtt.client_id, "Consuming MQTT.");
+            info!(
+                url = %settings.mqtt.url,
+                client_id = %settings.mqtt.client_id,
+                dead_letters = settings.mqtt.dead_letters().unwrap_or("none (mqtt.dead_letter_topic is empty)"),
+                "Consuming MQTT; unusable messages are republished on the dead-letter topic."
+            );
             Some(mqtt)
         } else {
             None

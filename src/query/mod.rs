@@ -35,6 +35,14 @@ pub struct Settings {
     pub timeout: Duration,
     /// Queries running at once, apart from ingest; more wait (within the timeout).
     pub max_concurrency: usize,
+    /// A PromQL text's bytes, depth and nodes (`promql::limits`), checked
+    /// before it is parsed.
+    pub max_query_length: usize,
+    pub max_query_depth: usize,
+    pub max_query_nodes: usize,
+    /// Values one PromQL query may hold: series × evaluation times, summed
+    /// over its reads. Only subqueries can pass max_series × max_points.
+    pub max_samples: usize,
 }
 
 pub const DEFAULT_MAX_RANGE: Duration = Duration::from_secs(400 * 24 * 3600);
@@ -49,18 +57,44 @@ impl Default for Settings {
             max_listed: 10_000,
             timeout: Duration::from_secs(10),
             max_concurrency: 16,
+            max_query_length: promql::Limits::default().max_length,
+            max_query_depth: promql::Limits::default().max_depth,
+            max_query_nodes: promql::Limits::default().max_nodes,
+            max_samples: 10_000_000,
         }
     }
 }
 
 impl Settings {
+    /// The limits on a PromQL text.
+    pub fn limits(&self) -> promql::Limits {
+        promql::Limits {
+            max_length: self.max_query_length,
+            max_depth: self.max_query_depth,
+            max_nodes: self.max_query_nodes,
+        }
+    }
+
     pub fn validate(&self) -> Result<(), crate::settings::Invalid> {
         crate::settings::at_least_one(&[
             ("query.max_points", self.max_points),
             ("query.max_series", self.max_series),
             ("query.max_listed", self.max_listed),
             ("query.max_concurrency", self.max_concurrency),
+            ("query.max_query_length", self.max_query_length),
+            ("query.max_query_depth", self.max_query_depth),
+            ("query.max_query_nodes", self.max_query_nodes),
+            ("query.max_samples", self.max_samples),
         ])?;
+        if self.max_query_depth > promql::limits::DEPTH_CEILING {
+            return Err(crate::settings::invalid(
+                "query.max_query_depth",
+                format!(
+                    "must be at most {} (deeper queries could overflow a worker's stack)",
+                    promql::limits::DEPTH_CEILING
+                ),
+            ));
+        }
         crate::settings::longer_than_zero(&[
             ("query.max_range", self.max_range),
             ("query.timeout", self.timeout),

@@ -496,42 +496,32 @@ pub async fn binary_address(log: &std::path::Path) -> String {
 
 /// Sends one request per `i` in `0..requests` to `url`, with the body
 /// `body(i, &mut readings)` builds, and keeps the readings of every request
-/// answered 200. Once `at_least` readings are acknowledged, SIGKILLs `child`
-/// (the service behind `url`) and returns what was acknowledged.
+/// answered 200. SIGKILLs `child` (the service behind `url`) as soon as
+/// `at_least` readings are acknowledged, before the next request, and
+/// returns what was acknowledged: the kill point is the test's, not a race.
 pub async fn kill_mid_stream(
     url: String,
     child: &mut std::process::Child,
     requests: i64,
     at_least: usize,
-    body: impl Fn(i64, &mut BTreeMap<(String, String, i64), f64>) -> Value + Send + 'static,
+    body: impl Fn(i64, &mut BTreeMap<(String, String, i64), f64>) -> Value,
 ) -> BTreeMap<(String, String, i64), f64> {
-    use std::sync::{Arc, Mutex};
-    let acked = Arc::new(Mutex::new(BTreeMap::new()));
-    let stream = {
-        let acked = acked.clone();
-        tokio::spawn(async move {
-            let client = reqwest::Client::new();
-            for i in 0..requests {
-                let mut m = BTreeMap::new();
-                let b = body(i, &mut m);
-                match client.post(&url).json(&b).send().await {
-                    Ok(r) if r.status() == 200 => acked.lock().expect("lock").extend(m),
-                    Ok(r) => panic!("unexpected {}", r.status()),
-                    Err(_) => return, // the service is gone
-                }
-            }
-        })
-    };
-    let a = acked.clone();
-    eventually(Duration::from_secs(120), "some writes acknowledged", || {
-        let n = a.lock().expect("lock").len();
-        async move { n >= at_least }
-    })
-    .await;
+    let client = reqwest::Client::new();
+    let mut acked = BTreeMap::new();
+    for i in 0..requests {
+        let mut m = BTreeMap::new();
+        let b = body(i, &mut m);
+        let r = client.post(&url).json(&b).send().await.expect("sent");
+        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+        acked.extend(m);
+        if acked.len() >= at_least {
+            break;
+        }
+    }
+    assert!(acked.len() >= at_least, "the stream reached {at_least}");
     child.kill().expect("SIGKILL");
     child.wait().expect("reaped");
-    stream.await.expect("the stream ends");
-    acked.lock().expect("lock").clone()
+    acked
 }
 
 /// Sends SIGTERM and waits for the process to exit.
@@ -541,4 +531,74 @@ pub fn terminate(child: &mut std::process::Child) -> std::process::ExitStatus {
         .arg(child.id().to_string())
         .status();
     child.wait().expect("the process exits")
+}
+
+/// A proxy in front of a service that lets the first `open` POSTs through
+/// and holds the answer to every later one for as long as it lives (the
+/// request itself still reaches the service). A client behind it stops at
+/// a point the test chooses, however fast the machine is.
+pub struct Gate {
+    pub address: String,
+    /// POSTs whose answer is held.
+    pub held: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+pub async fn gate(upstream: &str, open: usize) -> Gate {
+    use axum::body::Bytes;
+    use axum::http::{HeaderMap, Method, StatusCode, Uri};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let posts = Arc::new(AtomicUsize::new(0));
+    let held = Arc::new(AtomicUsize::new(0));
+    let upstream = upstream.to_owned();
+    let client = reqwest::Client::new();
+    let handler = {
+        let held = held.clone();
+        move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
+            let (posts, held, client) = (posts.clone(), held.clone(), client.clone());
+            let url = format!("{upstream}{uri}");
+            async move {
+                let gated = method == Method::POST && posts.fetch_add(1, Ordering::SeqCst) >= open;
+                let mut request = client.request(method, url).body(body);
+                for (name, value) in &headers {
+                    if name != "host" && name != "content-length" {
+                        request = request.header(name, value);
+                    }
+                }
+                let answer = request.send().await;
+                if gated {
+                    held.fetch_add(1, Ordering::SeqCst);
+                    std::future::pending::<()>().await;
+                }
+                match answer {
+                    Ok(r) => {
+                        let status = StatusCode::from_u16(r.status().as_u16())
+                            .unwrap_or(StatusCode::BAD_GATEWAY);
+                        (status, r.bytes().await.unwrap_or_default())
+                    }
+                    Err(_) => (StatusCode::BAD_GATEWAY, Bytes::new()),
+                }
+            }
+        }
+    };
+    let router = axum::Router::new().fallback(handler);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let address = format!("http://{}", listener.local_addr().expect("an address"));
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    Gate {
+        address,
+        held,
+        task,
+    }
 }

@@ -490,7 +490,7 @@ async fn every_influxdb_auth_form_maps_onto_hourglass_tokens() {
 async fn line_protocol_over_mqtt_is_stored_and_its_refused_lines_dead_lettered() {
     let broker = Broker::start().await;
     let mut settings = mqtt_settings(&broker);
-    settings.mqtt.dead_letter_topic = Some("hourglass/dead".into());
+    settings.mqtt.dead_letter_topic = "hourglass/dead".into();
     let app = spawn_app_with(settings).await;
     subscribed(&app).await;
     let mut watcher =

@@ -11,7 +11,7 @@ use hourglass::Granularity;
 use serde_json::{Value, json};
 
 use crate::helpers::{
-    TestApp, all_values, assert_invariants, base_time, eventually, journal_settings, reading,
+    TestApp, all_values, assert_invariants, base_time, eventually, gate, journal_settings, reading,
     rfc3339, settings_with, spawn_app_with,
 };
 
@@ -496,8 +496,10 @@ async fn an_import_with_unknown_columns_or_an_export_without_a_range_is_refused_
     app.stop().await.expect("stops");
 }
 
-/// A large CSV file with bad rows: the import is SIGKILLed once about half
-/// is acknowledged, then run again; every good row is stored once, every
+/// A large CSV file with bad rows: the import runs through a gate that
+/// answers only about half of its requests (the rest reach the service, but
+/// their answers are held), is SIGKILLed once it waits at the gate with a
+/// checkpoint written, then run again; every good row is stored once, every
 /// bad row reported once, and the summary counts each reading once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_import_killed_halfway_resumes_and_stores_every_line_once() {
@@ -532,10 +534,15 @@ async fn an_import_killed_halfway_resumes_and_stores_every_line_once() {
     let path = file.to_str().expect("UTF-8");
     let checkpoint = dir.path().join("fleet.csv.import-checkpoint");
 
+    // 10 000 rows a request (the import's default batch): half the file's
+    // requests are answered, the others stay unanswered until the kill.
+    const BATCH: u64 = 10_000;
+    let gate = gate(&app.address, (ROWS as u64 / 2 / BATCH) as usize).await;
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_hourglass"))
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .args(["--config", "config/default.toml", "import", "--quiet", path])
-        .env("HOURGLASS_URL", &app.address)
+        .args(["--batch", &BATCH.to_string()])
+        .env("HOURGLASS_URL", &gate.address)
         .env("HOURGLASS__MQTT__ENABLED", "false")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -543,20 +550,23 @@ async fn an_import_killed_halfway_resumes_and_stores_every_line_once() {
         .expect("the import starts");
     eventually(
         Duration::from_secs(600),
-        "half the file acknowledged",
+        "a checkpoint written, and the import held at the gate",
         || {
             let records = std::fs::read_to_string(&checkpoint)
                 .ok()
                 .and_then(|t| serde_json::from_str::<Value>(&t).ok())
                 .and_then(|v| v["records"].as_u64())
                 .unwrap_or(0);
-            async move { records >= ROWS as u64 / 2 }
+            let held = gate.held.load(std::sync::atomic::Ordering::SeqCst);
+            async move { records > 0 && held > 0 }
         },
     )
     .await;
+    // Nothing more can be answered: the import cannot have finished.
     child.start_kill().expect("SIGKILL");
     let status = child.wait().await.expect("reaped");
     assert!(!status.success(), "killed before it finished");
+    drop(gate);
 
     let out = cli(&app.address, &["import", "--quiet", path]).await;
     assert!(out.status.success(), "{}", text(&out));

@@ -233,7 +233,7 @@ async fn two_instances_in_a_shared_group_split_the_stream_and_store_each_reading
 async fn unusable_messages_are_dead_lettered_and_do_not_stop_the_stream() {
     let broker = Broker::start().await;
     let mut settings = mqtt_settings(&broker);
-    settings.mqtt.dead_letter_topic = Some("hourglass/dead".into());
+    settings.mqtt.dead_letter_topic = "hourglass/dead".into();
     settings.mqtt.max_payload_bytes = 2048;
     let app = spawn_app_with(settings).await;
     let stats = app.mqtt.clone().expect("mqtt");

@@ -271,7 +271,12 @@ async fn a_journal_replayed_after_a_correction_elsewhere_never_overwrites_it() {
     b_settings.journal.dir = journal_dir();
     let b = spawn_app_with(b_settings).await;
     let extra = [("HOURGLASS__BATCHER__MAX_HOLD", "60s")];
-    let mut a = spawn_binary(&a_settings, &extra, &logs.path().join("a.log"));
+    // A holds what it acknowledges until the kill, however slow the machine.
+    let mut a = spawn_binary(
+        &a_settings,
+        crate::journal::HOLD_EVERYTHING,
+        &logs.path().join("a.log"),
+    );
     let a_url = binary_address(&logs.path().join("a.log")).await;
     let client = reqwest::Client::new();
     let t = now() - 2;

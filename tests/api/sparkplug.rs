@@ -50,7 +50,7 @@ fn script_output(out: std::process::Output) -> Value {
 
 fn sparkplug_settings(broker: &Broker) -> Settings {
     let mut s = mqtt_settings(broker);
-    s.mqtt.dead_letter_topic = Some(DEAD.into());
+    s.mqtt.dead_letter_topic = DEAD.into();
     s.mqtt.sparkplug.enabled = true;
     s.mqtt.sparkplug.reorder_timeout = Duration::from_millis(500);
     s.mqtt.sparkplug.rebirth_cooldown = Duration::from_secs(600);

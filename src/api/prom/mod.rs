@@ -31,7 +31,7 @@ pub use self::params::{parse_duration, parse_time};
 use super::AppState;
 use super::query::{Admitted, admit};
 use crate::auth::Principal;
-use crate::query::promql::{self, Context, LabelSet, Outcome, PromError, Steps, Value};
+use crate::query::promql::{self, Context, LabelSet, Limits, Outcome, PromError, Steps, Value};
 use crate::store::{BucketStore, SensorQuery, StoreError};
 
 /// The routes, relative to the data source URL `…/prometheus`.
@@ -103,6 +103,7 @@ impl From<PromError> for Failure {
     fn from(e: PromError) -> Self {
         match e {
             PromError::BadData(m) => Failure::bad_data(m),
+            PromError::Timeout => Failure::timeout(),
             PromError::Execution(m) => Self {
                 status: StatusCode::UNPROCESSABLE_ENTITY,
                 kind: "execution",
@@ -176,6 +177,8 @@ async fn evaluate<S: BucketStore>(
         max_range_ms: i64::try_from(state.settings.query.max_range.as_millis()).unwrap_or(i64::MAX),
         max_time: admitted.max_time(),
         may_access: &may_access,
+        limits: state.settings.query.limits(),
+        max_samples: state.settings.query.max_samples,
     };
     let outcome = tokio::time::timeout_at(admitted.deadline, promql::evaluate(&ctx, query, steps))
         .await
@@ -277,11 +280,15 @@ pub async fn range<S: BucketStore>(
 }
 
 /// The matchers of each `match[]`: each must be a plain selector.
-fn match_sets(form: &Form) -> Result<Vec<Vec<Matcher>>, Failure> {
+fn match_sets(form: &Form, limits: Limits) -> Result<Vec<Vec<Matcher>>, Failure> {
     form.all("match[]")
         .map(|m| {
-            let expr = promql_parser::parser::parse(m)
-                .map_err(|e| Failure::bad_data(format!("invalid parameter \"match[]\": {e}")))?;
+            let expr = promql::compile::parse(m, &limits).map_err(|e| match e {
+                PromError::BadData(e) => {
+                    Failure::bad_data(format!("invalid parameter \"match[]\": {e}"))
+                }
+                other => Failure::from(other),
+            })?;
             let Expr::VectorSelector(vs) = expr else {
                 return Err(Failure::bad_data(format!(
                     "invalid parameter \"match[]\": {m:?} is not a series selector"
@@ -324,7 +331,7 @@ async fn listed<S: BucketStore>(
     form: &Form,
     limit: usize,
 ) -> Result<(Vec<LabelSet>, bool), Failure> {
-    let sets = match_sets(form)?;
+    let sets = match_sets(form, state.settings.query.limits())?;
     let admitted = admitted(state, form).await?;
     let may_access = |s: &str| principal.may_access(s);
     let work = async {

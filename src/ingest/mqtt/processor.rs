@@ -302,7 +302,7 @@ fn describe(e: &DecodeError) -> String {
 }
 
 async fn dead_letter(shared: &Shared, publish: &Publish, reason: &str) {
-    let Some(topic) = &shared.settings.dead_letter_topic else {
+    let Some(topic) = shared.settings.dead_letters() else {
         return;
     };
     let text = std::str::from_utf8(&publish.payload).ok();
@@ -320,7 +320,7 @@ async fn dead_letter(shared: &Shared, publish: &Publish, reason: &str) {
     };
     if let Err(e) = shared
         .client
-        .publish(topic.clone(), QoS::AtLeastOnce, false, body)
+        .publish(topic, QoS::AtLeastOnce, false, body)
         .await
     {
         warn!(error = %e, "Could not queue a dead letter.");

@@ -11,6 +11,9 @@ use crate::settings::{Invalid, check_file, invalid, serialize_opt_secret};
 pub const DEFAULT_CLIENT_ID: &str = "hourglass";
 pub const DEFAULT_TOPIC_PREFIX: &str = "sensors";
 pub const DEFAULT_LINE_PROTOCOL_TOPIC: &str = "telegraf/#";
+/// Where unusable messages are republished unless configured otherwise
+/// (the example ACL, `config/mosquitto.acl`, lets Hourglass write it).
+pub const DEFAULT_DEAD_LETTER_TOPIC: &str = "hourglass/dead-letters";
 pub const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
 pub const DEFAULT_MAX_UNACKED: usize = 1000;
@@ -36,8 +39,9 @@ pub struct Settings {
     /// A topic filter whose messages are InfluxDB line protocol (Telegraf's
     /// `outputs.mqtt`); empty subscribes to none.
     pub line_protocol_topic: String,
-    /// Unusable messages are republished here with the reason, when set.
-    pub dead_letter_topic: Option<String>,
+    /// Unusable messages are republished here with the reason; empty: none
+    /// (not while Sparkplug is enabled).
+    pub dead_letter_topic: String,
     /// Ingest retained messages too. Off: a retained message is a reading
     /// already delivered once, and would be stored again at every subscribe.
     pub ingest_retained: bool,
@@ -66,7 +70,7 @@ impl Default for Settings {
             topic_prefix: DEFAULT_TOPIC_PREFIX.to_owned(),
             shared_group: None,
             line_protocol_topic: DEFAULT_LINE_PROTOCOL_TOPIC.to_owned(),
-            dead_letter_topic: None,
+            dead_letter_topic: DEFAULT_DEAD_LETTER_TOPIC.to_owned(),
             ingest_retained: false,
             keep_alive: DEFAULT_KEEP_ALIVE,
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
@@ -120,6 +124,11 @@ impl Settings {
         Some(self.line_protocol_topic.as_str()).filter(|t| !t.is_empty())
     }
 
+    /// Where unusable messages are republished, if anywhere.
+    pub fn dead_letters(&self) -> Option<&str> {
+        Some(self.dead_letter_topic.as_str()).filter(|t| !t.is_empty())
+    }
+
     pub fn validate(&self) -> Result<(), Invalid> {
         if !self.enabled {
             return Ok(());
@@ -132,10 +141,10 @@ impl Settings {
         }
         self.host_port()?;
         self.sparkplug.validate()?;
-        if self.sparkplug.enabled && self.dead_letter_topic.is_none() {
+        if self.sparkplug.enabled && self.dead_letters().is_none() {
             return Err(invalid(
                 "mqtt.dead_letter_topic",
-                "must be set while mqtt.sparkplug is enabled: unusable Sparkplug messages (data before a birth, unknown aliases) are republished there, never dropped",
+                "may not be empty while mqtt.sparkplug is enabled: unusable Sparkplug messages (data before a birth, unknown aliases) are republished there, never dropped",
             ));
         }
         if self.sparkplug.enabled
@@ -183,18 +192,14 @@ impl Settings {
                 "must be a topic without wildcards, $ or a trailing /",
             ));
         }
-        if self
-            .dead_letter_topic
-            .as_deref()
-            .is_some_and(|t| !topic_ok(t))
-        {
+        if self.dead_letters().is_some_and(|t| !topic_ok(t)) {
             return Err(invalid(
                 "mqtt.dead_letter_topic",
                 "must be a topic without wildcards, $ or a trailing /",
             ));
         }
         // The subscription is {prefix}/#, which also matches {prefix} itself.
-        if let Some(topic) = self.dead_letter_topic.as_deref()
+        if let Some(topic) = self.dead_letters()
             && (topic == self.topic_prefix || topic.starts_with(&format!("{}/", self.topic_prefix)))
         {
             return Err(invalid(
@@ -225,7 +230,7 @@ impl Settings {
                     ),
                 ));
             }
-            if let Some(topic) = self.dead_letter_topic.as_deref()
+            if let Some(topic) = self.dead_letters()
                 && rumqttc::matches(topic, filter)
             {
                 return Err(invalid(

@@ -9,6 +9,7 @@ use promql_parser::parser::{
 };
 
 use super::PromError;
+use super::limits::{self, Limits};
 use crate::query::plan::Need;
 
 /// Prometheus' default lookback for instant selectors.
@@ -320,10 +321,15 @@ fn unsupported(what: impl std::fmt::Display) -> PromError {
     ))
 }
 
+/// Parses `query` once it is within `limits` (the parser recurses).
+pub fn parse(query: &str, limits: &Limits) -> Result<Expr, PromError> {
+    limits::check(query, limits)?;
+    parser::parse(query).map_err(|e| PromError::BadData(format!("parse error: {e}")))
+}
+
 /// Parses and checks `query`.
-pub fn compile(query: &str) -> Result<Node, PromError> {
-    let expr = parser::parse(query).map_err(|e| PromError::BadData(format!("parse error: {e}")))?;
-    walk(&expr)
+pub fn compile(query: &str, limits: &Limits) -> Result<Node, PromError> {
+    walk(&parse(query, limits)?)
 }
 
 fn ms(d: &std::time::Duration) -> i64 {
@@ -404,6 +410,10 @@ fn range_arg(arg: &Expr, name: &str) -> Result<RangeArg, PromError> {
 }
 
 fn walk(expr: &Expr) -> Result<Node, PromError> {
+    super::deep(|| walk_level(expr))
+}
+
+fn walk_level(expr: &Expr) -> Result<Node, PromError> {
     Ok(match expr {
         Expr::NumberLiteral(n) => Node::Number(n.val),
         Expr::StringLiteral(s) => Node::Str(s.val.clone()),
@@ -546,7 +556,7 @@ mod tests {
     use super::*;
 
     fn error(q: &str) -> String {
-        match compile(q) {
+        match compile(q, &Limits::default()) {
             Err(PromError::BadData(m)) => m,
             other => panic!("{q}: {other:?}"),
         }
@@ -583,7 +593,7 @@ mod tests {
             "sort_desc(temp)",
             "vector(1) + scalar(temp)",
         ] {
-            compile(q).unwrap_or_else(|e| panic!("{q}: {e:?}"));
+            compile(q, &Limits::default()).unwrap_or_else(|e| panic!("{q}: {e:?}"));
         }
     }
 
@@ -606,7 +616,11 @@ mod tests {
             func,
             arg: RangeArg::Selector { selector, range_ms },
             ..
-        } = compile("max_over_time(speed[90s] offset 1m @ 1000)").expect("compiles")
+        } = compile(
+            "max_over_time(speed[90s] offset 1m @ 1000)",
+            &Limits::default(),
+        )
+        .expect("compiles")
         else {
             panic!("a range function")
         };
@@ -617,7 +631,7 @@ mod tests {
         let Node::Range {
             arg: RangeArg::Subquery { step_ms, .. },
             ..
-        } = compile("max_over_time(speed[1h:])").expect("compiles")
+        } = compile("max_over_time(speed[1h:])", &Limits::default()).expect("compiles")
         else {
             panic!("a subquery")
         };

@@ -51,10 +51,29 @@ impl Leaf {
     }
 }
 
-/// The query's own evaluation times: `@ start()` and `@ end()` refer to them.
+/// The query's own evaluation times (`@ start()` and `@ end()` refer to
+/// them) and what its evaluation may take.
 #[derive(Debug, Clone, Copy)]
 pub struct Query {
     pub steps: Steps,
+    /// Most evaluation times of one subquery (`query.max_samples`): its
+    /// values are held at each.
+    pub max_steps: usize,
+    /// When the evaluation gives up (`query.timeout`); checked at every node.
+    pub deadline: Option<std::time::Instant>,
+}
+
+#[cfg(test)]
+impl Query {
+    /// A query at `steps` with no deadline and room for any subquery that
+    /// fits `max_steps`.
+    pub fn new(steps: Steps, max_steps: usize) -> Self {
+        Self {
+            steps,
+            max_steps,
+            deadline: None,
+        }
+    }
 }
 
 impl Query {
@@ -107,6 +126,33 @@ impl Query {
         }
         Steps::new(start, last.saturating_sub(offset_ms), step_ms)
     }
+
+    /// A subquery's inner evaluation times, unless they are too many to hold.
+    fn inner_steps(
+        &self,
+        outer: &Steps,
+        range_ms: i64,
+        step_ms: i64,
+        offset_ms: i64,
+        at: Option<At>,
+    ) -> Result<Steps, PromError> {
+        let inner = self.subquery_steps(outer, range_ms, step_ms, offset_ms, at);
+        if inner.n > self.max_steps {
+            return Err(PromError::BadData(format!(
+                "a subquery would be evaluated at {} times, more than {} (query.max_samples); use a longer subquery step or a shorter range",
+                inner.n, self.max_steps
+            )));
+        }
+        Ok(inner)
+    }
+
+    /// An error once the deadline has passed.
+    fn in_time(&self) -> Result<(), PromError> {
+        match self.deadline {
+            Some(d) if std::time::Instant::now() >= d => Err(PromError::Timeout),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Every selector read `node` needs when evaluated at `steps`, in the order
@@ -118,6 +164,15 @@ pub fn leaves(node: &Node, q: &Query, steps: &Steps) -> Result<Vec<Leaf>, PromEr
 }
 
 fn collect(node: &Node, q: &Query, steps: &Steps, out: &mut Vec<Leaf>) -> Result<(), PromError> {
+    super::deep(|| collect_level(node, q, steps, out))
+}
+
+fn collect_level(
+    node: &Node,
+    q: &Query,
+    steps: &Steps,
+    out: &mut Vec<Leaf>,
+) -> Result<(), PromError> {
     match node {
         Node::Number(_) | Node::Str(_) => {}
         Node::Instant(sel) => out.push(Leaf {
@@ -152,7 +207,7 @@ fn collect(node: &Node, q: &Query, steps: &Steps, out: &mut Vec<Leaf>) -> Result
                 if let Some(p) = param {
                     collect(p, q, steps, out)?;
                 }
-                let inner = q.subquery_steps(steps, *range_ms, *step_ms, *offset_ms, *at);
+                let inner = q.inner_steps(steps, *range_ms, *step_ms, *offset_ms, *at)?;
                 collect(expr, q, &inner, out)?;
             }
         },
@@ -209,6 +264,16 @@ pub fn run(
     steps: &Steps,
     reads: &mut std::vec::IntoIter<Vec<Series>>,
 ) -> Result<Value, PromError> {
+    super::deep(|| run_level(node, q, steps, reads))
+}
+
+fn run_level(
+    node: &Node,
+    q: &Query,
+    steps: &Steps,
+    reads: &mut std::vec::IntoIter<Vec<Series>>,
+) -> Result<Value, PromError> {
+    q.in_time()?;
     let n = steps.n;
     Ok(match node {
         Node::Number(x) => Value::Scalar(vec![*x; n]),
@@ -234,7 +299,7 @@ pub fn run(
                     Some(p) => Some(scalar(run(p, q, steps, reads)?, "quantile_over_time's φ")?),
                     None => None,
                 };
-                let inner_steps = q.subquery_steps(steps, *range_ms, *step_ms, *offset_ms, *at);
+                let inner_steps = q.inner_steps(steps, *range_ms, *step_ms, *offset_ms, *at)?;
                 let Value::Vector(inner) = run(expr, q, &inner_steps, reads)? else {
                     return Err(PromError::BadData(
                         "a subquery needs an instant vector inside".into(),
@@ -649,17 +714,18 @@ fn per_step(v: Vec<Series>, drop_name: bool, f: impl Fn(usize, f64) -> Option<f6
 #[cfg(test)]
 mod tests {
     use super::super::compile::compile;
+    use super::super::limits::Limits;
     use super::super::value::series;
     use super::*;
 
     fn eval(query: &str, reads: Vec<Vec<Series>>, n: usize) -> Result<Value, PromError> {
-        let node = compile(query).expect("compiles");
+        let node = compile(query, &Limits::default()).expect("compiles");
         let steps = Steps {
             start_ms: 600_000,
             step_ms: 60_000,
             n,
         };
-        let q = Query { steps };
+        let q = Query::new(steps, 1_000_000);
         let listed = leaves(&node, &q, &steps)?;
         assert_eq!(listed.len(), reads.len(), "{query}: reads");
         run(&node, &q, &steps, &mut reads.into_iter())
@@ -768,19 +834,20 @@ mod tests {
 
     #[test]
     fn subqueries_evaluate_inside_at_aligned_times_and_at_pins_a_time() {
-        let node = compile("max_over_time(rate(c[5m])[10m:2m])").expect("compiles");
+        let node =
+            compile("max_over_time(rate(c[5m])[10m:2m])", &Limits::default()).expect("compiles");
         let steps = Steps {
             start_ms: 3_600_000 + 30_000,
             step_ms: 60_000,
             n: 3,
         };
-        let q = Query { steps };
+        let q = Query::new(steps, 1_000_000);
         let listed = leaves(&node, &q, &steps).expect("leaves");
         // Inner times: multiples of 2 m from the first window's start.
         assert_eq!(listed[0].steps.start_ms, 3_120_000);
         assert_eq!(listed[0].steps.step_ms, 120_000);
         assert_eq!(listed[0].steps.at(listed[0].steps.n - 1), 3_720_000);
-        let node = compile("t @ end()").expect("compiles");
+        let node = compile("t @ end()", &Limits::default()).expect("compiles");
         let listed = leaves(&node, &q, &steps).expect("leaves");
         assert_eq!(listed[0].steps.n, 1);
         assert_eq!(listed[0].steps.start_ms, steps.at(2));
@@ -798,14 +865,15 @@ mod tests {
 
     #[test]
     fn quantiles_over_time_take_a_number() {
-        let node = compile("quantile_over_time(scalar(x), t[5m])").expect("compiles");
+        let node =
+            compile("quantile_over_time(scalar(x), t[5m])", &Limits::default()).expect("compiles");
         let steps = Steps {
             start_ms: 0,
             step_ms: 1,
             n: 1,
         };
         assert!(matches!(
-            leaves(&node, &Query { steps }, &steps),
+            leaves(&node, &Query::new(steps, 1_000_000), &steps),
             Err(PromError::BadData(_))
         ));
     }

@@ -9,13 +9,20 @@
 //! - [`window`]: each step's window `(t − range, t]` as cells of stored
 //!   seconds; the planner answers cells from levels, windows merge cells (pure).
 //! - [`value`]: values over all steps at once (pure).
+//! - [`limits`]: a text's length, depth and nodes, measured before it is
+//!   parsed; the recursive walks grow their stack past what that leaves
+//!   ([`deep`]).
 //! - this module: finds each read's series in the registry and reads its cells.
 
 pub mod aggregate;
 pub mod binary;
 pub mod compile;
+#[cfg(test)]
+mod deep_queries;
 pub mod eval;
 pub mod functions;
+pub mod limits;
+pub mod memory;
 pub mod value;
 pub mod window;
 
@@ -25,6 +32,7 @@ use promql_parser::label::Matcher;
 
 pub use compile::{Func, Node, RangeFunc, compile};
 pub use eval::{Leaf, LeafFunc};
+pub use limits::Limits;
 pub use value::{LabelSet, NAME, Series, Value, format_value};
 pub use window::{Steps, Windows};
 
@@ -36,6 +44,19 @@ use crate::domain::{Agg, Granularity, Sample, Summary};
 use crate::store::{BucketStore, SensorInfo, SensorQuery, StoreError};
 use functions::{Window, range_value};
 
+/// Runs one level of a recursive walk over a tree, on a fresh stack
+/// segment when the current stack is nearly used up (as rustc does). The
+/// limits keep trees small enough for any worker's stack, but a debug
+/// build's frames are many times a release build's; this keeps both safe.
+pub(crate) fn deep<R>(f: impl FnOnce() -> R) -> R {
+    const RED_ZONE: usize = if cfg!(debug_assertions) {
+        256 * 1024
+    } else {
+        64 * 1024
+    };
+    stacker::maybe_grow(RED_ZONE, 1024 * 1024, f)
+}
+
 /// Prometheus' error classes.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum PromError {
@@ -43,6 +64,9 @@ pub enum PromError {
     BadData(String),
     #[error("{0}")]
     Execution(String),
+    /// The evaluation passed its deadline.
+    #[error("the query took longer than its timeout")]
+    Timeout,
     /// Reading the documents failed; the caller decides what to tell.
     #[error(transparent)]
     Storage(#[from] StoreError),
@@ -59,8 +83,14 @@ pub struct Context<'a, S> {
     pub max_time: Duration,
     /// Whether the caller may read this sensor (a device token's patterns).
     pub may_access: &'a (dyn Fn(&str) -> bool + Sync),
+    /// What the query's text may be.
+    pub limits: Limits,
+    /// Values the query may hold: series × evaluation times, summed over
+    /// its reads (`query.max_samples`).
+    pub max_samples: usize,
 }
 
+#[derive(Debug)]
 pub struct Outcome {
     pub value: Value,
     pub cost: Cost,
@@ -155,76 +185,160 @@ pub async fn select<S: BucketStore>(
 /// How far a quantile's windows may reach: it holds every reading of them.
 const MAX_VALUES_RANGE_MS: i64 = 31 * 86_400_000;
 
+/// A compiled query ready to read: its tree, evaluation times and reads,
+/// and the budgets its reads are counted against. The store's evaluation
+/// and the in-memory one ([`memory`]) share it.
+struct Prepared {
+    node: Node,
+    q: eval::Query,
+    leaves: Vec<Leaf>,
+    max_series: usize,
+    max_samples: usize,
+    selected: usize,
+    samples: usize,
+}
+
+impl Prepared {
+    /// Compiles `query` within `limits` and lists its reads, each checked
+    /// against `max_range_ms`.
+    fn new(
+        query: &str,
+        steps: Steps,
+        limits: &Limits,
+        budget: (usize, usize, i64),
+        deadline: Option<std::time::Instant>,
+    ) -> Result<Self, PromError> {
+        let (max_series, max_samples, max_range_ms) = budget;
+        let node = compile(query, limits)?;
+        let q = eval::Query {
+            steps,
+            max_steps: max_samples,
+            deadline,
+        };
+        let leaves = eval::leaves(&node, &q, &steps)?;
+        for leaf in &leaves {
+            check_reach(leaf, max_range_ms)?;
+        }
+        Ok(Self {
+            node,
+            q,
+            leaves,
+            max_series,
+            max_samples,
+            selected: 0,
+            samples: 0,
+        })
+    }
+
+    /// How many more series the query may select.
+    fn series_left(&self) -> usize {
+        self.max_series.saturating_sub(self.selected)
+    }
+
+    /// Counts a read of `found` series at `steps` evaluation times; an
+    /// error if the query selects or would hold too much.
+    fn count(&mut self, found: usize, steps: usize) -> Result<(), PromError> {
+        self.selected += found;
+        if self.selected > self.max_series {
+            return Err(PromError::BadData(format!(
+                "the query selects more than {} series (query.max_series); narrow its label matchers",
+                self.max_series
+            )));
+        }
+        // A read without series still lays out its windows.
+        self.samples = self
+            .samples
+            .saturating_add(found.max(1).saturating_mul(steps));
+        if self.samples > self.max_samples {
+            return Err(PromError::BadData(format!(
+                "the query would hold more than {} values (query.max_samples): series times evaluation times; narrow its selectors, range or subquery steps",
+                self.max_samples
+            )));
+        }
+        Ok(())
+    }
+
+    /// Evaluates the tree over its reads, in the order of its leaves.
+    fn finish(self, reads: Vec<Vec<Series>>, cost: Cost) -> Result<Outcome, PromError> {
+        let steps = self.q.steps;
+        let value = eval::run(&self.node, &self.q, &steps, &mut reads.into_iter())?;
+        let sorted = match &self.node {
+            Node::Call {
+                func: Func::Sort, ..
+            } => Some(true),
+            Node::Call {
+                func: Func::SortDesc,
+                ..
+            } => Some(false),
+            _ => None,
+        };
+        if let Value::String(_) = value {
+            return Err(PromError::BadData(
+                "a string is an argument (of label_replace, label_join, count_values), not an answer, in Hourglass".into(),
+            ));
+        }
+        Ok(Outcome {
+            value,
+            cost,
+            sorted,
+        })
+    }
+}
+
+/// Whether a read stays within `query.max_range` (and a quantile's within
+/// what may be held).
+fn check_reach(leaf: &Leaf, max_range_ms: i64) -> Result<(), PromError> {
+    let span = leaf
+        .steps
+        .at(leaf.steps.n.saturating_sub(1))
+        .saturating_sub(leaf.steps.start_ms);
+    let reach = span
+        .saturating_add(leaf.range_ms)
+        .saturating_add(leaf.selector.offset_ms.saturating_abs());
+    if reach > max_range_ms {
+        return Err(PromError::BadData(format!(
+            "the query reaches further than query.max_range ({} s) with its range and offset",
+            max_range_ms / 1000
+        )));
+    }
+    if leaf.func == LeafFunc::Range(RangeFunc::Quantile)
+        && span.saturating_add(leaf.range_ms) > MAX_VALUES_RANGE_MS
+    {
+        return Err(PromError::BadData(
+            "quantile_over_time reads every reading of its windows: in Hourglass they may span at most 31 days".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// Evaluates `query` at every step.
 pub async fn evaluate<S: BucketStore>(
     ctx: &Context<'_, S>,
     query: &str,
     steps: Steps,
 ) -> Result<Outcome, PromError> {
-    let node = compile(query)?;
-    let q = eval::Query { steps };
-    let leaves = eval::leaves(&node, &q, &steps)?;
+    let mut prepared = Prepared::new(
+        query,
+        steps,
+        &ctx.limits,
+        (ctx.max_series, ctx.max_samples, ctx.max_range_ms),
+        std::time::Instant::now().checked_add(ctx.max_time),
+    )?;
     let mut cost = Cost::default();
-    let mut selected = 0;
-    let mut reads = Vec::with_capacity(leaves.len());
+    let mut reads = Vec::with_capacity(prepared.leaves.len());
+    let leaves = std::mem::take(&mut prepared.leaves);
     for leaf in &leaves {
-        let span = leaf
-            .steps
-            .at(leaf.steps.n.saturating_sub(1))
-            .saturating_sub(leaf.steps.start_ms);
-        let reach = span
-            .saturating_add(leaf.range_ms)
-            .saturating_add(leaf.selector.offset_ms.saturating_abs());
-        if reach > ctx.max_range_ms {
-            return Err(PromError::BadData(format!(
-                "the query reaches further than query.max_range ({} s) with its range and offset",
-                ctx.max_range_ms / 1000
-            )));
-        }
-        if leaf.func == LeafFunc::Range(RangeFunc::Quantile)
-            && span.saturating_add(leaf.range_ms) > MAX_VALUES_RANGE_MS
-        {
-            return Err(PromError::BadData(
-                "quantile_over_time reads every reading of its windows: in Hourglass they may span at most 31 days".into(),
-            ));
-        }
-        let left = ctx.max_series.saturating_sub(selected);
+        let left = prepared.series_left();
         let found = select(ctx.store, &leaf.selector.matchers, left, ctx.may_access).await?;
         // The registry's find (its documents are not the data's).
         cost.round_trips += 1;
-        selected += found.len();
-        if selected > ctx.max_series {
-            return Err(PromError::BadData(format!(
-                "the query selects more than {} series (query.max_series); narrow its label matchers",
-                ctx.max_series
-            )));
-        }
+        prepared.count(found.len(), leaf.steps.n)?;
         let (series, c) = read_leaf(ctx, leaf, &found).await?;
         cost.documents += c.documents;
         cost.round_trips += c.round_trips;
         reads.push(series);
     }
-    let value = eval::run(&node, &q, &steps, &mut reads.into_iter())?;
-    let sorted = match &node {
-        Node::Call {
-            func: Func::Sort, ..
-        } => Some(true),
-        Node::Call {
-            func: Func::SortDesc,
-            ..
-        } => Some(false),
-        _ => None,
-    };
-    if let Value::String(_) = value {
-        return Err(PromError::BadData(
-            "a string is an argument (of label_replace, label_join, count_values), not an answer, in Hourglass".into(),
-        ));
-    }
-    Ok(Outcome {
-        value,
-        cost,
-        sorted,
-    })
+    prepared.finish(reads, cost)
 }
 
 /// Every found series' value at every evaluation time of the read: each

@@ -254,7 +254,24 @@ pub async fn run(
     let mut saved = Instant::now();
     // The file whose checkpoint has news not yet written.
     let mut unsaved: Option<usize> = None;
-    while let Some(result) = settled.next().await {
+    // Written on a timer too: an import waiting on a slow answer still
+    // records what was acknowledged before it.
+    let mut ticks = tokio::time::interval(checkpoint::SAVE_EVERY);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let result = tokio::select! {
+            next = settled.next() => match next {
+                Some(result) => result,
+                None => break,
+            },
+            _ = ticks.tick() => {
+                if let Some(file) = unsaved.take() {
+                    save(&mut plans[file])?;
+                    saved = Instant::now();
+                }
+                continue;
+            }
+        };
         let (mut batch, (readings, refused)) = match result {
             Ok(settled) => settled,
             Err(e) => {
