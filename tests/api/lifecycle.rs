@@ -634,6 +634,56 @@ async fn an_import_killed_halfway_resumes_and_stores_every_line_once() {
     app.stop().await.expect("stops");
 }
 
+/// `hourglass import` and `export` as a client on another machine runs
+/// them: outside the checkout, no configuration file, no MongoDB settings,
+/// only `HOURGLASS_URL`.
+#[tokio::test]
+async fn import_and_export_need_only_the_service_url() {
+    let app = crate::helpers::spawn_app().await;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let t = base_time();
+    let file = dir.path().join("few.ndjson");
+    std::fs::write(
+        &file,
+        format!(
+            "{}\n{}\n",
+            reading("c1", "temp", t, 1.5),
+            reading("c1", "temp", t + 1, 2.5)
+        ),
+    )
+    .expect("written");
+    let run = |args: Vec<String>| {
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_hourglass"));
+        cmd.current_dir(dir.path())
+            .args(args)
+            .env("HOURGLASS_URL", &app.address)
+            .env_remove("HOURGLASS__MONGODB__URI")
+            .env_remove("MONGODB_URI")
+            .env_remove("RUST_LOG");
+        async move { cmd.output().await.expect("the hourglass binary runs") }
+    };
+    let out = run(vec![
+        "import".into(),
+        "--quiet".into(),
+        file.display().to_string(),
+    ])
+    .await;
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("2 readings stored"), "{}", text(&out));
+    let out = run(vec![
+        "export".into(),
+        "--from".into(),
+        rfc3339(t),
+        "--to".into(),
+        rfc3339(t + 60),
+    ])
+    .await;
+    assert!(out.status.success(), "{}", text(&out));
+    let exported = rows(&String::from_utf8_lossy(&out.stdout), false);
+    assert_eq!(exported.len(), 2, "{}", text(&out));
+    app.stop().await.expect("stops");
+}
+
 fn delete_path(query: &str) -> String {
     format!("/api/v1/readings?{query}")
 }

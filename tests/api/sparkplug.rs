@@ -12,7 +12,9 @@ use crate::helpers::*;
 use crate::mqtt::mqtt_settings;
 
 const WAIT: Duration = Duration::from_secs(90);
-const DEAD: &str = "hourglass/dead";
+/// Where unusable messages go by default (`mqtt.dead_letter_topic`): the
+/// tests enable Sparkplug alone, as a newcomer does.
+const DEAD: &str = "hourglass/dead-letters";
 
 fn python() -> String {
     std::env::var("HOURGLASS_TEST_PYTHON").unwrap_or_else(|_| ".venv/bin/python".into())
@@ -50,7 +52,7 @@ fn script_output(out: std::process::Output) -> Value {
 
 fn sparkplug_settings(broker: &Broker) -> Settings {
     let mut s = mqtt_settings(broker);
-    s.mqtt.dead_letter_topic = DEAD.into();
+    assert_eq!(s.mqtt.dead_letter_topic, DEAD, "the default");
     s.mqtt.sparkplug.enabled = true;
     s.mqtt.sparkplug.reorder_timeout = Duration::from_millis(500);
     s.mqtt.sparkplug.rebirth_cooldown = Duration::from_secs(600);
@@ -252,10 +254,8 @@ async fn a_sigkilled_host_restarts_mid_stream_losing_nothing_and_asking_no_rebir
     let mut settings_of_reader = settings.clone();
     settings_of_reader.mongodb.database = reader.settings.mongodb.database.clone();
     let settings = settings_of_reader;
-    let env = [
-        ("HOURGLASS__MQTT__SPARKPLUG__ENABLED", "true"),
-        ("HOURGLASS__MQTT__DEAD_LETTER_TOPIC", DEAD),
-    ];
+    // Sparkplug switched on alone starts, with the default dead-letter topic.
+    let env = [("HOURGLASS__MQTT__SPARKPLUG__ENABLED", "true")];
     let logs = tempfile::tempdir().expect("temp dir");
     let log = logs.path().join("first.log");
     let mut first = spawn_binary(&settings, &env, &log);
