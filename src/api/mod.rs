@@ -188,6 +188,10 @@ pub fn router<S: BucketStore + 'static>(state: AppState<S>) -> Router {
         .merge(influx)
         .merge(queries)
         .layer(axum::extract::DefaultBodyLimit::max(http.max_body_bytes))
+        .layer(middleware::from_fn_with_state(
+            http.max_body_bytes,
+            refuse_announced_excess,
+        ))
         .route_layer(limits);
     // Health and metrics stay open (probes and scrapers carry no tokens) and
     // outside the API's limits and timeouts: they must answer exactly when
@@ -200,9 +204,34 @@ pub fn router<S: BucketStore + 'static>(state: AppState<S>) -> Router {
         .route("/health/ready", get(health::ready::<S>))
         .route("/metrics", get(health::metrics::<S>))
         .merge(console::routes::<S>())
+        .fallback(|| async {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "no such route; the API is listed at /api/v1/openapi.json",
+            )
+        })
         .route_layer(middleware::from_fn_with_state(state.metrics.clone(), track))
         .layer(trace)
         .with_state(state)
+}
+
+/// A body announced (`Content-Length`) as larger than the limit is refused
+/// before it is read: the client learns at once, and no connection is held
+/// open waiting for bytes that would be refused anyway. (A gzip body's wire
+/// size is at most what it decompresses to, which the limit also bounds.)
+async fn refuse_announced_excess(State(max): State<usize>, req: Request, next: Next) -> Response {
+    let announced = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if announced.is_some_and(|n| n > max as u64) {
+        return ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the body is larger than {max} bytes (http.max_body_bytes)"),
+        )
+        .into_response();
+    }
+    next.run(req).await
 }
 
 /// Every 503 says when to retry, the timeout layer's included.

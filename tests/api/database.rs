@@ -85,6 +85,20 @@ impl Database {
         self.launch().await;
     }
 
+    /// Sets the `failCommand` fail point (mode and data).
+    pub async fn fail_point(&self, mut spec: mongodb::bson::Document) {
+        spec.insert("configureFailPoint", "failCommand");
+        let mut ordered = mongodb::bson::doc! { "configureFailPoint": "failCommand" };
+        ordered.extend(spec);
+        mongodb::Client::with_uri_str(self.uri())
+            .await
+            .expect("a client")
+            .database("admin")
+            .run_command(ordered)
+            .await
+            .expect("the server takes the fail point");
+    }
+
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();

@@ -14,6 +14,7 @@ mod faults;
 mod fleet;
 mod helpers;
 mod hostile;
+mod hostile_surfaces;
 mod influx;
 mod ingest;
 mod journal;

@@ -112,6 +112,14 @@ pub(crate) fn sensor_glob(params: &Params) -> Result<(&str, WildMatch), ApiError
             "sensor must be a sensor id or a glob of one (* and ?)",
         ));
     }
+    // Matching costs the glob's length times the id's: a glob longer than
+    // any id is refused (every character but `*` matches one of the id's).
+    if glob.len() > crate::domain::SENSOR_MAX_LEN {
+        return Err(ApiError::bad_request(format!(
+            "sensor: a glob is at most {} characters, like a sensor id",
+            crate::domain::SENSOR_MAX_LEN
+        )));
+    }
     let prefix = &glob[..glob.find(['*', '?']).unwrap_or(glob.len())];
     Ok((prefix, WildMatch::new(glob)))
 }

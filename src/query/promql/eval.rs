@@ -318,7 +318,8 @@ fn run_level(
                     &outer,
                     *range_ms,
                     param.as_deref(),
-                );
+                    q,
+                )?;
                 if *func == RangeFunc::Absent {
                     absent(&read, n, LabelSet::new())
                 } else {
@@ -458,7 +459,8 @@ fn over_points(
     outer: &[i64],
     range_ms: i64,
     param: Option<&[f64]>,
-) -> Vec<Series> {
+    q: &Query,
+) -> Result<Vec<Series>, PromError> {
     let step = inner_steps.step_ms.max(1);
     // Inner times are whole seconds: the compiler refuses other steps.
     let index_after = |t: i64| -> usize {
@@ -470,41 +472,45 @@ fn over_points(
         usize::try_from(k).unwrap_or(usize::MAX).min(inner_steps.n)
     };
     let mut samples: Vec<Sample> = Vec::new();
-    inner
-        .iter()
-        .map(|s| {
-            let mut labels = s.labels.clone();
-            if !func.keeps_name() {
-                labels.remove(NAME);
+    let mut out = Vec::with_capacity(inner.len());
+    // Each window is read whole: long windows at short steps cost their
+    // product, so the deadline is checked as they go.
+    let mut scanned = 0usize;
+    for s in inner {
+        let mut labels = s.labels.clone();
+        if !func.keeps_name() {
+            labels.remove(NAME);
+        }
+        let mut values = Vec::with_capacity(outer.len());
+        for (k, &t) in outer.iter().enumerate() {
+            let (a, b) = (index_after(t.saturating_sub(range_ms)), index_after(t));
+            scanned += b.saturating_sub(a) + 1;
+            if scanned >= 1 << 20 {
+                scanned = 0;
+                q.in_time()?;
             }
-            let values = outer
-                .iter()
-                .enumerate()
-                .map(|(k, &t)| {
-                    let (a, b) = (index_after(t.saturating_sub(range_ms)), index_after(t));
-                    samples.clear();
-                    samples.extend((a..b).filter_map(|j| {
-                        s.values[j].map(|v| Sample {
-                            t: inner_steps.at(j).div_euclid(1000),
-                            v,
-                        })
-                    }));
-                    let summary = Summary::of(&samples);
-                    let agg = summary.as_ref().map(Summary::agg).unwrap_or_default();
-                    let w = Window {
-                        start_ms: t.saturating_sub(range_ms),
-                        end_ms: t,
-                        range_ms,
-                        agg: &agg,
-                        summary: summary.as_ref(),
-                        samples: &samples,
-                    };
-                    range_value(func, &w, param.map_or(f64::NAN, |p| p[k]))
+            samples.clear();
+            samples.extend((a..b).filter_map(|j| {
+                s.values[j].map(|v| Sample {
+                    t: inner_steps.at(j).div_euclid(1000),
+                    v,
                 })
-                .collect();
-            Series { labels, values }
-        })
-        .collect()
+            }));
+            let summary = Summary::of(&samples);
+            let agg = summary.as_ref().map(Summary::agg).unwrap_or_default();
+            let w = Window {
+                start_ms: t.saturating_sub(range_ms),
+                end_ms: t,
+                range_ms,
+                agg: &agg,
+                summary: summary.as_ref(),
+                samples: &samples,
+            };
+            values.push(range_value(func, &w, param.map_or(f64::NAN, |p| p[k])));
+        }
+        out.push(Series { labels, values });
+    }
+    Ok(out)
 }
 
 fn call(
