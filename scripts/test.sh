@@ -12,5 +12,12 @@ ensure_browser
 ensure_sparkplug_clients
 # Bins first: the loadtest smoke tests spawn target/debug/hourglass.
 cargo build --workspace --bins
+# What the tests send to the PromQL API seeds its fuzz target.
+export HOURGLASS_FUZZ_SEEDS="$STACK_ROOT/.stack/fuzz-seeds"
+rm -rf "$HOURGLASS_FUZZ_SEEDS"
 cargo test --workspace --all-targets "$@" || status=$?
+if [[ "${status:-0}" == 0 && $# == 0 && "${FUZZ_SECONDS:-20}" != 0 ]]; then
+  # Every fuzz target for a bounded time (FUZZ_SECONDS=0 skips this).
+  scripts/fuzz.sh || status=$?
+fi
 exit "${status:-0}"

@@ -89,7 +89,7 @@ pub const MALLOC_CONF: &[u8; 44] = b"dirty_decay_ms:120000,muzzy_decay_ms:120000
 /// The pure cores behind the service (no I/O, no clock): for the benchmarks,
 /// the fuzz targets, and the load test's direct writes. Not the service's API.
 pub mod pure {
-    pub use crate::api::query::{Step, parse_instant, parse_step};
+    pub use crate::api::query::{Step, check_group_params, parse_instant, parse_step};
     pub use crate::batcher::{
         Batch, Batcher, BatcherLimits, Hold, Item, Settings as BatcherSettings, Settled,
     };
@@ -116,9 +116,10 @@ pub mod pure {
     pub use crate::journal::{decode_frame as journal_decode, encode_frame as journal_encode};
     pub use crate::query::promql::memory::{Budget as PromBudget, Memory as PromMemory};
     pub use crate::query::promql::{
-        LabelSet as PromLabels, Limits as PromLimits, Steps as PromSteps,
+        LabelSet as PromLabels, Limits as PromLimits, Steps as PromSteps, Value as PromValue,
     };
     pub use crate::query::{Calendar, Grid, Need, Plan};
+    pub use crate::runtime::WORKER_STACK_BYTES;
     pub use crate::store::command::{Chunk, Commands, Limits, Target};
     pub use crate::store::document::{Form, Versioning, update_statement};
     pub use crate::store::rollup::{ReadBack, roll_hours_of};

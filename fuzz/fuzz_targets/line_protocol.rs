@@ -28,13 +28,14 @@ fuzz_target!(|data: &[u8]| {
             continue;
         };
         assert_eq!(d.lines + d.refused, lines);
-        assert!(d.readings.len() <= 1000);
+        let readings = d.readings();
+        assert!(readings.len() <= 1000);
         let mut last = 0;
         for e in &d.errors {
             assert!(e.line > last && !e.reason.is_empty());
             last = e.line;
         }
-        for r in &d.readings {
+        for r in &readings {
             assert!(r.value.is_finite());
             assert!(!r.sensor.as_str().is_empty() && r.sensor.as_str().len() <= SENSOR_MAX_LEN);
             assert!(!r.metric.as_str().is_empty() && r.metric.as_str().len() <= METRIC_MAX_LEN);

@@ -602,3 +602,20 @@ pub async fn gate(upstream: &str, open: usize) -> Gate {
         task,
     }
 }
+
+/// Keeps `input` as a seed of the fuzz target `target` when
+/// `HOURGLASS_FUZZ_SEEDS` names a directory (`make test` sets it, and its
+/// fuzzing starts from what the tests sent).
+pub fn fuzz_seed(target: &str, input: &str) {
+    let Some(dir) = std::env::var_os("HOURGLASS_FUZZ_SEEDS") else {
+        return;
+    };
+    let dir = std::path::Path::new(&dir).join(target);
+    // FNV-1a: one file per distinct input.
+    let hash = input.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    if std::fs::create_dir_all(&dir).is_ok() {
+        let _ = std::fs::write(dir.join(format!("{hash:016x}")), input);
+    }
+}

@@ -503,6 +503,9 @@ async fn get(client: &reqwest::Client, url: &str, query: &[(&str, String)]) -> V
     let mut form = url::form_urlencoded::Serializer::new(String::new());
     for (k, v) in query {
         form.append_pair(k, v);
+        if *k == "query" {
+            crate::helpers::fuzz_seed("promql", v);
+        }
     }
     client
         .get(format!("{url}?{}", form.finish()))
@@ -809,6 +812,7 @@ async fn the_provisioned_dashboard_queries_are_answered() {
     for panel in dashboard["panels"].as_array().expect("panels") {
         for target in panel["targets"].as_array().into_iter().flatten() {
             queries.push(target["expr"].as_str().expect("expr").to_owned());
+            crate::helpers::fuzz_seed("promql", target["expr"].as_str().unwrap_or_default());
         }
     }
     assert!(queries.len() >= 3, "{queries:?}");

@@ -124,6 +124,30 @@ pub(crate) fn sensor_glob(params: &Params) -> Result<(&str, WildMatch), ApiError
     Ok((prefix, WildMatch::new(glob)))
 }
 
+/// A group query string read as the route reads it, without a store: the
+/// parameters, metric, grouping, time zone, step and instants, and the
+/// sensor glob matched against `ids`; how many match. For the fuzz target
+/// of the JSON API's parameters.
+pub fn check_group_params(raw: &str, ids: &[&str]) -> Result<usize, String> {
+    let params = Params::parse(Some(raw), &GROUP_PARAMS, true).map_err(|e| e.message)?;
+    metric(&params).map_err(|e| e.message)?;
+    GroupBy::parse(params.get("group_by")).map_err(|e| e.message)?;
+    parse_tz(&params).map_err(|e| e.message)?;
+    if let Some(step) = params.get("step") {
+        super::parse_step(step).map_err(|e| e.message)?;
+    }
+    for name in ["from", "to"] {
+        if let Some(t) = params.get(name) {
+            super::parse_instant(name, t).map_err(|e| e.message)?;
+        }
+    }
+    let (prefix, pattern) = sensor_glob(&params).map_err(|e| e.message)?;
+    Ok(ids
+        .iter()
+        .filter(|id| id.starts_with(prefix) && pattern.matches(id))
+        .count())
+}
+
 pub(crate) const GROUP_PARAMS: [&str; 8] = [
     "sensor", "metric", "from", "to", "group_by", "step", "tz", "format",
 ];

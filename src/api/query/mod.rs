@@ -39,6 +39,7 @@ use csv::{POINT_COLUMNS, csv_point, csv_response, wants_csv};
 pub use dead_letters::{
     __path_list_dead_letters, DeadLetterEntry, DeadLetterList, list_dead_letters,
 };
+pub use groups::check_group_params;
 pub(super) use groups::sensor_glob;
 pub use groups::{__path_group_average, __path_group_series, group_average, group_series};
 pub use range::Coarse;

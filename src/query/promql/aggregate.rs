@@ -37,17 +37,19 @@ pub enum Param {
 }
 
 /// `op` over `input` (sorted by labels, as Prometheus' selectors answer)
-/// at each of `n` steps.
+/// at each of `n` steps. Only `count_values` can answer more values than it
+/// was given (a series per distinct value): at most `max_values`.
 pub fn aggregate(
     op: AggOp,
     grouping: &Grouping,
     param: &Param,
     input: &[Series],
     n: usize,
+    max_values: usize,
 ) -> Result<Vec<Series>, PromError> {
     match op {
         AggOp::Topk | AggOp::Bottomk => select_k(op == AggOp::Topk, grouping, param, input, n),
-        AggOp::CountValues => count_values(grouping, param, input, n),
+        AggOp::CountValues => count_values(grouping, param, input, n, max_values),
         _ => Ok(fold(op, grouping, param, input, n)),
     }
 }
@@ -134,6 +136,7 @@ fn count_values(
     param: &Param,
     input: &[Series],
     n: usize,
+    max_values: usize,
 ) -> Result<Vec<Series>, PromError> {
     let Param::Label(label) = param else {
         return Err(PromError::BadData(
@@ -161,6 +164,11 @@ fn count_values(
             let mut labels = s.labels.clone();
             labels.insert(label.clone(), format_value(v));
             let key = group_labels(&labels, &grouping);
+            if !out.contains_key(&key) && (out.len() + 1).saturating_mul(n) > max_values {
+                return Err(PromError::BadData(format!(
+                    "count_values would answer more than {max_values} values (query.max_samples): a series for each distinct value"
+                )));
+            }
             let slot = &mut out.entry(key).or_insert_with(|| vec![None; n])[k];
             *slot = Some(slot.unwrap_or(0.0) + 1.0);
         }
@@ -321,7 +329,8 @@ mod tests {
     #[test]
     fn aggregations_group_and_drop_labels_like_prometheus() {
         let by_site = Grouping::By(vec!["site".into()]);
-        let out = aggregate(AggOp::Avg, &by_site, &Param::None, &input(), 2).expect("ok");
+        let out =
+            aggregate(AggOp::Avg, &by_site, &Param::None, &input(), 2, usize::MAX).expect("ok");
         assert_eq!(
             out,
             vec![
@@ -330,12 +339,21 @@ mod tests {
             ]
         );
         let without = Grouping::Without(vec!["sensor".into()]);
-        let out = aggregate(AggOp::Count, &without, &Param::None, &input(), 2).expect("ok");
+        let out = aggregate(
+            AggOp::Count,
+            &without,
+            &Param::None,
+            &input(),
+            2,
+            usize::MAX,
+        )
+        .expect("ok");
         assert_eq!(out[1], series(&[("site", "x")], &[Some(2.0), Some(1.0)]));
         let all = Grouping::By(Vec::new());
-        let out = aggregate(AggOp::Max, &all, &Param::None, &input(), 2).expect("ok");
+        let out = aggregate(AggOp::Max, &all, &Param::None, &input(), 2, usize::MAX).expect("ok");
         assert_eq!(out, vec![series(&[], &[Some(10.0), Some(5.0)])]);
-        let out = aggregate(AggOp::Stdvar, &all, &Param::None, &input(), 2).expect("ok");
+        let out =
+            aggregate(AggOp::Stdvar, &all, &Param::None, &input(), 2, usize::MAX).expect("ok");
         // Population variance of 1, 3, 10: mean 14/3.
         let want = ((1.0f64 - 14.0 / 3.0).powi(2)
             + (3.0f64 - 14.0 / 3.0).powi(2)
@@ -352,25 +370,55 @@ mod tests {
             .map(|s| series(&[("__name__", "t"), ("sensor", s)], &[Some(1.0)]))
             .collect();
         let all = Grouping::By(Vec::new());
-        let out = aggregate(AggOp::Topk, &all, &Param::Number(vec![2.0]), &tied, 1).expect("ok");
+        let out = aggregate(
+            AggOp::Topk,
+            &all,
+            &Param::Number(vec![2.0]),
+            &tied,
+            1,
+            usize::MAX,
+        )
+        .expect("ok");
         let names: Vec<&str> = out.iter().map(|s| s.labels["sensor"].as_str()).collect();
         assert_eq!(names, ["a", "b"]);
         assert_eq!(out[0].labels["__name__"], "t");
         let mut mixed = tied.clone();
         mixed[2].values[0] = Some(5.0);
-        let out =
-            aggregate(AggOp::Bottomk, &all, &Param::Number(vec![1.0]), &mixed, 1).expect("ok");
+        let out = aggregate(
+            AggOp::Bottomk,
+            &all,
+            &Param::Number(vec![1.0]),
+            &mixed,
+            1,
+            usize::MAX,
+        )
+        .expect("ok");
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].labels["sensor"], "a");
         // c replaces a at the head, then sinks below b: b and c, as Go's
         // heap leaves them (a, met first, is not kept).
-        let out = aggregate(AggOp::Topk, &all, &Param::Number(vec![2.0]), &mixed, 1).expect("ok");
+        let out = aggregate(
+            AggOp::Topk,
+            &all,
+            &Param::Number(vec![2.0]),
+            &mixed,
+            1,
+            usize::MAX,
+        )
+        .expect("ok");
         let names: Vec<&str> = out.iter().map(|s| s.labels["sensor"].as_str()).collect();
         assert_eq!(names, ["b", "c"]);
         assert!(
-            aggregate(AggOp::Topk, &all, &Param::Number(vec![0.5]), &mixed, 1)
-                .expect("ok")
-                .is_empty()
+            aggregate(
+                AggOp::Topk,
+                &all,
+                &Param::Number(vec![0.5]),
+                &mixed,
+                1,
+                usize::MAX
+            )
+            .expect("ok")
+            .is_empty()
         );
     }
 
@@ -387,6 +435,7 @@ mod tests {
             &Param::Label("v".into()),
             &s,
             1,
+            usize::MAX,
         )
         .expect("ok");
         assert_eq!(
@@ -402,9 +451,22 @@ mod tests {
                 &Grouping::By(Vec::new()),
                 &Param::Label("1x".into()),
                 &s,
-                1
+                1,
+                usize::MAX
             )
             .is_err()
         );
+        // A series per distinct value: two of them, at one step each, are
+        // more than one value.
+        let err = aggregate(
+            AggOp::CountValues,
+            &Grouping::By(Vec::new()),
+            &Param::Label("v".into()),
+            &s,
+            1,
+            1,
+        )
+        .expect_err("too many");
+        assert!(format!("{err}").contains("query.max_samples"), "{err}");
     }
 }

@@ -368,7 +368,7 @@ fn run_level(
                     "aggregations expect an instant vector".into(),
                 ));
             };
-            vector(aggregate(*op, grouping, &param, &input, n)?)?
+            vector(aggregate(*op, grouping, &param, &input, n, q.max_steps)?)?
         }
     })
 }

@@ -24,6 +24,8 @@ pub struct Budget {
     pub max_series: usize,
     pub max_samples: usize,
     pub max_range_ms: i64,
+    /// When the evaluation gives up (`query.timeout`).
+    pub deadline: Option<std::time::Instant>,
 }
 
 impl Memory {
@@ -39,7 +41,7 @@ impl Memory {
             steps,
             &budget.limits,
             (budget.max_series, budget.max_samples, budget.max_range_ms),
-            None,
+            budget.deadline,
         )?;
         let leaves = std::mem::take(&mut prepared.leaves);
         let mut reads = Vec::with_capacity(leaves.len());
@@ -137,6 +139,7 @@ mod tests {
             max_series: 10,
             max_samples: 100_000,
             max_range_ms: 86_400_000,
+            deadline: None,
         }
     }
 

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Runs every fuzz target for a bounded time: FUZZ_SECONDS each (default 20),
+# starting from its committed seeds (fuzz/seeds/<target>) and from what the
+# test suite sent (HOURGLASS_FUZZ_SEEDS/<target>, which `make test` fills).
+# A crash, a panic, a timeout or an overflow fails the run; its input is
+# left in fuzz/artifacts/<target>/. Needs cargo-fuzz (installed if missing).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds="${FUZZ_SECONDS:-20}"
+CARGO_FUZZ_VERSION="0.13.2"
+if ! cargo fuzz --version 2>/dev/null | grep -q "$CARGO_FUZZ_VERSION"; then
+  echo "[fuzz] Installing cargo-fuzz $CARGO_FUZZ_VERSION (first run only)." >&2
+  cargo install --quiet --locked cargo-fuzz --version "$CARGO_FUZZ_VERSION"
+fi
+cd fuzz
+# Stable toolchain: cargo-fuzz's coverage flags need RUSTC_BOOTSTRAP; no
+# sanitizer (the code under test is safe Rust; ASan would only slow it).
+export RUSTC_BOOTSTRAP=1
+cargo fuzz build -O -s none
+corpora="../.stack/fuzz"
+for target in $(cargo fuzz list); do
+  mkdir -p "$corpora/$target"
+  dirs=("$corpora/$target")
+  [[ -d "seeds/$target" ]] && dirs+=("seeds/$target")
+  if [[ -n "${HOURGLASS_FUZZ_SEEDS:-}" && -d "$HOURGLASS_FUZZ_SEEDS/$target" ]]; then
+    dirs+=("$HOURGLASS_FUZZ_SEEDS/$target")
+  fi
+  echo "[fuzz] $target for ${seconds} s from ${dirs[*]}" >&2
+  cargo fuzz run -O -s none "$target" "${dirs[@]}" -- \
+    -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+    2>&1 | grep -E "^(Done|stat::number_of_executed_units|==|SUMMARY|thread|panicked|Crash|Test unit)" || true
+  if [[ -n "$(ls -A "artifacts/$target" 2>/dev/null)" ]]; then
+    echo "[fuzz] $target failed; inputs in fuzz/artifacts/$target/" >&2
+    exit 1
+  fi
+done
