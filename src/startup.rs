@@ -95,6 +95,10 @@ impl Application {
             .read_limits()
             .await
             .context("reading the storage server's limits")?;
+        store
+            .probe_read_shape()
+            .await
+            .context("measuring how the storage server reads many series")?;
         let registering = store.registrar_queue();
         let store = Arc::new(store);
         let limits = settings.batcher.limits();

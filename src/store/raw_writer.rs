@@ -18,6 +18,7 @@ const ARRAY: u8 = 0x04;
 const BOOLEAN: u8 = 0x08;
 const OBJECT_ID: u8 = 0x07;
 const DATETIME: u8 = 0x09;
+const NULL: u8 = 0x0A;
 const INT32: u8 = 0x10;
 const INT64: u8 = 0x12;
 
@@ -108,6 +109,10 @@ impl Writer {
             Ok(v) => self.int32(key, v),
             Err(_) => self.int64(key, value),
         }
+    }
+
+    pub fn null(&mut self, key: &str) {
+        self.key(NULL, key);
     }
 
     pub fn boolean(&mut self, key: &str, value: bool) {

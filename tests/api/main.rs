@@ -21,6 +21,7 @@ mod journal;
 mod lifecycle;
 mod mqtt;
 mod operations;
+mod plans;
 mod prom;
 mod query;
 mod scale;

@@ -138,8 +138,19 @@ impl MongoStore {
         let mut out = Deleted::default();
         let mut series: BTreeSet<(String, String)> = BTreeSet::new();
         let first = selection.from - selection.from.rem_euclid(self.granularity.seconds());
-        for chunk in sensors.chunks(SENSORS_PER_READ) {
-            let mut filter = doc! { "sensor": { "$in": chunk.to_vec() } };
+        // A sensor a read where the server would scan for a `$in` (see
+        // `shapes`).
+        let per_read = if self.read_shape == super::shapes::ReadShape::PerSeries {
+            1
+        } else {
+            SENSORS_PER_READ
+        };
+        for chunk in sensors.chunks(per_read) {
+            let sensor = match chunk {
+                [one] => Bson::String(one.clone()),
+                many => Bson::Document(doc! { "$in": many.to_vec() }),
+            };
+            let mut filter = doc! { "sensor": sensor };
             if let Some(m) = &selection.metric {
                 filter.insert("metric", m.as_str());
             }
@@ -241,7 +252,9 @@ impl MongoStore {
             let guard = |e: &Edit| {
                 let mut q = doc! { "_id": e.id.clone() };
                 if e.n == 0 {
-                    q.insert("n", doc! { "$exists": false });
+                    // Missing: `{$lte: null}`, which the `id_n` index (where
+                    // a server needs it, see `shapes`) answers.
+                    q.insert("n", doc! { "$lte": Bson::Null });
                 } else {
                     q.insert("n", i64::try_from(e.n).unwrap_or(i64::MAX));
                 }

@@ -38,6 +38,7 @@ mod registry;
 mod replies;
 mod rollups;
 mod settings;
+mod shapes;
 mod sink;
 mod upkeep_task;
 mod write;
@@ -107,6 +108,8 @@ pub struct MongoStore {
     watermarks: Arc<Watermarks>,
     /// The deletes every write leaves out (see `store::delete`).
     deletes: Arc<delete::Deletes>,
+    /// How reads of many series are sent to this server (see `shapes`).
+    read_shape: shapes::ReadShape,
     /// This instance's id, once it has published its floor.
     instance_id: Arc<std::sync::OnceLock<String>>,
 }
@@ -248,6 +251,7 @@ impl MongoStore {
             registering: None,
             watermarks: Arc::default(),
             deletes: Arc::default(),
+            read_shape: shapes::ReadShape::default(),
             instance_id: Arc::default(),
         })
     }
@@ -274,6 +278,36 @@ impl MongoStore {
         self.upkeep.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The documents one series' find answers at `level`, and the replies
+    /// it took.
+    async fn series_documents(
+        &self,
+        query: impl std::future::IntoFuture<
+            Output = mongodb::error::Result<mongodb::raw_batch_cursor::RawBatchCursor>,
+        >,
+        level: Level,
+    ) -> Result<(Vec<Doc>, usize), StoreError> {
+        let mut docs = Vec::new();
+        let replies = self
+            .each_document(query, false, classify_read, |raw| {
+                docs.push(match level {
+                    Level::Buckets => Doc::Bucket(read_bucket(raw, self.granularity)?),
+                    Level::Rollups(period) => Doc::Rollup(read_rollup(raw, period)?),
+                });
+                Ok(())
+            })
+            .await?;
+        Ok((docs, replies))
+    }
+
+    /// Measures how the server reads several series at once (see
+    /// `shapes`), on a scratch collection of this database.
+    pub async fn probe_read_shape(&mut self) -> Result<shapes::ReadShape, StoreError> {
+        let scratch = format!("{}_probe", self.buckets.name());
+        self.read_shape = shapes::read_shape(&self.db, &scratch).await?;
+        Ok(self.read_shape)
+    }
+
     /// Reads the server's size limits from its `hello` reply, so that no
     /// command this store sends can exceed them.
     pub async fn read_limits(&mut self) -> Result<Limits, StoreError> {
@@ -297,6 +331,22 @@ impl MongoStore {
         info!(limits = ?self.limits, "Read the storage server's limits.");
         Ok(self.limits)
     }
+}
+
+/// The buckets `filter` selects, for an export: its columns, in series order.
+async fn export_cursor(
+    buckets: Collection<RawDocumentBuf>,
+    filter: Document,
+) -> mongodb::error::Result<mongodb::Cursor<RawDocumentBuf>> {
+    buckets
+        .find(filter)
+        .projection(
+            doc! { "_id": 0, "sensor": 1, "metric": 1, "start": 1, "schema_version": 1,
+            "count": 1, "sum": 1, "min": 1, "max": 1, "v": 1 },
+        )
+        .sort(doc! { "sensor": 1, "metric": 1, "start": 1 })
+        .batch_size(EXPORT_BATCH_DOCUMENTS)
+        .await
 }
 
 fn unix_now() -> i64 {
@@ -360,6 +410,7 @@ impl BucketStore for MongoStore {
                 }
             }
         }
+        let per_series = self.read_shape == shapes::ReadShape::PerSeries && fetch.sensors.len() > 1;
         for starts in &fetch.starts {
             let start = match starts {
                 Starts::Range(from, to) => {
@@ -369,11 +420,49 @@ impl BucketStore for MongoStore {
                     doc! { "$in": starts.iter().map(|&s| Bson::DateTime(start_date(s))).collect::<Vec<_>>() }
                 }
             };
-            let mut filter = doc! { "sensor": sensor.clone(), "metric": fetch.metric };
-            if let Level::Rollups(period) = fetch.level {
-                filter.insert("period", period.name());
+            let filter_of = |sensor: Bson| {
+                let mut filter = doc! { "sensor": sensor, "metric": fetch.metric };
+                if let Level::Rollups(period) = fetch.level {
+                    filter.insert("period", period.name());
+                }
+                filter.insert("start", start.clone());
+                filter
+            };
+            if per_series {
+                // A find of one series each, a few at once, handed on in
+                // sensor order: what a server that scans for `$in` answers
+                // from its index (see `shapes`).
+                use futures_util::StreamExt;
+                let mut queries = Vec::with_capacity(fetch.sensors.len());
+                for s in fetch.sensors {
+                    queries.push(
+                        self.series_documents(
+                            collection
+                                .find(filter_of(Bson::String((*s).to_owned())))
+                                .projection(projection.clone())
+                                .sort(doc! { "start": 1 })
+                                .max_time(fetch.max_time)
+                                .batch_size(BATCH_DOCUMENTS)
+                                .batch(),
+                            fetch.level,
+                        ),
+                    );
+                }
+                let mut finds =
+                    futures_util::stream::iter(queries).buffered(shapes::CONCURRENT_FINDS);
+                let mut i = 0;
+                while let Some(found) = finds.next().await {
+                    let (docs, replies) = found?;
+                    read.round_trips += replies as u64;
+                    read.documents += docs.len() as u64;
+                    for d in docs {
+                        each(i, d);
+                    }
+                    i += 1;
+                }
+                continue;
             }
-            filter.insert("start", start);
+            let filter = filter_of(sensor.clone());
             let query = collection
                 .find(filter)
                 .projection(projection.clone())
@@ -426,30 +515,53 @@ impl BucketStore for MongoStore {
     ) -> Result<BucketStream, StoreError> {
         use futures_util::StreamExt;
         let first = from - from.rem_euclid(self.granularity.seconds());
-        let sensor = match sensors {
-            [one] => Bson::String(one.clone()),
-            many => Bson::Document(doc! { "$in": many.to_vec() }),
+        let filter_of = |sensor: Bson| {
+            let mut filter = doc! { "sensor": sensor };
+            if let Some(metric) = metric {
+                filter.insert("metric", metric);
+            }
+            filter.insert(
+                "start",
+                doc! { "$gte": start_date(first), "$lt": start_date(to) },
+            );
+            filter
         };
-        let mut filter = doc! { "sensor": sensor };
-        if let Some(metric) = metric {
-            filter.insert("metric", metric);
-        }
-        filter.insert(
-            "start",
-            doc! { "$gte": start_date(first), "$lt": start_date(to) },
-        );
-        let cursor = self
-            .buckets
-            .clone_with_type::<RawDocumentBuf>()
-            .find(filter)
-            .projection(
-                doc! { "_id": 0, "sensor": 1, "metric": 1, "start": 1, "schema_version": 1,
-                "count": 1, "sum": 1, "min": 1, "max": 1, "v": 1 },
+        let buckets = self.buckets.clone_with_type::<RawDocumentBuf>();
+        let cursor: futures_util::stream::BoxStream<
+            'static,
+            mongodb::error::Result<RawDocumentBuf>,
+        > = match sensors {
+            [one] => export_cursor(buckets, filter_of(Bson::String(one.clone())))
+                .await
+                .map_err(classify_read)?
+                .boxed(),
+            many if self.read_shape == shapes::ReadShape::PerSeries => {
+                // One cursor after another, a sensor each (see `shapes`).
+                let filters: Vec<Document> = many
+                    .iter()
+                    .map(|s| filter_of(Bson::String(s.clone())))
+                    .collect();
+                futures_util::stream::iter(filters)
+                    .then(move |f| {
+                        let buckets = buckets.clone();
+                        async move {
+                            match export_cursor(buckets, f).await {
+                                Ok(c) => c.boxed(),
+                                Err(e) => futures_util::stream::once(async move { Err(e) }).boxed(),
+                            }
+                        }
+                    })
+                    .flatten()
+                    .boxed()
+            }
+            many => export_cursor(
+                buckets,
+                filter_of(Bson::Document(doc! { "$in": many.to_vec() })),
             )
-            .sort(doc! { "sensor": 1, "metric": 1, "start": 1 })
-            .batch_size(EXPORT_BATCH_DOCUMENTS)
             .await
-            .map_err(classify_read)?;
+            .map_err(classify_read)?
+            .boxed(),
+        };
         let granularity = self.granularity;
         let metrics = self.metrics.clone();
         Ok(cursor
@@ -551,15 +663,30 @@ impl BucketStore for MongoStore {
         metric: &str,
         max_time: Duration,
     ) -> Result<Option<(i64, f64, Option<i64>)>, StoreError> {
-        let newest = self
-            .buckets
-            .clone_with_type::<RawDocumentBuf>()
-            .find_one(doc! { "sensor": sensor, "metric": metric })
-            .projection(doc! { "_id": 0, "start": 1, "schema_version": 1, "count": 1, "sum": 1, "min": 1, "max": 1, "v": 1, "a": 1 })
-            .sort(doc! { "start": -1 })
-            .max_time(max_time)
-            .await
-            .map_err(classify_read)?;
+        // The newest bucket within windows reaching further back: a range on
+        // `start` is bounded by the unique index on every server, where a
+        // sort over the whole series is not on one that scans a key prefix
+        // (see `shapes`). A sensor long silent costs a few finds more.
+        let now = unix_now();
+        let mut newest = None;
+        for back in [2 * 3600, 2 * 86_400, 32 * 86_400, 400 * 86_400, i64::MAX] {
+            let mut filter = doc! { "sensor": sensor, "metric": metric };
+            if back != i64::MAX {
+                filter.insert("start", doc! { "$gte": start_date(now - back) });
+            }
+            newest = self
+                .buckets
+                .clone_with_type::<RawDocumentBuf>()
+                .find_one(filter)
+                .projection(doc! { "_id": 0, "start": 1, "schema_version": 1, "count": 1, "sum": 1, "min": 1, "max": 1, "v": 1, "a": 1 })
+                .sort(doc! { "start": -1 })
+                .max_time(max_time)
+                .await
+                .map_err(classify_read)?;
+            if newest.is_some() {
+                break;
+            }
+        }
         let Some(doc) = newest else {
             return Ok(None);
         };

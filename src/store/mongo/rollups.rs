@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use mongodb::bson::{Bson, Document, RawDocument, RawDocumentBuf, doc};
 
-use super::{MongoStore, classify};
+use super::MongoStore;
 use crate::domain::{BucketRead, Granularity, Period, RollupRead, Slot};
 use crate::store::StoreError;
 use crate::store::command::Limits;
@@ -26,22 +26,7 @@ fn bucket_fields() -> Document {
     doc! { "_id": 0, "sensor": 1, "metric": 1, "start": 1, "v": 1, "n": 1, "count": 1, "sum": 1, "min": 1, "max": 1, "schema_version": 1 }
 }
 
-type Series = (String, String);
-
-/// A filter on the sensors and metrics of `series`: their product may hold
-/// series nobody asked for, which the reader skips.
-fn series_filter<'a>(series: impl Iterator<Item = &'a Series>) -> Document {
-    let mut sensors = BTreeSet::new();
-    let mut metrics = BTreeSet::new();
-    for (sensor, metric) in series {
-        sensors.insert(sensor.as_str());
-        metrics.insert(metric.as_str());
-    }
-    doc! {
-        "sensor": { "$in": sensors.into_iter().collect::<Vec<_>>() },
-        "metric": { "$in": metrics.into_iter().collect::<Vec<_>>() },
-    }
-}
+use super::shapes::Series;
 
 /// The series of a bucket or rollup document read.
 fn series_of(d: &RawDocument) -> Series {
@@ -512,18 +497,9 @@ impl MongoStore {
                     self.granularity,
                     chunk.iter().map(|s| (s.0.as_str(), s.1.as_str())),
                 );
-                let mut filter = series_filter(chunk.iter().copied());
-                filter.insert(
-                    "start",
-                    doc! { "$gte": start_date(*from), "$lt": start_date(*to) },
-                );
-                let query = self
-                    .buckets
-                    .find(filter)
-                    .projection(bucket_fields())
-                    .batch();
+                let rest = doc! { "start": { "$gte": start_date(*from), "$lt": start_date(*to) } };
                 cost.round_trips += self
-                    .each_document(query, true, classify, |d| {
+                    .each_series_document(&self.buckets, chunk, &rest, &bucket_fields(), |d| {
                         cost.buckets_read += 1;
                         read.add(d, |_, _| true).map(drop)
                     })
@@ -603,15 +579,10 @@ impl MongoStore {
                     self.granularity,
                     chunk.iter().map(|(s, _)| (s.0.as_str(), s.1.as_str())),
                 );
-                let mut filter = series_filter(chunk.iter().map(|&(s, _)| s));
-                filter.insert("start", doc! { "$in": starts.clone() });
-                let query = self
-                    .buckets
-                    .find(filter)
-                    .projection(bucket_fields())
-                    .batch();
+                let rest = doc! { "start": { "$in": starts.clone() } };
+                let series: Vec<&Series> = chunk.iter().map(|&(s, _)| s).collect();
                 cost.round_trips += self
-                    .each_document(query, true, classify, |d| {
+                    .each_series_document(&self.buckets, &series, &rest, &bucket_fields(), |d| {
                         cost.buckets_read += 1;
                         // Only the minutes this series asked (the read is of
                         // the union of every series' minutes).
@@ -692,19 +663,14 @@ impl MongoStore {
         let all: Vec<(&Series, &BTreeSet<i64>)> = asked.iter().collect();
         for chunk in all.chunks(SENSORS_PER_READ) {
             let starts: BTreeSet<i64> = chunk.iter().flat_map(|(_, s)| s.iter().copied()).collect();
-            let mut filter = series_filter(chunk.iter().map(|&(s, _)| s));
-            filter.insert("period", period.name());
-            filter.insert(
-                "start",
-                doc! { "$in": starts.iter().map(|&s| Bson::DateTime(start_date(s))).collect::<Vec<_>>() },
-            );
-            let query = self
-                .rollups
-                .find(filter)
-                .projection(doc! { "_id": 0, "sensor": 1, "metric": 1, "start": 1, "s": 1, "complete": 1, "schema_version": 1 })
-                .batch();
+            let rest = doc! {
+                "period": period.name(),
+                "start": { "$in": starts.iter().map(|&s| Bson::DateTime(start_date(s))).collect::<Vec<_>>() },
+            };
+            let series: Vec<&Series> = chunk.iter().map(|&(s, _)| s).collect();
+            let projection = doc! { "_id": 0, "sensor": 1, "metric": 1, "start": 1, "s": 1, "complete": 1, "schema_version": 1 };
             cost.round_trips += self
-                .each_document(query, true, classify, |d| {
+                .each_series_document(&self.rollups, &series, &rest, &projection, |d| {
                     cost.rollups_read += 1;
                     let key = series_of(d);
                     let r = read_rollup(d, period)?;

@@ -1,0 +1,283 @@
+//! What the server in front of us answers from its indexes, found out at
+//! startup, and what is done where it does not.
+//!
+//! MongoDB bounds every command the service sends by an index: the unique
+//! key's fields pinned, any other predicate checked on the few documents
+//! found, and a `$in` of sensors as one interval per sensor. Another server
+//! may not: the local stand-in (SecantusDB) answers a filter from an index
+//! only when its fields are an index's leading fields (equalities, then one
+//! range), and scans every document of the listed sensors for a `$in`.
+//! So each shape is asked of the server with `explain`:
+//! - a write filter with a predicate beyond the unique key (the version
+//!   guard, a delete's write counter) gets an index with that field after
+//!   the key where the server would scan;
+//! - reads of many series go as one `$in` where the server examines what
+//!   it returns, and as concurrent finds of one series each where it
+//!   examines more.
+
+use std::collections::BTreeSet;
+
+use mongodb::bson::{Bson, DateTime, Document, RawDocument, RawDocumentBuf, doc, oid::ObjectId};
+use mongodb::options::IndexOptions;
+use mongodb::{Collection, Database, IndexModel};
+use tracing::{info, warn};
+
+use super::{MongoStore, classify};
+use crate::store::StoreError;
+
+/// A series: sensor and metric.
+pub type Series = (String, String);
+
+/// How reads of many series are sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReadShape {
+    /// `{sensor: {$in: […]}, …}`: one command, each sensor's index interval.
+    #[default]
+    InList,
+    /// One find per series, `CONCURRENT_FINDS` at a time.
+    PerSeries,
+}
+
+/// Finds of one series each in flight at once ([`ReadShape::PerSeries`]).
+pub const CONCURRENT_FINDS: usize = 8;
+
+/// The indexes a server needs for its write filters to be bounded: `(name,
+/// keys, a filter of that shape)`.
+fn write_guards() -> [(&'static str, Document, Document); 3] {
+    let start = DateTime::from_millis(0);
+    [
+        (
+            "guard",
+            doc! { "sensor": 1, "metric": 1, "start": 1, "amax": 1 },
+            doc! { "sensor": "probe", "metric": "probe", "start": start, "amax": { "$lte": Bson::Null } },
+        ),
+        (
+            "id_n",
+            doc! { "_id": 1, "n": 1 },
+            doc! { "_id": ObjectId::new(), "n": 3_i64 },
+        ),
+        (
+            "id_n",
+            doc! { "_id": 1, "n": 1 },
+            doc! { "_id": ObjectId::new(), "n": { "$lte": Bson::Null } },
+        ),
+    ]
+}
+
+/// Whether the server's plan for `filter` on `collection` walks an index
+/// (not a collection scan).
+async fn index_bounded(
+    db: &Database,
+    collection: &str,
+    filter: &Document,
+) -> Result<bool, StoreError> {
+    let reply = db
+        .run_command(doc! {
+            "explain": { "find": collection, "filter": filter.clone() },
+            "verbosity": "queryPlanner",
+        })
+        .await
+        .map_err(classify)?;
+    let plan = reply
+        .get_document("queryPlanner")
+        .and_then(|q| q.get_document("winningPlan"))
+        .cloned()
+        .unwrap_or_default();
+    Ok(has_stage(&plan, "IXSCAN") || has_stage(&plan, "IDHACK") || has_stage(&plan, "EXPRESS"))
+}
+
+/// Whether a plan (or any stage under it) is `stage`.
+fn has_stage(plan: &Document, stage: &str) -> bool {
+    if plan
+        .get_str("stage")
+        .is_ok_and(|s| s == stage || s.starts_with(stage))
+    {
+        return true;
+    }
+    plan.iter().any(|(_, v)| match v {
+        Bson::Document(d) => has_stage(d, stage),
+        Bson::Array(a) => a
+            .iter()
+            .filter_map(Bson::as_document)
+            .any(|d| has_stage(d, stage)),
+        _ => false,
+    })
+}
+
+/// Adds the indexes the server needs for the write filters of `buckets`
+/// to be bounded, where its plans say so.
+pub async fn bound_writes(db: &Database, buckets: &Collection<Document>) -> Result<(), StoreError> {
+    for (name, keys, filter) in write_guards() {
+        if index_bounded(db, buckets.name(), &filter).await? {
+            continue;
+        }
+        info!(
+            index = name,
+            keys = %keys,
+            "The storage server would scan for a bucket write's filter; adding an index that bounds it (MongoDB needs none)."
+        );
+        let index = IndexModel::builder()
+            .keys(keys)
+            .options(IndexOptions::builder().name(name.to_owned()).build())
+            .build();
+        buckets.create_index(index).await.map_err(classify)?;
+        if !index_bounded(db, buckets.name(), &filter).await? {
+            warn!(
+                filter = %filter,
+                "The storage server scans for a bucket write's filter even with an index for it: writes cost more as history grows."
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Sensors and buckets of the read probe.
+const PROBE_SENSORS: usize = 4;
+const PROBE_BUCKETS: i64 = 40;
+
+/// How the server answers a read of several series over a short range,
+/// measured on a scratch collection: one `$in` if it examines about what
+/// it returns, one find per series otherwise.
+pub async fn read_shape(db: &Database, scratch: &str) -> Result<ReadShape, StoreError> {
+    let c = db.collection::<Document>(scratch);
+    let _ = c.drop().await;
+    c.create_index(
+        IndexModel::builder()
+            .keys(doc! { "sensor": 1, "metric": 1, "start": 1 })
+            .build(),
+    )
+    .await
+    .map_err(classify)?;
+    let docs: Vec<Document> = (0..PROBE_SENSORS)
+        .flat_map(|s| {
+            (0..PROBE_BUCKETS).map(move |b| {
+                doc! { "sensor": format!("p{s}"), "metric": "m", "start": DateTime::from_millis(b * 60_000) }
+            })
+        })
+        .collect();
+    c.insert_many(docs).await.map_err(classify)?;
+    let sensors: Vec<String> = (0..PROBE_SENSORS).map(|s| format!("p{s}")).collect();
+    // Two buckets of each sensor.
+    let filter = doc! {
+        "sensor": { "$in": sensors },
+        "metric": "m",
+        "start": { "$gte": DateTime::from_millis(10 * 60_000), "$lt": DateTime::from_millis(12 * 60_000) },
+    };
+    let reply = db
+        .run_command(doc! {
+            "explain": { "find": scratch, "filter": filter },
+            "verbosity": "executionStats",
+        })
+        .await
+        .map_err(classify);
+    let _ = c.drop().await;
+    let stats = reply?
+        .get_document("executionStats")
+        .cloned()
+        .unwrap_or_default();
+    let number = |k: &str| match stats.get(k) {
+        Some(Bson::Int32(n)) => i64::from(*n),
+        Some(Bson::Int64(n)) => *n,
+        Some(Bson::Double(n)) => *n as i64,
+        _ => -1,
+    };
+    let (returned, examined) = (number("nReturned"), number("totalDocsExamined"));
+    let shape = if returned >= 0 && examined >= 0 && examined <= 2 * returned + 2 {
+        ReadShape::InList
+    } else {
+        ReadShape::PerSeries
+    };
+    info!(
+        ?shape,
+        returned,
+        examined,
+        "Measured how the storage server reads several series at once: InList sends one $in of sensors, PerSeries one find per series, concurrently."
+    );
+    Ok(shape)
+}
+
+/// A filter on the sensors and metrics of `series`: their product may hold
+/// series nobody asked for, which the reader skips.
+fn series_filter<'a>(series: impl Iterator<Item = &'a Series>) -> Document {
+    let mut sensors = BTreeSet::new();
+    let mut metrics = BTreeSet::new();
+    for (sensor, metric) in series {
+        sensors.insert(sensor.as_str());
+        metrics.insert(metric.as_str());
+    }
+    doc! {
+        "sensor": { "$in": sensors.into_iter().collect::<Vec<_>>() },
+        "metric": { "$in": metrics.into_iter().collect::<Vec<_>>() },
+    }
+}
+
+impl MongoStore {
+    /// Hands `each` every document of `collection` that `rest` (the filter
+    /// beside the series) selects of `series`: one find of the series'
+    /// sensors and metrics in `$in`s (whose product may hold series nobody
+    /// asked for, which the caller skips), or, where the server would scan
+    /// for those (see `shapes`), one find per series, a few at once.
+    /// Answers the replies it took.
+    pub(super) async fn each_series_document(
+        &self,
+        collection: &Collection<Document>,
+        series: &[&Series],
+        rest: &Document,
+        projection: &Document,
+        mut each: impl FnMut(&RawDocument) -> Result<(), StoreError>,
+    ) -> Result<usize, StoreError> {
+        if self.read_shape != ReadShape::PerSeries || series.len() < 2 {
+            let mut filter = series_filter(series.iter().copied());
+            filter.extend(rest.clone());
+            let query = collection
+                .find(filter)
+                .projection(projection.clone())
+                .batch();
+            return self.each_document(query, true, classify, each).await;
+        }
+        use futures_util::StreamExt;
+        let mut finds = Vec::with_capacity(series.len());
+        for &(sensor, metric) in series {
+            let mut filter = doc! { "sensor": sensor.as_str(), "metric": metric.as_str() };
+            filter.extend(rest.clone());
+            let query = collection
+                .find(filter)
+                .projection(projection.clone())
+                .batch();
+            finds.push(async move {
+                let mut docs: Vec<RawDocumentBuf> = Vec::new();
+                let replies = self
+                    .each_document(query, true, classify, |d| {
+                        docs.push(d.to_raw_document_buf());
+                        Ok(())
+                    })
+                    .await?;
+                Ok::<_, StoreError>((docs, replies))
+            });
+        }
+        let mut finds = futures_util::stream::iter(finds).buffered(CONCURRENT_FINDS);
+        let mut replies = 0;
+        while let Some(found) = finds.next().await {
+            let (docs, r) = found?;
+            replies += r;
+            for d in &docs {
+                each(d)?;
+            }
+        }
+        Ok(replies)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stages_are_found_anywhere_in_a_plan() {
+        let plan = doc! { "stage": "FETCH", "inputStage": { "stage": "IXSCAN" } };
+        assert!(has_stage(&plan, "IXSCAN"));
+        let or = doc! { "stage": "OR", "inputStages": [ { "stage": "IXSCAN" } ] };
+        assert!(has_stage(&or, "IXSCAN"));
+        assert!(!has_stage(&doc! { "stage": "COLLSCAN" }, "IXSCAN"));
+    }
+}
