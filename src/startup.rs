@@ -289,6 +289,9 @@ impl Application {
             mqtt: mqtt_stats,
             auth,
             query_permits: Arc::new(tokio::sync::Semaphore::new(settings.query.max_concurrency)),
+            cache: Arc::new(crate::query::cache::ResultCache::new(
+                settings.query.cache_bytes,
+            )),
         };
         let app = api::router(state);
         info!(%address, granularity = ?settings.buckets.granularity, "Hourglass is listening.");

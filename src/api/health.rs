@@ -150,6 +150,12 @@ pub async fn metrics<S: BucketStore>(State(state): State<AppState<S>>) -> impl I
         m.journal_oldest_unstored_seconds
             .set(behind.max(held).as_secs() as i64);
     }
+    let cache = state.cache.stats();
+    m.query_cache_hits
+        .inc_by(cache.hits.saturating_sub(m.query_cache_hits.get()));
+    m.query_cache_misses
+        .inc_by(cache.misses.saturating_sub(m.query_cache_misses.get()));
+    m.query_cache_bytes.set(cache.bytes as i64);
     if let Some(stats) = &state.mqtt {
         let up =
             stats.connected.load(Ordering::Acquire) && stats.subscribed.load(Ordering::Acquire);

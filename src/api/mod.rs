@@ -77,6 +77,8 @@ pub struct AppState<S> {
     pub query_permits: Arc<tokio::sync::Semaphore>,
     /// Line-protocol tags on their way to the sensor registry.
     pub labels: Arc<LabelSync>,
+    /// The results cache of closed periods (`query.cache_bytes`).
+    pub cache: Arc<crate::query::cache::ResultCache>,
 }
 
 impl<S> Clone for AppState<S> {
@@ -91,8 +93,53 @@ impl<S> Clone for AppState<S> {
             auth: self.auth.clone(),
             query_permits: self.query_permits.clone(),
             labels: self.labels.clone(),
+            cache: self.cache.clone(),
         }
     }
+}
+
+tokio::task_local! {
+    /// Whether the request asked not to be answered from the results cache
+    /// (`Cache-Control: no-cache` or `no-store`).
+    static NO_CACHE: bool;
+}
+
+/// How a query of this request may use the results cache.
+pub(crate) fn cache_use<S>(state: &AppState<S>) -> Option<crate::query::CacheUse<'_>> {
+    if state.settings.query.cache_bytes == 0 {
+        return None;
+    }
+    let now = jiff::Timestamp::now().as_second();
+    let r = &state.settings.retention;
+    let shortest = [r.buckets, r.hour, r.day, r.days30]
+        .into_iter()
+        .flatten()
+        .min();
+    let horizon = shortest.map_or(i64::MIN, |d| {
+        now - i64::try_from(d.as_secs()).unwrap_or(i64::MAX / 4) + 86_400
+    });
+    let read = !NO_CACHE.try_with(|b| *b).unwrap_or(false);
+    Some(crate::query::CacheUse {
+        cache: &state.cache,
+        horizon,
+        read,
+        now,
+    })
+}
+
+/// Runs the request knowing whether it bypasses the results cache.
+async fn cache_control(req: Request, next: Next) -> Response {
+    let bypass = req
+        .headers()
+        .get_all(header::CACHE_CONTROL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|d| {
+            let d = d.trim();
+            d.eq_ignore_ascii_case("no-cache") || d.eq_ignore_ascii_case("no-store")
+        });
+    NO_CACHE.scope(bypass, next.run(req)).await
 }
 
 pub fn router<S: BucketStore + 'static>(state: AppState<S>) -> Router {
@@ -163,7 +210,8 @@ pub fn router<S: BucketStore + 'static>(state: AppState<S>) -> Router {
             "/api/v1/export",
             get(export::export::<S>).layer(CompressionLayer::new()),
         )
-        .route_layer(require(Scope::Query));
+        .route_layer(require(Scope::Query))
+        .route_layer(middleware::from_fn(cache_control));
     let http = &state.settings.http;
     // The API shares one concurrency limit (a request beyond it is shed with
     // 503 at once, never queued) and a deadline for the whole request, body

@@ -7,6 +7,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use super::cache::{ResultCache, closed_before};
 use super::plan::{Ask, Cell, Need, SeriesPlan};
 use super::{Grid, Plan};
 use crate::batcher::driver::BatcherHandle;
@@ -28,7 +29,7 @@ pub struct Cost {
 }
 
 /// What one query asks: a metric over `[from, to)` (stored seconds).
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct Question<'a> {
     pub metric: &'a str,
     pub from: i64,
@@ -36,6 +37,32 @@ pub struct Question<'a> {
     pub granularity: Granularity,
     pub need: Need,
     pub max_time: Duration,
+    /// The results cache of closed periods, if the query may use it.
+    pub cache: Option<CacheUse<'a>>,
+}
+
+/// How a query uses the results cache (see `query::cache`).
+#[derive(Clone, Copy)]
+pub struct CacheUse<'a> {
+    pub cache: &'a ResultCache,
+    /// Cells that start before this (epoch seconds: the shortest retention's
+    /// horizon, less a day) are neither kept nor answered from it.
+    pub horizon: i64,
+    /// Answer from it, not only fill it (`Cache-Control: no-cache` asks not to).
+    pub read: bool,
+    /// Now, in epoch seconds.
+    pub now: i64,
+}
+
+/// How one evaluation uses the cache, once the change log is applied.
+#[derive(Clone, Copy)]
+struct Cached<'a> {
+    cache: &'a ResultCache,
+    /// Answer cells from it: asked to, and every change applied.
+    read: bool,
+    horizon: i64,
+    /// Cells ending at or before this are closed.
+    closed: i64,
 }
 
 /// Points held in memory at once, over the series of a batch: bounds a
@@ -66,8 +93,23 @@ pub async fn evaluate<S: BucketStore>(
         per_batch = per_batch.min((BATCH_READINGS / span.max(1)).max(1));
     }
     let mut cost = Cost::default();
+    let cached = match q.cache {
+        Some(c) if q.need != Need::Values => {
+            let (now, changes, read) = store.changes(c.cache.applied()).await?;
+            cost.documents += read.documents;
+            cost.round_trips += read.round_trips;
+            let current = c.cache.sync(now, &changes, c.now);
+            Some(Cached {
+                cache: c.cache,
+                read: c.read && current,
+                horizon: c.horizon,
+                closed: closed_before(c.now),
+            })
+        }
+        _ => None,
+    };
     for (b, batch) in series.chunks(per_batch).enumerate() {
-        let done = run_batch(store, batcher, &q, &plan, batch, &mut cost).await?;
+        let done = run_batch(store, batcher, &q, &plan, batch, cached, &mut cost).await?;
         for (i, cells) in done.into_iter().enumerate() {
             each(b * per_batch + i, cells);
         }
@@ -81,6 +123,7 @@ async fn run_batch<S: BucketStore>(
     q: &Question<'_>,
     plan: &Plan,
     batch: &[Series<'_>],
+    cached: Option<Cached<'_>>,
     cost: &mut Cost,
 ) -> Result<Vec<Vec<Cell>>, StoreError> {
     let sensors: Vec<&str> = batch.iter().map(|s| s.sensor).collect();
@@ -103,9 +146,36 @@ async fn run_batch<S: BucketStore>(
             }
         }
     }
-    let mut plans: Vec<SeriesPlan> = unstored
+    // Per series: the cells the cache may hold (closed, after the horizon,
+    // nothing unstored or late in them), from the first, and those of them
+    // it answers.
+    let dirty: Vec<Vec<i64>> = unstored
         .iter()
-        .map(|u| plan.start(&u.iter().map(|(s, _)| *s).collect::<Vec<_>>()))
+        .map(|u| u.iter().map(|(s, _)| *s).collect())
+        .collect();
+    let mut keepable: Vec<Vec<(i64, i64)>> = vec![Vec::new(); batch.len()];
+    let mut known: Vec<Vec<Cell>> = vec![Vec::new(); batch.len()];
+    if let Some(c) = cached {
+        for (i, s) in batch.iter().enumerate() {
+            for k in 0..plan.grid().points() {
+                match plan.cell_range(k) {
+                    Some((a, b))
+                        if a >= c.horizon && b <= c.closed && !plan.any_dirty(&dirty[i], a, b) =>
+                    {
+                        keepable[i].push((a, b))
+                    }
+                    _ => break,
+                }
+            }
+            if c.read {
+                known[i] = c.cache.prefix(s.sensor, q.metric, q.need, &keepable[i]);
+            }
+        }
+    }
+    let mut plans: Vec<SeriesPlan> = dirty
+        .iter()
+        .zip(&known)
+        .map(|(d, k)| plan.start_from(d, k.len()))
         .collect();
     loop {
         let asks: Vec<Option<Ask>> = plans.iter_mut().map(|s| plan.ask(s)).collect();
@@ -125,7 +195,25 @@ async fn run_batch<S: BucketStore>(
             }
         }
     }
-    Ok(plans.into_iter().map(|s| plan.finish(s)).collect())
+    let mut out = Vec::with_capacity(plans.len());
+    for (i, (s, known)) in plans.into_iter().zip(known).enumerate() {
+        let mut cells = plan.finish(s);
+        let from_cache = known.len();
+        for (k, cell) in known.into_iter().enumerate() {
+            cells[k] = cell;
+        }
+        if let Some(c) = cached {
+            let fresh: Vec<((i64, i64), &Cell)> = keepable[i]
+                .iter()
+                .enumerate()
+                .skip(from_cache)
+                .map(|(k, &range)| (range, &cells[k]))
+                .collect();
+            c.cache.put(batch[i].sensor, q.metric, q.need, &fresh);
+        }
+        out.push(cells);
+    }
+    Ok(out)
 }
 
 /// One read of `level` for every series of the batch asking it.

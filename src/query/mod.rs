@@ -6,12 +6,13 @@
 //!   trip, over the store and the readings acknowledged but not yet stored.
 //! - [`promql`]: the PromQL subset dashboards use, over the same engine.
 
+pub mod cache;
 pub mod engine;
 pub mod grid;
 pub mod plan;
 pub mod promql;
 
-pub use engine::{Cost, Question, Series, evaluate, latest};
+pub use engine::{CacheUse, Cost, Question, Series, evaluate, latest};
 pub use grid::{Calendar, Grid, GridError};
 pub use plan::{Need, Plan};
 
@@ -43,6 +44,8 @@ pub struct Settings {
     /// Values one PromQL query may hold: series × evaluation times, summed
     /// over its reads. Only subqueries can pass max_series × max_points.
     pub max_samples: usize,
+    /// Bytes the results cache of closed periods may hold; 0 turns it off.
+    pub cache_bytes: usize,
 }
 
 pub const DEFAULT_MAX_RANGE: Duration = Duration::from_secs(400 * 24 * 3600);
@@ -61,6 +64,7 @@ impl Default for Settings {
             max_query_depth: promql::Limits::default().max_depth,
             max_query_nodes: promql::Limits::default().max_nodes,
             max_samples: 10_000_000,
+            cache_bytes: 64 * 1024 * 1024,
         }
     }
 }

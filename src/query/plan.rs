@@ -209,19 +209,39 @@ impl Plan {
             .map_or(1, |t| t.len)
     }
 
+    /// The stored seconds point `i` covers, clipped to the range.
+    pub fn cell_range(&self, i: usize) -> Option<(i64, i64)> {
+        let a = self.grid.start(i)?;
+        let b = self.grid.start(i + 1).unwrap_or(i64::MAX);
+        let (a, b) = (a.max(self.from), b.min(self.to));
+        (a < b).then_some((a, b))
+    }
+
+    /// Whether any of `dirty` (sorted bucket starts) holds seconds of `[from, to)`.
+    pub fn any_dirty(&self, dirty: &[i64], from: i64, to: i64) -> bool {
+        let first = dirty.partition_point(|&d| d + self.bucket_len() <= from);
+        dirty.get(first).is_some_and(|&d| d < to)
+    }
+
     fn bucket_len(&self) -> i64 {
         self.tiers[self.tiers.len() - 1].len
     }
 
     /// A series' plan; `dirty`: starts of its buckets with unstored readings.
     pub fn start(&self, dirty: &[i64]) -> SeriesPlan {
+        self.start_from(dirty, 0)
+    }
+
+    /// A series' plan that leaves its first `known` points unanswered (the
+    /// caller has them already).
+    pub fn start_from(&self, dirty: &[i64], known: usize) -> SeriesPlan {
         let mut dirty = dirty.to_vec();
         dirty.sort_unstable();
         dirty.dedup();
         let points = self.grid.points();
         let mut pieces = Vec::with_capacity(points);
         if self.from < self.to {
-            for i in 0..points {
+            for i in known..points {
                 let (Some(a), end) = (self.grid.start(i), self.grid.start(i + 1)) else {
                     continue;
                 };

@@ -94,6 +94,17 @@ pub struct StoredBucket {
 /// A stream of stored buckets, read through a cursor.
 pub type BucketStream = futures_util::stream::BoxStream<'static, Result<StoredBucket, StoreError>>;
 
+/// An entry of the change log: a write, delete or rebuild that reached
+/// these series (every series when `None`) in `[from, to)` (epoch seconds)
+/// of a period that may be kept in a query cache (see `query::cache`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    pub seq: i64,
+    pub series: Option<Vec<(String, String)>>,
+    pub from: i64,
+    pub to: i64,
+}
+
 /// A stored dead letter, as an operator lists it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeadLetterInfo {
@@ -164,6 +175,13 @@ pub trait BucketStore: Sink {
 
     /// Checks that the server answers.
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The change log's counter and its entries after `after` (see
+    /// `query::cache`), and what reading them cost.
+    fn changes(
+        &self,
+        after: i64,
+    ) -> impl Future<Output = Result<(i64, Vec<Change>, Read), StoreError>> + Send;
 
     /// Streams registered sensors in id order (after `query.after`, under
     /// `query.prefix`, with `query.labels`) to `keep`, until it has kept `limit`.

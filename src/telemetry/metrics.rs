@@ -129,6 +129,9 @@ pub struct Metrics {
     pub query_duration: HistogramVec,
     pub query_documents: HistogramVec,
     pub journal_bytes: IntGauge,
+    pub query_cache_hits: IntCounter,
+    pub query_cache_misses: IntCounter,
+    pub query_cache_bytes: IntGauge,
     pub journal_segments: IntGauge,
     pub journal_behind_seconds: IntGauge,
     pub journal_oldest_unstored_seconds: IntGauge,
@@ -348,6 +351,21 @@ impl Metrics {
                 &r,
                 "hourglass_journal_bytes",
                 "Bytes of journal segments on disk.",
+            ),
+            query_cache_hits: counter(
+                &r,
+                "hourglass_query_cache_hits_total",
+                "Cells of query answers taken from the results cache of closed periods.",
+            ),
+            query_cache_misses: counter(
+                &r,
+                "hourglass_query_cache_misses_total",
+                "Closed cells of query answers the results cache did not hold (read, then kept).",
+            ),
+            query_cache_bytes: gauge(
+                &r,
+                "hourglass_query_cache_bytes",
+                "Bytes the results cache of closed periods holds (query.cache_bytes bounds it).",
             ),
             journal_segments: gauge(
                 &r,

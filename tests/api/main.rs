@@ -5,6 +5,7 @@ mod alerts;
 mod auth;
 mod broker;
 mod buckets;
+mod cache;
 mod conformance;
 mod console;
 mod database;

@@ -179,6 +179,7 @@ async fn evaluate<S: BucketStore>(
         may_access: &may_access,
         limits: state.settings.query.limits(),
         max_samples: state.settings.query.max_samples,
+        cache: crate::api::cache_use(state),
     };
     let outcome = tokio::time::timeout_at(admitted.deadline, promql::evaluate(&ctx, query, steps))
         .await

@@ -122,6 +122,7 @@ pub(crate) async fn evaluate<S: BucketStore>(
         granularity: state.settings.granularity,
         need: Need::Aggregates,
         max_time: admitted.max_time(),
+        cache: crate::api::cache_use(state),
     };
     let members: Vec<Series<'_>> = series.iter().map(|(s, _)| *s).collect();
     let work = crate::query::evaluate(

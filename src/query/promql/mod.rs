@@ -88,6 +88,8 @@ pub struct Context<'a, S> {
     /// Values the query may hold: series × evaluation times, summed over
     /// its reads (`query.max_samples`).
     pub max_samples: usize,
+    /// The results cache of closed periods, if the query may use it.
+    pub cache: Option<super::CacheUse<'a>>,
 }
 
 #[derive(Debug)]
@@ -395,6 +397,7 @@ async fn read_leaf<S: BucketStore>(
             granularity: ctx.granularity,
             need,
             max_time: ctx.max_time,
+            cache: ctx.cache,
         };
         let c = engine::evaluate(
             ctx.store,

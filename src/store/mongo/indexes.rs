@@ -35,6 +35,7 @@ impl MongoStore {
         self.buckets.create_index(index).await.map_err(classify)?;
         // What the server needs beside it for the writes' filters.
         super::shapes::bound_writes(&self.db, &self.buckets).await?;
+        self.ensure_change_log().await?;
         // Rebuilds read the buckets of a period by start.
         let by_start = IndexModel::builder()
             .keys(doc! { "start": 1, "sensor": 1 })

@@ -92,7 +92,15 @@ impl MongoStore {
         self.last_mark.fetch_max(now, ordering);
         let written = self.write_marks(&marks, now).await;
         self.last_mark.fetch_max(super::unix_now(), ordering);
-        written
+        let written = written?;
+        // What the query caches of every instance drop (see `changes`).
+        let ended: Vec<&BucketUpdate> = stored
+            .iter()
+            .copied()
+            .filter(|u| u.key.start - u.key.start.rem_euclid(3600) + 3600 <= now)
+            .collect();
+        self.record_hours(&ended).await?;
+        Ok(written + 2)
     }
 
     async fn write_marks(&self, marks: &late::Marks, now: i64) -> Result<usize, StoreError> {

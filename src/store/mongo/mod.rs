@@ -26,6 +26,7 @@ use crate::telemetry::metrics::Metrics;
 
 /// The unique index on a bucket's identity. Its prefix `(sensor, metric)` plus
 /// the range on `start` also serves every query, so it is the only index.
+mod changes;
 mod dead_letters;
 mod delete;
 mod driver_cpu;
@@ -77,6 +78,8 @@ pub struct MongoStore {
     sensors: Collection<Document>,
     /// The metadata document (see `metadata`).
     metadata: Collection<Document>,
+    /// The change log (see `changes`).
+    changes: Collection<Document>,
     /// Flushes in a row whose rollup or registry step failed unclassed.
     unclassed_after: Arc<AtomicU32>,
     /// Series the registry knows, and the newest hour it was told of.
@@ -227,6 +230,7 @@ impl MongoStore {
         let late = db.collection::<Document>(&settings.late_collection);
         let sensors = db.collection::<Document>(&settings.sensor_collection);
         let metadata = db.collection::<Document>(&settings.metadata_collection);
+        let changes = db.collection::<Document>(&settings.change_collection);
         Ok(Self {
             db,
             buckets,
@@ -235,6 +239,7 @@ impl MongoStore {
             late,
             sensors,
             metadata,
+            changes,
             unclassed_after: Arc::default(),
             known: Arc::default(),
             granularity,
@@ -493,6 +498,13 @@ impl BucketStore for MongoStore {
             m.db_documents("read", kind, "query", read.documents);
         });
         Ok(read)
+    }
+
+    async fn changes(
+        &self,
+        after: i64,
+    ) -> Result<(i64, Vec<crate::store::Change>, Read), StoreError> {
+        self.read_changes(after).await
     }
 
     async fn late(

@@ -16,6 +16,7 @@ pub const DEFAULT_ROLLUP_COLLECTION: &str = "rollups";
 pub const DEFAULT_LATE_COLLECTION: &str = "late";
 pub const DEFAULT_SENSOR_COLLECTION: &str = "sensors";
 pub const DEFAULT_METADATA_COLLECTION: &str = "metadata";
+pub const DEFAULT_CHANGE_COLLECTION: &str = "changes";
 pub const DEFAULT_SERVER_SELECTION_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -42,6 +43,9 @@ pub struct Settings {
     /// The metadata document: granularity and schema versions (see
     /// `store::mongo::metadata`).
     pub metadata_collection: String,
+    /// The change log the query caches of every instance follow (see
+    /// `store::mongo::changes`).
+    pub change_collection: String,
     #[serde(with = "humantime_serde")]
     pub server_selection_timeout: Duration,
     pub tls: TlsSettings,
@@ -71,6 +75,7 @@ impl Default for Settings {
             rollup_collection: DEFAULT_ROLLUP_COLLECTION.to_owned(),
             late_collection: DEFAULT_LATE_COLLECTION.to_owned(),
             sensor_collection: DEFAULT_SENSOR_COLLECTION.to_owned(),
+            change_collection: DEFAULT_CHANGE_COLLECTION.to_owned(),
             metadata_collection: DEFAULT_METADATA_COLLECTION.to_owned(),
             server_selection_timeout: DEFAULT_SERVER_SELECTION_TIMEOUT,
             tls: TlsSettings::default(),
@@ -104,6 +109,7 @@ impl Settings {
             ("mongodb.late_collection", &self.late_collection),
             ("mongodb.sensor_collection", &self.sensor_collection),
             ("mongodb.metadata_collection", &self.metadata_collection),
+            ("mongodb.change_collection", &self.change_collection),
         ] {
             if name.is_empty() || name.contains(['$', '.', '\0', '/', ' ']) {
                 return Err(invalid(key, "must be non-empty without $ . / space or NUL"));
@@ -119,6 +125,7 @@ impl Settings {
             ("mongodb.late_collection", &self.late_collection),
             ("mongodb.sensor_collection", &self.sensor_collection),
             ("mongodb.metadata_collection", &self.metadata_collection),
+            ("mongodb.change_collection", &self.change_collection),
         ] {
             if seen.contains(&name.as_str()) {
                 return Err(invalid(key, "must differ from the other collections"));
