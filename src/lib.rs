@@ -94,8 +94,8 @@ pub mod pure {
         Batch, Batcher, BatcherLimits, Hold, Item, Settings as BatcherSettings, Settled,
     };
     pub use crate::domain::{
-        BucketUpdate, METRIC_MAX_LEN, MetricName, Reading, SENSOR_MAX_LEN, Sample, SensorId,
-        TimeWindow, parse_timestamp_ms, parse_timestamp_str,
+        BucketKey, BucketUpdate, METRIC_MAX_LEN, MetricName, Reading, SENSOR_MAX_LEN, Sample,
+        SensorId, TimeWindow, parse_timestamp_ms, parse_timestamp_str,
     };
     pub use crate::ingest::decode::csv::{CsvFormat, decode_csv};
     pub use crate::ingest::decode::{

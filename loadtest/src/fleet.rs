@@ -70,6 +70,7 @@ pub async fn run(
     verify: bool,
     journal: bool,
     granularity: &'static str,
+    preload_days: u32,
 ) -> anyhow::Result<(Report, bool)> {
     let mqtt = matches!(transport, Transport::Mqtt);
     let label = format!(
@@ -83,6 +84,31 @@ pub async fn run(
         .await?;
     // Live sensors: the data starts now.
     data.start = time::OffsetDateTime::now_utc().unix_timestamp();
+    // History the same series wrote before (minute buckets, straight into
+    // the database): what every write and roll-up now runs beside.
+    let mut preloaded_s = 0.0;
+    if preload_days > 0 {
+        let mongo = mongodb::Client::with_uri_str(ctx.mongodb_uri()?).await?;
+        let db = mongo.database(&target.database);
+        let end = data.start - data.start.rem_euclid(3600) - 3600;
+        let t = Instant::now();
+        let bar = ctx.bar(u64::from(data.args.sensors * data.args.metrics), "preload");
+        for i in 0..data.args.sensors {
+            for j in 0..data.args.metrics {
+                crate::history::preload(
+                    &db,
+                    &Dataset::sensor(i),
+                    &Dataset::metric(j),
+                    i64::from(preload_days) * 1440,
+                    end,
+                )
+                .await?;
+                bar.inc(1);
+            }
+        }
+        bar.finish_and_clear();
+        preloaded_s = t.elapsed().as_secs_f64();
+    }
     let interval = Duration::from_secs(u64::from(data.args.interval.max(1)));
     let batch = if matches!(transport, Transport::HttpSingle) {
         1
@@ -126,6 +152,8 @@ pub async fn run(
     let bar = ctx.bar(u64::from(data.ticks()), "fleet");
     let started = Instant::now();
     let mut samples: Vec<(f64, f64)> = Vec::new();
+    // Readings held and not stored, once a tick: flat when storage keeps up.
+    let mut pending: Vec<f64> = Vec::new();
     let stored0 = before
         .get("hourglass_readings_stored_total")
         .copied()
@@ -207,6 +235,7 @@ pub async fn run(
                 .unwrap_or(0.0)
                 - stored0;
             samples.push((started.elapsed().as_secs_f64(), stored));
+            pending.push(m.get("hourglass_pending_readings").copied().unwrap_or(0.0));
         }
         bar.inc(1);
     }
@@ -419,7 +448,27 @@ pub async fn run(
             f(c / offered as f64 * 1e6),
         ]);
     }
+    // Pending readings by thirds of the run: flat when storage keeps up.
+    let third = |k: usize| {
+        let n = pending.len();
+        let part = &pending[n * k / 3..n * (k + 1) / 3];
+        part.iter().sum::<f64>() / part.len().max(1) as f64
+    };
+    s.row(vec![
+        "pending readings, mean of each third of the run".into(),
+        format!("{} / {} / {}", f(third(0)), f(third(1)), f(third(2))),
+    ]);
+    if preload_days > 0 {
+        s.row(vec![
+            "history preloaded (days of minute buckets per series; seconds)".into(),
+            format!("{preload_days}; {}", f(preloaded_s)),
+        ]);
+    }
     let mut report = Report::new("Hourglass fleet");
+    report.set(
+        &format!("fleet_{label}_pending"),
+        serde_json::json!({ "thirds": [third(0), third(1), third(2)], "preload_days": preload_days, "preload_s": preloaded_s }),
+    );
     report.sections.push(s);
     report.plots.push(Plot::Lines {
         file: format!("fleet-{label}-throughput.svg"),

@@ -5,6 +5,7 @@ mod ctx;
 mod dataset;
 mod designs;
 mod fleet;
+mod history;
 mod peers;
 mod procs;
 mod promql;
@@ -52,6 +53,10 @@ enum Cmd {
         /// Bucket granularity: minute or hour.
         #[arg(long, default_value = "minute")]
         granularity: String,
+        /// Days of minute buckets of the same series loaded straight into the
+        /// database first: the history the live writes run beside.
+        #[arg(long, default_value_t = 0)]
+        preload_days: u32,
     },
     /// Several instances round robin on one database: what versions cost in bytes.
     Versions {
@@ -114,6 +119,22 @@ enum Cmd {
         /// Seconds between readings of the long series.
         #[arg(long, default_value_t = 60)]
         interval: u32,
+    },
+    /// Write cost as a series' history grows, and fleet panels over days,
+    /// cold and on refresh, on the server in front of it.
+    History {
+        /// Buckets of the long series.
+        #[arg(long, default_value_t = 50_000)]
+        long_history: i64,
+        /// Sensors of the 8-day panels (a reading every 15 minutes).
+        #[arg(long, default_value_t = 72)]
+        panel_sensors: u32,
+        /// Sensors of the group average (two days, a reading every 5 minutes).
+        #[arg(long, default_value_t = 150)]
+        group_sensors: u32,
+        /// Times each query runs, cold and on refresh.
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
     },
     /// The same PromQL against Hourglass, Prometheus and VictoriaMetrics on the same samples.
     Promql {
@@ -200,7 +221,7 @@ async fn all(ctx: &Ctx, scale: f64) -> anyhow::Result<(Report, bool)> {
         for journal in [false, true] {
             let data = Dataset::recent(scaled(2000, 2, 30.0 * scale, 1), 0);
             let (r, good) =
-                fleet::run(ctx, data, transport, 500, 8, true, journal, "minute").await?;
+                fleet::run(ctx, data, transport, 500, 8, true, journal, "minute", 0).await?;
             report.merge(r);
             ok &= good;
         }
@@ -254,6 +275,7 @@ async fn main() -> anyhow::Result<()> {
             no_verify,
             no_journal,
             granularity,
+            preload_days,
         } => (
             "fleet",
             fleet::run(
@@ -268,6 +290,7 @@ async fn main() -> anyhow::Result<()> {
                     "hour" => "hour",
                     _ => "minute",
                 },
+                preload_days,
             )
             .await?,
         ),
@@ -334,6 +357,15 @@ async fn main() -> anyhow::Result<()> {
         } => (
             "ranges",
             ranges::run(&ctx, days, repeats, fleet_sensors, interval).await?,
+        ),
+        Cmd::History {
+            long_history,
+            panel_sensors,
+            group_sensors,
+            repeats,
+        } => (
+            "history",
+            history::run(&ctx, long_history, panel_sensors, group_sensors, repeats).await?,
         ),
         Cmd::Promql {
             sensors,
