@@ -95,10 +95,14 @@ impl Application {
             .read_limits()
             .await
             .context("reading the storage server's limits")?;
-        store
+        let shape = store
             .probe_read_shape()
             .await
             .context("measuring how the storage server reads many series")?;
+        metrics
+            .store_read_shape
+            .with_label_values(&[shape.name()])
+            .set(1);
         let registering = store.registrar_queue();
         let store = Arc::new(store);
         let limits = settings.batcher.limits();

@@ -6,7 +6,7 @@
 
 use prometheus::{
     Counter, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    Opts, Registry, TextEncoder,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Seconds: from a fast in-memory flush to a slow storage round trip.
@@ -132,6 +132,7 @@ pub struct Metrics {
     pub query_cache_hits: IntCounter,
     pub query_cache_misses: IntCounter,
     pub query_cache_bytes: IntGauge,
+    pub store_read_shape: IntGaugeVec,
     pub journal_segments: IntGauge,
     pub journal_behind_seconds: IntGauge,
     pub journal_oldest_unstored_seconds: IntGauge,
@@ -169,6 +170,15 @@ fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> 
 
 fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
     let g = IntGauge::new(name, help).unwrap_or_else(|e| panic!("metric {name}: {e}"));
+    registry
+        .register(Box::new(g.clone()))
+        .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+    g
+}
+
+fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let g = IntGaugeVec::new(Opts::new(name, help), labels)
+        .unwrap_or_else(|e| panic!("metric {name}: {e}"));
     registry
         .register(Box::new(g.clone()))
         .unwrap_or_else(|e| panic!("metric {name}: {e}"));
@@ -366,6 +376,12 @@ impl Metrics {
                 &r,
                 "hourglass_query_cache_bytes",
                 "Bytes the results cache of closed periods holds (query.cache_bytes bounds it).",
+            ),
+            store_read_shape: gauge_vec(
+                &r,
+                "hourglass_store_read_shape",
+                "1 for how reads of many series are sent, chosen by a probe of the storage server at startup: in_list (one $in) or per_series (concurrent finds).",
+                &["shape"],
             ),
             journal_segments: gauge(
                 &r,

@@ -38,6 +38,16 @@ pub enum ReadShape {
     PerSeries,
 }
 
+impl ReadShape {
+    /// The `shape` label of `hourglass_store_read_shape`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReadShape::InList => "in_list",
+            ReadShape::PerSeries => "per_series",
+        }
+    }
+}
+
 /// Finds of one series each in flight at once ([`ReadShape::PerSeries`]).
 pub const CONCURRENT_FINDS: usize = 8;
 
