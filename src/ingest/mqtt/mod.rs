@@ -7,6 +7,9 @@
 //! - `processor`: decodes each message (JSON, where `topics` names its sensor,
 //!   or line protocol on `mqtt.line_protocol_topic`) and
 //!   submits its readings (to the journal, or the batcher when it is off), dead-lettering unusable ones;
+//! - `sparkplug` drives the Sparkplug B host on the processor's task; both
+//!   submit through `intake` (size check, offering readings), so neither
+//!   imports the other's internals;
 //! - `acks`: sends each PUBACK, in arrival order, only once the message's
 //!   readings are settled; its bookkeeping is a pure state machine.
 //!
@@ -15,6 +18,7 @@
 
 mod acks;
 mod connection;
+mod intake;
 mod processor;
 mod settings;
 mod sparkplug;

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use super::acks::Pending;
+use super::intake::{FULL_RETRY, Submit, Submitted, check_size};
 use super::sparkplug;
 use super::topics::parse_topic;
 use super::{Shared, Unusable};
@@ -23,12 +24,10 @@ use bumpalo::Bump;
 use crate::domain::Reading;
 use crate::ingest::decode::{DecodeContext, DecodeError, decode_payload};
 use crate::ingest::line_protocol::{Precision, decode};
-use crate::journal::{Ack, IntakeError, Wait};
+use crate::journal::{IntakeError, Wait};
 use crate::telemetry::metrics::Rejection;
 use crate::telemetry::metrics::Source;
 
-/// How long the processor waits before offering to a full journal or batcher again.
-const FULL_RETRY: Duration = Duration::from_millis(50);
 /// At most one "unusable message" warning per this interval; the rest are counted.
 const DROP_LOG_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -70,16 +69,6 @@ struct DeadLetter<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     payload_base64: Option<String>,
 }
-
-pub(super) enum Submit {
-    /// Nothing of the message was taken (the second part is always `None`
-    /// here; it lets one match arm settle both cases).
-    Unusable(Unusable, Option<Ack>),
-    Stopped,
-}
-
-/// A message's readings, submitted, and what of it was refused.
-pub(super) type Submitted = (Option<Ack>, Option<Unusable>);
 
 pub(super) async fn process(
     shared: Arc<Shared>,
@@ -155,49 +144,6 @@ pub(super) async fn process(
         // flush now instead of letting the window cap throughput.
         if shared.unacked.load(Ordering::Acquire) >= flush_at {
             shared.intake.flush_soon();
-        }
-    }
-}
-
-/// A payload over `mqtt.max_payload_bytes` is unusable.
-pub(super) fn check_size(shared: &Shared, publish: &Publish) -> Result<(), Submit> {
-    let max = shared.settings.max_payload_bytes;
-    if publish.payload.len() > max {
-        return Err(Submit::Unusable(
-            Unusable::new(
-                Rejection::TooLarge,
-                format!(
-                    "payload of {} bytes is over mqtt.max_payload_bytes ({max})",
-                    publish.payload.len(),
-                ),
-            ),
-            None,
-        ));
-    }
-    Ok(())
-}
-
-/// Offers `readings` to the intake until it takes them, pausing while it
-/// is full (unacknowledged messages hold the broker's window meanwhile).
-pub(super) async fn offer<'a>(
-    shared: &Shared,
-    mut readings: impl FnMut() -> Vec<Reading<'a>>,
-) -> Result<Option<Ack>, Submit> {
-    loop {
-        let batch = readings();
-        let n = batch.len();
-        match shared.intake.submit(batch, Wait::Safe) {
-            Ok(ack) => {
-                shared.metrics.received(Source::Mqtt, n);
-                return Ok(Some(ack));
-            }
-            Err(IntakeError::Closed) => return Err(Submit::Stopped),
-            Err(IntakeError::Full(_) | IntakeError::JournalFull { .. } | IntakeError::Busy) => {
-                tokio::select! {
-                    _ = tokio::time::sleep(FULL_RETRY) => {}
-                    _ = shared.shutdown.triggered() => return Err(Submit::Stopped),
-                }
-            }
         }
     }
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use rumqttc::{Publish, QoS};
 use tracing::{info, warn};
 
-use super::processor::{Submit, Submitted, check_size, offer};
+use super::intake::{Submit, Submitted, check_size, offer};
 use super::{Shared, Unusable};
 use crate::domain::{MetricName, Reading, SensorId, TimeWindow};
 use crate::ingest::line_protocol::SensorLabels;
