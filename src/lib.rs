@@ -32,7 +32,8 @@
 //! - `ingest`: the shared JSON decoder, InfluxDB line protocol (a parser
 //!   that borrows everything, the mapping onto sensors, metrics and labels,
 //!   and the background writer of labels), MQTT (connection, topics,
-//!   processor, and acknowledgements as a pure state machine), and the
+//!   processor, the Sparkplug driver, both submitting through one narrow
+//!   `intake`, and acknowledgements as a pure state machine), and the
 //!   Sparkplug B host (payloads, and the host as a pure state machine).
 //! - `api`: everything HTTP: routes, limits, auth middleware, the write and
 //!   query handlers (JSON, InfluxDB's write API, the Prometheus query API),
@@ -44,7 +45,8 @@
 
 // Modules are private: the service's API is what is re-exported below.
 // Dependencies point one way, top to bottom of this list (the layering test
-// at the end of this file keeps it so): a module uses only those above it.
+// at the end of this file keeps it so): a module uses only those above it,
+// and no two files of a module import each other.
 mod api;
 mod auth;
 mod batcher;
@@ -223,6 +225,77 @@ mod layering {
         }
         assert!(upward.is_empty(), "imports that point up: {upward:#?}");
         assert!(all.len() > 20, "the scan found the sources");
+    }
+
+    /// `super::<name>` paths in the code of `text`: the siblings a file of a
+    /// module uses.
+    fn sibling_uses(text: &str) -> Vec<String> {
+        let mut found = Vec::new();
+        let ident = |s: &str| -> String {
+            s.chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect()
+        };
+        for line in text.lines() {
+            let code = line.split("//").next().unwrap_or_default();
+            for (i, _) in code.match_indices("super::") {
+                let rest = &code[i + "super::".len()..];
+                if let Some(group) = rest.strip_prefix('{') {
+                    for part in group.split([',', '}']) {
+                        found.push(ident(part.trim()));
+                    }
+                } else {
+                    found.push(ident(rest));
+                }
+            }
+        }
+        found.retain(|n| !n.is_empty());
+        found
+    }
+
+    #[test]
+    fn no_two_files_of_a_module_import_each_other() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut all = Vec::new();
+        files(&src, &mut all);
+        let stem = |p: &Path| p.file_stem().and_then(|s| s.to_str()).map(str::to_owned);
+        // (directory, file) -> the sibling files or folders it uses.
+        let mut edges = std::collections::BTreeSet::new();
+        for file in &all {
+            let (Some(dir), Some(name)) = (file.parent(), stem(file)) else {
+                continue;
+            };
+            if dir == src || name == "mod" {
+                continue;
+            }
+            let siblings: Vec<String> = std::fs::read_dir(dir)
+                .expect("readable")
+                .filter_map(|e| stem(&e.ok()?.path()))
+                .filter(|n| *n != "mod" && *n != name)
+                .collect();
+            let text = std::fs::read_to_string(file).expect("readable");
+            for used in sibling_uses(&text) {
+                if siblings.contains(&used) {
+                    edges.insert((dir.to_path_buf(), name.clone(), used));
+                }
+            }
+        }
+        let circles: Vec<String> = edges
+            .iter()
+            .filter(|(dir, a, b)| a < b && edges.contains(&(dir.clone(), b.clone(), a.clone())))
+            .map(|(dir, a, b)| format!("{}: {a} and {b}", dir.display()))
+            .collect();
+        assert!(
+            circles.is_empty(),
+            "files that import each other: {circles:#?}"
+        );
+        assert!(!edges.is_empty(), "the scan found sibling imports");
+    }
+
+    #[test]
+    fn the_sibling_scan_sees_single_and_grouped_imports() {
+        let text = "use super::acks::Pending;\nuse super::{Shared, intake::offer};\n// super::x\n";
+        assert_eq!(sibling_uses(text), vec!["acks", "Shared", "intake"]);
     }
 
     #[test]
