@@ -16,6 +16,32 @@ STACK_PIDS=()
 
 log() { printf '[stack] %s\n' "$*" >&2; }
 
+# apt_install what package...: Debian packages, with sudo when not root.
+apt_install() {
+  log "Installing $1 from apt (first run only)."
+  shift
+  local sudo=""
+  [[ $(id -u) -ne 0 ]] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
+}
+
+# venv_install what requirement...: Python packages into .venv once per
+# version set (a stamp file names them); exports HOURGLASS_TEST_PYTHON.
+venv_install() {
+  local what=$1
+  shift
+  ensure_secantus
+  local name="$*"
+  local stamp="$VENV/.installed-${name//[ =\/]/_}"
+  if [[ ! -f "$stamp" ]]; then
+    log "Installing $what into $VENV (first run only)."
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check "$@"
+    touch "$stamp"
+  fi
+  export HOURGLASS_TEST_PYTHON="$VENV/bin/python"
+}
+
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
 }
@@ -74,11 +100,7 @@ mosquitto_bin() {
 
 ensure_mosquitto() {
   if [[ -n "$(mosquitto_bin)" ]] && command -v mosquitto_pub >/dev/null; then return 0; fi
-  log "Installing Mosquitto from apt (first run only)."
-  local sudo=""
-  [[ $(id -u) -ne 0 ]] && sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq mosquitto mosquitto-clients >/dev/null
+  apt_install Mosquitto mosquitto mosquitto-clients
 }
 
 # start_mosquitto: sets HOURGLASS__MQTT__URL and MQTT_URL; exports MOSQUITTO.
@@ -109,66 +131,39 @@ start_mosquitto() {
 }
 
 # The benchmark peers (loadtest `peers`) and the tests' oracles from apt:
-# VictoriaMetrics (with vmalert), InfluxDB 1.x, Prometheus and promtool.
+# VictoriaMetrics (with vmalert), InfluxDB 1.x, Prometheus and promtool, and
+# curl for the README's session.
 ensure_peers() {
-  if [[ -x /usr/bin/victoria-metrics && -x /usr/bin/vmalert && -x /usr/bin/influxd && -x /usr/bin/prometheus && -x /usr/bin/promtool ]]; then return 0; fi
-  log "Installing VictoriaMetrics, InfluxDB and Prometheus from apt (first run only)."
-  local sudo=""
-  [[ $(id -u) -ne 0 ]] && sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq victoria-metrics influxdb prometheus >/dev/null
+  if [[ -x /usr/bin/victoria-metrics && -x /usr/bin/vmalert && -x /usr/bin/influxd && -x /usr/bin/prometheus && -x /usr/bin/promtool && -x /usr/bin/curl ]]; then return 0; fi
   # Any system service they start listens on its own port; the loadtest
   # starts private instances on free ports.
+  apt_install "VictoriaMetrics, InfluxDB, Prometheus and curl" victoria-metrics influxdb prometheus curl
 }
 
 # The official InfluxDB client libraries (v2 `influxdb-client`, v1 `influxdb`)
 # in .venv, for the line-protocol tests; exports HOURGLASS_TEST_PYTHON.
 INFLUX_CLIENTS="influxdb-client==1.50.0 influxdb==5.3.2"
 ensure_influx_clients() {
-  ensure_secantus
-  local stamp="$VENV/.influx-clients-${INFLUX_CLIENTS//[ =]/_}"
-  if [[ ! -f "$stamp" ]]; then
-    log "Installing the InfluxDB client libraries into $VENV (first run only)."
-    # shellcheck disable=SC2086
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check $INFLUX_CLIENTS
-    touch "$stamp"
-  fi
-  export HOURGLASS_TEST_PYTHON="$VENV/bin/python"
+  # shellcheck disable=SC2086
+  venv_install "the InfluxDB client libraries" $INFLUX_CLIENTS
 }
 
 # Debian's Chromium and ChromeDriver, and Selenium in .venv, for the web
 # console's browser tests; exports HOURGLASS_TEST_PYTHON.
 SELENIUM="selenium==4.50.0"
 ensure_browser() {
-  ensure_secantus
   if [[ ! -x /usr/bin/chromium || ! -x /usr/bin/chromedriver ]]; then
-    log "Installing Chromium and ChromeDriver from apt (first run only)."
-    local sudo=""
-    [[ $(id -u) -ne 0 ]] && sudo="sudo"
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium chromium-driver >/dev/null
+    apt_install "Chromium and ChromeDriver" chromium chromium-driver
   fi
-  local stamp="$VENV/.browser-${SELENIUM//[ =]/_}"
-  if [[ ! -f "$stamp" ]]; then
-    log "Installing Selenium into $VENV (first run only)."
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check "$SELENIUM"
-    touch "$stamp"
-  fi
-  export HOURGLASS_TEST_PYTHON="$VENV/bin/python"
+  venv_install Selenium "$SELENIUM"
 }
 
 # pysparkplug (Sparkplug B edge nodes written by others) in .venv, for the
 # Sparkplug host tests; exports HOURGLASS_TEST_PYTHON.
 SPARKPLUG_CLIENTS="pysparkplug==0.6.1"
 ensure_sparkplug_clients() {
-  ensure_secantus
-  local stamp="$VENV/.sparkplug-${SPARKPLUG_CLIENTS//[ =]/_}"
-  if [[ ! -f "$stamp" ]]; then
-    log "Installing pysparkplug into $VENV (first run only)."
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check $SPARKPLUG_CLIENTS
-    touch "$stamp"
-  fi
-  export HOURGLASS_TEST_PYTHON="$VENV/bin/python"
+  # shellcheck disable=SC2086
+  venv_install pysparkplug $SPARKPLUG_CLIENTS
 }
 
 stack_stop() {

@@ -12,12 +12,9 @@ use serde_json::{Value, json};
 
 use crate::auth::{DASHBOARD, INGESTER, TRUCK, secured};
 use crate::helpers::*;
+use crate::python::{last_json, python};
 
 const METRIC: &str = "temp";
-
-fn python() -> String {
-    std::env::var("HOURGLASS_TEST_PYTHON").unwrap_or_else(|_| ".venv/bin/python".into())
-}
 
 /// Screenshots of each run: `target/console-screenshots/<scenario>/`.
 fn artifacts(scenario: &str) -> PathBuf {
@@ -39,14 +36,7 @@ async fn drive(app: &TestApp, scenario: &str, args: Value) -> Value {
         .output()
         .await
         .expect("the browser script runs (make test installs Chromium and Selenium)");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "the browser script failed: {}\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("the script's JSON")
+    last_json("the browser script", &out)
 }
 
 /// Browser log entries that are errors, leaving out the refusals `allowed`

@@ -14,10 +14,7 @@ use crate::auth::{DASHBOARD, INGESTER, TRUCK, secured};
 use crate::broker::{Broker, Publisher};
 use crate::helpers::*;
 use crate::mqtt::mqtt_settings;
-
-fn python() -> String {
-    std::env::var("HOURGLASS_TEST_PYTHON").unwrap_or_else(|_| ".venv/bin/python".into())
-}
+use crate::python::{python, stdout_of};
 
 /// Runs a Python script (with the InfluxDB clients `make test` installs).
 async fn run_python(script: &'static str, args: Vec<String>) -> String {
@@ -28,13 +25,7 @@ async fn run_python(script: &'static str, args: Vec<String>) -> String {
             .args(&args)
             .output()
             .unwrap_or_else(|e| panic!("python could not start ({e}); `make test` installs it"));
-        assert!(
-            out.status.success(),
-            "the client script failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        stdout_of("the client script", &out)
     })
     .await
     .expect("the script's thread")

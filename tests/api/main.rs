@@ -24,6 +24,7 @@ mod mqtt;
 mod operations;
 mod plans;
 mod prom;
+mod python;
 mod query;
 mod scale;
 mod sparkplug;

@@ -10,15 +10,12 @@ use serde_json::{Value, json};
 use crate::broker::Broker;
 use crate::helpers::*;
 use crate::mqtt::mqtt_settings;
+use crate::python::{last_json, python};
 
 const WAIT: Duration = Duration::from_secs(90);
 /// Where unusable messages go by default (`mqtt.dead_letter_topic`): the
 /// tests enable Sparkplug alone, as a newcomer does.
 const DEAD: &str = "hourglass/dead-letters";
-
-fn python() -> String {
-    std::env::var("HOURGLASS_TEST_PYTHON").unwrap_or_else(|_| ".venv/bin/python".into())
-}
 
 fn edge_command(broker: &Broker, scenario: &str, args: &Value) -> tokio::process::Command {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sparkplug/edge.py");
@@ -36,18 +33,7 @@ async fn edge(broker: &Broker, scenario: &str, args: Value) -> Value {
         .output()
         .await
         .expect("the edge script runs (make test installs pysparkplug)");
-    script_output(out)
-}
-
-fn script_output(out: std::process::Output) -> Value {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "the edge script failed: {}\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("the script's JSON")
+    last_json("the edge script", &out)
 }
 
 fn sparkplug_settings(broker: &Broker) -> Settings {
@@ -316,7 +302,11 @@ async fn a_sigkilled_host_restarts_mid_stream_losing_nothing_and_asking_no_rebir
     let mut second = spawn_binary(&settings, &env, &log);
     let address = binary_address(&log).await;
     let out = stream.wait_with_output().await.expect("the stream ends");
-    let want = model(script_output(out)["expected"].as_array().expect("expected"));
+    let want = model(
+        last_json("the edge script", &out)["expected"]
+            .as_array()
+            .expect("expected"),
+    );
     eventually(WAIT, "every value of the stream is stored", || async {
         all_values(&reader.buckets().await, Granularity::Minute) == want
     })
