@@ -216,7 +216,38 @@ async fn run_batch<S: BucketStore>(
     Ok(out)
 }
 
-/// One read of `level` for every series of the batch asking it.
+/// Groups of series read together at most: series asking different starts
+/// beyond this many groups are read as one, with the union of their starts.
+const MAX_GROUPS: usize = 8;
+
+/// The series asking `level`, grouped by the starts they ask: one series
+/// with nothing stored above `level` asks all its documents there, and read
+/// with the others it would make them read all of theirs too (the engine
+/// keeps only what each asked, but the server has read and sent it).
+fn groups(level: Level, asks: &[Option<Ask>]) -> Vec<Vec<usize>> {
+    let mut groups: Vec<(&[i64], Vec<usize>)> = Vec::new();
+    for (i, a) in asks.iter().enumerate() {
+        let Some(a) = a.as_ref().filter(|a| a.level == level) else {
+            continue;
+        };
+        match groups.iter_mut().find(|g| g.0 == a.starts.as_slice()) {
+            Some(g) => g.1.push(i),
+            None => groups.push((&a.starts, vec![i])),
+        }
+    }
+    let mut out: Vec<Vec<usize>> = groups.into_iter().map(|g| g.1).collect();
+    if out.len() > MAX_GROUPS {
+        // Largest first; the smallest share one read.
+        out.sort_by_key(|g| std::cmp::Reverse(g.len()));
+        let mut rest: Vec<usize> = out.drain(MAX_GROUPS - 1..).flatten().collect();
+        rest.sort_unstable();
+        out.push(rest);
+    }
+    out
+}
+
+/// One read of `level` for every series of the batch asking it: a read per
+/// group of series asking the same starts.
 #[allow(clippy::too_many_arguments)]
 async fn read_level<S: BucketStore>(
     store: &S,
@@ -229,9 +260,30 @@ async fn read_level<S: BucketStore>(
     unstored: &[Unstored],
     cost: &mut Cost,
 ) -> Result<(), StoreError> {
-    let asking: Vec<usize> = (0..sensors.len())
-        .filter(|&i| asks[i].as_ref().is_some_and(|a| a.level == level))
-        .collect();
+    for asking in groups(level, asks) {
+        read_group(
+            store, q, plan, level, sensors, &asking, asks, plans, unstored, cost,
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// One read of `level` for the series `asking`, with the union of what
+/// they ask.
+#[allow(clippy::too_many_arguments)]
+async fn read_group<S: BucketStore>(
+    store: &S,
+    q: &Question<'_>,
+    plan: &Plan,
+    level: Level,
+    sensors: &[&str],
+    asking: &[usize],
+    asks: &[Option<Ask>],
+    plans: &mut [SeriesPlan],
+    unstored: &[Unstored],
+    cost: &mut Cost,
+) -> Result<(), StoreError> {
     // The union of what they ask: starts, values, minute aggregates.
     let mut union = Ask {
         level,
@@ -240,7 +292,7 @@ async fn read_level<S: BucketStore>(
         minutes: false,
     };
     let mut minutes = BTreeSet::new();
-    for &i in &asking {
+    for &i in asking {
         let Some(a) = &asks[i] else { continue };
         union.starts.extend(&a.starts);
         union.minutes |= a.minutes;
@@ -261,7 +313,7 @@ async fn read_level<S: BucketStore>(
     // nothing of them is stored).
     let mut overlaid: Vec<Vec<i64>> = vec![Vec::new(); sensors.len()];
     if level == Level::Buckets {
-        for &i in &asking {
+        for &i in asking {
             if let Some(a) = &asks[i] {
                 overlaid[i] = plan.dirty_starts(&plans[i], a);
             }
@@ -312,7 +364,7 @@ async fn read_level<S: BucketStore>(
     cost.documents += read.documents;
     cost.round_trips += read.round_trips;
     // Buckets with unstored readings and nothing stored yet.
-    for &i in &asking {
+    for &i in asking {
         for &start in &overlaid[i] {
             if !seen[i].contains(&start) {
                 let b = BucketRead {
@@ -403,6 +455,44 @@ pub async fn latest<S: BucketStore>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn ask(level: Level, starts: &[i64]) -> Option<Ask> {
+        Some(Ask {
+            level,
+            starts: starts.to_vec(),
+            values: Values::None,
+            minutes: false,
+        })
+    }
+
+    #[test]
+    fn series_asking_other_starts_are_read_apart() {
+        let day = Level::Rollups(crate::domain::Period::Day);
+        let asks = [
+            ask(day, &[1, 2]),
+            None,
+            ask(day, &(0..200).collect::<Vec<_>>()),
+            ask(day, &[1, 2]),
+            ask(Level::Buckets, &[5]),
+        ];
+        assert_eq!(groups(day, &asks), vec![vec![0, 3], vec![2]]);
+        assert_eq!(groups(Level::Buckets, &asks), vec![vec![4]]);
+    }
+
+    #[test]
+    fn beyond_the_limit_the_smallest_groups_share_one_read() {
+        let day = Level::Rollups(crate::domain::Period::Day);
+        // Twelve different asks; the first asked by three series.
+        let mut asks: Vec<Option<Ask>> = (0..12).map(|k| ask(day, &[k])).collect();
+        asks.push(ask(day, &[0]));
+        asks.push(ask(day, &[0]));
+        let got = groups(day, &asks);
+        assert_eq!(got.len(), MAX_GROUPS);
+        assert_eq!(got[0], vec![0, 12, 13]);
+        let mut all: Vec<usize> = got.concat();
+        all.sort_unstable();
+        assert_eq!(all, (0..14).collect::<Vec<_>>(), "every series once");
+    }
 
     #[test]
     fn unstored_values_win_per_second() {

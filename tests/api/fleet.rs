@@ -637,10 +637,14 @@ async fn a_fleet_panel_is_exact_at_window_edges_and_reads_a_document_per_series_
             truth.insert((i, at + 1800 + i as i64), (i % 7) as f64);
         }
     }
-    let all: Vec<Value> = truth
+    let mut all: Vec<Value> = truth
         .iter()
         .map(|(&(i, ts), &v)| reading(&format!("pn-{i:03}"), "temp", ts, v))
         .collect();
+    // A series with nothing in the panel's range (its readings are days
+    // older) asks the finer levels for all of it, and must not make the
+    // others read all of theirs.
+    all.extend((0..24).map(|h| reading("pn-old", "temp", day0 - 5 * DAY + h * 3600, 1.0)));
     for chunk in all.chunks(5000) {
         let r = app.post_readings(&Value::Array(chunk.to_vec())).await;
         assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
