@@ -1,4 +1,4 @@
-.PHONY: run test lint ci bench loadtest
+.PHONY: run test lint ci docs bench loadtest
 
 # Runs the service, starting a local MongoDB-compatible server unless
 # HOURGLASS__MONGODB__URI is set.
@@ -14,6 +14,11 @@ lint:
 	cargo clippy --workspace --all-targets -- -D warnings
 
 ci: lint test
+
+# The documentation book (docs/): link and anchor check, then mdBook into
+# target/book/.
+docs:
+	scripts/docs.sh
 
 # Criterion benchmarks of the hot paths (a few minutes), then one summary table.
 bench:

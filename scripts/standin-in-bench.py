@@ -1,5 +1,5 @@
 """How the stand-in answers `{sensor: {$in: [...]}, metric, start: range}` as
-the list grows, against per-sensor equality finds (README, "known
+the list grows, against per-sensor equality finds (docs/src/operating/storage-server.md, "known
 divergences"). Usage, with a server from `scripts/stack.sh`:
 
     .venv/bin/python scripts/standin-in-bench.py <port>

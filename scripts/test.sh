@@ -20,4 +20,6 @@ if [[ "${status:-0}" == 0 && $# == 0 && "${FUZZ_SECONDS:-20}" != 0 ]]; then
   # Every fuzz target for a bounded time (FUZZ_SECONDS=0 skips this).
   scripts/fuzz.sh || status=$?
 fi
+# The documentation's links and anchors, and the README's length.
+python3 scripts/check-docs.py || status=$?
 exit "${status:-0}"

@@ -54,7 +54,7 @@ enum Command {
         to: Option<String>,
     },
     /// Lists the instances recorded on this database with their floors
-    /// (see the README's "Last write wins"), or forgets one whose journal is
+    /// (see docs/src/internals/last-write-wins.md), or forgets one whose journal is
     /// gone for good so that versions are pruned again.
     Instances {
         /// Remove this instance's record (refused while it runs).

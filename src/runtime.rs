@@ -4,7 +4,7 @@
 //! on MongoDB, and its tasks hand work to each other (a request to the
 //! batcher, an operation to the driver's pool and topology tasks): with
 //! two workers, each hand-off may wake the other thread. On a small
-//! machine one worker can save that CPU (see the README's "Measuring" for
+//! machine one worker can save that CPU (see docs/src/measuring.md for
 //! what it did here), at the cost of a long query holding up ingest while
 //! it computes; the default stays tokio's.
 //!

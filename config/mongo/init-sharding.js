@@ -1,6 +1,6 @@
 // Run once by the `sharding-init` service of the "sharded" profile, against
 // mongos, after the config server and shard replica sets are initiated.
-// Each key is the collection's unique index (see README, "Sharding"): every
+// Each key is the collection's unique index (see docs/src/operating/scaling-out.md): every
 // upsert filter and `$merge` `on` carries the full key (required on a
 // sharded collection), and a query for one series over a time range
 // targets the chunks of that range only.

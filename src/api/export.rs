@@ -221,7 +221,7 @@ pub async fn export<S: BucketStore + 'static>(
         None => None,
     };
     // Step series over readings past retention.buckets cover whole kept
-    // slots (see the README's "Retention per level"); raw readings are
+    // slots (see docs/src/operating/retention.md); raw readings are
     // what the buckets still hold.
     let coarse = match &grid {
         Some(grid) => coarse(&state, &mut r, Some(grid))?,

@@ -1,6 +1,6 @@
 //! The acknowledgement clock: when this process accepted a reading, in epoch
-//! milliseconds. Stored beside each value as its version (see the README's
-//! "Last write wins"), so it never runs backwards within a process even if
+//! milliseconds. Stored beside each value as its version (see
+//! docs/src/internals/last-write-wins.md), so it never runs backwards within a process even if
 //! the wall clock does.
 
 use std::sync::atomic::{AtomicI64, Ordering};

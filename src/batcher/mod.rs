@@ -62,7 +62,7 @@ pub type Unstored = Vec<(i64, Vec<UnstoredValue>)>;
 
 /// `(offset in seconds, value, acknowledgement in epoch ms)`: the
 /// acknowledgement decides against a version stored meanwhile by another
-/// instance (see the README's "Last write wins").
+/// instance (see docs/src/internals/last-write-wins.md).
 pub type UnstoredValue = (u16, f64, i64);
 
 /// Values beside their acknowledgements (0, older than any, where an update

@@ -114,7 +114,7 @@ pub struct BucketRead {
     /// The bucket's write count (`n`): what rollups computed from it carry.
     pub n: u64,
     /// `(offset in seconds, acknowledgement in epoch ms)` of the values that
-    /// still keep a version (see the README's "Last write wins"), sorted;
+    /// still keep a version (see docs/src/internals/last-write-wins.md), sorted;
     /// read when the values are.
     pub versions: Vec<(u16, i64)>,
 }

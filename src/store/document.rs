@@ -1,6 +1,6 @@
 //! The bucket document format: update pipelines that write it, and (in
-//! `read`) the reader that parses it back. See the README's "Bucket
-//! documents" section.
+//! `read`) the reader that parses it back. See
+//! docs/src/internals/buckets.md.
 
 use std::sync::LazyLock;
 
@@ -174,8 +174,8 @@ static HOUR_SECOND_PATHS: LazyLock<Vec<String>> = LazyLock::new(|| {
         .collect()
 });
 
-/// How a statement treats the versions a bucket may already hold (see the
-/// README's "Last write wins").
+/// How a statement treats the versions a bucket may already hold (see
+/// docs/src/internals/last-write-wins.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Form {
     /// Matches only a bucket that holds no versions, and merges plainly:

@@ -1,6 +1,6 @@
 //! This instance's floor: the earliest acknowledgement it may still hold
 //! unstored, published beside the other instances' (see
-//! `store::mongo::instances` and the README's "Last write wins"). The
+//! `store::mongo::instances` and docs/src/internals/last-write-wins.md). The
 //! others' earliest floor decides which values keep their version; once a
 //! minute, versions older than every floor are dropped.
 //!

@@ -55,7 +55,7 @@ pub const ROLLUP_SCHEMA_VERSION: i32 = 2;
 
 /// A slot as stored, its times in seconds from the slot's start, into the
 /// document open in `w`; fields that follow from others are left out (see
-/// the README's "Rollups"). The upkeep writes one per rolled-up span,
+/// docs/src/internals/rollups.md). The upkeep writes one per rolled-up span,
 /// straight into its command.
 fn slot_fields(w: &mut Writer, slot: &Slot) {
     let Some(s) = slot.summary.as_ref() else {
@@ -665,7 +665,7 @@ mod tests {
     }
 
     /// A slot as stored, its times in seconds from the slot's start; fields
-    /// that follow from others are left out (see the README's "Rollups").
+    /// that follow from others are left out (see docs/src/internals/rollups.md).
     pub fn encode_slot(slot: &Slot) -> Option<RawDocumentBuf> {
         slot.summary.as_ref()?;
         let mut w = Writer::with_capacity(256);
@@ -689,7 +689,7 @@ mod tests {
     // The statement as the bson crate builds it, level by level: what the
     // in-place writer must reproduce byte for byte.
     /// A slot as stored, its times in seconds from the slot's start; fields
-    /// that follow from others are left out (see the README's "Rollups").
+    /// that follow from others are left out (see docs/src/internals/rollups.md).
     /// Encoded straight to bytes: the upkeep writes one per rolled-up span.
     fn reference_encode_slot(slot: &Slot) -> Option<RawDocumentBuf> {
         let s = slot.summary.as_ref()?;

@@ -19,7 +19,7 @@
 //!   cannot go unchecked.
 //!
 //! A divergence names the shape. The stand-in's known divergences are
-//! listed in the README beside it. The same test runs against a real
+//! listed in docs/src/operating/storage-server.md beside it. The same test runs against a real
 //! MongoDB (`MONGODB_URI`), whose profiler records the same commands.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -975,7 +975,7 @@ fn the_evaluator_matches_as_mongodb_does() {
     assert_eq!(p, doc! { "a": 5, "n": { "k": "v" } });
 }
 
-/// The stand-in's known divergence (see the README): a closed range on a
+/// The stand-in's known divergence (see docs/src/operating/storage-server.md): a closed range on a
 /// field that another follows in a compound index misses the documents at
 /// its upper bound. The read check names it there, and finds nothing on a
 /// server without the divergence; either way it shows the check can fail.

@@ -258,10 +258,11 @@ async fn every_collection_written_by_upsert_is_sharded_on_a_unique_index_the_ser
     let keys = shard_keys();
     let names: Vec<&str> = keys.iter().map(|(c, _)| c.as_str()).collect();
     assert_eq!(names, ["buckets", "rollups", "sensors"]);
-    let readme = std::fs::read_to_string(root().join("README.md")).expect("README");
+    let page = "docs/src/operating/scaling-out.md";
+    let docs = std::fs::read_to_string(root().join(page)).expect(page);
     let app = spawn_app().await;
     for (collection, key) in &keys {
-        assert!(readme.contains(key.as_str()), "the README documents {key}");
+        assert!(docs.contains(key.as_str()), "{page} documents {key}");
         if collection == "sensors" {
             // Hashed `_id`: every registry write names its `_id`.
             assert_eq!(key, r#"{ _id: "hashed" }"#);

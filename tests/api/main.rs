@@ -10,6 +10,7 @@ mod conformance;
 mod console;
 mod database;
 mod deployment;
+mod docs;
 mod engine;
 mod faults;
 mod fleet;

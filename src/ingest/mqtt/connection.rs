@@ -111,7 +111,7 @@ fn subscribe(shared: &Shared) {
     }
     if settings.sparkplug.enabled {
         // Per-node `seq` needs every message of a node at one instance: see
-        // the README before sharing a Sparkplug subscription.
+        // docs/src/sending/sparkplug.md before sharing a Sparkplug subscription.
         topics.extend(
             settings
                 .sparkplug

@@ -1,8 +1,8 @@
 //! Instances publish their floor: the earliest acknowledgement they still
 //! hold unstored (`now` when none). The earliest floor of the others decides
 //! whether a value this instance stores keeps its version, and the earliest
-//! of all when a stored version can be dropped (see the README's "Last write
-//! wins"). One small document per instance in the metadata collection,
+//! of all when a stored version can be dropped (see
+//! docs/src/internals/last-write-wins.md). One small document per instance in the metadata collection,
 //! read and written once a second while other instances run; a lone one
 //! reads every three seconds and writes once a minute. Each write says how
 //! soon the next comes (`every`), and readers judge by it (see
