@@ -30,6 +30,7 @@ mod indexes;
 mod instances;
 mod late;
 mod metadata;
+mod outbox;
 mod read;
 mod rebuild;
 mod registry;
