@@ -207,7 +207,9 @@ pub async fn read_shape(db: &Database, scratch: &str) -> Result<ReadShape, Store
 }
 
 /// A filter on the sensors and metrics of `series`: their product may hold
-/// series nobody asked for, which the reader skips.
+/// series nobody asked for, which the reader skips. One value is an
+/// equality, not a `$in` of one: a server that scans for `$in` (see the
+/// module's doc) answers an equality from its index.
 fn series_filter<'a>(series: impl Iterator<Item = &'a Series>) -> Document {
     let mut sensors = BTreeSet::new();
     let mut metrics = BTreeSet::new();
@@ -215,10 +217,11 @@ fn series_filter<'a>(series: impl Iterator<Item = &'a Series>) -> Document {
         sensors.insert(sensor.as_str());
         metrics.insert(metric.as_str());
     }
-    doc! {
-        "sensor": { "$in": sensors.into_iter().collect::<Vec<_>>() },
-        "metric": { "$in": metrics.into_iter().collect::<Vec<_>>() },
-    }
+    let one_or_in = |values: BTreeSet<&str>| match values.len() {
+        1 => Bson::String(values.into_iter().next().unwrap_or_default().to_owned()),
+        _ => Bson::Document(doc! { "$in": values.into_iter().collect::<Vec<_>>() }),
+    };
+    doc! { "sensor": one_or_in(sensors), "metric": one_or_in(metrics) }
 }
 
 impl MongoStore {
@@ -289,5 +292,19 @@ mod tests {
         let or = doc! { "stage": "OR", "inputStages": [ { "stage": "IXSCAN" } ] };
         assert!(has_stage(&or, "IXSCAN"));
         assert!(!has_stage(&doc! { "stage": "COLLSCAN" }, "IXSCAN"));
+    }
+
+    #[test]
+    fn one_sensor_or_metric_is_an_equality_and_several_a_list() {
+        let one: Series = ("s1".into(), "temp".into());
+        assert_eq!(
+            series_filter([&one].into_iter()),
+            doc! { "sensor": "s1", "metric": "temp" }
+        );
+        let two: Series = ("s2".into(), "temp".into());
+        assert_eq!(
+            series_filter([&one, &two].into_iter()),
+            doc! { "sensor": { "$in": ["s1", "s2"] }, "metric": "temp" }
+        );
     }
 }
