@@ -208,6 +208,32 @@ fn ranges_answer_long_averages_exactly() {
 }
 
 #[test]
+fn history_measures_write_cost_and_fleet_panels_cold_and_on_refresh() {
+    let args = [
+        "history",
+        "--long-history",
+        "500",
+        "--panel-sensors",
+        "3",
+        "--group-sensors",
+        "3",
+        "--repeats",
+        "1",
+    ];
+    let r: serde_json::Value = serde_json::from_str(&loadtest(&args)).expect("json");
+    // The statement's filter examines its one bucket whatever the history.
+    assert_eq!(r["data"]["write_cost"]["long_examined"], 1, "{r}");
+    // Every panel was answered (the run fails when a refresh differs
+    // from its cold answer) and read something.
+    let panels = r["data"]["history"].as_object().expect("panels");
+    assert_eq!(panels.len(), 6, "{r}");
+    assert!(
+        panels.values().all(|p| p["documents"].as_f64() > Some(0.0)),
+        "{r}"
+    );
+}
+
+#[test]
 fn promql_answers_like_prometheus_next_to_victoria_metrics() {
     let args = ["promql", "--sensors", "2", "--days", "2", "--repeats", "1"];
     let r: serde_json::Value = serde_json::from_str(&loadtest(&args)).expect("json");
