@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures_util::TryStreamExt;
 use mongodb::bson::{Bson, Document, RawDocumentBuf, doc, oid::ObjectId};
 
-use super::rollups::Written;
+use super::upkeep_reads::Written;
 use super::{MongoStore, classify, classify_read, unix_now};
 use crate::domain::{BucketUpdate, Granularity};
 use crate::store::late::{self, Entry};

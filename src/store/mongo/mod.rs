@@ -39,6 +39,7 @@ mod rollups;
 mod settings;
 mod shapes;
 mod sink;
+mod upkeep_reads;
 mod upkeep_task;
 mod write;
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 
-use super::{MongoStore, late, rollups, unix_now};
+use super::{MongoStore, late, unix_now, upkeep_reads};
 use crate::store::StoreError;
 use crate::store::upkeep::Job;
 
@@ -15,7 +15,7 @@ impl MongoStore {
         &self,
         jobs: &[Job],
         now: i64,
-        written: Option<&rollups::Written>,
+        written: Option<&upkeep_reads::Written>,
         replace: bool,
     ) -> Result<usize, StoreError> {
         let cost = self.roll_up(jobs, now, written, replace).await?;
