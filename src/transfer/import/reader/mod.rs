@@ -1,6 +1,8 @@
 //! The reader thread: a file's lines (gunzipped when they are gzip),
 //! cut into batches, handed to the senders in file order.
 
+mod csv_rows;
+
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -9,9 +11,9 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc;
 
+use self::csv_rows::PlainCsv;
 use super::formats::{Converter, Format};
 use super::{Batch, Item, Reject, TransferError};
-use crate::ingest::decode::csv as csv_body;
 
 /// Counts the bytes read from the file (before decompression): the progress.
 struct Counting<R> {
@@ -70,15 +72,6 @@ impl Spares {
     fn take(&self) -> Option<Spare> {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).pop()
     }
-}
-
-/// How far the reader went through a CSV file without the `csv` crate.
-#[derive(Debug, Default)]
-struct PlainCsv {
-    /// Lines read.
-    lines: u64,
-    /// The header row was read.
-    header: bool,
 }
 
 /// Reads one file into batches on the reader thread.
@@ -335,126 +328,6 @@ impl Reader {
         Ok(tx.blocking_send(Ok(batch)).is_ok())
     }
 
-    /// One line of a CSV file (`raw`, its line ending on or off) read
-    /// without the `csv` crate, when it has no quote and no carriage return
-    /// but at its end: its fields are the ones the `csv` crate would read,
-    /// and the service splits it at its commas. `None`: the line needs
-    /// quoting rules, and nothing of it was taken. `Some(false)`: nobody
-    /// listens.
-    fn plain_csv_line(
-        &self,
-        raw: &[u8],
-        plain: &mut PlainCsv,
-        records: &mut u64,
-        batch: &mut Batch,
-        readings: &mut usize,
-        tx: &mpsc::Sender<Result<Batch, TransferError>>,
-    ) -> Option<bool> {
-        let text = csv_body::plain_line(raw)?;
-        Some(self.plain_csv_row(text, plain, records, batch, readings, tx))
-    }
-
-    /// A line without quotes, carriage returns or its newline: a record
-    /// unless it is blank, sent as it is (the service checks it, and
-    /// `Checker` here once the service has refused its batch). `false`:
-    /// nobody listens.
-    fn plain_csv_row(
-        &self,
-        text: &[u8],
-        plain: &mut PlainCsv,
-        records: &mut u64,
-        batch: &mut Batch,
-        readings: &mut usize,
-        tx: &mpsc::Sender<Result<Batch, TransferError>>,
-    ) -> bool {
-        plain.lines += 1;
-        // A blank line is no record, as the `csv` crate reads it.
-        if text.is_empty() {
-            return true;
-        }
-        *records += 1;
-        if !plain.header {
-            // Checked when the import was planned.
-            plain.header = true;
-            return true;
-        }
-        if *records <= self.skip {
-            return true;
-        }
-        let full = self.offer(
-            batch,
-            plain.lines,
-            readings,
-            |out| {
-                out.extend_from_slice(text);
-                Ok(1)
-            },
-            String::new,
-        );
-        !full || self.send_full(batch, readings, *records, tx)
-    }
-
-    /// The rest of a CSV file from a line that needs quoting rules, read by
-    /// the `csv` crate; its line numbers continue `plain`'s.
-    fn quoted_csv(
-        &self,
-        input: impl Read,
-        plain: &PlainCsv,
-        records: &mut u64,
-        batch: &mut Batch,
-        readings: &mut usize,
-        tx: &mpsc::Sender<Result<Batch, TransferError>>,
-    ) -> Result<bool, TransferError> {
-        let io =
-            |e: &dyn std::fmt::Display| TransferError::Io(format!("{}: {e}", self.path.display()));
-        let mut csv = csv::ReaderBuilder::new()
-            .has_headers(false)
-            .flexible(true)
-            .from_reader(input);
-        // Bytes, not text: only the fields a reading uses are checked as
-        // UTF-8 (by the service), and no row allocates.
-        let mut record = csv::ByteRecord::new();
-        if !plain.header {
-            // The header was checked when the import was planned.
-            csv.read_byte_record(&mut record).map_err(|e| io(&e))?;
-            *records += 1;
-        }
-        loop {
-            match csv.read_byte_record(&mut record) {
-                Ok(false) => break,
-                Ok(true) => {}
-                Err(e) => {
-                    // A broken row (bad UTF-8, an unclosed quote) is
-                    // refused; the rest of the file is still read.
-                    let line = e.position().map_or(0, |p| plain.lines + p.line());
-                    *records += 1;
-                    if *records > self.skip {
-                        batch.rejects.push(Reject {
-                            line,
-                            reason: e.to_string(),
-                            text: String::new(),
-                        });
-                    }
-                    if matches!(e.kind(), csv::ErrorKind::Io(_)) {
-                        return Err(io(&e));
-                    }
-                    continue;
-                }
-            }
-            *records += 1;
-            if *records <= self.skip {
-                continue;
-            }
-            let line = plain.lines + record.position().map_or(*records, |p| p.line());
-            if self.take(batch, line, "", Some(&record), readings)
-                && !self.send_full(batch, readings, *records, tx)
-            {
-                return Ok(false);
-            }
-        }
-        Ok(true)
-    }
-
     /// Offers one record to the batch (converted, or refused with its
     /// reason); answers whether the batch is full.
     fn take(
@@ -593,6 +466,7 @@ impl Reader {
 mod tests {
     use super::super::TsUnit;
     use super::*;
+    use crate::ingest::decode::csv as csv_body;
     use crate::ingest::decode::csv::CsvColumns;
 
     /// The batches a reader makes of `text`, resumed past `skip` records:
