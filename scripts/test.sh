@@ -15,6 +15,9 @@ cargo build --workspace --bins
 # What the tests send to the PromQL API seeds its fuzz target.
 export HOURGLASS_FUZZ_SEEDS="$STACK_ROOT/.stack/fuzz-seeds"
 rm -rf "$HOURGLASS_FUZZ_SEEDS"
+# A failing test's message, not the runtime's frames, is what a CI log's
+# excerpt keeps: no backtraces (HOURGLASS_TEST_BACKTRACE=1 make test brings them back).
+export RUST_BACKTRACE="${HOURGLASS_TEST_BACKTRACE:-0}"
 cargo test --workspace --all-targets "$@" || status=$?
 if [[ "${status:-0}" == 0 && $# == 0 && "${FUZZ_SECONDS:-20}" != 0 ]]; then
   # Every fuzz target for a bounded time (FUZZ_SECONDS=0 skips this).
