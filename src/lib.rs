@@ -124,7 +124,7 @@ pub mod pure {
     pub use crate::runtime::WORKER_STACK_BYTES;
     pub use crate::store::command::{Chunk, Commands, Limits, Target};
     pub use crate::store::document::{Form, Versioning, update_statement};
-    pub use crate::store::rollup::{ReadBack, roll_hours_of};
+    pub use crate::store::roll::{ReadBack, roll_hours_of};
     pub use crate::transfer::import::formats::{
         Converter as ImportConverter, Format as ImportFormat,
     };

@@ -9,6 +9,7 @@ pub mod late;
 pub mod mongo;
 pub mod raw_writer;
 pub mod registry;
+pub mod roll;
 pub mod rollup;
 mod settings;
 pub mod upkeep;

@@ -13,7 +13,8 @@ use super::upkeep_reads::{SENSORS_PER_READ, Upkept, Written};
 use crate::domain::{Granularity, Period, RollupRead, Slot};
 use crate::store::StoreError;
 use crate::store::raw_writer::Writer;
-use crate::store::rollup::{roll_day, write_statement};
+use crate::store::roll::roll_day;
+use crate::store::rollup::write_statement;
 use crate::store::upkeep::{HOUR, Job};
 
 const DAY: i64 = 86_400;

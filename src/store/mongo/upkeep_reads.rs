@@ -11,7 +11,8 @@ use super::shapes::Series;
 use crate::domain::{BucketRead, Granularity, Period, RollupRead, Slot};
 use crate::store::StoreError;
 use crate::store::document::start_date;
-use crate::store::rollup::{Hour, ReadBack, all_slots, read_rollup, roll_hour, roll_hours_of};
+use crate::store::roll::{Hour, ReadBack, roll_hour, roll_hours_of};
+use crate::store::rollup::{all_slots, read_rollup};
 use crate::store::upkeep::HOUR;
 
 /// Sensors in one `$in` of the upkeep's reads.
