@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::PromError;
-use super::compile::{AggOp, Grouping};
+use super::ast::{AggOp, Grouping};
 use super::functions::quantile;
 use super::value::{KahanSum, LabelSet, NAME, Series, format_value};
 

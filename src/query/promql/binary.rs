@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::PromError;
-use super::compile::{ArithOp, BinOp, Card, CmpOp, Matching, SetOp};
+use super::ast::{ArithOp, BinOp, Card, CmpOp, Matching, SetOp};
 use super::value::{LabelSet, NAME, Series, Value, vector};
 
 /// `lhs op rhs` over `n` steps.

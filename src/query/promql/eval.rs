@@ -8,8 +8,8 @@ use regex::Regex;
 
 use super::PromError;
 use super::aggregate::{Param, aggregate, valid_label_name};
+use super::ast::{At, Func, LOOKBACK_MS, Node, RangeArg, RangeFunc, Selector};
 use super::binary::binary;
-use super::compile::{At, Func, LOOKBACK_MS, Node, RangeArg, RangeFunc, Selector};
 use super::functions::{
     Window, calendar, go_log2, go_log10, go_max, go_min, range_value, round, sgn,
 };

@@ -5,7 +5,7 @@
 
 use crate::domain::{Agg, Sample, Summary};
 
-use super::compile::RangeFunc;
+use super::ast::RangeFunc;
 
 /// A window `(start, end]` (milliseconds) and what its readings give.
 #[derive(Debug, Clone, Copy)]
@@ -245,8 +245,8 @@ pub fn sgn(v: f64) -> f64 {
 }
 
 /// The calendar functions of a time in seconds, in UTC.
-pub fn calendar(func: super::compile::Func, secs: f64) -> f64 {
-    use super::compile::Func;
+pub fn calendar(func: super::ast::Func, secs: f64) -> f64 {
+    use super::ast::Func;
     let Ok(t) = jiff::Timestamp::from_second(secs.floor() as i64) else {
         return f64::NAN;
     };
@@ -397,7 +397,7 @@ mod tests {
         assert_eq!(round(2.5, 1.0), 3.0);
         assert_eq!(round(-2.5, 1.0), -2.0);
         assert_eq!(round(7.3, 5.0), 5.0);
-        use super::super::compile::Func;
+        use super::super::ast::Func;
         // 2026-11-23 is a Monday.
         assert_eq!(calendar(Func::DayOfWeek, 1_795_392_000.0), 1.0);
         assert_eq!(calendar(Func::DaysInMonth, 1_795_392_000.0), 30.0);

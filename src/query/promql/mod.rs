@@ -15,6 +15,7 @@
 //! - this module: finds each read's series in the registry and reads its cells.
 
 pub mod aggregate;
+pub mod ast;
 pub mod binary;
 pub mod compile;
 #[cfg(test)]
@@ -30,7 +31,8 @@ use std::time::Duration;
 
 use promql_parser::label::Matcher;
 
-pub use compile::{Func, Node, RangeFunc, compile};
+pub use ast::{Func, Node, RangeFunc};
+pub use compile::compile;
 pub use eval::{Leaf, LeafFunc};
 pub use limits::Limits;
 pub use value::{LabelSet, NAME, Series, Value, format_value};
