@@ -1,6 +1,7 @@
 //! Logging (`tracing`, JSON or human-readable) and Prometheus [`metrics`].
 
 pub mod metrics;
+mod register;
 
 use tracing_subscriber::EnvFilter;
 
