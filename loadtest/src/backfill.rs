@@ -152,7 +152,7 @@ pub async fn run(
     let started = Instant::now();
     let o = send_all(ctx, &target, data, batch, concurrency).await?;
     // Ended hours are rolled up after the writes: stored is not done.
-    crate::peers::rolled_up(ctx, &target.database, Duration::from_secs(4 * 3600)).await?;
+    crate::waits::rolled_up(ctx, &target.database, Duration::from_secs(4 * 3600)).await?;
     let rolled_up_s = started.elapsed().as_secs_f64();
     let mut report = Report::new("Hourglass backfill");
     let mut s = section(

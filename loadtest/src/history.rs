@@ -24,7 +24,7 @@ use mongodb::bson::{Bson, DateTime, Document, doc};
 
 use crate::ctx::Ctx;
 use crate::dataset::{Dataset, DatasetArgs};
-use crate::peers::{send_lines, start_victoria};
+use crate::peer_servers::{send_lines, start_victoria};
 use crate::procs::scrape;
 use crate::promql::{no_cache_client, timed_or_nan};
 use crate::report::{Report, Section, f, percentiles};
@@ -250,7 +250,7 @@ pub async fn run(
         9 * 86_400,
     );
     crate::backfill::send_all(ctx, &target, &group, 5000, 2).await?;
-    crate::peers::rolled_up(ctx, &target.database, Duration::from_secs(4 * 3600)).await?;
+    crate::waits::rolled_up(ctx, &target.database, Duration::from_secs(4 * 3600)).await?;
     let vm = start_victoria(&[]).await?;
     send_lines(
         ctx,

@@ -6,6 +6,8 @@ mod dataset;
 mod designs;
 mod fleet;
 mod history;
+mod peer_loads;
+mod peer_servers;
 mod peers;
 mod procs;
 mod promql;
@@ -15,6 +17,7 @@ mod report;
 mod transfer;
 mod verify;
 mod versions;
+mod waits;
 
 use clap::{Parser, Subcommand};
 

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use crate::ctx::Ctx;
 use crate::dataset::{Dataset, DatasetArgs};
-use crate::peers::{send_lines, start_victoria, which};
+use crate::peer_servers::{send_lines, start_victoria, which};
 use crate::procs::{Proc, http_url, scrape};
 use crate::report::{Report, Section, f, percentiles};
 
@@ -193,7 +193,7 @@ pub async fn run(
     let hourglass_load_s = started.elapsed().as_secs_f64();
     // The data lies in ended hours: queries are measured once those are
     // rolled up (until then they read the buckets).
-    crate::peers::rolled_up(ctx, &target.database, std::time::Duration::from_secs(3600)).await?;
+    crate::waits::rolled_up(ctx, &target.database, std::time::Duration::from_secs(3600)).await?;
 
     let vm = start_victoria(&[]).await?;
     for d in [&sparse, &dense] {

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use crate::ctx::Ctx;
 use crate::dataset::{Dataset, DatasetArgs, Row, rfc3339};
-use crate::peers::{send_rows, start_influx, start_victoria};
+use crate::peer_servers::{send_rows, start_influx, start_victoria};
 use crate::procs::{scrape, timed};
 use crate::report::{Report, Section, f, percentiles};
 
@@ -76,7 +76,7 @@ pub async fn run(
     let backfill_s = started.elapsed().as_secs_f64();
     // The data lies in ended hours: queries are measured once those are
     // rolled up (until then they read the buckets).
-    crate::peers::rolled_up(ctx, &target.database, std::time::Duration::from_secs(3600)).await?;
+    crate::waits::rolled_up(ctx, &target.database, std::time::Duration::from_secs(3600)).await?;
 
     // Every stored reading, by sensor and second: the long series written
     // after the fleet replaces the fleet's sensor 0 where both have a second.

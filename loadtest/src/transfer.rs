@@ -8,9 +8,9 @@ use std::time::Instant;
 
 use crate::ctx::{Ctx, Target};
 use crate::dataset::{Dataset, rfc3339};
-use crate::peers::wait_stored;
 use crate::procs::{pause, server_pid, wait_idle};
 use crate::report::{Report, Section, f};
+use crate::waits::wait_stored;
 
 /// The dataset as an import file: NDJSON (as the export writes it), CSV
 /// (epoch ms) or line protocol (`<metric>,sensor=<sensor> value=<v> <ns>`).
