@@ -264,8 +264,9 @@ async fn run(args: Args, settings: Settings) -> anyhow::Result<()> {
         let s = hourglass::import(&settings, options).await?;
         let secs = s.elapsed.as_secs_f64().max(1e-3);
         println!(
-            "Imported {} files ({} already imported): {} readings stored, {} lines refused, in {:.1} s ({:.0} readings/s){}.",
+            "Imported {} file{} ({} already imported): {} readings stored, {} lines refused, in {:.1} s ({:.0} readings/s){}.",
             s.files,
+            if s.files == 1 { "" } else { "s" },
             s.skipped_files,
             s.readings,
             s.rejected,

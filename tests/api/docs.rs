@@ -23,14 +23,27 @@ fn shell_block(file: &str, heading: &str) -> String {
         .to_owned()
 }
 
+/// Every ```sh block of a markdown file, in order.
+fn shell_blocks(file: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(file))
+        .unwrap_or_else(|e| panic!("{file}: {e}"));
+    text.split("```sh\n")
+        .skip(1)
+        .map(|b| b.split_once("```").expect("a closed block").0.to_owned())
+        .collect()
+}
+
 /// Commands and the answers shown under them: a step is the command lines
-/// up to the comment lines that follow them.
+/// up to the comment lines that follow them (joined by newlines).
 fn steps(block: &str) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = Vec::new();
     let mut command = String::new();
     let mut answer = String::new();
     for line in block.lines() {
         if let Some(shown) = line.strip_prefix("# ") {
+            if !answer.is_empty() {
+                answer.push('\n');
+            }
             answer.push_str(shown);
         } else if line.trim().is_empty() {
             continue;
@@ -67,27 +80,35 @@ fn matches(shown: &str, got: &str) -> bool {
     rest.is_empty()
 }
 
-#[tokio::test]
-async fn the_readmes_curl_session_answers_what_it_shows() {
-    let app = spawn_app().await;
-    let host = app.address.trim_start_matches("http://").to_owned();
-    let block = shell_block("README.md", "## A curl session").replace("localhost:8080", &host);
-    let steps = steps(&block);
-    assert_eq!(steps.len(), 4, "the session's steps: {steps:?}");
-    // One shell, so the variables a step sets hold for the next; each
-    // step's answer ends with a line of its own.
+/// Runs `script` (shell blocks of one page, `localhost:8080` already
+/// pointed at a test instance) in one shell, so the variables a step sets
+/// hold for the next, and compares each step's answer with what it shows.
+/// `hourglass` on the PATH is the binary under test.
+async fn runs_as_shown(page: &str, script: &str) -> usize {
+    let steps = steps(script);
+    assert!(!steps.is_empty(), "{page}: no step shows an answer");
+    // Each step's answer ends with a line of its own.
     let script: String = steps
         .iter()
         .map(|(command, _)| format!("{command}echo; echo '<<step>>'\n"))
         .collect();
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_hourglass"));
+    let path = format!(
+        "{}:{}",
+        bin.parent().expect("a directory").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let dir = tempfile::tempdir().expect("a scratch directory");
     let out = tokio::process::Command::new("bash")
         .args(["-euo", "pipefail", "-c", &script])
+        .current_dir(dir.path())
+        .env("PATH", path)
         .output()
         .await
         .expect("bash runs");
     assert!(
         out.status.success(),
-        "{}",
+        "{page}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8(out.stdout).expect("utf-8");
@@ -95,10 +116,71 @@ async fn the_readmes_curl_session_answers_what_it_shows() {
     for ((command, shown), got) in steps.iter().zip(&answers) {
         assert!(
             matches(shown, got),
-            "{command}\nshows {shown}\nanswered {got}"
+            "{page}: {command}\nshows {shown}\nanswered {got}"
         );
     }
+    steps.len()
+}
+
+#[tokio::test]
+async fn the_readmes_curl_session_answers_what_it_shows() {
+    let app = spawn_app().await;
+    let host = app.address.trim_start_matches("http://").to_owned();
+    let block = shell_block("README.md", "## A curl session").replace("localhost:8080", &host);
+    assert_eq!(
+        runs_as_shown("README.md", &block).await,
+        4,
+        "the session's steps"
+    );
     app.stop().await.expect("clean stop");
+}
+
+/// The book's pages whose commands run here, each on an instance of its
+/// own. A command that needs more than the test's stack (a build, Docker,
+/// a long fuzzing run) is shown in a ```console block instead.
+const PAGES: &[&str] = &[
+    "docs/src/querying/json-api.md",
+    "docs/src/sending/readings.md",
+    "docs/src/querying/grafana.md",
+    "docs/src/operating/import-export.md",
+];
+
+#[tokio::test]
+async fn the_books_commands_answer_what_they_show() {
+    for page in PAGES {
+        let app = spawn_app().await;
+        let host = app.address.trim_start_matches("http://").to_owned();
+        let script = shell_blocks(page)
+            .join("\n")
+            .replace("localhost:8080", &host);
+        runs_as_shown(page, &script).await;
+        app.stop().await.expect("clean stop");
+    }
+    // Every page's shell blocks are among those run.
+    let mut unrun = Vec::new();
+    let mut dirs = vec![PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/src")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("readable") {
+            let path = entry.expect("an entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            let relative = path
+                .strip_prefix(env!("CARGO_MANIFEST_DIR"))
+                .expect("inside")
+                .display()
+                .to_string();
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            if text.contains("```sh\n") && !PAGES.contains(&relative.as_str()) {
+                unrun.push(relative);
+            }
+        }
+    }
+    assert!(
+        unrun.is_empty(),
+        "pages whose shell blocks no test runs: {unrun:?}"
+    );
 }
 
 #[test]

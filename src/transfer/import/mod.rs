@@ -142,6 +142,16 @@ pub async fn run(
     // Half the body limit: a JSON reading can grow on the server's side
     // of the count, and a batch is cut by bytes as well as readings.
     let max_bytes = settings.http.max_body_bytes / 2;
+    // A state directory named on the command line is made, as `mkdir -p`
+    // would: its checkpoints are the import's own.
+    if let Some(dir) = &options.state_dir {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            TransferError::Usage(format!(
+                "--state-dir {}: cannot be made ({e})",
+                dir.display()
+            ))
+        })?;
+    }
     // Everything that can stop an import is checked before anything is sent.
     let mut plans = Vec::new();
     for path in &options.files {
