@@ -202,6 +202,7 @@ pub fn router<S: BucketStore + 'static>(state: AppState<S>) -> Router {
         .route("/api/v1/sensors/{sensor}/average", get(query::average::<S>))
         .route("/api/v1/sensors/{sensor}/series", get(query::series::<S>))
         .route("/api/v1/sensors/{sensor}/latest", get(query::latest::<S>))
+        .route("/api/v1/sensors/{sensor}/uptime", get(query::uptime::<S>))
         .route("/api/v1/average", get(query::group_average::<S>))
         .route("/api/v1/series", get(query::group_series::<S>))
         .route("/api/v1/dead_letters", get(query::list_dead_letters::<S>))

@@ -11,6 +11,7 @@ pub mod engine;
 pub mod grid;
 pub mod plan;
 pub mod promql;
+pub mod uptime;
 
 pub use engine::{CacheUse, Cost, Question, Series, evaluate, latest};
 pub use grid::{Calendar, Grid, GridError};
@@ -46,6 +47,11 @@ pub struct Settings {
     pub max_samples: usize,
     /// Bytes the results cache of closed periods may hold; 0 turns it off.
     pub cache_bytes: usize,
+    /// How often a sensor is expected to report, unless its
+    /// `expected_interval` label says otherwise: longer without a reading
+    /// is silence (the silent listing, uptime).
+    #[serde(with = "humantime_serde")]
+    pub expected_interval: Duration,
 }
 
 pub const DEFAULT_MAX_RANGE: Duration = Duration::from_secs(400 * 24 * 3600);
@@ -65,6 +71,7 @@ impl Default for Settings {
             max_query_nodes: promql::Limits::default().max_nodes,
             max_samples: 10_000_000,
             cache_bytes: 64 * 1024 * 1024,
+            expected_interval: Duration::from_secs(300),
         }
     }
 }
@@ -102,6 +109,7 @@ impl Settings {
         crate::settings::longer_than_zero(&[
             ("query.max_range", self.max_range),
             ("query.timeout", self.timeout),
+            ("query.expected_interval", self.expected_interval),
         ])
     }
 }

@@ -28,5 +28,6 @@ mod prom;
 mod python;
 mod query;
 mod scale;
+mod silence;
 mod sparkplug;
 mod write_path;

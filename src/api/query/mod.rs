@@ -17,6 +17,7 @@ mod dead_letters;
 mod groups;
 mod range;
 mod registry;
+mod silence;
 
 use axum::Json;
 use axum::extract::{Extension, Path, RawQuery, State};
@@ -47,6 +48,7 @@ pub(super) use range::{Range, coarse, coarse_header, metric, range, series_grid}
 pub use range::{Step, parse_instant, parse_step};
 use range::{format_ms, format_start, parse_tz, points_of};
 pub use registry::{__path_list_sensors, __path_put_labels, list_sensors, put_labels};
+pub use silence::{__path_uptime, GapEntry, UptimeResponse, uptime};
 
 /// Aggregates of one point, range or group.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -155,6 +157,9 @@ pub struct SensorEntry {
     pub labels: Labels,
     /// Start of the hour of its newest reading.
     pub last_seen: Option<String>,
+    /// With `silent=true`: the time of its newest reading (`null`: none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_reading: Option<Option<String>>,
 }
 
 /// `GET /api/v1/sensors`.

@@ -9,6 +9,7 @@ use axum::http::StatusCode;
 use super::admission::{admit, store_error};
 use super::groups::sensor_glob;
 use super::range::format_start;
+use super::silence::silent_sensors;
 use super::{SensorEntry, SensorList, sensor_param};
 use crate::api::params::Params;
 use crate::api::{ApiError, AppState};
@@ -22,7 +23,8 @@ pub(crate) const DEFAULT_PAGE: usize = 100;
 
 #[utoipa::path(get, path = "/api/v1/sensors",
     params(("prefix" = Option<String>, Query), ("sensor" = Option<String>, Query, description = "A sensor id or glob"),
-        ("limit" = Option<usize>, Query), ("after" = Option<String>, Query), ("metric" = Option<String>, Query)),
+        ("limit" = Option<usize>, Query), ("after" = Option<String>, Query), ("metric" = Option<String>, Query),
+        ("silent" = Option<bool>, Query, description = "Only sensors without a reading (of `metric`, or of any metric) within their expected interval, each with `last_reading`")),
     responses((status = 200, body = SensorList)))]
 pub async fn list_sensors<S: BucketStore>(
     State(state): State<AppState<S>>,
@@ -31,7 +33,7 @@ pub async fn list_sensors<S: BucketStore>(
 ) -> Result<Json<SensorList>, ApiError> {
     let params = Params::parse(
         raw.as_deref(),
-        &["prefix", "sensor", "limit", "after", "metric"],
+        &["prefix", "sensor", "limit", "after", "metric", "silent"],
         true,
     )?;
     let limit = match params.get("limit") {
@@ -61,6 +63,36 @@ pub async fn list_sensors<S: BucketStore>(
         labels: params.labels(),
         metric: metric.as_ref().map(MetricName::as_str),
     };
+    let silent = match params.get("silent") {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(_) => return Err(ApiError::bad_request("silent must be true or false")),
+    };
+    if silent {
+        let keep = |s: &crate::store::SensorInfo| {
+            pattern.matches(&s.sensor)
+                && s.sensor.starts_with(prefix)
+                && principal.may_access(&s.sensor)
+        };
+        let (found, next) = silent_sensors(&state, query, limit, keep).await?;
+        let sensors = found
+            .into_iter()
+            .map(|s| {
+                Ok(SensorEntry {
+                    last_seen: s
+                        .info
+                        .last_seen
+                        .map(|t| format_start(t, None))
+                        .transpose()?,
+                    last_reading: Some(s.last_reading.map(|t| format_start(t, None)).transpose()?),
+                    sensor: s.info.sensor,
+                    metrics: s.info.metrics,
+                    labels: s.info.labels,
+                })
+            })
+            .collect::<Result<_, ApiError>>()?;
+        return Ok(Json(SensorList { sensors, next }));
+    }
     let admitted = admit(&state).await?;
     let work = state.store.sensors(query, limit, |s| {
         pattern.matches(&s.sensor)
@@ -86,6 +118,7 @@ pub async fn list_sensors<S: BucketStore>(
         .map(|s| {
             Ok(SensorEntry {
                 last_seen: s.last_seen.map(|t| format_start(t, None)).transpose()?,
+                last_reading: None,
                 sensor: s.sensor,
                 metrics: s.metrics,
                 labels: s.labels,
