@@ -102,6 +102,7 @@ pub async fn delete_readings<S: BucketStore + 'static>(
             prefix,
             labels: params.labels(),
             metric: metric.as_deref(),
+            through: None,
         };
         let page = state
             .store

@@ -309,6 +309,7 @@ async fn produce<S: BucketStore>(
             prefix: &sel.prefix,
             labels: &sel.labels,
             metric: sel.metric.as_deref(),
+            through: None,
         };
         let sensors = state
             .store

@@ -32,6 +32,8 @@ pub struct SensorQuery<'a> {
     pub labels: &'a [(String, String)],
     /// Sensors that have this metric.
     pub metric: Option<&'a str>,
+    /// Ids up to this one, included (a page's end).
+    pub through: Option<&'a str>,
 }
 
 /// The filter of a listing. Sensor ids are ASCII below DEL, so `prefix` +
@@ -47,6 +49,9 @@ pub fn filter(q: &SensorQuery<'_>) -> Document {
     {
         id.insert("$gt", after);
         id.remove("$gte");
+    }
+    if let Some(through) = q.through {
+        id.insert("$lte", through);
     }
     let mut f = doc! {};
     if !id.is_empty() {
@@ -220,6 +225,7 @@ mod tests {
             prefix: "ab",
             labels: &labels,
             metric: Some("t"),
+            through: None,
         });
         assert_eq!(
             f,

@@ -196,13 +196,25 @@ async fn the_console_shows_the_fleet_a_sensor_chart_and_ingest_health_in_a_real_
     let now = now();
     let hour = now - now.rem_euclid(3600);
     // 60 sensors (two pages of 50), half at each of two sites, one reading
-    // each; the first also has 400 days of history.
+    // each (seconds ago for the even ones after the first, half an hour ago
+    // for the others: silent at the fleet's 5 minutes); the first also has
+    // 400 days of history.
     let mut body = Vec::new();
     let mut latest = BTreeMap::new();
+    let mut silent = Vec::new();
     for i in 0..60 {
         let sensor = format!("con-{i:03}");
         let v = f64::from(i) + 0.5;
-        body.push(reading(&sensor, METRIC, hour - 1800 + i64::from(i), v));
+        let current = i % 2 == 0 && i > 0;
+        let ts = if current {
+            now - 10
+        } else {
+            hour - 1800 + i64::from(i)
+        };
+        body.push(reading(&sensor, METRIC, ts, v));
+        if !current && i < 50 {
+            silent.push(sensor.clone());
+        }
         latest.insert(sensor, v);
     }
     let mut history = BTreeMap::new();
@@ -267,6 +279,7 @@ async fn the_console_shows_the_fleet_a_sensor_chart_and_ingest_health_in_a_real_
         all[..50].iter().map(String::as_str).collect::<Vec<_>>()
     );
     assert_eq!(seen["page2"], json!(all[50..]));
+    assert_eq!(seen["silent"], json!(silent), "the silent sensors marked");
     assert_eq!(seen["next_disabled_on_last"], true);
     for row in seen["page1"].as_array().expect("rows") {
         let sensor = row[0].as_str().expect("id");

@@ -95,7 +95,11 @@ def scenario_open(driver, url, out, args, downloads):
     driver.get(url + "/")
     wait(driver, "the fleet", fleet_loaded)
     wait(driver, "the last values", latest_filled)
+    wait(driver, "the silent marks", lambda d: d.execute_script(
+        "return document.querySelector('#sensors tbody').dataset.silent === 'checked'"))
     seen["page1"] = rows(driver)
+    seen["silent"] = driver.execute_script(
+        "return [...document.querySelectorAll('#sensors tbody tr.silent')].map(r => r.dataset.sensor)")
     driver.save_screenshot(os.path.join(out, "fleet.png"))
     driver.find_element(By.ID, "next").click()
     wait(driver, "page 2", lambda d: fleet_loaded(d) and rows(d) and rows(d)[0][0] != seen["page1"][0][0])

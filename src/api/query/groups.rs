@@ -75,6 +75,7 @@ pub(crate) async fn members<S: BucketStore>(
         prefix,
         labels: params.labels(),
         metric: Some(metric.as_str()),
+        through: None,
     };
     let admitted = admit(state).await?;
     let work = state.store.sensors(query, max + 1, |s| {

@@ -23,7 +23,8 @@ pub(crate) const DEFAULT_PAGE: usize = 100;
 
 #[utoipa::path(get, path = "/api/v1/sensors",
     params(("prefix" = Option<String>, Query), ("sensor" = Option<String>, Query, description = "A sensor id or glob"),
-        ("limit" = Option<usize>, Query), ("after" = Option<String>, Query), ("metric" = Option<String>, Query),
+        ("limit" = Option<usize>, Query), ("after" = Option<String>, Query),
+        ("through" = Option<String>, Query, description = "Ids up to this one, included: a page's end"), ("metric" = Option<String>, Query),
         ("silent" = Option<bool>, Query, description = "Only sensors without a reading (of `metric`, or of any metric) within their expected interval, each with `last_reading`")),
     responses((status = 200, body = SensorList)))]
 pub async fn list_sensors<S: BucketStore>(
@@ -33,7 +34,9 @@ pub async fn list_sensors<S: BucketStore>(
 ) -> Result<Json<SensorList>, ApiError> {
     let params = Params::parse(
         raw.as_deref(),
-        &["prefix", "sensor", "limit", "after", "metric", "silent"],
+        &[
+            "prefix", "sensor", "limit", "after", "through", "metric", "silent",
+        ],
         true,
     )?;
     let limit = match params.get("limit") {
@@ -62,6 +65,7 @@ pub async fn list_sensors<S: BucketStore>(
         prefix,
         labels: params.labels(),
         metric: metric.as_ref().map(MetricName::as_str),
+        through: params.get("through"),
     };
     let silent = match params.get("silent") {
         None | Some("false") => false,

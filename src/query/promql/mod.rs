@@ -157,6 +157,7 @@ pub async fn select<S: BucketStore>(
         prefix: equal("sensor").unwrap_or(""),
         labels: &labels,
         metric: equal(NAME).filter(|m| !m.is_empty()),
+        through: None,
     };
     let mut found = Vec::new();
     store

@@ -107,6 +107,7 @@
     }
     const tbody = $('sensors').tBodies[0];
     tbody.replaceChildren();
+    tbody.dataset.silent = '';
     for (const s of body.sensors) {
       const open = el('button', { type: 'button', class: 'link', textContent: s.sensor });
       open.addEventListener('click', () => { location.hash = 'sensor=' + enc(s.sensor); });
@@ -117,6 +118,7 @@
         el('td', {}, open), el('td', {}, labels), el('td', {}, s.metrics.join(', ')), value, seen));
       fillLatest(s, value, seen);
     }
+    markSilent(q, body.sensors, tbody);
     const first = state.page * PAGE + 1;
     status.textContent = body.sensors.length
       ? `Sensors ${first}–${first + body.sensors.length - 1}`
@@ -124,6 +126,32 @@
     state.next = body.next;
     $('prev').disabled = state.page === 0;
     $('next').disabled = !body.next;
+  }
+
+  // Marks the page's sensors past their expected interval: one listing of
+  // the page's ids with silent=true (the service knows each interval).
+  async function markSilent(q, sensors, tbody) {
+    if (!sensors.length) { tbody.dataset.silent = 'checked'; return; }
+    const sq = new URLSearchParams(q);
+    sq.set('silent', 'true');
+    sq.set('through', sensors[sensors.length - 1].sensor);
+    let body;
+    try {
+      body = await api('/api/v1/sensors?' + sq);
+    } catch (_) {
+      return;
+    }
+    for (const s of body.sensors) {
+      const row = tbody.querySelector(`tr[data-sensor="${CSS.escape(s.sensor)}"]`);
+      if (!row) continue;
+      row.classList.add('silent');
+      row.cells[0].append(' ', el('span', {
+        class: 'badge',
+        title: s.last_reading ? 'No reading since ' + fmtTime(s.last_reading) : 'No reading yet',
+        textContent: 'silent',
+      }));
+    }
+    tbody.dataset.silent = 'checked';
   }
 
   async function fillLatest(s, valueCell, seenCell) {
