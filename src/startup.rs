@@ -297,6 +297,7 @@ impl Application {
                 settings.query.cache_bytes,
             )),
         };
+        tokio::spawn(api::query::count_silent(state.clone(), shutdown.clone()));
         let app = api::router(state);
         info!(%address, granularity = ?settings.buckets.granularity, "Hourglass is listening.");
 

@@ -106,6 +106,8 @@ pub struct Metrics {
     pub query_cache_hits: IntCounter,
     pub query_cache_misses: IntCounter,
     pub query_cache_bytes: IntGauge,
+    /// -1 until the first count.
+    pub sensors_silent: IntGauge,
     pub store_read_shape: IntGaugeVec,
     pub journal_segments: IntGauge,
     pub journal_behind_seconds: IntGauge,
@@ -289,6 +291,15 @@ impl Metrics {
                 "hourglass_query_cache_bytes",
                 "Bytes the results cache of closed periods holds (query.cache_bytes bounds it).",
             ),
+            sensors_silent: {
+                let g = gauge(
+                    &r,
+                    "hourglass_sensors_silent",
+                    "Registered sensors without a reading within their expected interval (query.expected_interval, or their expected_interval label), counted every expected interval; -1 until the first count.",
+                );
+                g.set(-1);
+                g
+            },
             store_read_shape: gauge_vec(
                 &r,
                 "hourglass_store_read_shape",

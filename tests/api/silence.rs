@@ -297,3 +297,48 @@ async fn uptime_and_the_silent_listing_equal_a_model_of_every_second_over_a_flee
     assert_eq!(bad.status(), 400);
     app.stop().await.expect("clean stop");
 }
+
+#[tokio::test]
+async fn the_silent_sensors_metric_follows_the_fleet() {
+    let mut settings = crate::helpers::test_settings();
+    settings.query.expected_interval = std::time::Duration::from_secs(10);
+    let app = crate::helpers::spawn_app_with(settings).await;
+    let now = OffsetDateTime::now_utc().unix_timestamp();
+    let labels = |sensor: &'static str, body: Value| {
+        let request = app
+            .client
+            .put(format!("{}/api/v1/sensors/{sensor}/labels", app.address))
+            .json(&body);
+        async move {
+            assert_eq!(request.send().await.expect("sent").status(), 204);
+        }
+    };
+    // Hourly: not silent. Every 10 s, last heard a minute ago: silent.
+    // Registered, never heard from: silent.
+    labels("m-hourly", json!({ "expected_interval": "1h" })).await;
+    post(
+        &app,
+        &[
+            ("m-hourly".to_owned(), now - 60, 1.0),
+            ("m-late".to_owned(), now - 60, 2.0),
+        ],
+    )
+    .await;
+    labels("m-never", json!({ "site": "x" })).await;
+    let silent = || async { app.metric("hourglass_sensors_silent").await };
+    crate::helpers::eventually(
+        std::time::Duration::from_secs(60),
+        "two silent sensors",
+        || async { silent().await == 2.0 },
+    )
+    .await;
+    // A daily interval for the late one: one silent sensor left.
+    labels("m-late", json!({ "expected_interval": "1d" })).await;
+    crate::helpers::eventually(
+        std::time::Duration::from_secs(60),
+        "one silent sensor",
+        || async { silent().await == 1.0 },
+    )
+    .await;
+    app.stop().await.expect("clean stop");
+}

@@ -48,7 +48,7 @@ pub(super) use range::{Range, coarse, coarse_header, metric, range, series_grid}
 pub use range::{Step, parse_instant, parse_step};
 use range::{format_ms, format_start, parse_tz, points_of};
 pub use registry::{__path_list_sensors, __path_put_labels, list_sensors, put_labels};
-pub use silence::{__path_uptime, GapEntry, UptimeResponse, uptime};
+pub use silence::{__path_uptime, GapEntry, UptimeResponse, count_silent, uptime};
 
 /// Aggregates of one point, range or group.
 #[derive(Debug, Serialize, utoipa::ToSchema)]

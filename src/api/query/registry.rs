@@ -78,7 +78,8 @@ pub async fn list_sensors<S: BucketStore>(
                 && s.sensor.starts_with(prefix)
                 && principal.may_access(&s.sensor)
         };
-        let (found, next) = silent_sensors(&state, query, limit, keep).await?;
+        let (found, next) =
+            silent_sensors(&state, "sensors", query, (limit, usize::MAX), keep).await?;
         let sensors = found
             .into_iter()
             .map(|s| {

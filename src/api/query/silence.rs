@@ -63,13 +63,15 @@ pub(crate) struct Silent {
 }
 
 /// Up to `limit` sensors of `query` that `keep` keeps and that are silent
-/// now, in id order, and the id to page on from (none when the registry
-/// was read to its end). Each sensor scanned costs a newest-reading lookup
-/// per metric; the query's timeout bounds the scan.
+/// now, looking at `scan` sensors at most, in id order, and the id to page
+/// on from (none when the registry was read to its end). Each sensor looked
+/// at costs a newest-reading lookup per metric; the query's timeout bounds
+/// the scan.
 pub(crate) async fn silent_sensors<S: BucketStore>(
     state: &AppState<S>,
+    endpoint: &str,
     query: SensorQuery<'_>,
-    limit: usize,
+    (limit, scan): (usize, usize),
     keep: impl Fn(&SensorInfo) -> bool + Send + Sync,
 ) -> Result<(Vec<Silent>, Option<String>), ApiError> {
     let admitted = admit(state).await?;
@@ -79,6 +81,7 @@ pub(crate) async fn silent_sensors<S: BucketStore>(
         let mut found = Vec::new();
         let mut after = query.after.map(str::to_owned);
         let mut lookups = 0u64;
+        let mut scanned = 0usize;
         loop {
             let page = state
                 .store
@@ -121,6 +124,10 @@ pub(crate) async fn silent_sensors<S: BucketStore>(
                         return Ok((found, after, lookups));
                     }
                 }
+                scanned += 1;
+                if scanned == scan {
+                    return Ok((found, after, lookups));
+                }
             }
             if ended {
                 return Ok((found, None, lookups));
@@ -132,13 +139,62 @@ pub(crate) async fn silent_sensors<S: BucketStore>(
         .await?;
     admitted.done(
         state,
-        "sensors",
+        endpoint,
         Cost {
             documents: lookups,
             round_trips: lookups,
         },
     );
     Ok((found, next))
+}
+
+/// Keeps `hourglass_sensors_silent` current until the shutdown starts: a
+/// count a few seconds after the start, then every `query.expected_interval`
+/// (at least every 10 s). The registry is counted a page at a time, each
+/// page one query (admitted as any, under the endpoint `silence_count`),
+/// so a large fleet is counted within the query timeout page by page.
+pub async fn count_silent<S: BucketStore>(state: AppState<S>, shutdown: crate::shutdown::Shutdown) {
+    let every = state
+        .settings
+        .query
+        .expected_interval
+        .max(Duration::from_secs(10));
+    let mut wait = Duration::from_secs(5);
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.triggered() => return,
+        }
+        wait = every;
+        match count_pages(&state).await {
+            Ok(n) => state
+                .metrics
+                .sensors_silent
+                .set(i64::try_from(n).unwrap_or(i64::MAX)),
+            Err(e) => tracing::warn!(
+                error = %e.message,
+                "Could not count the silent sensors; trying again at the next interval."
+            ),
+        }
+    }
+}
+
+async fn count_pages<S: BucketStore>(state: &AppState<S>) -> Result<usize, ApiError> {
+    let mut count = 0;
+    let mut after: Option<String> = None;
+    loop {
+        let query = SensorQuery {
+            after: after.as_deref(),
+            ..SensorQuery::default()
+        };
+        let scan = (usize::MAX, SCAN_PAGE);
+        let (silent, next) = silent_sensors(state, "silence_count", query, scan, |_| true).await?;
+        count += silent.len();
+        match next {
+            Some(next) => after = Some(next),
+            None => return Ok(count),
+        }
+    }
 }
 
 /// `GET /api/v1/sensors/{sensor}/uptime`.
