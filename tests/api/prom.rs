@@ -24,27 +24,6 @@ const SENSORS: [(&str, &str, &str); 3] =
 /// `energy` is a counter (with resets); the others are gauges.
 const METRICS: [&str; 3] = ["temp", "hum", "energy"];
 
-/// A deterministic generator (SplitMix64): the same queries every run.
-struct Gen(u64);
-
-impl Gen {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
-        &xs[self.below(xs.len() as u64) as usize]
-    }
-}
-
 /// `(sensor, metric, ts, value)`: every 20–60 s with a gap of some
 /// minutes, never on a whole or half minute, values multiples of 1/8 (sums
 /// are exact in any order). The counter climbs from over a thousand and

@@ -9,26 +9,14 @@ use serde_json::{Value, json};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-use crate::helpers::{TestApp, spawn_app};
+use crate::helpers::{Gen, TestApp, spawn_app};
 
 const SENSORS: usize = 200;
 const DAY: i64 = 86_400;
 
-/// A deterministic generator (splitmix64): the same fleet every run.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: i64) -> i64 {
-        (self.next() % n.max(1) as u64) as i64
-    }
+/// A number in `0..n`.
+fn below(rng: &mut Gen, n: i64) -> i64 {
+    rng.below(n.max(1) as u64) as i64
 }
 
 fn rfc3339(t: i64) -> String {
@@ -50,18 +38,18 @@ fn sensor(k: usize) -> String {
 
 /// Report by exception: bursts of readings a few seconds to a minute and a
 /// half apart (a value moving past its deadband), silence between them.
-fn bursts(rng: &mut Rng, from: i64, to: i64) -> Vec<(i64, f64)> {
+fn bursts(rng: &mut Gen, from: i64, to: i64) -> Vec<(i64, f64)> {
     let mut out = Vec::new();
-    for _ in 0..2 + rng.below(5) {
-        let mut t = from + rng.below(to - from);
-        let mut v = rng.below(100) as f64;
-        for _ in 0..1 + rng.below(12) {
+    for _ in 0..2 + below(rng, 5) {
+        let mut t = from + below(rng, to - from);
+        let mut v = below(rng, 100) as f64;
+        for _ in 0..1 + below(rng, 12) {
             if t >= to {
                 break;
             }
             out.push((t, v));
-            v += (rng.below(9) - 4) as f64 / 2.0;
-            t += 1 + rng.below(90);
+            v += (below(rng, 9) - 4) as f64 / 2.0;
+            t += 1 + below(rng, 90);
         }
     }
     out
@@ -112,7 +100,7 @@ async fn uptime_and_the_silent_listing_equal_a_model_of_every_second_over_a_flee
     let app = spawn_app().await;
     let now = OffsetDateTime::now_utc().unix_timestamp();
     let (start, end) = (now - 3 * DAY, now - 2 * 3600);
-    let mut rng = Rng(0x5EED);
+    let mut rng = Gen(0x5EED);
     // (sensor) -> every second it has a reading; the first post.
     let mut times: BTreeMap<String, BTreeSet<i64>> = BTreeMap::new();
     let mut first = Vec::new();
