@@ -808,6 +808,7 @@ async fn the_openapi_document_lists_every_route() {
         ("GET", "/api/v1/sensors/{sensor}/average"),
         ("GET", "/api/v1/sensors/{sensor}/series"),
         ("GET", "/api/v1/sensors/{sensor}/latest"),
+        ("GET", "/api/v1/sensors/{sensor}/uptime"),
         ("GET", "/api/v1/average"),
         ("GET", "/api/v1/series"),
         ("GET", "/api/v1/dead_letters"),
