@@ -425,11 +425,11 @@ fn overlay(
 pub async fn latest<S: BucketStore>(
     store: &S,
     batcher: &BatcherHandle,
-    sensor: &str,
-    metric: &str,
+    (sensor, metric): (&str, &str),
+    since: Option<i64>,
     max_time: Duration,
 ) -> Result<Option<(i64, f64)>, StoreError> {
-    let stored = store.latest(sensor, metric, max_time).await?;
+    let stored = store.latest(sensor, metric, since, max_time).await?;
     let from = stored.map_or(i64::MIN / 2, |(ts, _, _)| ts);
     let mut unstored = batcher.unstored_values_of(&[sensor], metric, from, i64::MAX / 2);
     store.drop_deleted(&[sensor], metric, &mut unstored).await;

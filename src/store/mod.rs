@@ -219,11 +219,13 @@ pub trait BucketStore: Sink {
 
     /// The newest stored reading of a series, found from its newest bucket:
     /// `(ts, value, version)`, the version (acknowledgement, epoch ms) if
-    /// the value still keeps one.
+    /// the value still keeps one. `since`: a time the newest bucket likely
+    /// starts at or after (the registry's `last_seen`), looked at first.
     fn latest(
         &self,
         sensor: &str,
         metric: &str,
+        since: Option<i64>,
         max_time: Duration,
     ) -> impl Future<Output = Result<Option<(i64, f64, Option<i64>)>, StoreError>> + Send;
 }

@@ -96,7 +96,8 @@ def scenario_open(driver, url, out, args, downloads):
     wait(driver, "the fleet", fleet_loaded)
     wait(driver, "the last values", latest_filled)
     wait(driver, "the silent marks", lambda d: d.execute_script(
-        "return document.querySelector('#sensors tbody').dataset.silent === 'checked'"))
+        "return ['checked', 'failed'].includes(document.querySelector('#sensors tbody').dataset.silent)"))
+    seen["silent_check"] = driver.execute_script("return document.querySelector('#sensors tbody').dataset.silent")
     seen["page1"] = rows(driver)
     seen["silent"] = driver.execute_script(
         "return [...document.querySelectorAll('#sensors tbody tr.silent')].map(r => r.dataset.sensor)")

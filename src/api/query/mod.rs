@@ -277,8 +277,8 @@ pub async fn latest<S: BucketStore>(
     let work = crate::query::latest(
         state.store.as_ref(),
         &state.batcher,
-        &sensor,
-        metric.as_str(),
+        (&sensor, metric.as_str()),
+        None,
         admitted.max_time(),
     );
     let found = admitted

@@ -108,8 +108,8 @@ pub(crate) async fn silent_sensors<S: BucketStore>(
                     let newest = crate::query::latest(
                         state.store.as_ref(),
                         &state.batcher,
-                        &info.sensor,
-                        m,
+                        (&info.sensor, m),
+                        info.last_seen,
                         admitted.max_time(),
                     )
                     .await?;

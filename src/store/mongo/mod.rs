@@ -435,9 +435,10 @@ impl BucketStore for MongoStore {
         &self,
         sensor: &str,
         metric: &str,
+        since: Option<i64>,
         max_time: Duration,
     ) -> Result<Option<(i64, f64, Option<i64>)>, StoreError> {
-        self.newest_value(sensor, metric, max_time).await
+        self.newest_value(sensor, metric, since, max_time).await
     }
 }
 

@@ -260,15 +260,23 @@ impl MongoStore {
         &self,
         sensor: &str,
         metric: &str,
+        since: Option<i64>,
         max_time: Duration,
     ) -> Result<Option<(i64, f64, Option<i64>)>, StoreError> {
         // The newest bucket within windows reaching further back: a range on
         // `start` is bounded by the unique index on every server, where a
         // sort over the whole series is not on one that scans a key prefix
-        // (see `shapes`). A sensor long silent costs a few finds more.
+        // (see `shapes`). A sensor long silent costs a few finds more, unless
+        // the caller knows where its newest bucket starts (a delete may have
+        // removed it: the windows follow).
         let now = unix_now();
         let mut newest = None;
-        for back in [2 * 3600, 2 * 86_400, 32 * 86_400, 400 * 86_400, i64::MAX] {
+        let hinted = since.map(|s| now.saturating_sub(s).max(0));
+        for back in
+            hinted
+                .into_iter()
+                .chain([2 * 3600, 2 * 86_400, 32 * 86_400, 400 * 86_400, i64::MAX])
+        {
             let mut filter = doc! { "sensor": sensor, "metric": metric };
             if back != i64::MAX {
                 filter.insert("start", doc! { "$gte": start_date(now - back) });

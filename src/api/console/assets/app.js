@@ -136,10 +136,14 @@
     sq.set('silent', 'true');
     sq.set('through', sensors[sensors.length - 1].sensor);
     let body;
-    try {
-      body = await api('/api/v1/sensors?' + sq);
-    } catch (_) {
-      return;
+    // A busy server answers 503 with Retry-After: ask again, twice.
+    for (let attempt = 0; !body; attempt++) {
+      try {
+        body = await api('/api/v1/sensors?' + sq);
+      } catch (e) {
+        if (e.status !== 503 || attempt === 2) { tbody.dataset.silent = 'failed'; return; }
+        await new Promise((r) => setTimeout(r, 1000 * (attempt + 1)));
+      }
     }
     for (const s of body.sensors) {
       const row = tbody.querySelector(`tr[data-sensor="${CSS.escape(s.sensor)}"]`);
