@@ -295,7 +295,7 @@ impl Metrics {
                 let g = gauge(
                     &r,
                     "hourglass_sensors_silent",
-                    "Registered sensors without a reading within their expected interval (query.expected_interval, or their expected_interval label), counted every expected interval; -1 until the first count.",
+                    "Registered sensors without a reading within their expected interval (query.expected_interval, or their expected_interval label), counted every expected interval; -1 until the first count, an interval after the start.",
                 );
                 g.set(-1);
                 g

@@ -279,7 +279,10 @@ async fn the_console_shows_the_fleet_a_sensor_chart_and_ingest_health_in_a_real_
         all[..50].iter().map(String::as_str).collect::<Vec<_>>()
     );
     assert_eq!(seen["page2"], json!(all[50..]));
-    assert_eq!(seen["silent_check"], "checked", "the silent listing answered");
+    assert_eq!(
+        seen["silent_check"], "checked",
+        "the silent listing answered"
+    );
     assert_eq!(seen["silent"], json!(silent), "the silent sensors marked");
     assert_eq!(seen["next_disabled_on_last"], true);
     for row in seen["page1"].as_array().expect("rows") {

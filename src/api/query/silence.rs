@@ -149,23 +149,23 @@ pub(crate) async fn silent_sensors<S: BucketStore>(
 }
 
 /// Keeps `hourglass_sensors_silent` current until the shutdown starts: a
-/// count a few seconds after the start, then every `query.expected_interval`
-/// (at least every 10 s). The registry is counted a page at a time, each
-/// page one query (admitted as any, under the endpoint `silence_count`),
-/// so a large fleet is counted within the query timeout page by page.
+/// count every `query.expected_interval` (at least 10 s) from the start,
+/// the first one interval in (a sensor is silent after a whole interval;
+/// and dashboards loaded at a start find the queries free). The registry
+/// is counted a page at a time, each page one query (admitted as any,
+/// under the endpoint `silence_count`), so a large fleet is counted within
+/// the query timeout page by page.
 pub async fn count_silent<S: BucketStore>(state: AppState<S>, shutdown: crate::shutdown::Shutdown) {
     let every = state
         .settings
         .query
         .expected_interval
         .max(Duration::from_secs(10));
-    let mut wait = Duration::from_secs(5);
     loop {
         tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
+            _ = tokio::time::sleep(every) => {}
             _ = shutdown.triggered() => return,
         }
-        wait = every;
         match count_pages(&state).await {
             Ok(n) => state
                 .metrics
