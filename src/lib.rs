@@ -27,7 +27,9 @@
 //! - `store`: the bucket document format, commands cut to the server's
 //!   limits (`store::command`), errors classed as outage or poison
 //!   (`store::errors`), and the MongoDB store with its dead-letter collection.
-//! - `query`: the pure planner over buckets.
+//! - `query`: the pure planner over buckets and rollups, the engine that
+//!   reads through it (with the results cache), PromQL, and uptime's fold
+//!   of windows into coverage (`query::uptime`).
 //! - `auth`: bearer tokens, scopes and per-device sensor patterns.
 //! - `ingest`: the shared JSON decoder, InfluxDB line protocol (a parser
 //!   that borrows everything, the mapping onto sensors, metrics and labels,
@@ -36,8 +38,8 @@
 //!   `intake`, and acknowledgements as a pure state machine), and the
 //!   Sparkplug B host (payloads, and the host as a pure state machine).
 //! - `api`: everything HTTP: routes, limits, auth middleware, the write and
-//!   query handlers (JSON, InfluxDB's write API, the Prometheus query API),
-//!   health and metrics.
+//!   query handlers (JSON, silence and uptime, InfluxDB's write API, the
+//!   Prometheus query API), the console, health and metrics.
 //! - `config`: assembles, loads and validates the settings tree.
 //! - `startup`: `Application` wires it all, serves, and shuts down in order.
 //! - `transfer`: `hourglass import` and `hourglass export`, clients of a
