@@ -25,11 +25,18 @@
 
   // --- API -----------------------------------------------------------------
 
+  // A busy server answers 503 with Retry-After: ask again, twice, waiting
+  // as long as it says (one to ten seconds).
   async function api(path, raw) {
     const headers = {};
     const token = sessionStorage.getItem(TOKEN_KEY);
     if (token) headers.Authorization = 'Bearer ' + token;
-    const r = await fetch(path, { headers });
+    let r = await fetch(path, { headers });
+    for (let attempt = 0; r.status === 503 && attempt < 2; attempt++) {
+      const wait = Math.min(10, Math.max(1, Number(r.headers.get('Retry-After')) || 1));
+      await new Promise((done) => setTimeout(done, wait * 1000));
+      r = await fetch(path, { headers });
+    }
     if (r.status === 401) {
       askToken(token ? 'That token was refused.' : '');
       throw new ApiError(401, 'A token is needed.');
@@ -136,14 +143,11 @@
     sq.set('silent', 'true');
     sq.set('through', sensors[sensors.length - 1].sensor);
     let body;
-    // A busy server answers 503 with Retry-After: ask again, twice.
-    for (let attempt = 0; !body; attempt++) {
-      try {
-        body = await api('/api/v1/sensors?' + sq);
-      } catch (e) {
-        if (e.status !== 503 || attempt === 2) { tbody.dataset.silent = 'failed'; return; }
-        await new Promise((r) => setTimeout(r, 1000 * (attempt + 1)));
-      }
+    try {
+      body = await api('/api/v1/sensors?' + sq);
+    } catch (_) {
+      tbody.dataset.silent = 'failed';
+      return;
     }
     for (const s of body.sensors) {
       const row = tbody.querySelector(`tr[data-sensor="${CSS.escape(s.sensor)}"]`);
