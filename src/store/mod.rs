@@ -123,8 +123,8 @@ pub struct DeadLetterInfo {
 /// Where buckets live: the batcher's [`Sink`] plus the reads queries need.
 pub trait BucketStore: Sink {
     /// Streams the documents of the fetch's series to `each` with the index
-    /// of their sensor in `fetch.sensors`, each read's sorted by sensor and
-    /// start, never collecting them.
+    /// of their sensor in `fetch.sensors`, each sensor's in start order
+    /// (sensors may interleave), never collecting them.
     fn fetch<F: FnMut(usize, Doc) + Send>(
         &self,
         fetch: Fetch<'_>,

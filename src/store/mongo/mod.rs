@@ -112,6 +112,9 @@ pub struct MongoStore {
     deletes: Arc<delete::Deletes>,
     /// How reads of many series are sent to this server (see `shapes`).
     read_shape: shapes::ReadShape,
+    /// Series of each metric, as last counted: whether a read of many is
+    /// most of them (see `shapes::TIME_FIRST_SHARE`).
+    series_counts: Arc<Mutex<std::collections::HashMap<String, (std::time::Instant, u64)>>>,
     /// This instance's id, once it has published its floor.
     instance_id: Arc<std::sync::OnceLock<String>>,
 }
@@ -256,6 +259,7 @@ impl MongoStore {
             watermarks: Arc::default(),
             deletes: Arc::default(),
             read_shape: shapes::ReadShape::default(),
+            series_counts: Arc::default(),
             instance_id: Arc::default(),
         })
     }
@@ -287,6 +291,9 @@ impl MongoStore {
     pub async fn probe_read_shape(&mut self) -> Result<shapes::ReadShape, StoreError> {
         let scratch = format!("{}_probe", self.buckets.name());
         self.read_shape = shapes::read_shape(&self.db, &scratch).await?;
+        if self.read_shape == shapes::ReadShape::PerSeries {
+            shapes::bound_reads(&self.buckets, &self.rollups).await?;
+        }
         Ok(self.read_shape)
     }
 

@@ -36,6 +36,39 @@ impl MongoStore {
         Ok((docs, replies))
     }
 
+    /// Whether `n` series of `metric` are most of its series (see
+    /// `shapes::TIME_FIRST_SHARE`), by the registry's count of them, kept a
+    /// minute. An unanswered count says no: the per-series shape is right,
+    /// only slower.
+    async fn most_of(&self, metric: &str, n: usize) -> bool {
+        let now = std::time::Instant::now();
+        let known = self
+            .series_counts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(metric)
+            .filter(|(at, _)| now.duration_since(*at) < shapes::SERIES_COUNT_TTL)
+            .map(|&(_, count)| count);
+        let count = match known {
+            Some(count) => count,
+            None => {
+                let Ok(count) = self
+                    .sensors
+                    .count_documents(doc! { "metrics": metric })
+                    .max_time(Duration::from_secs(2))
+                    .await
+                else {
+                    return false;
+                };
+                let mut counts = self.series_counts.lock().unwrap_or_else(|e| e.into_inner());
+                // Metric names come from the registry: bounded by the fleet's.
+                counts.insert(metric.to_owned(), (now, count));
+                count
+            }
+        };
+        n as f64 >= count as f64 * shapes::TIME_FIRST_SHARE
+    }
+
     /// [`BucketStore::fetch`]: one level's documents of a fetch.
     pub(super) async fn read_level<F: FnMut(usize, Doc) + Send>(
         &self,
@@ -91,7 +124,13 @@ impl MongoStore {
                 }
             }
         }
-        let per_series = self.read_shape == shapes::ReadShape::PerSeries && fetch.sensors.len() > 1;
+        let mut per_series =
+            self.read_shape == shapes::ReadShape::PerSeries && fetch.sensors.len() > 1;
+        // Most of a metric's series at once: one find by metric and time.
+        let time_first = per_series
+            && fetch.sensors.len() >= shapes::TIME_FIRST_MIN_SERIES
+            && self.most_of(fetch.metric, fetch.sensors.len()).await;
+        per_series &= !time_first;
         for starts in &fetch.starts {
             let start = match starts {
                 Starts::Range(from, to) => {
@@ -101,8 +140,12 @@ impl MongoStore {
                     doc! { "$in": starts.iter().map(|&s| Bson::DateTime(start_date(s))).collect::<Vec<_>>() }
                 }
             };
-            let filter_of = |sensor: Bson| {
-                let mut filter = doc! { "sensor": sensor, "metric": fetch.metric };
+            let filter_of = |sensor: Option<Bson>| {
+                let mut filter = Document::new();
+                if let Some(sensor) = sensor {
+                    filter.insert("sensor", sensor);
+                }
+                filter.insert("metric", fetch.metric);
                 if let Level::Rollups(period) = fetch.level {
                     filter.insert("period", period.name());
                 }
@@ -119,7 +162,7 @@ impl MongoStore {
                     queries.push(
                         self.series_documents(
                             collection
-                                .find(filter_of(Bson::String((*s).to_owned())))
+                                .find(filter_of(Some(Bson::String((*s).to_owned()))))
                                 .projection(projection.clone())
                                 .sort(doc! { "start": 1 })
                                 .max_time(fetch.max_time)
@@ -143,11 +186,20 @@ impl MongoStore {
                 }
                 continue;
             }
-            let filter = filter_of(sensor.clone());
+            // Time first: every series of the metric in the range, in
+            // start order; those not asked are skipped below.
+            let (filter, sort) = if time_first {
+                (filter_of(None), doc! { "start": 1 })
+            } else {
+                (
+                    filter_of(Some(sensor.clone())),
+                    doc! { "sensor": 1, "start": 1 },
+                )
+            };
             let query = collection
                 .find(filter)
                 .projection(projection.clone())
-                .sort(doc! { "sensor": 1, "start": 1 })
+                .sort(sort)
                 .max_time(fetch.max_time)
                 .batch_size(BATCH_DOCUMENTS)
                 .batch();
