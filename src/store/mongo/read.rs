@@ -128,6 +128,7 @@ impl MongoStore {
             self.read_shape == shapes::ReadShape::PerSeries && fetch.sensors.len() > 1;
         // Most of a metric's series at once: one find by metric and time.
         let time_first = per_series
+            && fetch.narrow
             && fetch.sensors.len() >= shapes::TIME_FIRST_MIN_SERIES
             && self.most_of(fetch.metric, fetch.sensors.len()).await;
         per_series &= !time_first;

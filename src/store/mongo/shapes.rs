@@ -52,8 +52,11 @@ impl ReadShape {
 pub const CONCURRENT_FINDS: usize = 8;
 
 /// Where reads go one find per series, a level read of at least this many
-/// series, at least [`TIME_FIRST_SHARE`] of the metric's, goes as one find
-/// by metric and time instead (see [`bound_reads`]).
+/// series, at least [`TIME_FIRST_SHARE`] of the metric's and nearly all of
+/// the query's, each asking a few documents (`Fetch::narrow`), goes as one
+/// find by metric and time instead (see [`bound_reads`]). What it reads
+/// beyond what was asked is then at most the asked series' count times
+/// their few documents.
 pub const TIME_FIRST_MIN_SERIES: usize = 16;
 /// The share of a metric's series a time-first read must want: it reads
 /// the metric's every series in the range, and keeps those asked.
