@@ -109,6 +109,8 @@ pub struct Metrics {
     /// -1 until the first count.
     pub sensors_silent: IntGauge,
     pub store_read_shape: IntGaugeVec,
+    /// Reads of a query level, by the shape they were sent in.
+    pub store_level_reads: IntCounterVec,
     pub journal_segments: IntGauge,
     pub journal_behind_seconds: IntGauge,
     pub journal_oldest_unstored_seconds: IntGauge,
@@ -306,6 +308,12 @@ impl Metrics {
                 "1 for how reads of many series are sent, chosen by a probe of the storage server at startup: in_list (one $in) or per_series (concurrent finds).",
                 &["shape"],
             ),
+            store_level_reads: counter_vec(
+                &r,
+                "hourglass_store_level_reads_total",
+                "Reads of one level of a query, by shape: in_list (one $in of sensors), per_series (a find per series), time_first (one find of the metric's series by time, where most of them are asked).",
+                &["shape"],
+            ),
             journal_segments: gauge(
                 &r,
                 "hourglass_journal_segments",
@@ -404,6 +412,9 @@ impl Metrics {
             ("rejected", "dead_letter"),
         ] {
             m.db_written.with_label_values(&[collection, kind]);
+        }
+        for shape in ["in_list", "per_series", "time_first"] {
+            m.store_level_reads.with_label_values(&[shape]);
         }
         for (collection, kind) in [
             ("buckets", "query"),

@@ -222,6 +222,19 @@ async fn fleet_is_answered_exactly(g: Granularity) {
         let want = truth_of(&truth, |s| s % SITES == k, t - DAY + 1, t + 1).3;
         assert_eq!(got.get(&format!("s{k}")).copied(), want, "a day, site s{k}");
     }
+    // Where the server scans a `$in` of sensors (the stand-in), the reads of
+    // the whole fleet above went as one find by metric and time, and held.
+    let mut scans = 0.0;
+    let mut by_time = 0.0;
+    for app in [&one, &two] {
+        scans += counted(app, "hourglass_store_read_shape", "per_series").await;
+        by_time += counted(app, "hourglass_store_level_reads_total", "time_first").await;
+    }
+    if scans > 0.0 {
+        assert!(by_time > 0.0, "no read of the fleet went by time");
+    } else {
+        assert_eq!(by_time, 0.0, "MongoDB's reads stay one $in");
+    }
     one.stop().await.expect("clean stop");
     two.stop().await.expect("clean stop");
 }

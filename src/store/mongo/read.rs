@@ -132,6 +132,14 @@ impl MongoStore {
             && fetch.sensors.len() >= shapes::TIME_FIRST_MIN_SERIES
             && self.most_of(fetch.metric, fetch.sensors.len()).await;
         per_series &= !time_first;
+        let shape = if time_first {
+            "time_first"
+        } else if per_series {
+            "per_series"
+        } else {
+            "in_list"
+        };
+        self.count(|m| m.store_level_reads.with_label_values(&[shape]).inc());
         for starts in &fetch.starts {
             let start = match starts {
                 Starts::Range(from, to) => {
