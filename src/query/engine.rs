@@ -319,12 +319,8 @@ async fn read_group<S: BucketStore>(
             }
         }
     }
-    // Nearly all the batch's series asking a few documents each: a store
-    // that pays a round trip per series may read them all as one.
-    let narrow = names.len() * 10 >= sensors.len() * 9
-        && union.starts.len() <= crate::store::NARROW_DOCUMENTS;
     let fetch = Fetch {
-        narrow,
+        starts_each: union.starts.len(),
         sensors: &names,
         metric: q.metric,
         level,

@@ -66,16 +66,11 @@ pub struct Fetch<'a> {
     pub minutes: bool,
     /// The server gives up on the read after this long (`maxTimeMS`).
     pub max_time: Duration,
-    /// The sensors are nearly all of the query's, each asking a few
-    /// documents here at most ([`NARROW_DOCUMENTS`]): a store may read the
-    /// level by time for every series of the metric and keep these, at a
-    /// cost bounded by what they ask.
-    pub narrow: bool,
+    /// The documents each series may have among those asked (the union of
+    /// their starts): what a read of the level by time would take of every
+    /// other series of the metric, at most.
+    pub starts_each: usize,
 }
-
-/// Documents a series asks of a level, at most, for a [`Fetch`] to be
-/// `narrow`: two hours of minute buckets, or a refresh's open rollups.
-pub const NARROW_DOCUMENTS: usize = 120;
 
 /// One document of a [`Fetch`].
 #[derive(Debug, Clone)]

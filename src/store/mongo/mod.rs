@@ -112,8 +112,8 @@ pub struct MongoStore {
     deletes: Arc<delete::Deletes>,
     /// How reads of many series are sent to this server (see `shapes`).
     read_shape: shapes::ReadShape,
-    /// Series of each metric, as last counted: whether a read of many is
-    /// most of them (see `shapes::TIME_FIRST_SHARE`).
+    /// Series of each metric, as last counted: what a read by time would
+    /// take beyond what it asks (see `shapes::TIME_FIRST_SPARE`).
     series_counts: Arc<Mutex<std::collections::HashMap<String, (std::time::Instant, u64)>>>,
     /// This instance's id, once it has published its floor.
     instance_id: Arc<std::sync::OnceLock<String>>,

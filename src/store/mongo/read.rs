@@ -36,17 +36,22 @@ impl MongoStore {
         Ok((docs, replies))
     }
 
-    /// Whether `n` series of `metric` are most of its series (see
-    /// `shapes::TIME_FIRST_SHARE`), by the registry's count of them, kept a
-    /// minute. An unanswered count says no: the per-series shape is right,
-    /// only slower.
-    async fn most_of(&self, metric: &str, n: usize) -> bool {
+    /// Whether a time-first read of `fetch` takes few documents beyond
+    /// what it asks: the metric's other series (by the registry's count,
+    /// kept a minute) times the documents each may have there, at most
+    /// [`shapes::TIME_FIRST_SPARE`] per series asked. An unanswered count
+    /// says no: the per-series shape is right, only slower.
+    async fn time_first_pays(&self, fetch: &Fetch<'_>) -> bool {
+        let n = fetch.sensors.len();
+        if n < shapes::TIME_FIRST_MIN_SERIES {
+            return false;
+        }
         let now = std::time::Instant::now();
         let known = self
             .series_counts
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get(metric)
+            .get(fetch.metric)
             .filter(|(at, _)| now.duration_since(*at) < shapes::SERIES_COUNT_TTL)
             .map(|&(_, count)| count);
         let count = match known {
@@ -54,7 +59,7 @@ impl MongoStore {
             None => {
                 let Ok(count) = self
                     .sensors
-                    .count_documents(doc! { "metrics": metric })
+                    .count_documents(doc! { "metrics": fetch.metric })
                     .max_time(Duration::from_secs(2))
                     .await
                 else {
@@ -62,11 +67,13 @@ impl MongoStore {
                 };
                 let mut counts = self.series_counts.lock().unwrap_or_else(|e| e.into_inner());
                 // Metric names come from the registry: bounded by the fleet's.
-                counts.insert(metric.to_owned(), (now, count));
+                counts.insert(fetch.metric.to_owned(), (now, count));
                 count
             }
         };
-        n as f64 >= count as f64 * shapes::TIME_FIRST_SHARE
+        let others = count.saturating_sub(n as u64);
+        others.saturating_mul(fetch.starts_each as u64)
+            <= (n as u64).saturating_mul(shapes::TIME_FIRST_SPARE)
     }
 
     /// [`BucketStore::fetch`]: one level's documents of a fetch.
@@ -127,10 +134,7 @@ impl MongoStore {
         let mut per_series =
             self.read_shape == shapes::ReadShape::PerSeries && fetch.sensors.len() > 1;
         // Most of a metric's series at once: one find by metric and time.
-        let time_first = per_series
-            && fetch.narrow
-            && fetch.sensors.len() >= shapes::TIME_FIRST_MIN_SERIES
-            && self.most_of(fetch.metric, fetch.sensors.len()).await;
+        let time_first = per_series && self.time_first_pays(&fetch).await;
         per_series &= !time_first;
         let shape = if time_first {
             "time_first"

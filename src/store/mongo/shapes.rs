@@ -52,15 +52,14 @@ impl ReadShape {
 pub const CONCURRENT_FINDS: usize = 8;
 
 /// Where reads go one find per series, a level read of at least this many
-/// series, at least [`TIME_FIRST_SHARE`] of the metric's and nearly all of
-/// the query's, each asking a few documents (`Fetch::narrow`), goes as one
-/// find by metric and time instead (see [`bound_reads`]). What it reads
-/// beyond what was asked is then at most the asked series' count times
-/// their few documents.
+/// series may go as one find by metric and time instead (see
+/// [`bound_reads`]), when what it takes beyond what was asked is small.
 pub const TIME_FIRST_MIN_SERIES: usize = 16;
-/// The share of a metric's series a time-first read must want: it reads
-/// the metric's every series in the range, and keeps those asked.
-pub const TIME_FIRST_SHARE: f64 = 0.5;
+/// What a time-first read may take beyond what was asked, in documents per
+/// series asked: about what a round trip costs on the stand-in (2 ms). The
+/// documents beyond are the metric's other series' in the range, counted
+/// at most: every start asked, for each of them.
+pub const TIME_FIRST_SPARE: u64 = 32;
 /// How long a metric's count of series is trusted (it only chooses a shape).
 pub const SERIES_COUNT_TTL: std::time::Duration = std::time::Duration::from_secs(60);
 
@@ -78,8 +77,9 @@ fn time_first_indexes() -> [(&'static str, Document); 2] {
 /// Where the server scans for a `$in` of sensors ([`ReadShape::PerSeries`]),
 /// one find per series costs a round trip each: about 2 ms on the stand-in,
 /// so a dashboard's refresh of a hundred series over two levels takes
-/// 0.4 s in round trips alone. A read of most of a metric's series goes
-/// as one find by metric and time instead, which these indexes bound (the
+/// 0.4 s in round trips alone. A read that would take few documents
+/// beyond what it asks goes as one find by metric and time instead
+/// ([`TIME_FIRST_SPARE`]), which these indexes bound (the
 /// stand-in walks them for a range or a `$in` of starts). MongoDB gets
 /// neither: its `$in` is already one bounded read, and an index costs every
 /// insert.
