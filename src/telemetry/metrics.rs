@@ -311,7 +311,7 @@ impl Metrics {
             store_level_reads: counter_vec(
                 &r,
                 "hourglass_store_level_reads_total",
-                "Reads of one level of a query, by shape: in_list (one $in of sensors), per_series (a find per series), time_first (one find of the metric's series by time, where most of them are asked).",
+                "Reads of one level of a query, by shape: in_list (one $in of sensors), per_series (a find per series), time_first (one find of the metric's series by time, where that takes few documents beyond those asked).",
                 &["shape"],
             ),
             journal_segments: gauge(
