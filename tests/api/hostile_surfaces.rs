@@ -112,6 +112,8 @@ fn promql() -> Vec<Case> {
             "max_over_time(temp[400d:1s])".into(),
         ),
         ("a range past max_range", "rate(temp[1000d])".into()),
+        ("a range no duration holds", "rate(temp[1e300])".into()),
+        ("an offset no duration holds", "temp offset -Inf".into()),
         ("an invalid regex", r#"temp{sensor=~"("}"#.into()),
         (
             "a regex nested 300 deep",

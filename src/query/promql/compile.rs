@@ -24,6 +24,7 @@ fn unsupported(what: impl std::fmt::Display) -> PromError {
 /// Parses `query` once it is within `limits` (the parser recurses).
 pub fn parse(query: &str, limits: &Limits) -> Result<Expr, PromError> {
     limits::check(query, limits)?;
+    limits::check_durations(query)?;
     parser::parse(query).map_err(|e| PromError::BadData(format!("parse error: {e}")))
 }
 

@@ -80,6 +80,47 @@ impl Frame {
     }
 }
 
+/// The longest duration a number may give (a range, a subquery's step or an
+/// offset), in seconds: Prometheus' bound, what nanoseconds in an `i64` hold
+/// (about 292 years).
+pub const MAX_DURATION_SECONDS: f64 = 9_223_372_036.0;
+
+/// Refuses a number given where a duration goes (`[1e300]`, `[5m:Inf]`,
+/// `offset 0x1p99`) that no duration holds: the parser would turn it into a
+/// `Duration` with a panic. Run after [`check`], so the text is short; the
+/// lexer is the parser's own and loops, never recursing.
+pub fn check_durations(text: &str) -> Result<(), PromError> {
+    use lrpar::{Lexeme, Lexer, NonStreamingLexer};
+    use promql_parser::parser::{lexer, token};
+    // What the lexer refuses, the parser reports.
+    let Ok(lexer) = lexer(text) else {
+        return Ok(());
+    };
+    let mut before = [None, None];
+    for lexeme in lexer.iter().flatten() {
+        let id = lexeme.tok_id();
+        let duration_here = matches!(
+            before,
+            [
+                _,
+                Some(token::T_LEFT_BRACKET | token::T_COLON | token::T_OFFSET)
+            ] | [Some(token::T_OFFSET), Some(token::T_ADD | token::T_SUB)]
+        );
+        if id == token::T_NUMBER && duration_here {
+            let number = lexer.span_str(lexeme.span());
+            if let Ok(seconds) = promql_parser::util::parse_str_radix(number)
+                && !(0.0..=MAX_DURATION_SECONDS).contains(&seconds)
+            {
+                return Err(PromError::BadData(format!(
+                    "the duration {number} is out of range: at most {MAX_DURATION_SECONDS} seconds"
+                )));
+            }
+        }
+        before = [before[1], Some(id)];
+    }
+    Ok(())
+}
+
 /// Measures `text`, stopping as soon as a limit is passed (so the work is
 /// bounded by the limits, not by the text).
 pub fn check(text: &str, limits: &Limits) -> Result<Measure, PromError> {
@@ -325,6 +366,39 @@ mod tests {
         assert!(err("a+a+a+a+a+a").contains("query.max_query_depth"));
         assert!(err("f(a,a,a,a,a,a,a,a)").contains("query.max_query_nodes"));
         assert!(check("sum(rate(a[5m]))", &limits).is_ok());
+    }
+
+    #[test]
+    fn a_number_no_duration_holds_is_refused_where_a_duration_goes() {
+        for q in [
+            "rate(a[1e300])",
+            "a offset Inf",
+            "a offset NaN",
+            "max_over_time(a[5m:1e30])",
+            "a offset 1e300",
+            "a offset -1e300",
+            "a offset +Inf",
+            "a[0x7fffffffffffffff]",
+            "a offset 1e20",
+            "a[9223372037]",
+            "a[ 1e300 ]",
+        ] {
+            match check_durations(q) {
+                Err(PromError::BadData(m)) => assert!(m.contains("out of range"), "{q}: {m}"),
+                other => panic!("{q}: {other:?}"),
+            }
+        }
+        for q in [
+            "rate(a[300])",
+            "a offset 60",
+            "a[5m:15]",
+            "a * 1e300",
+            "a @ 1e9",
+            "a[5m] offset 1m",
+        ] {
+            assert!(check_durations(q).is_ok(), "{q}");
+            assert!(parser::parse(q).is_ok(), "{q}");
+        }
     }
 
     #[test]
