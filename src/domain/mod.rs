@@ -8,6 +8,7 @@ mod labels;
 mod read;
 mod reading;
 mod summary;
+mod weighted;
 
 pub use aggregate::Agg;
 pub use bucket::{BucketKey, BucketKeyRef, BucketUpdate, Granularity, SECOND_FIELDS, field_name};
@@ -17,4 +18,5 @@ pub use reading::{
     InvalidReading, METRIC_MAX_LEN, MetricName, Reading, SENSOR_MAX_LEN, SensorId, TimeWindow,
     parse_timestamp_ms, parse_timestamp_str,
 };
-pub use summary::{Moments, Part, Rest, Sample, Slot, Summary};
+pub use summary::{Integrals, Moments, Part, Rest, Sample, Slot, Summary};
+pub use weighted::{TimeFold, Weighted, Weighting};

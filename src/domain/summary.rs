@@ -10,7 +10,10 @@
 //! - the increase with counter resets corrected, and the resets and changes
 //!   (`increase`, `rate`, `resets`, `changes`), as Prometheus counts them;
 //! - the sums a least-squares fit needs (`deriv`) and the sum of squares
-//!   (`stddev_over_time`), relative to the first reading's time.
+//!   (`stddev_over_time`), relative to the first reading's time;
+//! - the time integrals from the first reading to the last, step and linear,
+//!   and the longest gap between readings (time-weighted averages,
+//!   [`super::weighted`]).
 //!
 //! A stored [`Slot`] adds what a left-open window `(t − d, t]` needs: when
 //! the slot's first second holds a reading, the slot without it ("the rest",
@@ -68,6 +71,41 @@ impl Moments {
     }
 }
 
+/// Time integrals of a run from its first reading to its last, every gap
+/// counted: a window's staleness limit is applied where the run is merged
+/// ([`super::weighted`]), so a run whose longest gap passes it is answered
+/// from finer pieces.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Integrals {
+    /// Σ vᵢ·(tᵢ₊₁ − tᵢ): each value held until the next reading.
+    pub step: f64,
+    /// Σ (vᵢ + vᵢ₊₁)/2·(tᵢ₊₁ − tᵢ): values joined by straight lines.
+    pub linear: f64,
+    /// The longest tᵢ₊₁ − tᵢ, in seconds (0 for one reading).
+    pub gap: i64,
+}
+
+impl Integrals {
+    /// The integrals of the segment from `a` to the next reading `b`.
+    pub fn segment(a: Sample, b: Sample) -> Self {
+        let dt = (b.t - a.t) as f64;
+        Self {
+            step: a.v * dt,
+            linear: (a.v + b.v) / 2.0 * dt,
+            gap: b.t - a.t,
+        }
+    }
+
+    /// This run's integrals followed by `later`'s.
+    pub fn plus(self, later: Self) -> Self {
+        Self {
+            step: self.step + later.step,
+            linear: self.linear + later.linear,
+            gap: self.gap.max(later.gap),
+        }
+    }
+}
+
 /// The increase from `a` to `b` with Prometheus' counter reset rule: a
 /// value below the one before it starts the counter again from zero.
 pub fn counter_step(a: f64, b: f64) -> f64 {
@@ -92,6 +130,9 @@ pub struct Summary {
     /// Neighbours whose values differ.
     pub changes: u32,
     pub moments: Moments,
+    /// None for a slot stored before they were kept: such a slot is
+    /// answered one level down where they are needed.
+    pub integrals: Option<Integrals>,
 }
 
 impl Summary {
@@ -108,6 +149,7 @@ impl Summary {
             resets: 0,
             changes: 0,
             moments: Moments::of(s, s.t),
+            integrals: Some(Integrals::default()),
         }
     }
 
@@ -133,6 +175,9 @@ impl Summary {
         self.resets += u32::from(x.v < before.v);
         self.changes += u32::from(x.v != before.v);
         self.moments = self.moments.plus(Moments::of(x, self.first.t));
+        self.integrals = self
+            .integrals
+            .map(|i| i.plus(Integrals::segment(before, x)));
         self.penult = Some(before);
         self.last = x;
     }
@@ -155,6 +200,12 @@ impl Summary {
             moments: self
                 .moments
                 .plus(later.moments.shifted(by, later.count as f64, later.sum)),
+            integrals: match (self.integrals, later.integrals) {
+                (Some(a), Some(b)) => {
+                    Some(a.plus(Integrals::segment(self.last, later.first)).plus(b))
+                }
+                _ => None,
+            },
         }
     }
 
@@ -227,6 +278,8 @@ pub struct Rest {
     pub sum: f64,
     pub min: f64,
     pub max: f64,
+    /// The rest's longest gap (none where the slot keeps no integrals).
+    pub gap: Option<i64>,
 }
 
 /// A stored sub-period: its summary (none if it holds no reading), the write
@@ -258,17 +311,22 @@ impl Slot {
         // The sum starts at -0.0, as `Iterator::sum` does.
         let mut summary = Summary::one(head);
         let (mut sum, mut min, mut max) = (-0.0, f64::INFINITY, f64::NEG_INFINITY);
-        for &x in tail {
+        let mut gap = 0;
+        for (i, &x) in tail.iter().enumerate() {
             summary.push(x);
             sum += x.v;
             min = f64::min(min, x.v);
             max = f64::max(max, x.v);
+            if i > 0 {
+                gap = gap.max(x.t - tail[i - 1].t);
+            }
         }
         let rest = (head.t == start && !tail.is_empty()).then(|| Rest {
             second: tail[0],
             sum,
             min,
             max,
+            gap: Some(gap),
         });
         Self {
             start,
@@ -305,6 +363,7 @@ impl Slot {
                 sum: r.sum,
                 min: r.min,
                 max: r.max,
+                gap: r.integrals.map(|i| i.gap),
             }),
             _ => None,
         };
@@ -350,6 +409,18 @@ impl Slot {
                     resets: s.resets - u32::from(r.second.v < f.v),
                     changes: s.changes - u32::from(r.second.v != f.v),
                     moments: m,
+                    // The whole's integrals without the first segment.
+                    integrals: match (s.integrals, r.gap) {
+                        (Some(i), Some(gap)) => {
+                            let head = Integrals::segment(f, r.second);
+                            Some(Integrals {
+                                step: i.step - head.step,
+                                linear: i.linear - head.linear,
+                                gap,
+                            })
+                        }
+                        _ => None,
+                    },
                 })
             }
         }
@@ -403,6 +474,15 @@ mod tests {
                     y
                 );
                 prop_assert_eq!(x.svv, y.svv);
+                match (a.integrals, b.integrals) {
+                    (Some(x), Some(y)) => prop_assert!(
+                        close(x.step, y.step) && close(x.linear, y.linear) && x.gap == y.gap,
+                        "{:?} {:?}",
+                        x,
+                        y
+                    ),
+                    (x, y) => prop_assert_eq!(x, y),
+                }
                 Ok(())
             }
             _ => Err(TestCaseError::fail(format!("{a:?} against {b:?}"))),

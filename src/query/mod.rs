@@ -5,6 +5,7 @@
 //! - [`engine`]: runs a plan for many series at once, a level per round
 //!   trip, over the store and the readings acknowledged but not yet stored.
 //! - [`promql`]: the PromQL subset dashboards use, over the same engine.
+//! - [`weighted`]: time-weighted averages, from the coarsest exact pieces.
 
 pub mod cache;
 pub mod engine;
@@ -12,6 +13,7 @@ pub mod grid;
 pub mod plan;
 pub mod promql;
 pub mod uptime;
+pub mod weighted;
 
 pub use engine::{CacheUse, Cost, Question, Series, evaluate, latest};
 pub use grid::{Calendar, Grid, GridError};
@@ -52,6 +54,11 @@ pub struct Settings {
     /// is silence (the silent listing, uptime).
     #[serde(with = "humantime_serde")]
     pub expected_interval: Duration,
+    /// How long a reading's value holds in a time-weighted average when no
+    /// reading follows it: a longer gap is no data (a request's
+    /// `staleness=` overrides it).
+    #[serde(with = "humantime_serde")]
+    pub staleness: Duration,
 }
 
 pub const DEFAULT_MAX_RANGE: Duration = Duration::from_secs(400 * 24 * 3600);
@@ -72,6 +79,7 @@ impl Default for Settings {
             max_samples: 10_000_000,
             cache_bytes: 64 * 1024 * 1024,
             expected_interval: Duration::from_secs(300),
+            staleness: Duration::from_secs(86_400),
         }
     }
 }
@@ -110,6 +118,7 @@ impl Settings {
             ("query.max_range", self.max_range),
             ("query.timeout", self.timeout),
             ("query.expected_interval", self.expected_interval),
+            ("query.staleness", self.staleness),
         ])
     }
 }

@@ -41,7 +41,7 @@ use mongodb::bson::{RawBsonRef, RawDocument, RawDocumentBuf, rawdoc};
 use super::StoreError;
 use super::document::{elements, raw_number, raw_seconds};
 use super::raw_writer::{Writer, index_key};
-use crate::domain::{Moments, Period, Rest, RollupRead, Sample, Slot, Summary};
+use crate::domain::{Integrals, Moments, Period, Rest, RollupRead, Sample, Slot, Summary};
 
 /// The rollup document layout: slots with every field a window needs, and
 /// the completeness bitmask. Version 1 (per-slot count, sum, min, max and
@@ -93,6 +93,13 @@ fn slot_fields(w: &mut Writer, slot: &Slot) {
     w.double("m3", s.moments.stv);
     w.double("q", s.moments.svv);
     if s.count >= 3
+        && let Some(i) = s.integrals
+    {
+        w.double("ts", i.step);
+        w.double("tl", i.linear);
+        w.integer("tg", i.gap);
+    }
+    if s.count >= 3
         && let Some(r) = &slot.rest
     {
         w.double("b", r.second.v);
@@ -100,13 +107,18 @@ fn slot_fields(w: &mut Writer, slot: &Slot) {
         w.double("rs", r.sum);
         w.double("rl", r.min);
         w.double("rh", r.max);
+        if s.count >= 4
+            && let Some(gap) = r.gap
+        {
+            w.integer("rg", gap);
+        }
     }
 }
 
 /// The fields a stored slot may hold, in the order of [`SlotFields`].
-const SLOT_KEYS: [&str; 23] = [
+const SLOT_KEYS: [&str; 27] = [
     "w", "c", "f", "ft", "s", "lo", "hi", "l", "lt", "p", "pt", "i", "r", "x", "m1", "m2", "m3",
-    "q", "b", "bt", "rs", "rl", "rh",
+    "q", "b", "bt", "rs", "rl", "rh", "ts", "tl", "tg", "rg",
 ];
 
 /// A stored slot's numbers by key, read in one pass over its bytes.
@@ -200,6 +212,20 @@ pub fn decode_slot(d: &RawDocument, start: i64) -> Result<Slot, StoreError> {
         resets: u32::try_from(d.count("r")?).unwrap_or(u32::MAX),
         changes: u32::try_from(d.count("x")?).unwrap_or(u32::MAX),
         moments,
+        // Two readings make one segment; a slot stored before integrals
+        // were kept has none.
+        integrals: if c == 2 {
+            Some(Integrals::segment(first, last))
+        } else {
+            match (d.get("ts"), d.get("tl"), d.get("tg")) {
+                (Some(step), Some(linear), Some(_)) => Some(Integrals {
+                    step,
+                    linear,
+                    gap: d.count("tg")? as i64,
+                }),
+                _ => None,
+            }
+        },
     };
     let rest = if first.t != start {
         None
@@ -209,16 +235,23 @@ pub fn decode_slot(d: &RawDocument, start: i64) -> Result<Slot, StoreError> {
             sum: last.v,
             min: last.v,
             max: last.v,
+            gap: Some(0),
         })
     } else {
+        let second = Sample {
+            t: at("bt")?,
+            v: d.number("b")?,
+        };
         Some(Rest {
-            second: Sample {
-                t: at("bt")?,
-                v: d.number("b")?,
-            },
+            second,
             sum: d.number("rs")?,
             min: d.number("rl")?,
             max: d.number("rh")?,
+            gap: if c == 3 {
+                Some(last.t - second.t)
+            } else {
+                d.get("rg").map(|g| g as i64)
+            },
         })
     };
     Ok(Slot {
@@ -559,6 +592,13 @@ mod tests {
         d.append("m3", s.moments.stv);
         d.append("q", s.moments.svv);
         if s.count >= 3
+            && let Some(i) = s.integrals
+        {
+            d.append("ts", i.step);
+            d.append("tl", i.linear);
+            d.append("tg", small(i.gap.unsigned_abs()));
+        }
+        if s.count >= 3
             && let Some(r) = &slot.rest
         {
             d.append("b", r.second.v);
@@ -566,6 +606,11 @@ mod tests {
             d.append("rs", r.sum);
             d.append("rl", r.min);
             d.append("rh", r.max);
+            if s.count >= 4
+                && let Some(gap) = r.gap
+            {
+                d.append("rg", small(gap.unsigned_abs()));
+            }
         }
         Some(d)
     }

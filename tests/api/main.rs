@@ -30,4 +30,5 @@ mod query;
 mod scale;
 mod silence;
 mod sparkplug;
+mod weighting;
 mod write_path;

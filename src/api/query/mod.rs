@@ -9,6 +9,7 @@
 //! - [`groups`]: groups of sensors from the registry.
 //! - [`registry`]: the sensor listing and labels.
 //! - [`dead_letters`]: the newest dead letters.
+//! - [`weighting`]: time-weighted averages (`weighting=`, `staleness=`).
 //! - this module: the answers' types and the one-sensor routes.
 
 mod admission;
@@ -18,6 +19,7 @@ mod groups;
 mod range;
 mod registry;
 mod silence;
+mod weighting;
 
 use axum::Json;
 use axum::extract::{Extension, Path, RawQuery, State};
@@ -30,7 +32,7 @@ use super::ApiError;
 use super::AppState;
 use super::params::Params;
 use crate::auth::Principal;
-use crate::domain::{Agg, Labels, SensorId};
+use crate::domain::{Agg, Labels, SensorId, Weighting};
 use crate::query::{Cost, Grid, Series};
 use crate::store::BucketStore;
 
@@ -85,6 +87,14 @@ pub struct AverageResponse {
     pub to: String,
     #[serde(flatten)]
     pub aggregates: Point,
+    /// With `weighting=time` or `linear`: the weighting of `avg` (count,
+    /// sum, min and max stay the readings').
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weighting: Option<&'static str>,
+    /// With `weighting=time` or `linear`: the seconds of the range a
+    /// reading's value held (`avg` is the time integral over them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_seconds: Option<i64>,
     /// Present when the range reaches back past `retention.buckets`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub coarse: Option<Coarse>,
@@ -177,7 +187,8 @@ fn sensor_param(principal: &Principal, sensor: &str) -> Result<(), ApiError> {
 }
 
 #[utoipa::path(get, path = "/api/v1/sensors/{sensor}/average",
-    params(("sensor" = String, Path), ("metric" = Option<String>, Query), ("from" = String, Query), ("to" = String, Query)),
+    params(("sensor" = String, Path), ("metric" = Option<String>, Query), ("from" = String, Query), ("to" = String, Query),
+        ("weighting" = Option<String>, Query), ("staleness" = Option<String>, Query)),
     responses((status = 200, body = AverageResponse)))]
 pub async fn average<S: BucketStore>(
     State(state): State<AppState<S>>,
@@ -186,10 +197,32 @@ pub async fn average<S: BucketStore>(
     RawQuery(raw): RawQuery,
 ) -> Result<Json<AverageResponse>, ApiError> {
     sensor_param(&principal, &sensor)?;
-    let params = Params::parse(raw.as_deref(), &["metric", "from", "to"], false)?;
+    let params = Params::parse(
+        raw.as_deref(),
+        &["metric", "from", "to", "weighting", "staleness"],
+        false,
+    )?;
     let metric = metric(&params)?;
+    let weighting = weighting::weighting(&params)?;
+    let staleness = weighting::staleness(&state, &params)?;
     let mut r = range(&state, &params)?;
     let coarse = coarse(&state, &mut r, None)?;
+    if weighting != Weighting::Readings {
+        let (w, agg) =
+            weighting::weighted_average(&state, &sensor, &metric, &r, weighting, staleness).await?;
+        let mut aggregates = Point::new(None, &agg);
+        aggregates.avg = w.average();
+        return Ok(Json(AverageResponse {
+            sensor,
+            metric: metric.to_string(),
+            from: format_ms(r.from_ms),
+            to: format_ms(r.to_ms),
+            aggregates,
+            weighting: Some(weighting::weighting_name(weighting)),
+            held_seconds: Some(w.held),
+            coarse,
+        }));
+    }
     let series = [(Series { sensor: &sensor }, 0)];
     let points = evaluate(
         &state,
@@ -207,6 +240,8 @@ pub async fn average<S: BucketStore>(
         from: format_ms(r.from_ms),
         to: format_ms(r.to_ms),
         aggregates: Point::new(None, &points[0][0]),
+        weighting: None,
+        held_seconds: None,
         coarse,
     }))
 }

@@ -1,0 +1,162 @@
+//! A time-weighted average of one series over a range, from the coarsest
+//! pieces that answer it exactly.
+//!
+//! A rollup slot or bucket keeps its run's time integrals with every gap
+//! counted ([`crate::domain::Integrals`]), so a piece whose longest gap is
+//! within the staleness limit is weighed whole. The range is read as one
+//! piece, with the limit's span before it for the value carried in (and
+//! after it for the reading a line runs to); where
+//! that piece holds a longer gap, it is read again in hours, and an hour that
+//! still holds one (a limit under an hour, or a slot stored before integrals
+//! were kept) is read reading by reading.
+
+use crate::batcher::driver::BatcherHandle;
+use crate::domain::{Agg, Sample, TimeFold, Weighted, Weighting};
+use crate::store::{BucketStore, StoreError};
+
+use super::engine::{Cost, Question, Series, evaluate};
+use super::{Grid, Need};
+
+/// The longest span read reading by reading (what `quantile_over_time`
+/// may cover): past it, a range whose hours need their readings is refused.
+pub const MAX_READINGS_SPAN: i64 = 31 * 86_400;
+
+/// Why a time-weighted average has no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum WeightedError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Hours over more than [`MAX_READINGS_SPAN`] need their readings.
+    #[error(
+        "the range holds gaps longer than the staleness limit over more than 31 days of hours; ask for a longer staleness or a shorter range"
+    )]
+    TooManyReadings,
+}
+
+/// `sensor`'s time-weighted figures over `[q.from, q.to)` (`q.need` is
+/// ignored; time after `now` holds nothing yet), with the readings'
+/// aggregates.
+pub async fn time_weighted<S: BucketStore>(
+    store: &S,
+    batcher: &BatcherHandle,
+    q: Question<'_>,
+    sensor: &str,
+    weighting: Weighting,
+    staleness: i64,
+    now: i64,
+) -> Result<(Weighted, Agg, Cost), WeightedError> {
+    let series = [Series { sensor }];
+    let mut cost = Cost::default();
+    let (from, to) = (q.from, q.to);
+    let lead = from.saturating_sub(staleness.max(1));
+    let tail = to.saturating_add(staleness.max(1));
+    let whole = Question {
+        from: lead,
+        to: tail,
+        need: Need::Summaries,
+        cache: None,
+        ..q
+    };
+    let mut cells = Vec::new();
+    let bounds = vec![lead, from, to, tail];
+    let c = evaluate(
+        store,
+        batcher,
+        whole,
+        Grid::Bounds(bounds),
+        &series,
+        |_, got| cells = got,
+    )
+    .await?;
+    add(&mut cost, c);
+    let carried = cells.first().and_then(|c| c.summary).map(|s| s.last);
+    // Where a line runs past the range's end.
+    let after = cells.get(2).and_then(|c| c.summary).map(|s| s.first);
+    let agg = cells.get(1).map(|c| c.agg).unwrap_or_default();
+    // Time after now holds nothing yet, unless readings were sent for it.
+    let newest = cells.get(1).and_then(|c| c.summary).map(|s| s.last.t);
+    let end = match newest {
+        Some(t) if t >= now => to,
+        _ => to.min(now.saturating_add(1)).max(from),
+    };
+    let mut fold = TimeFold::new(weighting, staleness, from, end, carried);
+    let Some(range) = cells.get(1).and_then(|c| c.summary) else {
+        return Ok((fold.finish(after), agg, cost));
+    };
+    if fold.push(&range).is_ok() {
+        return Ok((fold.finish(after), agg, cost));
+    }
+    // In hours: each is weighed whole where it can be.
+    let hours = Grid::aligned(from, to, 3600);
+    let mut bounds: Vec<i64> = (0..=hours.points())
+        .filter_map(|i| hours.start(i))
+        .map(|s| s.clamp(from, to))
+        .collect();
+    bounds.dedup();
+    let hourly = Question {
+        need: Need::Summaries,
+        cache: None,
+        ..q
+    };
+    let mut cells = Vec::new();
+    let c = evaluate(
+        store,
+        batcher,
+        hourly,
+        Grid::Bounds(bounds.clone()),
+        &series,
+        |_, got| cells = got,
+    )
+    .await?;
+    add(&mut cost, c);
+    let finer: Vec<usize> = (0..cells.len())
+        .filter(|&i| cells[i].summary.is_some_and(|s| !fold.takes(&s)))
+        .collect();
+    let mut readings: Vec<Sample> = Vec::new();
+    if let (Some(&a), Some(&b)) = (finer.first(), finer.last()) {
+        let (a, b) = (bounds[a], bounds[b + 1]);
+        if b - a > MAX_READINGS_SPAN {
+            return Err(WeightedError::TooManyReadings);
+        }
+        let values = Question {
+            from: a,
+            to: b,
+            need: Need::Values,
+            cache: None,
+            ..q
+        };
+        let c = evaluate(
+            store,
+            batcher,
+            values,
+            Grid::whole(a, b),
+            &series,
+            |_, got| {
+                readings = got.into_iter().flat_map(|c| c.samples).collect();
+            },
+        )
+        .await?;
+        add(&mut cost, c);
+    }
+    let mut next = 0;
+    for (i, cell) in cells.iter().enumerate() {
+        let Some(s) = &cell.summary else { continue };
+        if finer.binary_search(&i).is_err() && fold.push(s).is_ok() {
+            continue;
+        }
+        // The hour's readings, in order.
+        let (a, b) = (bounds[i], bounds[i + 1]);
+        while let Some(&x) = readings.get(next).filter(|x| x.t < b) {
+            if x.t >= a {
+                fold.push_sample(x);
+            }
+            next += 1;
+        }
+    }
+    Ok((fold.finish(after), agg, cost))
+}
+
+fn add(cost: &mut Cost, c: Cost) {
+    cost.documents += c.documents;
+    cost.round_trips += c.round_trips;
+}

@@ -1,0 +1,168 @@
+//! Time-weighted averages through the service, against a model of every
+//! second: sensors reporting by exception (bursts while a value moves, long
+//! holds between them), read from rolled-up hours, over ranges cut anywhere,
+//! with staleness limits that take the pieces whole, by the hour and reading
+//! by reading.
+
+use serde_json::{Value, json};
+
+use crate::helpers::{Gen, TestApp, base_time, rfc3339, spawn_app};
+
+const SENSORS: usize = 5;
+const HOUR: i64 = 3600;
+
+/// A value held for minutes to hours, then a burst of readings seconds
+/// apart while it moves.
+fn by_exception(rng: &mut Gen, from: i64, to: i64) -> Vec<(i64, f64)> {
+    let mut out = Vec::new();
+    let mut t = from + rng.below(600) as i64;
+    let mut v = rng.below(100) as f64;
+    while t < to {
+        for _ in 0..1 + rng.below(20) {
+            if t >= to {
+                break;
+            }
+            out.push((t, v));
+            v += (rng.below(9) as f64 - 4.0) / 4.0;
+            t += 1 + rng.below(40) as i64;
+        }
+        // Holds: under a minute, under two hours, or up to ten.
+        t += match rng.below(3) {
+            0 => 1 + rng.below(60),
+            1 => 1 + rng.below(2 * HOUR as u64),
+            _ => 1 + rng.below(10 * HOUR as u64),
+        } as i64;
+    }
+    out
+}
+
+/// The held seconds and the integral over them of `[from, to)`, second by
+/// second: a reading holds until the next one or `staleness` after it, a
+/// line joins it to a next one within `staleness`.
+fn model(xs: &[(i64, f64)], linear: bool, staleness: i64, from: i64, to: i64) -> (i64, f64) {
+    let (mut held, mut integral) = (0, 0.0);
+    let mut k: Option<usize> = None;
+    for x in from..to {
+        while xs.get(k.map_or(0, |k| k + 1)).is_some_and(|n| n.0 <= x) {
+            k = Some(k.map_or(0, |k| k + 1));
+        }
+        let Some(k) = k else { continue };
+        let (t, v) = xs[k];
+        if x - t >= staleness {
+            continue;
+        }
+        integral += match xs.get(k + 1) {
+            Some(&(nt, nv)) if linear && nt - t <= staleness => {
+                let at = |y: i64| v + (nv - v) * (y - t) as f64 / (nt - t) as f64;
+                (at(x) + at(x + 1)) / 2.0
+            }
+            _ => v,
+        };
+        held += 1;
+    }
+    (held, integral)
+}
+
+async fn post(app: &TestApp, sensor: &str, xs: &[(i64, f64)]) {
+    for chunk in xs.chunks(5000) {
+        let body: Vec<Value> = chunk
+            .iter()
+            .map(|(t, v)| json!({ "sensor": sensor, "metric": "valve", "ts": rfc3339(*t), "value": v }))
+            .collect();
+        let r = app.post_readings(&json!(body)).await;
+        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+    }
+}
+
+#[tokio::test]
+async fn time_weighted_averages_equal_a_model_of_every_second_at_any_boundary_and_staleness() {
+    let app = spawn_app().await;
+    let base = base_time();
+    let (from, to) = (base - 24 * HOUR, base + 24 * HOUR);
+    let mut rng = Gen(66);
+    let mut data = Vec::new();
+    for k in 0..SENSORS {
+        let sensor = format!("tw-{k}");
+        let xs = by_exception(&mut rng, from, to);
+        post(&app, &sensor, &xs).await;
+        data.push((sensor, xs));
+    }
+    // The hours are rolled up: whole slots answer where they can.
+    app.late_rolled_up().await;
+    let mut asked = 0;
+    for (sensor, xs) in &data {
+        let cut = |rng: &mut Gen| from + rng.below((to - from) as u64) as i64;
+        let (a, b) = (cut(&mut rng), cut(&mut rng));
+        let ranges = [
+            (from, to),
+            (base - 17 * HOUR + 123, base + 5 * HOUR + 7),
+            (a.min(b), a.max(b) + 1),
+        ];
+        for (a, b) in ranges {
+            for (staleness, seconds) in [
+                ("", 86_400),
+                ("&staleness=2h", 2 * HOUR),
+                ("&staleness=90s", 90),
+            ] {
+                for (weighting, linear) in [("time", false), ("linear", true)] {
+                    let body = app
+                        .get_json(&format!(
+                            "/api/v1/sensors/{sensor}/average?metric=valve&from={}&to={}&weighting={weighting}{staleness}",
+                            rfc3339(a),
+                            rfc3339(b)
+                        ))
+                        .await;
+                    let (held, integral) = model(xs, linear, seconds, a, b);
+                    let what = format!("{sensor} [{a}, {b}) {weighting}{staleness}: {body}");
+                    assert_eq!(body["held_seconds"], json!(held), "{what}");
+                    assert_eq!(body["weighting"], json!(weighting), "{what}");
+                    let inside = xs.iter().filter(|x| x.0 >= a && x.0 < b).count();
+                    assert_eq!(body["count"], json!(inside), "{what}");
+                    if held == 0 {
+                        assert_eq!(body["avg"], Value::Null, "{what}");
+                    } else {
+                        let want = integral / held as f64;
+                        let got = body["avg"].as_f64().expect("an average");
+                        assert!(
+                            (got - want).abs() <= 1e-9 * (1.0 + want.abs()),
+                            "{want}: {what}"
+                        );
+                    }
+                    asked += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(asked, SENSORS * 3 * 3 * 2);
+    // Readings weigh once each, as without the parameter.
+    let (sensor, xs) = &data[0];
+    let body = app
+        .get_json(&format!(
+            "/api/v1/sensors/{sensor}/average?metric=valve&from={}&to={}&weighting=readings",
+            rfc3339(from),
+            rfc3339(to)
+        ))
+        .await;
+    let mean = xs.iter().map(|x| x.1).sum::<f64>() / xs.len() as f64;
+    assert!((body["avg"].as_f64().expect("avg") - mean).abs() < 1e-9 * (1.0 + mean.abs()));
+    assert_eq!(body.get("weighting"), None);
+    for bad in [
+        "weighting=mean",
+        "weighting=time&staleness=0s",
+        "weighting=time&staleness=soon",
+    ] {
+        let r = app
+            .get(&format!(
+                "/api/v1/sensors/{sensor}/average?metric=valve&from={}&to={}&{bad}",
+                rfc3339(from),
+                rfc3339(to)
+            ))
+            .await;
+        assert_eq!(r.status(), 400, "{bad}");
+        let text = r.text().await.unwrap_or_default();
+        assert!(
+            text.contains("weighting") || text.contains("staleness"),
+            "{bad}: {text}"
+        );
+    }
+}
