@@ -3,7 +3,9 @@
 //! over the last hours; averages over 1, 7, 60 and 400 days (unaligned
 //! ends, so every level's edges are read) and group queries over the 100
 //! sensors. Reports latency and documents read per query, and checks each
-//! long average and the group average against the dataset's truth; then the
+//! long average and the group average against the dataset's truth, and the
+//! same spans' time-weighted averages (`weighting=time`) against a model of
+//! the held time; then the
 //! same readings go as line protocol into VictoriaMetrics and InfluxDB 1.x,
 //! which answer the same averages, timed and checked the same way.
 
@@ -116,11 +118,7 @@ pub async fn run(
     let mut asked = Vec::new();
     for &span in &spans {
         let from = span_from(end, span);
-        let path = format!(
-            "/api/v1/sensors/{sensor}/average?metric={metric}&from={}&to={}",
-            rfc3339(from),
-            rfc3339(end)
-        );
+        let path = average_path(&sensor, &metric, from, end, "");
         let (ms, docs, got) = measure(&target.url, &path, repeats).await?;
         // The truth (values are multiples of 1/8: sums are exact): the
         // long series over the fleet's sensor 0 where both have a second.
@@ -150,18 +148,44 @@ pub async fn run(
             to: end,
             sensors: Box::new(|i| i == 0),
         });
-        s.row(vec![
+        s.row(timing_row(
             format!("average {span}d"),
-            ms.len().to_string(),
-            f(p50),
-            f(p99),
+            &ms,
+            (p50, p99),
             format!("{ratio:.2}×"),
             f(docs),
             exact.to_string(),
-        ]);
+        ));
         json.insert(
             format!("average_{span}d"),
             serde_json::json!({ "p50_ms": p50, "p99_ms": p99, "documents": docs, "exact": exact, "vs_1d": ratio }),
+        );
+    }
+    // The same spans weighted by time, against the held time of the truth.
+    for &span in &spans {
+        let from = span_from(end, span);
+        let path = average_path(&sensor, &metric, from, end, "&weighting=time");
+        let (ms, docs, got) = measure(&target.url, &path, repeats).await?;
+        let (held, integral) = held_time(&truth, from, end, 86_400);
+        let want = integral / held.max(1) as f64;
+        let exact = got["held_seconds"].as_i64() == Some(held)
+            && got["avg"]
+                .as_f64()
+                .is_some_and(|a| (a - want).abs() <= 1e-9 * want.abs().max(1.0));
+        ok &= exact;
+        let (p50, p99, _) = percentiles(ms.clone());
+        let name = format!("time-weighted {span}d");
+        s.row(timing_row(
+            name.clone(),
+            &ms,
+            (p50, p99),
+            base.map_or("-".into(), |b| format!("{:.2}×", p50 / b)),
+            f(docs),
+            exact.to_string(),
+        ));
+        json.insert(
+            format!("time_weighted_{span}d"),
+            serde_json::json!({ "p50_ms": p50, "p99_ms": p99, "documents": docs, "exact": exact }),
         );
     }
     // A Grafana panel over the whole span at a 1 d step, aligned to days:
@@ -197,15 +221,14 @@ pub async fn run(
         ok &= exact && docs <= bound;
         let (p50, p99, _) = percentiles(ms.clone());
         let name = format!("PromQL {days}d / 1d panel");
-        s.row(vec![
+        s.row(timing_row(
             name.clone(),
-            ms.len().to_string(),
-            f(p50),
-            f(p99),
+            &ms,
+            (p50, p99),
             "-".into(),
             format!("{} (bound {})", f(docs), f(bound)),
             exact.to_string(),
-        ]);
+        ));
         json.insert(
             name,
             serde_json::json!({ "p50_ms": p50, "p99_ms": p99, "documents": docs, "documents_bound": bound, "exact": exact }),
@@ -240,15 +263,14 @@ pub async fn run(
             count.as_u64() == Some(n) && got["groups"][0]["sum"].as_f64() == Some(sum)
         });
         ok &= exact.unwrap_or(true);
-        s.row(vec![
-            name.into(),
-            ms.len().to_string(),
-            f(p50),
-            f(p99),
+        s.row(timing_row(
+            name,
+            &ms,
+            (p50, p99),
             "-".into(),
             f(docs),
             exact.map_or("-".into(), |e| e.to_string()),
-        ]);
+        ));
         json.insert(
             name.into(),
             serde_json::json!({ "p50_ms": p50, "p99_ms": p99, "documents": docs, "exact": exact }),
@@ -283,6 +305,60 @@ pub async fn run(
 /// every level's edges are read.
 fn span_from(end: i64, span: u32) -> i64 {
     end - i64::from(span) * 86_400 + 3600 + 61
+}
+
+/// A row of the cost table: the query, how often it ran, its latency, its
+/// ratio to the 1-day average, the documents it read and whether it was exact.
+fn timing_row(
+    name: impl Into<String>,
+    ms: &[f64],
+    (p50, p99): (f64, f64),
+    ratio: String,
+    documents: String,
+    exact: String,
+) -> Vec<String> {
+    vec![
+        name.into(),
+        ms.len().to_string(),
+        f(p50),
+        f(p99),
+        ratio,
+        documents,
+        exact,
+    ]
+}
+
+/// One sensor's average over `[from, to)`, with `extra` parameters.
+fn average_path(sensor: &str, metric: &str, from: i64, to: i64, extra: &str) -> String {
+    format!(
+        "/api/v1/sensors/{sensor}/average?metric={metric}&from={}&to={}{extra}",
+        rfc3339(from),
+        rfc3339(to)
+    )
+}
+
+/// The seconds of `[from, to)` a reading's value held and the integral over
+/// them: each reading holds until the next, or `staleness` after it.
+fn held_time(truth: &BTreeMap<i64, f64>, from: i64, to: i64, staleness: i64) -> (i64, f64) {
+    let points: Vec<(i64, f64)> = truth
+        .range(..from)
+        .next_back()
+        .into_iter()
+        .chain(truth.range(from..to))
+        .map(|(&t, &v)| (t, v))
+        .collect();
+    let (mut held, mut integral) = (0, 0.0);
+    for (k, &(t, v)) in points.iter().enumerate() {
+        let until = points
+            .get(k + 1)
+            .map_or(t + staleness, |n| n.0.min(t + staleness));
+        let (a, b) = (t.max(from), until.min(to));
+        if a < b {
+            held += b - a;
+            integral += v * (b - a) as f64;
+        }
+    }
+    (held, integral)
 }
 
 /// One query asked of Hourglass and then of its peers: the mean of

@@ -17,6 +17,8 @@ use crate::store::{BucketStore, StoreError};
 use super::engine::{Cost, Question, Series, evaluate};
 use super::{Grid, Need};
 
+const DAY: i64 = 86_400;
+
 /// The longest span read reading by reading (what `quantile_over_time`
 /// may cover): past it, a range whose hours need their readings is refused.
 pub const MAX_READINGS_SPAN: i64 = 31 * 86_400;
@@ -48,17 +50,24 @@ pub async fn time_weighted<S: BucketStore>(
     let series = [Series { sensor }];
     let mut cost = Cost::default();
     let (from, to) = (q.from, q.to);
-    let lead = from.saturating_sub(staleness.max(1));
-    let tail = to.saturating_add(staleness.max(1));
+    // A reading before the limit's span holds nothing in the range, and
+    // one after it is joined to nothing: the spans are widened to whole
+    // days, each a slot of a rollup. Only a line needs the reading after.
+    let staleness = staleness.max(1);
+    let lead = from.saturating_sub(staleness);
+    let mut bounds = vec![lead - lead.rem_euclid(DAY), from, to];
+    if weighting == Weighting::Linear {
+        let tail = to.saturating_add(staleness);
+        bounds.push(tail.saturating_add((DAY - tail.rem_euclid(DAY)) % DAY));
+    }
     let whole = Question {
-        from: lead,
-        to: tail,
+        from: bounds[0],
+        to: bounds[bounds.len() - 1],
         need: Need::Summaries,
         cache: None,
         ..q
     };
     let mut cells = Vec::new();
-    let bounds = vec![lead, from, to, tail];
     let c = evaluate(
         store,
         batcher,
