@@ -197,6 +197,10 @@ fn ranges_answer_long_averages_exactly() {
     let r: serde_json::Value = serde_json::from_str(&loadtest(&args)).expect("json");
     assert_eq!(r["data"]["ranges"]["average_1d"]["exact"], true, "{r}");
     assert_eq!(
+        r["data"]["ranges"]["time_weighted_1d"]["exact"], true,
+        "{r}"
+    );
+    assert_eq!(
         r["data"]["ranges"]["group average 6h over the fleet"]["exact"], true,
         "{r}"
     );
