@@ -61,6 +61,11 @@ pub struct Settings {
     pub staleness: Duration,
 }
 
+/// The longest span a query reads reading by reading (`quantile_over_time`'s
+/// windows, a time-weighted average's hours with long gaps): what one
+/// request may hold in memory.
+pub const MAX_VALUES_SECONDS: i64 = 31 * 86_400;
+
 pub const DEFAULT_MAX_RANGE: Duration = Duration::from_secs(400 * 24 * 3600);
 pub const DEFAULT_MAX_POINTS: usize = 10_000;
 

@@ -15,20 +15,16 @@ use crate::domain::{Agg, Sample, TimeFold, Weighted, Weighting};
 use crate::store::{BucketStore, StoreError};
 
 use super::engine::{Cost, Question, Series, evaluate};
-use super::{Grid, Need};
+use super::{Grid, MAX_VALUES_SECONDS, Need};
 
 const DAY: i64 = 86_400;
-
-/// The longest span read reading by reading (what `quantile_over_time`
-/// may cover): past it, a range whose hours need their readings is refused.
-pub const MAX_READINGS_SPAN: i64 = 31 * 86_400;
 
 /// Why a time-weighted average has no answer.
 #[derive(Debug, thiserror::Error)]
 pub enum WeightedError {
     #[error(transparent)]
     Store(#[from] StoreError),
-    /// Hours over more than [`MAX_READINGS_SPAN`] need their readings.
+    /// Hours over more than [`MAX_VALUES_SECONDS`] need their readings.
     #[error(
         "the range holds gaps longer than the staleness limit over more than 31 days of hours; ask for a longer staleness or a shorter range"
     )]
@@ -124,7 +120,7 @@ pub async fn time_weighted<S: BucketStore>(
     let mut readings: Vec<Sample> = Vec::new();
     if let (Some(&a), Some(&b)) = (finer.first(), finer.last()) {
         let (a, b) = (bounds[a], bounds[b + 1]);
-        if b - a > MAX_READINGS_SPAN {
+        if b - a > MAX_VALUES_SECONDS {
             return Err(WeightedError::TooManyReadings);
         }
         let values = Question {

@@ -6,7 +6,7 @@
 
 use serde_json::{Value, json};
 
-use crate::helpers::{Gen, TestApp, base_time, rfc3339, spawn_app};
+use crate::helpers::{Gen, TestApp, base_time, rfc3339, spawn_app_with, test_settings};
 
 const SENSORS: usize = 5;
 const HOUR: i64 = 3600;
@@ -76,7 +76,10 @@ async fn post(app: &TestApp, sensor: &str, xs: &[(i64, f64)]) {
 
 #[tokio::test]
 async fn time_weighted_averages_equal_a_model_of_every_second_at_any_boundary_and_staleness() {
-    let app = spawn_app().await;
+    let mut settings = test_settings();
+    // Room for a reading 40 days back (below).
+    settings.ingest.max_age = std::time::Duration::from_secs(45 * 86_400);
+    let app = spawn_app_with(settings).await;
     let base = base_time();
     let (from, to) = (base - 24 * HOUR, base + 24 * HOUR);
     let mut rng = Gen(66);
@@ -165,4 +168,28 @@ async fn time_weighted_averages_equal_a_model_of_every_second_at_any_boundary_an
             "{bad}: {text}"
         );
     }
+    // Hours holding gaps past a 1 s limit 40 days apart are more readings
+    // than one request reads: refused, with what to ask instead.
+    let far = [
+        (base - 40 * 86_400, 1.0),
+        (base - 40 * 86_400 + 10, 2.0),
+        (base, 3.0),
+        (base + 10, 4.0),
+    ];
+    post(&app, "tw-far", &far).await;
+    let ask = |from: i64, staleness: &str| {
+        format!(
+            "/api/v1/sensors/tw-far/average?metric=valve&from={}&to={}&weighting=time&staleness={staleness}",
+            rfc3339(from),
+            rfc3339(base + HOUR)
+        )
+    };
+    let r = app.get(&ask(base - 41 * 86_400, "1s")).await;
+    assert_eq!(r.status(), 422);
+    assert!(r.text().await.unwrap_or_default().contains("staleness"));
+    // A shorter range, or a limit the gaps are within, is answered.
+    let body = app.get_json(&ask(base - HOUR, "1s")).await;
+    assert_eq!(body["held_seconds"], json!(2), "{body}");
+    let body = app.get_json(&ask(base - 41 * 86_400, "1m")).await;
+    assert_eq!(body["held_seconds"], json!(10 + 60 + 10 + 60), "{body}");
 }

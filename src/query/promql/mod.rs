@@ -188,7 +188,7 @@ pub async fn select<S: BucketStore>(
 }
 
 /// How far a quantile's windows may reach: it holds every reading of them.
-const MAX_VALUES_RANGE_MS: i64 = 31 * 86_400_000;
+const MAX_VALUES_RANGE_MS: i64 = super::MAX_VALUES_SECONDS * 1000;
 
 /// A compiled query ready to read: its tree, evaluation times and reads,
 /// and the budgets its reads are counted against. The store's evaluation
