@@ -51,7 +51,7 @@ pub async fn time_weighted<S: BucketStore>(
     // days, each a slot of a rollup. Only a line needs the reading after.
     let staleness = staleness.max(1);
     let lead = from.saturating_sub(staleness);
-    let mut bounds = vec![lead - lead.rem_euclid(DAY), from, to];
+    let mut bounds = vec![lead.saturating_sub(lead.rem_euclid(DAY)), from, to];
     if weighting == Weighting::Linear {
         let tail = to.saturating_add(staleness);
         bounds.push(tail.saturating_add((DAY - tail.rem_euclid(DAY)) % DAY));
