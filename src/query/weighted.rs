@@ -31,19 +31,19 @@ pub enum WeightedError {
     TooManyReadings,
 }
 
-/// `sensor`'s time-weighted figures over `[q.from, q.to)` (`q.need` is
-/// ignored; time after `now` holds nothing yet), with the readings'
-/// aggregates.
+/// Each series' time-weighted figures over `[q.from, q.to)` (`q.need` is
+/// ignored; time after now holds nothing yet), with its readings'
+/// aggregates. The first stage reads every series at once; a series whose
+/// range holds a gap over the limit goes on alone.
 pub async fn time_weighted<S: BucketStore>(
     store: &S,
     batcher: &BatcherHandle,
     q: Question<'_>,
-    sensor: &str,
+    series: &[Series<'_>],
     weighting: Weighting,
     staleness: i64,
     now: i64,
-) -> Result<(Weighted, Agg, Cost), WeightedError> {
-    let series = [Series { sensor }];
+) -> Result<(Vec<(Weighted, Agg)>, Cost), WeightedError> {
     let mut cost = Cost::default();
     let (from, to) = (q.from, q.to);
     // A reading before the limit's span holds nothing in the range, and
@@ -63,34 +63,55 @@ pub async fn time_weighted<S: BucketStore>(
         cache: None,
         ..q
     };
-    let mut cells = Vec::new();
+    let mut out = vec![(Weighted::default(), Agg::default()); series.len()];
+    let mut pending: Vec<(usize, TimeFold, Option<Sample>)> = Vec::new();
     let c = evaluate(
         store,
         batcher,
         whole,
         Grid::Bounds(bounds),
-        &series,
-        |_, got| cells = got,
+        series,
+        |i, cells| {
+            let carried = cells.first().and_then(|c| c.summary).map(|s| s.last);
+            // Where a line runs past the range's end.
+            let after = cells.get(2).and_then(|c| c.summary).map(|s| s.first);
+            let range = cells.get(1).and_then(|c| c.summary);
+            out[i].1 = cells.get(1).map(|c| c.agg).unwrap_or_default();
+            // Time after now holds nothing yet, unless readings were sent for it.
+            let end = match range {
+                Some(r) if r.last.t >= now => to,
+                _ => to.min(now.saturating_add(1)).max(from),
+            };
+            let mut fold = TimeFold::new(weighting, staleness, from, end, carried);
+            match range.map(|r| fold.push(&r)) {
+                Some(Err(_)) => pending.push((i, fold, after)),
+                _ => out[i].0 = fold.finish(after),
+            }
+        },
     )
     .await?;
     add(&mut cost, c);
-    let carried = cells.first().and_then(|c| c.summary).map(|s| s.last);
-    // Where a line runs past the range's end.
-    let after = cells.get(2).and_then(|c| c.summary).map(|s| s.first);
-    let agg = cells.get(1).map(|c| c.agg).unwrap_or_default();
-    // Time after now holds nothing yet, unless readings were sent for it.
-    let newest = cells.get(1).and_then(|c| c.summary).map(|s| s.last.t);
-    let end = match newest {
-        Some(t) if t >= now => to,
-        _ => to.min(now.saturating_add(1)).max(from),
-    };
-    let mut fold = TimeFold::new(weighting, staleness, from, end, carried);
-    let Some(range) = cells.get(1).and_then(|c| c.summary) else {
-        return Ok((fold.finish(after), agg, cost));
-    };
-    if fold.push(&range).is_ok() {
-        return Ok((fold.finish(after), agg, cost));
+    for (i, fold, after) in pending {
+        let (w, c) = finer(store, batcher, q, series[i], fold, after).await?;
+        add(&mut cost, c);
+        out[i].0 = w;
     }
+    Ok((out, cost))
+}
+
+/// One series' range again, in hours: each is weighed whole where it can
+/// be, and reading by reading where not.
+async fn finer<S: BucketStore>(
+    store: &S,
+    batcher: &BatcherHandle,
+    q: Question<'_>,
+    one: Series<'_>,
+    mut fold: TimeFold,
+    after: Option<Sample>,
+) -> Result<(Weighted, Cost), WeightedError> {
+    let series = [one];
+    let mut cost = Cost::default();
+    let (from, to) = (q.from, q.to);
     // In hours: each is weighed whole where it can be.
     let hours = Grid::aligned(from, to, 3600);
     let mut bounds: Vec<i64> = (0..=hours.points())
@@ -158,7 +179,7 @@ pub async fn time_weighted<S: BucketStore>(
             next += 1;
         }
     }
-    Ok((fold.finish(after), agg, cost))
+    Ok((fold.finish(after), cost))
 }
 
 fn add(cost: &mut Cost, c: Cost) {

@@ -2,7 +2,7 @@
 //! second: sensors reporting by exception (bursts while a value moves, long
 //! holds between them), read from rolled-up hours, over ranges cut anywhere,
 //! with staleness limits that take the pieces whole, by the hour and reading
-//! by reading.
+//! by reading; one sensor at a time and as a group.
 
 use serde_json::{Value, json};
 
@@ -137,6 +137,31 @@ async fn time_weighted_averages_equal_a_model_of_every_second_at_any_boundary_an
         }
     }
     assert_eq!(asked, SENSORS * 3 * 3 * 2);
+    // A group weighs its sensors' integrals over their held time together.
+    let (a, b) = (base - 17 * HOUR + 123, base + 5 * HOUR + 7);
+    for (staleness, seconds) in [("", 86_400), ("&staleness=90s", 90)] {
+        let body = app
+            .get_json(&format!(
+                "/api/v1/average?metric=valve&sensor=tw-?&from={}&to={}&weighting=time{staleness}",
+                rfc3339(a),
+                rfc3339(b)
+            ))
+            .await;
+        let (held, integral) = data
+            .iter()
+            .map(|(_, xs)| model(xs, false, seconds, a, b))
+            .fold((0, 0.0), |(h, i), (h2, i2)| (h + h2, i + i2));
+        let group = &body["groups"][0];
+        assert_eq!(body["weighting"], json!("time"), "{body}");
+        assert_eq!(group["sensors"], json!(SENSORS), "{body}");
+        assert_eq!(group["held_seconds"], json!(held), "{body}");
+        let want = integral / held as f64;
+        let got = group["avg"].as_f64().expect("an average");
+        assert!(
+            (got - want).abs() <= 1e-9 * (1.0 + want.abs()),
+            "{want}: {body}"
+        );
+    }
     // Readings weigh once each, as without the parameter.
     let (sensor, xs) = &data[0];
     let body = app

@@ -18,7 +18,7 @@ use super::{Group, GroupResponse, Point};
 use crate::api::params::Params;
 use crate::api::{ApiError, AppState};
 use crate::auth::Principal;
-use crate::domain::MetricName;
+use crate::domain::{MetricName, Weighting};
 use crate::query::{Cost, Grid, Series};
 use crate::store::{BucketStore, SensorInfo, SensorQuery};
 
@@ -133,6 +133,7 @@ pub fn check_group_params(raw: &str, ids: &[&str]) -> Result<usize, String> {
     let params = Params::parse(Some(raw), &GROUP_PARAMS, true).map_err(|e| e.message)?;
     metric(&params).map_err(|e| e.message)?;
     GroupBy::parse(params.get("group_by")).map_err(|e| e.message)?;
+    super::weighting::weighting(&params).map_err(|e| e.message)?;
     parse_tz(&params).map_err(|e| e.message)?;
     if let Some(step) = params.get("step") {
         super::parse_step(step).map_err(|e| e.message)?;
@@ -149,8 +150,27 @@ pub fn check_group_params(raw: &str, ids: &[&str]) -> Result<usize, String> {
         .count())
 }
 
-pub(crate) const GROUP_PARAMS: [&str; 8] = [
-    "sensor", "metric", "from", "to", "group_by", "step", "tz", "format",
+/// Every group route's parameters (the fuzz target reads them all).
+pub(crate) const GROUP_PARAMS: [&str; 10] = [
+    "sensor",
+    "metric",
+    "from",
+    "to",
+    "group_by",
+    "step",
+    "tz",
+    "format",
+    "weighting",
+    "staleness",
+];
+const AVERAGE_PARAMS: [&str; 7] = [
+    "sensor",
+    "metric",
+    "from",
+    "to",
+    "group_by",
+    "weighting",
+    "staleness",
 ];
 
 pub(crate) async fn group_query<S: BucketStore>(
@@ -161,14 +181,16 @@ pub(crate) async fn group_query<S: BucketStore>(
     with_step: bool,
 ) -> Result<Response, ApiError> {
     let allowed: &[&str] = if with_step {
-        &GROUP_PARAMS
+        &GROUP_PARAMS[..8]
     } else {
-        &GROUP_PARAMS[..5]
+        &AVERAGE_PARAMS
     };
     let params = Params::parse(raw.as_deref(), allowed, true)?;
     let csv = with_step && wants_csv(&headers, &params)?;
     let metric = metric(&params)?;
     let group_by = GroupBy::parse(params.get("group_by"))?;
+    let weighting = super::weighting::weighting(&params)?;
+    let staleness = super::weighting::staleness(&state, &params)?;
     let tz = if with_step { parse_tz(&params)? } else { None };
     let mut r = range(&state, &params)?;
     let (grid, coarse) = if with_step {
@@ -201,6 +223,47 @@ pub(crate) async fn group_query<S: BucketStore>(
     } else {
         "group_average"
     };
+    if weighting != Weighting::Readings {
+        let figures = super::weighting::weighted_average(
+            &state,
+            endpoint,
+            &metric,
+            &r,
+            &series,
+            keys.len(),
+            (weighting, staleness),
+        )
+        .await?;
+        let mut groups: Vec<Group> = keys
+            .into_iter()
+            .zip(sizes)
+            .zip(figures)
+            .map(|((group, sensors), (w, agg))| {
+                let mut point = Point::new(None, &agg);
+                point.avg = w.average();
+                Group {
+                    group,
+                    sensors,
+                    aggregates: Some(point),
+                    held_seconds: Some(w.held),
+                    points: None,
+                }
+            })
+            .collect();
+        groups.sort_by(|a, b| a.group.cmp(&b.group));
+        return Ok(Json(GroupResponse {
+            metric: metric.to_string(),
+            from: format_ms(r.from_ms),
+            to: format_ms(r.to_ms),
+            step: None,
+            tz: None,
+            group_by: params.get("group_by").map(str::to_owned),
+            weighting: Some(super::weighting::weighting_name(weighting)),
+            groups,
+            coarse,
+        })
+        .into_response());
+    }
     let aggs = evaluate(
         &state,
         endpoint,
@@ -218,6 +281,7 @@ pub(crate) async fn group_query<S: BucketStore>(
                 group,
                 sensors,
                 aggregates: None,
+                held_seconds: None,
                 points: Some(points_of(&grid, &points, tz.as_ref().map(|t| &t.1))?),
             }
         } else {
@@ -225,6 +289,7 @@ pub(crate) async fn group_query<S: BucketStore>(
                 group,
                 sensors,
                 aggregates: Some(Point::new(None, &points[0])),
+                held_seconds: None,
                 points: None,
             }
         });
@@ -264,6 +329,7 @@ pub(crate) async fn group_query<S: BucketStore>(
         step: with_step.then(|| params.get("step").unwrap_or_default().to_owned()),
         tz: with_step.then(|| tz.map_or_else(|| "UTC".to_owned(), |t| t.0)),
         group_by: params.get("group_by").map(str::to_owned),
+        weighting: None,
         groups,
         coarse,
     })
@@ -272,7 +338,8 @@ pub(crate) async fn group_query<S: BucketStore>(
 
 #[utoipa::path(get, path = "/api/v1/average",
     params(("sensor" = Option<String>, Query, description = "A sensor id or glob"), ("metric" = Option<String>, Query),
-        ("from" = String, Query), ("to" = String, Query), ("group_by" = Option<String>, Query, description = "sensor or label.<name>")),
+        ("from" = String, Query), ("to" = String, Query), ("group_by" = Option<String>, Query, description = "sensor or label.<name>"),
+        ("weighting" = Option<String>, Query), ("staleness" = Option<String>, Query)),
     responses((status = 200, body = GroupResponse)))]
 pub async fn group_average<S: BucketStore>(
     State(state): State<AppState<S>>,

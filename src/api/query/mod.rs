@@ -127,6 +127,10 @@ pub struct Group {
     /// Averages: the group's aggregates.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub aggregates: Option<Point>,
+    /// With `weighting=time` or `linear`: the seconds its sensors' values
+    /// held, summed (`avg` is their integrals over them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_seconds: Option<i64>,
     /// Series: its points.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub points: Option<Vec<Point>>,
@@ -143,6 +147,9 @@ pub struct GroupResponse {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tz: Option<String>,
     pub group_by: Option<String>,
+    /// With `weighting=time` or `linear`: the weighting of each group's `avg`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weighting: Option<&'static str>,
     pub groups: Vec<Group>,
     /// Present when the range reaches back past `retention.buckets`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -208,8 +215,18 @@ pub async fn average<S: BucketStore>(
     let mut r = range(&state, &params)?;
     let coarse = coarse(&state, &mut r, None)?;
     if weighting != Weighting::Readings {
-        let (w, agg) =
-            weighting::weighted_average(&state, &sensor, &metric, &r, weighting, staleness).await?;
+        let series = [(Series { sensor: &sensor }, 0)];
+        let figures = weighting::weighted_average(
+            &state,
+            "average",
+            &metric,
+            &r,
+            &series,
+            1,
+            (weighting, staleness),
+        )
+        .await?;
+        let (w, agg) = figures[0];
         let mut aggregates = Point::new(None, &agg);
         aggregates.avg = w.average();
         return Ok(Json(AverageResponse {

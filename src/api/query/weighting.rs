@@ -8,7 +8,7 @@ use crate::api::AppState;
 use crate::api::params::Params;
 use crate::domain::{Agg, MetricName, Weighted, Weighting};
 use crate::query::weighted::{WeightedError, time_weighted};
-use crate::query::{Need, Question};
+use crate::query::{Need, Question, Series};
 use crate::store::BucketStore;
 
 /// The request's weighting (`readings`, the default, `time` or `linear`).
@@ -51,18 +51,20 @@ pub(crate) fn staleness<S>(state: &AppState<S>, params: &Params) -> Result<i64, 
     Ok(i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
-/// One sensor's time-weighted figures over `r`, with its readings'
-/// aggregates.
+/// Each group's time-weighted figures over `r` (its sensors' integrals
+/// over their held time together), with its readings' aggregates.
 pub(crate) async fn weighted_average<S: BucketStore>(
     state: &AppState<S>,
-    sensor: &str,
+    endpoint: &str,
     metric: &MetricName<'_>,
     r: &Range,
-    weighting: Weighting,
-    staleness: i64,
-) -> Result<(Weighted, Agg), ApiError> {
-    if r.from >= r.to {
-        return Ok((Weighted::default(), Agg::default()));
+    series: &[(Series<'_>, usize)],
+    groups: usize,
+    (weighting, staleness): (Weighting, i64),
+) -> Result<Vec<(Weighted, Agg)>, ApiError> {
+    let mut out = vec![(Weighted::default(), Agg::default()); groups];
+    if r.from >= r.to || series.is_empty() {
+        return Ok(out);
     }
     let admitted = admit(state).await?;
     let q = Question {
@@ -75,16 +77,17 @@ pub(crate) async fn weighted_average<S: BucketStore>(
         cache: None,
     };
     let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let members: Vec<Series<'_>> = series.iter().map(|(s, _)| *s).collect();
     let work = time_weighted(
         state.store.as_ref(),
         &state.batcher,
         q,
-        sensor,
+        &members,
         weighting,
         staleness,
         now,
     );
-    let (w, agg, cost) = admitted
+    let (each, cost) = admitted
         .within(async {
             work.await.map_err(|e| match e {
                 WeightedError::Store(e) => store_error(e),
@@ -94,6 +97,12 @@ pub(crate) async fn weighted_average<S: BucketStore>(
             })
         })
         .await?;
-    admitted.done(state, "average", cost);
-    Ok((w, agg))
+    admitted.done(state, endpoint, cost);
+    for ((w, agg), (_, group)) in each.into_iter().zip(series) {
+        let into = &mut out[*group];
+        into.0.integral += w.integral;
+        into.0.held += w.held;
+        into.1.merge(&agg);
+    }
+    Ok(out)
 }
