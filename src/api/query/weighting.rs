@@ -1,7 +1,7 @@
 //! `weighting=` and `staleness=`: time-weighted averages of one sensor
 //! (`query::weighted`).
 
-use super::admission::{admit, store_error};
+use super::admission::{admit, check_finite, store_error};
 use super::range::Range;
 use crate::api::ApiError;
 use crate::api::AppState;
@@ -104,5 +104,7 @@ pub(crate) async fn weighted_average<S: BucketStore>(
         into.0.held += w.held;
         into.1.merge(&agg);
     }
+    let aggs: Vec<Agg> = out.iter().map(|(_, a)| *a).collect();
+    check_finite(&aggs)?;
     Ok(out)
 }
