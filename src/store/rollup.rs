@@ -221,7 +221,7 @@ pub fn decode_slot(d: &RawDocument, start: i64) -> Result<Slot, StoreError> {
                 (Some(step), Some(linear), Some(_)) => Some(Integrals {
                     step,
                     linear,
-                    gap: d.count("tg")? as i64,
+                    gap: i64::try_from(d.count("tg")?).unwrap_or(i64::MAX),
                 }),
                 _ => None,
             }
@@ -249,8 +249,10 @@ pub fn decode_slot(d: &RawDocument, start: i64) -> Result<Slot, StoreError> {
             max: d.number("rh")?,
             gap: if c == 3 {
                 Some(last.t - second.t)
+            } else if d.get("rg").is_some() {
+                Some(i64::try_from(d.count("rg")?).unwrap_or(i64::MAX))
             } else {
-                d.get("rg").map(|g| g as i64)
+                None
             },
         })
     };
