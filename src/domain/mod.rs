@@ -19,4 +19,7 @@ pub use reading::{
     parse_timestamp_ms, parse_timestamp_str,
 };
 pub use summary::{Integrals, Moments, Part, Rest, Sample, Slot, Summary};
+/// The second-by-second model time-weighted folds are checked against.
+#[cfg(test)]
+pub(crate) use weighted::tests as weighted_model;
 pub use weighted::{TimeFold, Weighted, Weighting};

@@ -156,12 +156,18 @@ impl TimeFold {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
 
     /// Second by second: the held value of each second of the window.
-    fn brute(xs: &[Sample], linear: bool, staleness: i64, from: i64, to: i64) -> Weighted {
+    pub(crate) fn brute(
+        xs: &[Sample],
+        linear: bool,
+        staleness: i64,
+        from: i64,
+        to: i64,
+    ) -> Weighted {
         let mut w = Weighted::default();
         for x in from..to {
             let Some(k) = xs.iter().rposition(|s| s.t <= x) else {
@@ -184,7 +190,7 @@ mod tests {
         w
     }
 
-    fn samples() -> impl Strategy<Value = Vec<Sample>> {
+    pub(crate) fn samples() -> impl Strategy<Value = Vec<Sample>> {
         prop::collection::btree_map(0i64..2000, -100i32..100, 0..60).prop_map(|m| {
             m.into_iter()
                 .map(|(t, v)| Sample {
@@ -195,7 +201,7 @@ mod tests {
         })
     }
 
-    fn close(a: f64, b: f64) -> bool {
+    pub(crate) fn close(a: f64, b: f64) -> bool {
         (a - b).abs() <= 1e-9 * (1.0 + a.abs().max(b.abs()))
     }
 

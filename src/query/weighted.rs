@@ -1,23 +1,27 @@
-//! A time-weighted average of one series over a range, from the coarsest
-//! pieces that answer it exactly.
+//! Time-weighted averages of series over consecutive windows (one window
+//! for an average, a step's points for a series), from the coarsest pieces
+//! that answer them exactly.
 //!
 //! A rollup slot or bucket keeps its run's time integrals with every gap
 //! counted ([`crate::domain::Integrals`]), so a piece whose longest gap is
-//! within the staleness limit is weighed whole. The range is read as one
-//! piece, with the limit's span before it for the value carried in (and
-//! after it for the reading a line runs to); where
-//! that piece holds a longer gap, it is read again in hours, and an hour that
-//! still holds one (a limit under an hour, or a slot stored before integrals
-//! were kept) is read reading by reading.
+//! within the staleness limit is weighed whole. Each window is read as one
+//! piece, with the limit's span before the first for the value carried in
+//! (and after the last for the reading a line runs to); a window carries in
+//! the last reading of the pieces before it. Where a window holds a longer
+//! gap, it is read again in hours, and an hour that still holds one (a
+//! limit under an hour, or a slot stored before integrals were kept) is
+//! read reading by reading.
 
 use crate::batcher::driver::BatcherHandle;
-use crate::domain::{Agg, Sample, TimeFold, Weighted, Weighting};
+use crate::domain::{Agg, Sample, Summary, TimeFold, Weighted, Weighting};
 use crate::store::{BucketStore, StoreError};
 
 use super::engine::{Cost, Question, Series, evaluate};
+use super::plan::Cell;
 use super::{Grid, MAX_VALUES_SECONDS, Need};
 
 const DAY: i64 = 86_400;
+const HOUR: i64 = 3_600;
 
 /// Why a time-weighted average has no answer.
 #[derive(Debug, thiserror::Error)]
@@ -31,29 +35,80 @@ pub enum WeightedError {
     TooManyReadings,
 }
 
-/// Each series' time-weighted figures over `[q.from, q.to)` (`q.need` is
-/// ignored; time after now holds nothing yet), with its readings'
-/// aggregates. The first stage reads every series at once; a series whose
-/// range holds a gap over the limit goes on alone.
-pub async fn time_weighted<S: BucketStore>(
+/// How the windows are weighed: the weighting, the staleness limit in
+/// seconds, and now (time after it holds nothing yet, unless readings were
+/// sent for it).
+#[derive(Debug, Clone, Copy)]
+pub struct Weigh {
+    pub weighting: Weighting,
+    pub staleness: i64,
+    pub now: i64,
+}
+
+/// Each series' figures in each window `[windows[i], windows[i + 1])`
+/// (bounds in ascending order; an empty window has none; `q.from`, `q.to`
+/// and `q.need` are ignored). The first stage reads every series at once;
+/// a series with windows holding a gap over the limit goes on alone, its
+/// windows together.
+pub async fn time_weighted_windows<S: BucketStore>(
     store: &S,
     batcher: &BatcherHandle,
     q: Question<'_>,
     series: &[Series<'_>],
-    weighting: Weighting,
-    staleness: i64,
-    now: i64,
-) -> Result<(Vec<(Weighted, Agg)>, Cost), WeightedError> {
+    windows: &[i64],
+    how: Weigh,
+) -> Result<(Vec<Vec<(Weighted, Agg)>>, Cost), WeightedError> {
+    let mut distinct = windows.to_vec();
+    distinct.dedup();
+    let (each, cost) = weigh(store, batcher, q, series, &distinct, how).await?;
+    let out = each
+        .into_iter()
+        .map(|figures| {
+            let mut figures = figures.into_iter();
+            windows
+                .windows(2)
+                .map(|w| {
+                    if w[0] < w[1] {
+                        figures.next().unwrap_or_default()
+                    } else {
+                        Default::default()
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    Ok((out, cost))
+}
+
+/// [`time_weighted_windows`] over strictly ascending bounds.
+async fn weigh<S: BucketStore>(
+    store: &S,
+    batcher: &BatcherHandle,
+    q: Question<'_>,
+    series: &[Series<'_>],
+    windows: &[i64],
+    how: Weigh,
+) -> Result<(Vec<Vec<(Weighted, Agg)>>, Cost), WeightedError> {
+    let n = windows.len().saturating_sub(1);
+    let mut out = vec![vec![(Weighted::default(), Agg::default()); n]; series.len()];
     let mut cost = Cost::default();
-    let (from, to) = (q.from, q.to);
+    if n == 0 || series.is_empty() {
+        return Ok((out, cost));
+    }
+    let how = Weigh {
+        staleness: how.staleness.max(1),
+        ..how
+    };
+    let (from, to) = (windows[0], windows[n]);
     // A reading before the limit's span holds nothing in the range, and
     // one after it is joined to nothing: the spans are widened to whole
     // days, each a slot of a rollup. Only a line needs the reading after.
-    let staleness = staleness.max(1);
-    let lead = from.saturating_sub(staleness);
-    let mut bounds = vec![lead.saturating_sub(lead.rem_euclid(DAY)), from, to];
-    if weighting == Weighting::Linear {
-        let tail = to.saturating_add(staleness);
+    let lead = from.saturating_sub(how.staleness);
+    let mut bounds = Vec::with_capacity(n + 3);
+    bounds.push(lead.saturating_sub(lead.rem_euclid(DAY)));
+    bounds.extend_from_slice(windows);
+    if how.weighting == Weighting::Linear {
+        let tail = to.saturating_add(how.staleness);
         bounds.push(tail.saturating_add((DAY - tail.rem_euclid(DAY)) % DAY));
     }
     let whole = Question {
@@ -63,8 +118,7 @@ pub async fn time_weighted<S: BucketStore>(
         cache: None,
         ..q
     };
-    let mut out = vec![(Weighted::default(), Agg::default()); series.len()];
-    let mut pending: Vec<(usize, TimeFold, Option<Sample>)> = Vec::new();
+    let mut pending: Vec<(usize, Vec<Pending>)> = Vec::new();
     let c = evaluate(
         store,
         batcher,
@@ -72,54 +126,115 @@ pub async fn time_weighted<S: BucketStore>(
         Grid::Bounds(bounds),
         series,
         |i, cells| {
-            let carried = cells.first().and_then(|c| c.summary).map(|s| s.last);
-            // Where a line runs past the range's end.
-            let after = cells.get(2).and_then(|c| c.summary).map(|s| s.first);
-            let range = cells.get(1).and_then(|c| c.summary);
-            out[i].1 = cells.get(1).map(|c| c.agg).unwrap_or_default();
-            // Time after now holds nothing yet, unless readings were sent for it.
-            let end = match range {
-                Some(r) if r.last.t >= now => to,
-                _ => to.min(now.saturating_add(1)).max(from),
-            };
-            let mut fold = TimeFold::new(weighting, staleness, from, end, carried);
-            match range.map(|r| fold.push(&r)) {
-                Some(Err(_)) => pending.push((i, fold, after)),
-                _ => out[i].0 = fold.finish(after),
+            let mut later = Vec::new();
+            for (k, window) in first_stage(&cells, windows, how).into_iter().enumerate() {
+                out[i][k].1 = window.1;
+                match window.0 {
+                    Window::Done(w) => out[i][k].0 = w,
+                    Window::Finer(p) => later.push(p),
+                }
+            }
+            if !later.is_empty() {
+                pending.push((i, later));
             }
         },
     )
     .await?;
     add(&mut cost, c);
-    for (i, fold, after) in pending {
-        let (w, c) = finer(store, batcher, q, series[i], fold, after).await?;
+    for (i, later) in pending {
+        let (done, c) = finer(store, batcher, q, series[i], later).await?;
         add(&mut cost, c);
-        out[i].0 = w;
+        for (k, w) in done {
+            out[i][k].0 = w;
+        }
     }
     Ok((out, cost))
 }
 
-/// One series' range again, in hours: each is weighed whole where it can
-/// be, and reading by reading where not.
+/// A window to read again in finer pieces.
+#[derive(Debug)]
+struct Pending {
+    /// Its index.
+    window: usize,
+    from: i64,
+    to: i64,
+    fold: TimeFold,
+    /// The series' first reading after it.
+    after: Option<Sample>,
+}
+
+#[derive(Debug)]
+enum Window {
+    Done(Weighted),
+    Finer(Pending),
+}
+
+/// One series' windows from its cells (the span before the first window,
+/// each window, then for lines the span after the last): each weighed
+/// whole where it can be.
+fn first_stage(cells: &[Cell], windows: &[i64], how: Weigh) -> Vec<(Window, Agg)> {
+    let n = windows.len() - 1;
+    let summary = |k: usize| cells.get(k).and_then(|c| c.summary);
+    // Time after now holds nothing yet, unless readings were sent for it.
+    let newest = (1..=n).rev().find_map(summary).map(|s| s.last.t);
+    let limit = match newest {
+        Some(t) if t >= how.now => i64::MAX,
+        _ => how.now.saturating_add(1),
+    };
+    // The first reading after each cell, from the back.
+    let mut after = vec![None; n + 2];
+    for k in (0..n + 1).rev() {
+        after[k] = summary(k + 1).map(|s| s.first).or(after[k + 1]);
+    }
+    let mut carried: Option<Sample> = summary(0).map(|s| s.last);
+    let mut out = Vec::with_capacity(n);
+    for k in 1..=n {
+        let (a, b) = (windows[k - 1], windows[k]);
+        let end = b.min(limit).max(a);
+        let mut fold = TimeFold::new(how.weighting, how.staleness, a, end, carried);
+        let piece = summary(k);
+        let window = match piece.map(|p| fold.push(&p)) {
+            Some(Err(_)) => Window::Finer(Pending {
+                window: k - 1,
+                from: a,
+                to: b,
+                fold,
+                after: after[k],
+            }),
+            _ => Window::Done(fold.finish(after[k])),
+        };
+        out.push((window, cells.get(k).map(|c| c.agg).unwrap_or_default()));
+        carried = piece.map(|p| p.last).or(carried);
+    }
+    out
+}
+
+/// One series' windows again, in hours: each is weighed whole where it can
+/// be, and reading by reading where not. Two reads whatever the number of
+/// windows.
 async fn finer<S: BucketStore>(
     store: &S,
     batcher: &BatcherHandle,
     q: Question<'_>,
     one: Series<'_>,
-    mut fold: TimeFold,
-    after: Option<Sample>,
-) -> Result<(Weighted, Cost), WeightedError> {
+    pending: Vec<Pending>,
+) -> Result<(Vec<(usize, Weighted)>, Cost), WeightedError> {
     let series = [one];
     let mut cost = Cost::default();
-    let (from, to) = (q.from, q.to);
-    // In hours: each is weighed whole where it can be.
-    let hours = Grid::aligned(from, to, 3600);
-    let mut bounds: Vec<i64> = (0..=hours.points())
-        .filter_map(|i| hours.start(i))
-        .map(|s| s.clamp(from, to))
-        .collect();
+    // Every window's hours; cells between windows are read but not used.
+    let mut bounds: Vec<i64> = Vec::new();
+    for p in &pending {
+        let hours = Grid::aligned(p.from, p.to, HOUR);
+        bounds.extend(
+            (0..=hours.points())
+                .filter_map(|i| hours.start(i))
+                .map(|s| s.clamp(p.from, p.to)),
+        );
+    }
     bounds.dedup();
     let hourly = Question {
+        from: bounds[0],
+        to: bounds[bounds.len() - 1],
         need: Need::Summaries,
         cache: None,
         ..q
@@ -135,8 +250,19 @@ async fn finer<S: BucketStore>(
     )
     .await?;
     add(&mut cost, c);
-    let finer: Vec<usize> = (0..cells.len())
-        .filter(|&i| cells[i].summary.is_some_and(|s| !fold.takes(&s)))
+    // The cells of each window.
+    let spans: Vec<std::ops::Range<usize>> = pending
+        .iter()
+        .map(|p| {
+            let at = |t: i64| bounds.partition_point(|&b| b < t);
+            at(p.from)..at(p.to)
+        })
+        .collect();
+    let whole = |s: &Option<Summary>, fold: &TimeFold| s.is_none_or(|s| fold.takes(&s));
+    let finer: Vec<usize> = pending
+        .iter()
+        .zip(&spans)
+        .flat_map(|(p, span)| span.clone().filter(|&k| !whole(&cells[k].summary, &p.fold)))
         .collect();
     let mut readings: Vec<Sample> = Vec::new();
     if let (Some(&a), Some(&b)) = (finer.first(), finer.last()) {
@@ -164,25 +290,106 @@ async fn finer<S: BucketStore>(
         .await?;
         add(&mut cost, c);
     }
+    let mut out = Vec::with_capacity(pending.len());
     let mut next = 0;
-    for (i, cell) in cells.iter().enumerate() {
-        let Some(s) = &cell.summary else { continue };
-        if finer.binary_search(&i).is_err() && fold.push(s).is_ok() {
-            continue;
-        }
-        // The hour's readings, in order.
-        let (a, b) = (bounds[i], bounds[i + 1]);
-        while let Some(&x) = readings.get(next).filter(|x| x.t < b) {
-            if x.t >= a {
-                fold.push_sample(x);
+    for (mut p, span) in pending.into_iter().zip(spans) {
+        for k in span {
+            let Some(s) = &cells[k].summary else { continue };
+            if finer.binary_search(&k).is_err() && p.fold.push(s).is_ok() {
+                continue;
             }
-            next += 1;
+            // The hour's readings, in order.
+            let (a, b) = (bounds[k], bounds[k + 1]);
+            while let Some(&x) = readings.get(next).filter(|x| x.t < b) {
+                if x.t >= a {
+                    p.fold.push_sample(x);
+                }
+                next += 1;
+            }
         }
+        out.push((p.window, p.fold.finish(p.after)));
     }
-    Ok((fold.finish(after), cost))
+    Ok((out, cost))
 }
 
 fn add(cost: &mut Cost, c: Cost) {
     cost.documents += c.documents;
     cost.round_trips += c.round_trips;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::weighted_model::{brute, close, samples};
+    use proptest::prelude::*;
+
+    /// The cells an evaluation would hand over: the readings in each span.
+    fn cells(xs: &[Sample], bounds: &[i64]) -> Vec<Cell> {
+        bounds
+            .windows(2)
+            .map(|w| {
+                let inside: Vec<Sample> = xs
+                    .iter()
+                    .copied()
+                    .filter(|x| x.t >= w[0] && x.t < w[1])
+                    .collect();
+                let summary = Summary::of(&inside);
+                Cell {
+                    agg: summary.map(|s| s.agg()).unwrap_or_default(),
+                    summary,
+                    samples: inside,
+                }
+            })
+            .collect()
+    }
+
+    proptest! {
+        /// Consecutive windows, each carrying in the reading before it and
+        /// running a line to the one after, weigh as the second-by-second
+        /// model does window by window: whole where the first stage takes
+        /// a window, reading by reading where it does not.
+        #[test]
+        fn windows_weigh_as_every_second_does(
+            xs in samples(),
+            from in 0i64..1500,
+            steps in prop::collection::vec(1i64..300, 1..12),
+            staleness in prop_oneof![1i64..30, 30i64..400, Just(100_000)],
+            linear in any::<bool>(),
+            now in prop_oneof![Just(i64::MAX - 1), 0i64..2500],
+        ) {
+            let mut windows = vec![from];
+            for s in &steps {
+                windows.push(windows[windows.len() - 1] + s);
+            }
+            let to = windows[windows.len() - 1];
+            let weighting = if linear { Weighting::Linear } else { Weighting::Time };
+            let mut bounds = vec![i64::MIN / 2];
+            bounds.extend_from_slice(&windows);
+            if linear {
+                bounds.push(i64::MAX / 2);
+            }
+            let cells = cells(&xs, &bounds);
+            let how = Weigh { weighting, staleness, now };
+            let got = first_stage(&cells, &windows, how);
+            prop_assert_eq!(got.len(), steps.len());
+            // Time after now holds nothing, unless readings were sent for it.
+            let sent_ahead = xs.iter().any(|x| x.t >= now && x.t >= from && x.t < to);
+            for (k, (window, agg)) in got.into_iter().enumerate() {
+                let (a, b) = (windows[k], windows[k + 1]);
+                let w = match window {
+                    Window::Done(w) => w,
+                    Window::Finer(mut p) => {
+                        prop_assert_eq!(p.window, k);
+                        cells[k + 1].samples.iter().for_each(|&x| p.fold.push_sample(x));
+                        p.fold.finish(p.after)
+                    }
+                };
+                let end = if sent_ahead { b } else { b.min(now.saturating_add(1)).max(a) };
+                let want = brute(&xs, linear, staleness, a, end);
+                prop_assert_eq!(w.held, want.held, "window {}", k);
+                prop_assert!(close(w.integral, want.integral), "window {}: {} against {}", k, w.integral, want.integral);
+                prop_assert_eq!(agg, cells[k + 1].agg);
+            }
+        }
+    }
 }

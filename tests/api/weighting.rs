@@ -36,6 +36,23 @@ fn by_exception(rng: &mut Gen, from: i64, to: i64) -> Vec<(i64, f64)> {
     out
 }
 
+/// Short bursts with holds of seconds to ten minutes between them: gaps
+/// past a short staleness limit in most points of a series.
+fn chatty(rng: &mut Gen, from: i64, to: i64) -> Vec<(i64, f64)> {
+    let mut out = Vec::new();
+    let mut t = from + rng.below(60) as i64;
+    let mut v = rng.below(100) as f64;
+    while t < to {
+        out.push((t, v));
+        v += (rng.below(9) as f64 - 4.0) / 4.0;
+        t += match rng.below(3) {
+            0 => 1 + rng.below(40),
+            _ => 1 + rng.below(600),
+        } as i64;
+    }
+    out
+}
+
 /// The held seconds and the integral over them of `[from, to)`, second by
 /// second: a reading holds until the next one or `staleness` after it, a
 /// line joins it to a next one within `staleness`.
@@ -217,4 +234,141 @@ async fn time_weighted_averages_equal_a_model_of_every_second_at_any_boundary_an
     assert_eq!(body["held_seconds"], json!(2), "{body}");
     let body = app.get_json(&ask(base - 41 * 86_400, "1m")).await;
     assert_eq!(body["held_seconds"], json!(10 + 60 + 10 + 60), "{body}");
+}
+
+/// The expected points of a series over `[a, b)` at `step` seconds
+/// (aligned to the epoch): each point's held seconds and integral.
+fn model_points(
+    xs: &[(i64, f64)],
+    linear: bool,
+    staleness: i64,
+    (a, b): (i64, i64),
+    step: i64,
+) -> Vec<(i64, f64)> {
+    let mut out = Vec::new();
+    let mut start = a - a.rem_euclid(step);
+    while start < b {
+        out.push(model(
+            xs,
+            linear,
+            staleness,
+            start.max(a),
+            (start + step).min(b),
+        ));
+        start += step;
+    }
+    out
+}
+
+fn assert_point(point: &Value, (held, integral): (i64, f64), what: &str) {
+    assert_eq!(point["held_seconds"], json!(held), "{what}: {point}");
+    if held == 0 {
+        assert_eq!(point["avg"], Value::Null, "{what}: {point}");
+    } else {
+        let want = integral / held as f64;
+        let got = point["avg"].as_f64().expect("an average");
+        assert!(
+            (got - want).abs() <= 1e-9 * (1.0 + want.abs()),
+            "{want}: {what}: {point}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn time_weighted_series_weigh_each_point_with_the_value_carried_in_from_the_one_before() {
+    let app = spawn_app_with(test_settings()).await;
+    let base = base_time();
+    let (from, to) = (base - 24 * HOUR, base + 24 * HOUR);
+    let mut rng = Gen(67);
+    let mut data = Vec::new();
+    for k in 0..3 {
+        let sensor = format!("ts-{k}");
+        let xs = if k == 0 {
+            chatty(&mut rng, from, to)
+        } else {
+            by_exception(&mut rng, from, to)
+        };
+        post(&app, &sensor, &xs).await;
+        data.push((sensor, xs));
+    }
+    app.late_rolled_up().await;
+    let (a, b) = (base - 17 * HOUR + 123, base + 5 * HOUR + 7);
+    let range = format!("from={}&to={}", rfc3339(a), rfc3339(b));
+    // One sensor: hourly and 5-minute points, whole, by the hour and
+    // reading by reading (its holds pass a 90 s limit in most points).
+    let (sensor, xs) = &data[0];
+    for (step, step_seconds) in [("1h", HOUR), ("5m", 300)] {
+        for (staleness, seconds) in [
+            ("", 86_400),
+            ("&staleness=2h", 2 * HOUR),
+            ("&staleness=90s", 90),
+        ] {
+            for (weighting, linear) in [("time", false), ("linear", true)] {
+                let body = app
+                    .get_json(&format!(
+                        "/api/v1/sensors/{sensor}/series?metric=valve&{range}&step={step}&weighting={weighting}{staleness}"
+                    ))
+                    .await;
+                assert_eq!(body["weighting"], json!(weighting), "{body}");
+                let want = model_points(xs, linear, seconds, (a, b), step_seconds);
+                let points = body["points"].as_array().expect("points");
+                assert_eq!(points.len(), want.len(), "{body}");
+                for (k, (point, want)) in points.iter().zip(want).enumerate() {
+                    let what = format!("{sensor} {step} {weighting}{staleness} point {k}");
+                    assert_point(point, want, &what);
+                }
+            }
+        }
+    }
+    // A group's points: its sensors' integrals over their held time together.
+    let body = app
+        .get_json(&format!(
+            "/api/v1/series?metric=valve&sensor=ts-?&{range}&step=3h&weighting=time&staleness=2h"
+        ))
+        .await;
+    assert_eq!(body["weighting"], json!("time"), "{body}");
+    let each: Vec<Vec<(i64, f64)>> = data
+        .iter()
+        .map(|(_, xs)| model_points(xs, false, 2 * HOUR, (a, b), 3 * HOUR))
+        .collect();
+    let points = body["groups"][0]["points"].as_array().expect("points");
+    assert_eq!(points.len(), each[0].len(), "{body}");
+    for (k, point) in points.iter().enumerate() {
+        let want = each
+            .iter()
+            .map(|e| e[k])
+            .fold((0, 0.0), |(h, i), (h2, i2)| (h + h2, i + i2));
+        assert_point(point, want, &format!("group point {k}"));
+    }
+    // CSV carries the held seconds last.
+    let r = app
+        .get(&format!(
+            "/api/v1/sensors/{sensor}/series?metric=valve&{range}&step=1h&weighting=time&format=csv"
+        ))
+        .await;
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.expect("csv");
+    let mut lines = text.lines();
+    assert_eq!(
+        lines.next(),
+        Some("start,count,sum,avg,min,max,held_seconds")
+    );
+    let want = model_points(xs, false, 86_400, (a, b), HOUR);
+    let held: Vec<i64> = lines
+        .map(|l| {
+            l.rsplit(',')
+                .next()
+                .and_then(|h| h.parse().ok())
+                .expect("held")
+        })
+        .collect();
+    assert_eq!(held, want.iter().map(|w| w.0).collect::<Vec<_>>());
+    // A staleness limit means nothing to the mean of readings.
+    let r = app
+        .get(&format!(
+            "/api/v1/sensors/{sensor}/series?metric=valve&{range}&step=1h&staleness=1h"
+        ))
+        .await;
+    assert_eq!(r.status(), 400);
+    assert!(r.text().await.unwrap_or_default().contains("staleness"));
 }

@@ -153,10 +153,15 @@ pub(crate) fn check_finite(aggs: &[Agg]) -> Result<(), ApiError> {
     if aggs.iter().all(|a| a.sum.is_finite()) {
         return Ok(());
     }
-    Err(ApiError::new(
+    Err(beyond_a_double())
+}
+
+/// A sum (of readings, or of a time integral) beyond a double.
+pub(crate) fn beyond_a_double() -> ApiError {
+    ApiError::new(
         StatusCode::UNPROCESSABLE_ENTITY,
         "the sum of the readings in the range is beyond the range of a double; query a shorter range or smaller steps",
-    ))
+    )
 }
 
 #[cfg(test)]

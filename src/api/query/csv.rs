@@ -53,7 +53,13 @@ pub(crate) fn csv_point(prefix: &[String], p: &Point) -> Vec<String> {
         opt(p.min),
         opt(p.max),
     ]);
+    row.extend(p.held_seconds.map(|h| h.to_string()));
     row
 }
 
-pub(crate) const POINT_COLUMNS: [&str; 6] = ["start", "count", "sum", "avg", "min", "max"];
+/// The columns of [`csv_point`]'s rows: `held_seconds` last for a
+/// time-weighted series.
+pub(crate) fn point_columns(weighted: bool) -> &'static [&'static str] {
+    const COLUMNS: [&str; 7] = ["start", "count", "sum", "avg", "min", "max", "held_seconds"];
+    &COLUMNS[..if weighted { 7 } else { 6 }]
+}

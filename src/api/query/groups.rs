@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use wildmatch::WildMatch;
 
 use super::admission::{admit, evaluate, store_error};
-use super::csv::{POINT_COLUMNS, csv_point, csv_response, wants_csv};
+use super::csv::{csv_point, csv_response, point_columns, wants_csv};
 use super::range::{
     coarse, coarse_header, format_ms, metric, parse_tz, points_of, range, series_grid,
 };
@@ -18,7 +18,7 @@ use super::{Group, GroupResponse, Point};
 use crate::api::params::Params;
 use crate::api::{ApiError, AppState};
 use crate::auth::Principal;
-use crate::domain::{MetricName, Weighting};
+use crate::domain::MetricName;
 use crate::query::{Cost, Grid, Series};
 use crate::store::{BucketStore, SensorInfo, SensorQuery};
 
@@ -181,7 +181,7 @@ pub(crate) async fn group_query<S: BucketStore>(
     with_step: bool,
 ) -> Result<Response, ApiError> {
     let allowed: &[&str] = if with_step {
-        &GROUP_PARAMS[..8]
+        &GROUP_PARAMS
     } else {
         &AVERAGE_PARAMS
     };
@@ -189,12 +189,12 @@ pub(crate) async fn group_query<S: BucketStore>(
     let csv = with_step && wants_csv(&headers, &params)?;
     let metric = metric(&params)?;
     let group_by = GroupBy::parse(params.get("group_by"))?;
-    let weighting = super::weighting::weighting(&params)?;
-    let staleness = super::weighting::staleness(&state, &params)?;
+    let weighing = super::weighting::weighing(&state, &params)?;
     let tz = if with_step { parse_tz(&params)? } else { None };
+    let zone = tz.as_ref().map(|t| &t.1);
     let mut r = range(&state, &params)?;
     let (grid, coarse) = if with_step {
-        let grid = series_grid(&state, &params, &r, tz.as_ref().map(|t| &t.1))?;
+        let grid = series_grid(&state, &params, &r, zone)?;
         let c = coarse(&state, &mut r, Some(&grid))?;
         (grid, c)
     } else {
@@ -223,73 +223,58 @@ pub(crate) async fn group_query<S: BucketStore>(
     } else {
         "group_average"
     };
-    if weighting != Weighting::Readings {
-        let figures = super::weighting::weighted_average(
-            &state,
-            endpoint,
-            &metric,
-            &r,
-            &series,
-            keys.len(),
-            (weighting, staleness),
-        )
-        .await?;
-        let mut groups: Vec<Group> = keys
-            .into_iter()
-            .zip(sizes)
-            .zip(figures)
-            .map(|((group, sensors), (w, agg))| {
-                let mut point = Point::new(None, &agg);
-                point.avg = w.average();
-                Group {
-                    group,
-                    sensors,
-                    aggregates: Some(point),
-                    held_seconds: Some(w.held),
-                    points: None,
-                }
-            })
-            .collect();
-        groups.sort_by(|a, b| a.group.cmp(&b.group));
-        return Ok(Json(GroupResponse {
-            metric: metric.to_string(),
-            from: format_ms(r.from_ms),
-            to: format_ms(r.to_ms),
-            step: None,
-            tz: None,
-            group_by: params.get("group_by").map(str::to_owned),
-            weighting: Some(super::weighting::weighting_name(weighting)),
-            groups,
-            coarse,
-        })
-        .into_response());
-    }
-    let aggs = evaluate(
-        &state,
-        endpoint,
-        &metric,
-        &r,
-        grid.clone(),
-        &series,
-        keys.len(),
-    )
-    .await?;
+    let each_group: Vec<Vec<Point>> = match weighing {
+        Some(how) => {
+            let figures = super::weighting::weighted_points(
+                &state,
+                endpoint,
+                &metric,
+                &r,
+                &grid,
+                &series,
+                keys.len(),
+                how,
+            )
+            .await?;
+            figures
+                .iter()
+                .map(|f| super::weighting::weighted_points_of(&grid, f, zone))
+                .collect::<Result<_, _>>()?
+        }
+        None => {
+            let aggs = evaluate(
+                &state,
+                endpoint,
+                &metric,
+                &r,
+                grid.clone(),
+                &series,
+                keys.len(),
+            )
+            .await?;
+            aggs.iter()
+                .map(|a| points_of(&grid, a, zone))
+                .collect::<Result<_, _>>()?
+        }
+    };
     let mut groups = Vec::with_capacity(keys.len());
-    for ((group, sensors), points) in keys.into_iter().zip(sizes).zip(aggs) {
+    for ((group, sensors), mut points) in keys.into_iter().zip(sizes).zip(each_group) {
         groups.push(if with_step {
             Group {
                 group,
                 sensors,
                 aggregates: None,
-                held_seconds: None,
-                points: Some(points_of(&grid, &points, tz.as_ref().map(|t| &t.1))?),
+                points: Some(points),
             }
         } else {
+            let mut whole = points.pop();
+            if let Some(p) = whole.as_mut() {
+                p.start = None;
+            }
             Group {
                 group,
                 sensors,
-                aggregates: Some(Point::new(None, &points[0])),
-                held_seconds: None,
+                aggregates: whole,
                 points: None,
             }
         });
@@ -304,7 +289,7 @@ pub(crate) async fn group_query<S: BucketStore>(
         let mut response = csv_response(|w| {
             let mut header: Vec<&str> = label.iter().map(String::as_str).collect();
             header.push("sensors");
-            header.extend(POINT_COLUMNS);
+            header.extend(point_columns(weighing.is_some()));
             w.write_record(&header)?;
             for g in &groups {
                 let mut prefix: Vec<String> = g
@@ -329,7 +314,7 @@ pub(crate) async fn group_query<S: BucketStore>(
         step: with_step.then(|| params.get("step").unwrap_or_default().to_owned()),
         tz: with_step.then(|| tz.map_or_else(|| "UTC".to_owned(), |t| t.0)),
         group_by: params.get("group_by").map(str::to_owned),
-        weighting: None,
+        weighting: weighing.map(|(w, _)| super::weighting::weighting_name(w)),
         groups,
         coarse,
     })
@@ -353,7 +338,8 @@ pub async fn group_average<S: BucketStore>(
 #[utoipa::path(get, path = "/api/v1/series",
     params(("sensor" = Option<String>, Query, description = "A sensor id or glob"), ("metric" = Option<String>, Query),
         ("from" = String, Query), ("to" = String, Query), ("step" = String, Query), ("tz" = Option<String>, Query),
-        ("group_by" = Option<String>, Query, description = "sensor or label.<name>"), ("format" = Option<String>, Query)),
+        ("group_by" = Option<String>, Query, description = "sensor or label.<name>"), ("format" = Option<String>, Query),
+        ("weighting" = Option<String>, Query), ("staleness" = Option<String>, Query)),
     responses((status = 200, body = GroupResponse), (status = 200, content_type = "text/csv", body = String)))]
 pub async fn group_series<S: BucketStore>(
     State(state): State<AppState<S>>,

@@ -32,13 +32,13 @@ use super::ApiError;
 use super::AppState;
 use super::params::Params;
 use crate::auth::Principal;
-use crate::domain::{Agg, Labels, SensorId, Weighting};
+use crate::domain::{Agg, Labels, SensorId};
 use crate::query::{Cost, Grid, Series};
 use crate::store::BucketStore;
 
 pub(super) use admission::{Admitted, admit};
 pub(super) use admission::{evaluate, store_error};
-use csv::{POINT_COLUMNS, csv_point, csv_response, wants_csv};
+use csv::{csv_point, csv_response, point_columns, wants_csv};
 pub use dead_letters::{
     __path_list_dead_letters, DeadLetterEntry, DeadLetterList, list_dead_letters,
 };
@@ -63,6 +63,12 @@ pub struct Point {
     pub avg: Option<f64>,
     pub min: Option<f64>,
     pub max: Option<f64>,
+    /// With `weighting=time` or `linear`: the seconds of the point a
+    /// reading's value held (of its sensors, summed, for a group); `avg`
+    /// is the time integral over them, and count, sum, min and max stay
+    /// the readings'.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_seconds: Option<i64>,
 }
 
 impl Point {
@@ -74,6 +80,7 @@ impl Point {
             avg: a.avg(),
             min: a.min(),
             max: a.max(),
+            held_seconds: None,
         }
     }
 }
@@ -87,14 +94,9 @@ pub struct AverageResponse {
     pub to: String,
     #[serde(flatten)]
     pub aggregates: Point,
-    /// With `weighting=time` or `linear`: the weighting of `avg` (count,
-    /// sum, min and max stay the readings').
+    /// With `weighting=time` or `linear`: the weighting of `avg`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub weighting: Option<&'static str>,
-    /// With `weighting=time` or `linear`: the seconds of the range a
-    /// reading's value held (`avg` is the time integral over them).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub held_seconds: Option<i64>,
     /// Present when the range reaches back past `retention.buckets`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub coarse: Option<Coarse>,
@@ -109,6 +111,9 @@ pub struct SeriesResponse {
     pub to: String,
     pub step: String,
     pub tz: String,
+    /// With `weighting=time` or `linear`: the weighting of each point's `avg`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weighting: Option<&'static str>,
     pub points: Vec<Point>,
     /// Present when the range reaches back past `retention.buckets`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -127,10 +132,6 @@ pub struct Group {
     /// Averages: the group's aggregates.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub aggregates: Option<Point>,
-    /// With `weighting=time` or `linear`: the seconds its sensors' values
-    /// held, summed (`avg` is their integrals over them).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub held_seconds: Option<i64>,
     /// Series: its points.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub points: Option<Vec<Point>>,
@@ -210,62 +211,41 @@ pub async fn average<S: BucketStore>(
         false,
     )?;
     let metric = metric(&params)?;
-    let weighting = weighting::weighting(&params)?;
-    let staleness = weighting::staleness(&state, &params)?;
+    let weighing = weighting::weighing(&state, &params)?;
     let mut r = range(&state, &params)?;
     let coarse = coarse(&state, &mut r, None)?;
-    if weighting != Weighting::Readings {
-        let series = [(Series { sensor: &sensor }, 0)];
-        let figures = weighting::weighted_average(
-            &state,
-            "average",
-            &metric,
-            &r,
-            &series,
-            1,
-            (weighting, staleness),
-        )
-        .await?;
-        let (w, agg) = figures[0];
-        let mut aggregates = Point::new(None, &agg);
-        aggregates.avg = w.average();
-        return Ok(Json(AverageResponse {
-            sensor,
-            metric: metric.to_string(),
-            from: format_ms(r.from_ms),
-            to: format_ms(r.to_ms),
-            aggregates,
-            weighting: Some(weighting::weighting_name(weighting)),
-            held_seconds: Some(w.held),
-            coarse,
-        }));
-    }
     let series = [(Series { sensor: &sensor }, 0)];
-    let points = evaluate(
-        &state,
-        "average",
-        &metric,
-        &r,
-        Grid::whole(r.from, r.to),
-        &series,
-        1,
-    )
-    .await?;
+    let grid = Grid::whole(r.from, r.to);
+    let aggregates = match weighing {
+        Some(how) => {
+            let figures =
+                weighting::weighted_points(&state, "average", &metric, &r, &grid, &series, 1, how)
+                    .await?;
+            let mut point = Point::new(None, &figures[0][0].1);
+            point.avg = figures[0][0].0.average();
+            point.held_seconds = Some(figures[0][0].0.held);
+            point
+        }
+        None => {
+            let points = evaluate(&state, "average", &metric, &r, grid, &series, 1).await?;
+            Point::new(None, &points[0][0])
+        }
+    };
     Ok(Json(AverageResponse {
         sensor,
         metric: metric.to_string(),
         from: format_ms(r.from_ms),
         to: format_ms(r.to_ms),
-        aggregates: Point::new(None, &points[0][0]),
-        weighting: None,
-        held_seconds: None,
+        aggregates,
+        weighting: weighing.map(|(w, _)| weighting::weighting_name(w)),
         coarse,
     }))
 }
 
 #[utoipa::path(get, path = "/api/v1/sensors/{sensor}/series",
     params(("sensor" = String, Path), ("metric" = Option<String>, Query), ("from" = String, Query), ("to" = String, Query),
-        ("step" = String, Query), ("tz" = Option<String>, Query), ("format" = Option<String>, Query)),
+        ("step" = String, Query), ("tz" = Option<String>, Query), ("format" = Option<String>, Query),
+        ("weighting" = Option<String>, Query), ("staleness" = Option<String>, Query)),
     responses((status = 200, body = SeriesResponse), (status = 200, content_type = "text/csv", body = String)))]
 pub async fn series<S: BucketStore>(
     State(state): State<AppState<S>>,
@@ -277,21 +257,42 @@ pub async fn series<S: BucketStore>(
     sensor_param(&principal, &sensor)?;
     let params = Params::parse(
         raw.as_deref(),
-        &["metric", "from", "to", "step", "tz", "format"],
+        &[
+            "metric",
+            "from",
+            "to",
+            "step",
+            "tz",
+            "format",
+            "weighting",
+            "staleness",
+        ],
         false,
     )?;
     let csv = wants_csv(&headers, &params)?;
     let metric = metric(&params)?;
+    let weighing = weighting::weighing(&state, &params)?;
     let tz = parse_tz(&params)?;
     let mut r = range(&state, &params)?;
     let grid = series_grid(&state, &params, &r, tz.as_ref().map(|t| &t.1))?;
     let coarse = coarse(&state, &mut r, Some(&grid))?;
     let series = [(Series { sensor: &sensor }, 0)];
-    let aggs = evaluate(&state, "series", &metric, &r, grid.clone(), &series, 1).await?;
-    let points = points_of(&grid, &aggs[0], tz.as_ref().map(|t| &t.1))?;
+    let zone = tz.as_ref().map(|t| &t.1);
+    let points = match weighing {
+        Some(how) => {
+            let figures =
+                weighting::weighted_points(&state, "series", &metric, &r, &grid, &series, 1, how)
+                    .await?;
+            weighting::weighted_points_of(&grid, &figures[0], zone)?
+        }
+        None => {
+            let aggs = evaluate(&state, "series", &metric, &r, grid.clone(), &series, 1).await?;
+            points_of(&grid, &aggs[0], zone)?
+        }
+    };
     if csv {
         let mut response = csv_response(|w| {
-            w.write_record(POINT_COLUMNS)?;
+            w.write_record(point_columns(weighing.is_some()))?;
             for p in &points {
                 w.write_record(csv_point(&[], p))?;
             }
@@ -307,6 +308,7 @@ pub async fn series<S: BucketStore>(
         to: format_ms(r.to_ms),
         step: params.get("step").unwrap_or_default().to_owned(),
         tz: tz.map_or_else(|| "UTC".to_owned(), |t| t.0),
+        weighting: weighing.map(|(w, _)| weighting::weighting_name(w)),
         points,
         coarse,
     })

@@ -1,15 +1,20 @@
-//! `weighting=` and `staleness=`: time-weighted averages of one sensor
-//! (`query::weighted`).
+//! `weighting=` and `staleness=`: time-weighted averages and series of one
+//! sensor or of groups (`query::weighted`).
 
-use super::admission::{admit, check_finite, store_error};
-use super::range::Range;
+use super::Point;
+use super::admission::{admit, beyond_a_double, check_finite, store_error};
+use super::range::{Range, points_of};
 use crate::api::ApiError;
 use crate::api::AppState;
 use crate::api::params::Params;
 use crate::domain::{Agg, MetricName, Weighted, Weighting};
-use crate::query::weighted::{WeightedError, time_weighted};
-use crate::query::{Need, Question, Series};
+use crate::query::weighted::{Weigh, WeightedError, time_weighted_windows};
+use crate::query::{Cost, Grid, Need, Question, Series};
 use crate::store::BucketStore;
+
+/// Series' windows held in memory at once: a group series over many
+/// sensors is weighed a slice of sensors at a time, folded into its groups.
+const CHUNK_CELLS: usize = 250_000;
 
 /// The request's weighting (`readings`, the default, `time` or `linear`).
 pub(crate) fn weighting(params: &Params) -> Result<Weighting, ApiError> {
@@ -32,9 +37,23 @@ pub(crate) fn weighting_name(w: Weighting) -> &'static str {
     }
 }
 
-/// The request's staleness limit in seconds: `staleness=` (a duration such
-/// as `15m` or `2d`, at most `query.max_range`), else `query.staleness`.
-pub(crate) fn staleness<S>(state: &AppState<S>, params: &Params) -> Result<i64, ApiError> {
+/// The request's time weighting and staleness limit in seconds; none for
+/// `weighting=readings`, which takes no limit. `staleness=` is a duration
+/// such as `15m` or `2d`, at most `query.max_range`; else
+/// `query.staleness`.
+pub(crate) fn weighing<S>(
+    state: &AppState<S>,
+    params: &Params,
+) -> Result<Option<(Weighting, i64)>, ApiError> {
+    let w = weighting(params)?;
+    if w == Weighting::Readings {
+        if params.get("staleness").is_some() {
+            return Err(ApiError::bad_request(
+                "staleness applies only with weighting=time or weighting=linear",
+            ));
+        }
+        return Ok(None);
+    }
     let q = &state.settings.query;
     let d = match params.get("staleness") {
         None => q.staleness,
@@ -48,24 +67,43 @@ pub(crate) fn staleness<S>(state: &AppState<S>, params: &Params) -> Result<i64, 
                 ))
             })?,
     };
-    Ok(i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+    Ok(Some((w, i64::try_from(d.as_secs()).unwrap_or(i64::MAX))))
 }
 
-/// Each group's time-weighted figures over `r` (its sensors' integrals
-/// over their held time together), with its readings' aggregates.
-pub(crate) async fn weighted_average<S: BucketStore>(
+/// The bounds of a grid's points, clipped to the range (a point starting
+/// before it, or ending after it, covers only its part).
+fn windows(grid: &Grid, r: &Range) -> Result<Vec<i64>, ApiError> {
+    (0..=grid.points())
+        .map(|i| {
+            grid.start(i)
+                .map(|s| s.clamp(r.from, r.to.max(r.from)))
+                .ok_or_else(|| {
+                    ApiError::bad_request("the range lies beyond the representable times")
+                })
+        })
+        .collect()
+}
+
+/// Each group's time-weighted figures at each point of `grid` over `r`
+/// (its sensors' integrals over their held time together), with its
+/// readings' aggregates.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn weighted_points<S: BucketStore>(
     state: &AppState<S>,
     endpoint: &str,
     metric: &MetricName<'_>,
     r: &Range,
+    grid: &Grid,
     series: &[(Series<'_>, usize)],
     groups: usize,
     (weighting, staleness): (Weighting, i64),
-) -> Result<Vec<(Weighted, Agg)>, ApiError> {
-    let mut out = vec![(Weighted::default(), Agg::default()); groups];
-    if r.from >= r.to || series.is_empty() {
+) -> Result<Vec<Vec<(Weighted, Agg)>>, ApiError> {
+    let points = grid.points();
+    let mut out = vec![vec![(Weighted::default(), Agg::default()); points]; groups];
+    if r.from >= r.to || series.is_empty() || points == 0 {
         return Ok(out);
     }
+    let windows = windows(grid, r)?;
     let admitted = admit(state).await?;
     let q = Question {
         metric: metric.as_str(),
@@ -76,18 +114,37 @@ pub(crate) async fn weighted_average<S: BucketStore>(
         max_time: admitted.max_time(),
         cache: None,
     };
-    let now = time::OffsetDateTime::now_utc().unix_timestamp();
-    let members: Vec<Series<'_>> = series.iter().map(|(s, _)| *s).collect();
-    let work = time_weighted(
-        state.store.as_ref(),
-        &state.batcher,
-        q,
-        &members,
+    let how = Weigh {
         weighting,
         staleness,
-        now,
-    );
-    let (each, cost) = admitted
+        now: time::OffsetDateTime::now_utc().unix_timestamp(),
+    };
+    let work = async {
+        let mut cost = Cost::default();
+        for chunk in series.chunks((CHUNK_CELLS / points).max(1)) {
+            let members: Vec<Series<'_>> = chunk.iter().map(|(s, _)| *s).collect();
+            let (each, c) = time_weighted_windows(
+                state.store.as_ref(),
+                &state.batcher,
+                q,
+                &members,
+                &windows,
+                how,
+            )
+            .await?;
+            cost.documents += c.documents;
+            cost.round_trips += c.round_trips;
+            for (figures, (_, group)) in each.into_iter().zip(chunk) {
+                for (into, (w, agg)) in out[*group].iter_mut().zip(figures) {
+                    into.0.integral += w.integral;
+                    into.0.held += w.held;
+                    into.1.merge(&agg);
+                }
+            }
+        }
+        Ok::<_, WeightedError>(cost)
+    };
+    let cost = admitted
         .within(async {
             work.await.map_err(|e| match e {
                 WeightedError::Store(e) => store_error(e),
@@ -98,13 +155,26 @@ pub(crate) async fn weighted_average<S: BucketStore>(
         })
         .await?;
     admitted.done(state, endpoint, cost);
-    for ((w, agg), (_, group)) in each.into_iter().zip(series) {
-        let into = &mut out[*group];
-        into.0.integral += w.integral;
-        into.0.held += w.held;
-        into.1.merge(&agg);
-    }
-    let aggs: Vec<Agg> = out.iter().map(|(_, a)| *a).collect();
+    let aggs: Vec<Agg> = out.iter().flatten().map(|(_, a)| *a).collect();
     check_finite(&aggs)?;
+    if !out.iter().flatten().all(|(w, _)| w.integral.is_finite()) {
+        return Err(beyond_a_double());
+    }
     Ok(out)
+}
+
+/// The points of one group's figures: the readings' aggregates, with `avg`
+/// weighted by time and the seconds held.
+pub(crate) fn weighted_points_of(
+    grid: &Grid,
+    figures: &[(Weighted, Agg)],
+    tz: Option<&jiff::tz::TimeZone>,
+) -> Result<Vec<Point>, ApiError> {
+    let aggs: Vec<Agg> = figures.iter().map(|(_, a)| *a).collect();
+    let mut points = points_of(grid, &aggs, tz)?;
+    for (p, (w, _)) in points.iter_mut().zip(figures) {
+        p.avg = w.average();
+        p.held_seconds = Some(w.held);
+    }
+    Ok(points)
 }
