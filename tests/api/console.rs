@@ -396,6 +396,33 @@ async fn the_console_shows_the_fleet_a_sensor_chart_and_ingest_health_in_a_real_
         ]
     );
 
+    // Weighted by time, both charts draw the API's time-weighted averages
+    // of the same range and step.
+    for (name, before) in [("weighted", "custom-utc"), ("weighted_group", "")] {
+        let chart = &seen[name];
+        let url = chart["url"].as_str().expect("url");
+        assert_eq!(param(url, "weighting"), "time", "{name}");
+        let body = assert_chart_is_the_api(&app, None, chart).await;
+        let first = body["points"]
+            .as_array()
+            .or_else(|| body["groups"][0]["points"].as_array())
+            .expect("points");
+        assert!(first.iter().all(|p| p["held_seconds"].is_i64()), "{name}");
+        if !before.is_empty() {
+            let was = charts[before]["url"].as_str().expect("url");
+            for key in ["from", "to", "step"] {
+                assert_eq!(param(url, key), param(was, key), "{name} {key}");
+            }
+        }
+    }
+    assert!(
+        seen["weighted_caption"]
+            .as_str()
+            .is_some_and(|c| c.contains("weighted by time")),
+        "{}",
+        seen["weighted_caption"]
+    );
+
     // The CSV is the API's CSV of the chart's series.
     let csv = &seen["csv"];
     let url = format!("{}&format=csv", csv["url"].as_str().expect("url"));

@@ -151,6 +151,11 @@ def scenario_open(driver, url, out, args, downloads):
     Select(driver.find_element(By.ID, "group-by")).select_by_value("label.site")
     seen["group"] = chart(driver, "group")
     driver.save_screenshot(os.path.join(out, "sensor-group.png"))
+    # Averages weighted by time, on both charts.
+    Select(driver.find_element(By.ID, "weighting")).select_by_value("time")
+    seen["weighted"] = chart(driver, "sensor", charts["custom-utc"]["url"])
+    seen["weighted_group"] = chart(driver, "group", seen["group"]["url"])
+    seen["weighted_caption"] = driver.find_element(By.ID, "chart-caption").text
 
     driver.find_element(By.ID, "csv").click()
 

@@ -14,7 +14,7 @@
     config: { auth: false },
     pages: [null], page: 0, next: null, glob: '', label: null,
     sensor: null, info: null, metric: null, range: 86400, custom: null,
-    tz: BROWSER_TZ, groupBy: '', health: null,
+    tz: BROWSER_TZ, groupBy: '', weighting: 'readings', health: null,
   };
   // For tests and the curious: the charts and the requests behind them.
   const hg = window.hourglass = { state, charts: {}, urls: {} };
@@ -194,10 +194,13 @@
   }
 
   function seriesQuery(step, range) {
-    return new URLSearchParams({
+    const q = new URLSearchParams({
       metric: state.metric, from: String(Math.floor(range.from)), to: String(Math.floor(range.to)),
       step: step.text, tz: state.tz,
     });
+    // Time-weighted averages, for sensors that report by exception.
+    if (state.weighting !== 'readings') q.set('weighting', state.weighting);
+    return q;
   }
 
   // --- Charts ------------------------------------------------------------------
@@ -257,7 +260,8 @@
       state: 'ready', step: step.text, tz: state.tz, from: q.get('from'), to: q.get('to'), points: String(pts.length),
     });
     const counted = pts.reduce((n, p) => n + p.count, 0);
-    caption.textContent = `${pts.length} points of ${step.text}, ${counted} readings, times in ${state.tz}`;
+    const weighed = state.weighting === 'readings' ? '' : ', averages weighted by time';
+    caption.textContent = `${pts.length} points of ${step.text}, ${counted} readings${weighed}, times in ${state.tz}`;
     loadGroupChart(step, range);
   }
 
@@ -487,6 +491,7 @@
       value: z, textContent: z === BROWSER_TZ ? `${z} (this browser)` : z,
     })));
     $('tz').addEventListener('change', () => { state.tz = $('tz').value; loadChart(); });
+    $('weighting').addEventListener('change', () => { state.weighting = $('weighting').value; loadChart(); });
     $('group-by').addEventListener('change', () => {
       state.groupBy = $('group-by').value;
       const range = currentRange();
