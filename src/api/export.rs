@@ -24,15 +24,24 @@ use tracing::warn;
 use super::params::Params;
 use super::query::{
     Range, admit, coarse, coarse_header, evaluate, metric, range, sensor_glob, series_grid,
-    store_error,
+    store_error, weighing, weighted_points,
 };
 use super::{ApiError, AppState};
 use crate::auth::Principal;
-use crate::domain::Agg;
+use crate::domain::{Agg, Weighted, Weighting};
 use crate::query::{Grid, Series};
 use crate::store::{BucketStore, SensorQuery};
 
-const PARAMS: [&str; 6] = ["sensor", "metric", "from", "to", "step", "format"];
+const PARAMS: [&str; 8] = [
+    "sensor",
+    "metric",
+    "from",
+    "to",
+    "step",
+    "format",
+    "weighting",
+    "staleness",
+];
 
 /// Sensors read from the registry per page: one bucket cursor each.
 const RAW_PAGE: usize = 1_000;
@@ -82,6 +91,9 @@ pub(crate) struct Rows {
 
 pub(crate) const READING_COLUMNS: &str = "sensor,metric,ts,value\n";
 pub(crate) const POINT_COLUMNS: &str = "sensor,metric,start,count,sum,avg,min,max\n";
+/// With `weighting=`: `avg` weighted by time, and the seconds held.
+pub(crate) const WEIGHTED_POINT_COLUMNS: &str =
+    "sensor,metric,start,count,sum,avg,min,max,held_seconds\n";
 
 impl Rows {
     pub(crate) fn new(format: Format) -> Self {
@@ -140,9 +152,18 @@ impl Rows {
         }
     }
 
-    /// One point of a step series (only points holding readings are written).
-    pub(crate) fn point(&mut self, sensor: &str, metric: &str, start: i64, a: &Agg) {
+    /// One point of a step series (only points holding readings, or with
+    /// `weighting=` time held, are written): `avg` weighted by time and the
+    /// seconds held last when `weighted` is given.
+    pub(crate) fn point(
+        &mut self,
+        (sensor, metric): (&str, &str),
+        start: i64,
+        a: &Agg,
+        weighted: Option<&Weighted>,
+    ) {
         let count = a.count;
+        let avg = weighted.map_or(a.avg(), Weighted::average);
         match self.format {
             Format::Ndjson => {
                 self.buf.extend_from_slice(b"{\"sensor\":\"");
@@ -153,12 +174,15 @@ impl Rows {
                 self.instant(start);
                 let _ = write!(self.buf, "\",\"count\":{count},\"sum\":");
                 self.number(a.sum);
-                for (name, x) in [("avg", a.avg()), ("min", a.min()), ("max", a.max())] {
+                for (name, x) in [("avg", avg), ("min", a.min()), ("max", a.max())] {
                     let _ = write!(self.buf, ",\"{name}\":");
                     match x {
                         Some(x) => self.number(x),
                         None => self.buf.extend_from_slice(b"null"),
                     }
+                }
+                if let Some(w) = weighted {
+                    let _ = write!(self.buf, ",\"held_seconds\":{}", w.held);
                 }
                 self.buf.extend_from_slice(b"}\n");
             }
@@ -170,11 +194,14 @@ impl Rows {
                 self.instant(start);
                 let _ = write!(self.buf, ",{count},");
                 self.number(a.sum);
-                for x in [a.avg(), a.min(), a.max()] {
+                for x in [avg, a.min(), a.max()] {
                     self.buf.push(b',');
                     if let Some(x) = x {
                         self.number(x);
                     }
+                }
+                if let Some(w) = weighted {
+                    let _ = write!(self.buf, ",{}", w.held);
                 }
                 self.buf.push(b'\n');
             }
@@ -191,6 +218,8 @@ struct Selection {
     metric: Option<String>,
     range: Range,
     grid: Option<Grid>,
+    /// Step exports: the time weighting and staleness limit, if asked.
+    weighing: Option<(Weighting, i64)>,
     format: Format,
 }
 
@@ -199,7 +228,9 @@ struct Selection {
         ("metric" = Option<String>, Query, description = "One metric; every metric when absent (raw exports)"),
         ("from" = String, Query), ("to" = String, Query),
         ("step" = Option<String>, Query, description = "Export the step series (points with readings) instead of the readings"),
-        ("format" = Option<String>, Query, description = "ndjson (default) or csv")),
+        ("format" = Option<String>, Query, description = "ndjson (default) or csv"),
+        ("weighting" = Option<String>, Query, description = "Step exports: time or linear weighs each point's avg by time"),
+        ("staleness" = Option<String>, Query)),
     responses((status = 200, content_type = "application/x-ndjson", body = String),
         (status = 200, content_type = "text/csv", body = String)))]
 pub async fn export<S: BucketStore + 'static>(
@@ -215,9 +246,15 @@ pub async fn export<S: BucketStore + 'static>(
             return Err(ApiError::bad_request(format!("label.{name} needs a value")));
         }
     }
+    let weighing = weighing(&state, &params)?;
     let mut r = range(&state, &params)?;
     let grid = match params.get("step") {
         Some(_) => Some(series_grid(&state, &params, &r, None)?),
+        None if weighing.is_some() => {
+            return Err(ApiError::bad_request(
+                "weighting applies to step exports (step=): raw readings are exported as they are",
+            ));
+        }
         None => None,
     };
     // Step series over readings past retention.buckets cover whole kept
@@ -238,6 +275,7 @@ pub async fn export<S: BucketStore + 'static>(
         metric,
         range: r,
         grid,
+        weighing,
         format,
     };
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(IN_FLIGHT);
@@ -297,10 +335,10 @@ async fn produce<S: BucketStore>(
         None => RAW_PAGE,
         Some(grid) => (STEP_CELLS / grid.points().max(1)).clamp(1, RAW_PAGE),
     };
-    rows.header(if sel.grid.is_some() {
-        POINT_COLUMNS
-    } else {
-        READING_COLUMNS
+    rows.header(match (&sel.grid, sel.weighing) {
+        (None, _) => READING_COLUMNS,
+        (Some(_), None) => POINT_COLUMNS,
+        (Some(_), Some(_)) => WEIGHTED_POINT_COLUMNS,
     });
     let mut after: Option<String> = None;
     loop {
@@ -354,25 +392,44 @@ async fn produce<S: BucketStore>(
                     .enumerate()
                     .map(|(i, s)| (Series { sensor: s }, i))
                     .collect();
-                let aggs = evaluate(
-                    state,
-                    "export",
-                    &metric,
-                    &sel.range,
-                    grid.clone(),
-                    &series,
-                    ids.len(),
-                )
-                .await?;
-                for (sensor, points) in ids.iter().zip(&aggs) {
-                    for (i, a) in points.iter().enumerate() {
-                        if a.count == 0 {
+                let figures: Vec<Vec<(Option<Weighted>, Agg)>> = match sel.weighing {
+                    Some(how) => weighted_points(
+                        state,
+                        "export",
+                        &metric,
+                        &sel.range,
+                        grid,
+                        &series,
+                        ids.len(),
+                        how,
+                    )
+                    .await?
+                    .into_iter()
+                    .map(|points| points.into_iter().map(|(w, a)| (Some(w), a)).collect())
+                    .collect(),
+                    None => evaluate(
+                        state,
+                        "export",
+                        &metric,
+                        &sel.range,
+                        grid.clone(),
+                        &series,
+                        ids.len(),
+                    )
+                    .await?
+                    .into_iter()
+                    .map(|points| points.into_iter().map(|a| (None, a)).collect())
+                    .collect(),
+                };
+                for (sensor, points) in ids.iter().zip(&figures) {
+                    for (i, (w, a)) in points.iter().enumerate() {
+                        if a.count == 0 && w.is_none_or(|w| w.held == 0) {
                             continue;
                         }
                         let start = grid.start(i).ok_or_else(|| {
                             ApiError::bad_request("the range lies beyond the representable times")
                         })?;
-                        rows.point(sensor, metric.as_str(), start, a);
+                        rows.point((sensor, metric.as_str()), start, a, w.as_ref());
                     }
                     if !flush(&mut rows, tx, CHUNK).await {
                         return Ok(());
@@ -427,14 +484,21 @@ mod tests {
         let mut a = Agg::default();
         a.add(1.0);
         a.add(2.0);
-        rows.point("s1", "value", 0, &a);
-        rows.point("s1", "value", 60, &Agg::default());
+        rows.point(("s1", "value"), 0, &a, None);
+        rows.point(("s1", "value"), 60, &Agg::default(), None);
+        // Weighted by time: the average over the held time, which is last.
+        let w = Weighted {
+            integral: 90.0,
+            held: 60,
+        };
+        rows.point(("s1", "value"), 120, &Agg::default(), Some(&w));
         let text = String::from_utf8(rows.buf).expect("UTF-8");
         assert_eq!(
             text,
             "sensor,metric,ts,value\ns1,value,1970-01-01T00:01:00Z,2.5\n\
              s1,value,1970-01-01T00:00:00Z,2,3.0,1.5,1.0,2.0\n\
-             s1,value,1970-01-01T00:01:00Z,0,0.0,,,\n"
+             s1,value,1970-01-01T00:01:00Z,0,0.0,,,\n\
+             s1,value,1970-01-01T00:02:00Z,0,0.0,1.5,,,60\n"
         );
     }
 

@@ -363,6 +363,46 @@ async fn time_weighted_series_weigh_each_point_with_the_value_carried_in_from_th
         })
         .collect();
     assert_eq!(held, want.iter().map(|w| w.0).collect::<Vec<_>>());
+    // The export's step form: every sensor's points with readings or held
+    // time, the same figures.
+    let text = app
+        .get(&format!(
+            "/api/v1/export?metric=valve&sensor=ts-?&{range}&step=1h&weighting=linear&staleness=2h"
+        ))
+        .await
+        .text()
+        .await
+        .expect("ndjson");
+    let mut want: Vec<(String, i64, (i64, f64))> = Vec::new();
+    for (sensor, xs) in &data {
+        let points = model_points(xs, true, 2 * HOUR, (a, b), HOUR);
+        for (k, p) in points.into_iter().enumerate() {
+            let start = a - a.rem_euclid(HOUR) + k as i64 * HOUR;
+            let count = xs
+                .iter()
+                .filter(|x| x.0 >= start.max(a) && x.0 < (start + HOUR).min(b))
+                .count();
+            if count > 0 || p.0 > 0 {
+                want.push((sensor.clone(), start, p));
+            }
+        }
+    }
+    let rows: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON row"))
+        .collect();
+    assert_eq!(rows.len(), want.len(), "{text}");
+    for (row, (sensor, start, p)) in rows.iter().zip(want) {
+        assert_eq!(row["sensor"], json!(sensor), "{row}");
+        assert_eq!(row["start"], json!(rfc3339(start)), "{row}");
+        assert_point(row, p, &format!("export of {sensor}"));
+    }
+    let r = app
+        .get(&format!(
+            "/api/v1/export?metric=valve&{range}&weighting=time"
+        ))
+        .await;
+    assert_eq!(r.status(), 400, "raw readings are not weighted");
     // A staleness limit means nothing to the mean of readings.
     let r = app
         .get(&format!(

@@ -51,6 +51,7 @@ pub use range::{Step, parse_instant, parse_step};
 use range::{format_ms, format_start, parse_tz, points_of};
 pub use registry::{__path_list_sensors, __path_put_labels, list_sensors, put_labels};
 pub use silence::{__path_uptime, GapEntry, UptimeResponse, count_silent, uptime};
+pub(super) use weighting::{weighing, weighted_points};
 
 /// Aggregates of one point, range or group.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
