@@ -329,3 +329,54 @@ async fn a_sigkilled_host_restarts_mid_stream_losing_nothing_and_asking_no_rebir
     assert!(terminate(&mut second).success());
     reader.stop().await.expect("clean stop");
 }
+
+#[tokio::test]
+async fn a_day_reported_by_exception_through_the_broker_weighs_by_time_as_the_model_does() {
+    let broker = Broker::start().await;
+    let app = spawn_app_with(sparkplug_settings(&broker)).await;
+    subscribed(&app).await;
+    // An hour before the day, so the day's first hours carry a value in.
+    let day = base_time() - 86_400;
+    let seen = edge(
+        &broker,
+        "exception",
+        json!({ "t0_s": day - 3600, "seconds": 86_400 + 3600, "deadband": 2.0, "seed": 66 }),
+    )
+    .await;
+    let expected = seen["expected"].as_array().expect("expected");
+    let want = model(expected);
+    eventually(
+        WAIT,
+        "every value published by exception is stored",
+        || async { all_values(&app.buckets().await, Granularity::Minute) == want },
+    )
+    .await;
+    app.late_rolled_up().await;
+    let xs: Vec<(i64, f64)> = want.iter().map(|((_, _, t), v)| (*t, *v)).collect();
+    // Bursts while the valve moves, and holds past an hour between them.
+    assert!(xs.len() > 100, "{} values published", xs.len());
+    assert!(xs.windows(2).any(|w| w[1].0 - w[0].0 > 3600));
+    let range = format!("from={}&to={}", rfc3339(day), rfc3339(day + 86_400));
+    for (staleness, seconds) in [("", 86_400), ("&staleness=1h", 3600)] {
+        for (weighting, linear) in [("time", false), ("linear", true)] {
+            let body = app
+                .get_json(&format!(
+                    "/api/v1/sensors/gw5/average?metric=valve&{range}&weighting={weighting}{staleness}"
+                ))
+                .await;
+            let (held, integral) = crate::weighting::model(&xs, linear, seconds, day, day + 86_400);
+            assert_eq!(
+                body["held_seconds"],
+                json!(held),
+                "{weighting}{staleness}: {body}"
+            );
+            let want = integral / held as f64;
+            let got = body["avg"].as_f64().expect("an average");
+            assert!(
+                (got - want).abs() <= 1e-9 * (1.0 + want.abs()),
+                "{want}: {weighting}{staleness}: {body}"
+            );
+        }
+    }
+    app.stop().await.expect("clean stop");
+}

@@ -56,7 +56,13 @@ fn chatty(rng: &mut Gen, from: i64, to: i64) -> Vec<(i64, f64)> {
 /// The held seconds and the integral over them of `[from, to)`, second by
 /// second: a reading holds until the next one or `staleness` after it, a
 /// line joins it to a next one within `staleness`.
-fn model(xs: &[(i64, f64)], linear: bool, staleness: i64, from: i64, to: i64) -> (i64, f64) {
+pub(crate) fn model(
+    xs: &[(i64, f64)],
+    linear: bool,
+    staleness: i64,
+    from: i64,
+    to: i64,
+) -> (i64, f64) {
     let (mut held, mut integral) = (0, 0.0);
     let mut k: Option<usize> = None;
     for x in from..to {

@@ -10,6 +10,7 @@ Prints one JSON line: what was published that Hourglass must store
 """
 
 import json
+import random
 import sys
 import threading
 import time
@@ -220,9 +221,44 @@ def scenario_stream(host, port, args):
     return {"expected": expected}
 
 
+def scenario_exception(host, port, args):
+    """An edge node reporting a valve by exception: the valve is sampled every
+    second over `seconds`, holding for hours and moving for minutes, and its
+    value is published (NDATA by alias, QoS 1) only when it has moved past
+    the deadband from the last value published."""
+    t0, seconds, deadband = args["t0_s"], args["seconds"], args["deadband"]
+    rng = random.Random(args["seed"])
+    gw = edge(host, port, "gw5", 0)
+    v = sent = 50.0
+    send(gw, spb.MessageType.NBIRTH, spb.NBirth(timestamp=t0 * 1000, seq=0, metrics=(
+        m("bdSeq", None, DataType.INT64, 0, t0 * 1000), m("valve", 1, DataType.DOUBLE, v, t0 * 1000))), "gw5")
+    expected = [["gw5", "valve", t0, v]]
+    seq, change = 1, 0
+    moving = False
+    for s in range(1, seconds):
+        if s >= change:
+            moving = not moving
+            change = s + (rng.randint(300, 1800) if moving else rng.randint(3600, 4 * 3600))
+        if moving:
+            v = min(100.0, max(0.0, v + rng.gauss(0, 0.6)))
+        if abs(v - sent) > deadband:
+            sent = round(v, 3)
+            t = (t0 + s) * 1000
+            send(gw, spb.MessageType.NDATA, spb.NData(timestamp=t, seq=seq % 256, metrics=(
+                m(None, 1, DataType.DOUBLE, sent, t),)), "gw5")
+            expected.append(["gw5", "valve", t0 + s, sent])
+            seq += 1
+            if seq % 100 == 0:
+                time.sleep(0.05)
+    time.sleep(0.5)
+    gw.disconnect()
+    return {"expected": expected}
+
+
 def main():
     host, port, scenario, args = sys.argv[1], int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
-    out = {"plant": scenario_plant, "offline": scenario_offline, "stream": scenario_stream}[scenario](host, port, args)
+    out = {"plant": scenario_plant, "offline": scenario_offline, "stream": scenario_stream,
+           "exception": scenario_exception}[scenario](host, port, args)
     print(json.dumps(out))
 
 
