@@ -28,9 +28,20 @@ pub async fn send_all(
     batch: usize,
     concurrency: usize,
 ) -> anyhow::Result<Outcome> {
+    let rows: Vec<Row> = data.rows().collect();
+    send_rows(ctx, target, &rows, batch, concurrency).await
+}
+
+/// [`send_all`] of any readings.
+pub async fn send_rows(
+    ctx: &Ctx,
+    target: &Target,
+    rows: &[Row],
+    batch: usize,
+    concurrency: usize,
+) -> anyhow::Result<Outcome> {
     let client = reqwest::Client::new();
     let url = format!("{}/api/v1/readings", target.url);
-    let rows: Vec<Row> = data.rows().collect();
     let bodies: Vec<(usize, Vec<u8>)> = rows
         .chunks(batch.max(1))
         .map(|c| (c.len(), Dataset::json(c)))

@@ -4,6 +4,7 @@ mod backfill;
 mod ctx;
 mod dataset;
 mod designs;
+mod exception;
 mod fleet;
 mod history;
 mod peer_loads;

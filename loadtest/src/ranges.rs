@@ -5,7 +5,8 @@
 //! sensors. Reports latency and documents read per query, and checks each
 //! long average and the group average against the dataset's truth, and the
 //! same spans' time-weighted averages (`weighting=time`) against a model of
-//! the held time; then the
+//! the held time, and those of a sensor reporting by exception
+//! (`exception`); then the
 //! same readings go as line protocol into VictoriaMetrics and InfluxDB 1.x,
 //! which answer the same averages, timed and checked the same way.
 
@@ -22,7 +23,7 @@ const DOCS_SUM: &str = "hourglass_query_documents_read_sum";
 
 /// Runs `path` `n` times in a row; latencies (ms), documents read per query
 /// and the last answer.
-async fn measure(
+pub async fn measure(
     url: &str,
     path: &str,
     n: usize,
@@ -188,6 +189,17 @@ pub async fn run(
             serde_json::json!({ "p50_ms": p50, "p99_ms": p99, "documents": docs, "exact": exact }),
         );
     }
+    // A sensor reporting by exception over the same span.
+    ok &= crate::exception::measure_all(
+        ctx,
+        &target,
+        (long.start, long.end()),
+        days,
+        repeats,
+        &mut s,
+        &mut json,
+    )
+    .await?;
     // A Grafana panel over the whole span at a 1 d step, aligned to days:
     // each window (t − 1d, t] the rest of a day slot and the first second of
     // the next, from the 30-day documents alone (the bound: 1.5 per
@@ -303,13 +315,13 @@ pub async fn run(
 
 /// The first second of the `span`-day average ending at `end`: unaligned, so
 /// every level's edges are read.
-fn span_from(end: i64, span: u32) -> i64 {
+pub fn span_from(end: i64, span: u32) -> i64 {
     end - i64::from(span) * 86_400 + 3600 + 61
 }
 
 /// A row of the cost table: the query, how often it ran, its latency, its
 /// ratio to the 1-day average, the documents it read and whether it was exact.
-fn timing_row(
+pub fn timing_row(
     name: impl Into<String>,
     ms: &[f64],
     (p50, p99): (f64, f64),
@@ -329,7 +341,7 @@ fn timing_row(
 }
 
 /// One sensor's average over `[from, to)`, with `extra` parameters.
-fn average_path(sensor: &str, metric: &str, from: i64, to: i64, extra: &str) -> String {
+pub fn average_path(sensor: &str, metric: &str, from: i64, to: i64, extra: &str) -> String {
     format!(
         "/api/v1/sensors/{sensor}/average?metric={metric}&from={}&to={}{extra}",
         rfc3339(from),
@@ -339,7 +351,7 @@ fn average_path(sensor: &str, metric: &str, from: i64, to: i64, extra: &str) -> 
 
 /// The seconds of `[from, to)` a reading's value held and the integral over
 /// them: each reading holds until the next, or `staleness` after it.
-fn held_time(truth: &BTreeMap<i64, f64>, from: i64, to: i64, staleness: i64) -> (i64, f64) {
+pub fn held_time(truth: &BTreeMap<i64, f64>, from: i64, to: i64, staleness: i64) -> (i64, f64) {
     let points: Vec<(i64, f64)> = truth
         .range(..from)
         .next_back()

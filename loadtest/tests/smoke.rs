@@ -200,6 +200,11 @@ fn ranges_answer_long_averages_exactly() {
         r["data"]["ranges"]["time_weighted_1d"]["exact"], true,
         "{r}"
     );
+    // Reported by exception: whole slots, by the hour, reading by reading.
+    for limit in ["1d", "1h", "15m"] {
+        let key = format!("exception_time_weighted_1d_{limit}");
+        assert_eq!(r["data"]["ranges"][&key]["exact"], true, "{key}: {r}");
+    }
     assert_eq!(
         r["data"]["ranges"]["group average 6h over the fleet"]["exact"], true,
         "{r}"
