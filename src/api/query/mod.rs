@@ -222,9 +222,14 @@ pub async fn average<S: BucketStore>(
             let figures =
                 weighting::weighted_points(&state, "average", &metric, &r, &grid, &series, 1, how)
                     .await?;
-            let mut point = Point::new(None, &figures[0][0].1);
-            point.avg = figures[0][0].0.average();
-            point.held_seconds = Some(figures[0][0].0.held);
+            let (w, agg) = figures
+                .first()
+                .and_then(|g| g.first())
+                .copied()
+                .unwrap_or_default();
+            let mut point = Point::new(None, &agg);
+            point.avg = w.average();
+            point.held_seconds = Some(w.held);
             point
         }
         None => {
