@@ -99,7 +99,7 @@ pub mod pure {
     };
     pub use crate::domain::{
         BucketKey, BucketUpdate, METRIC_MAX_LEN, MetricName, Reading, SENSOR_MAX_LEN, Sample,
-        SensorId, TimeWindow, parse_timestamp_ms, parse_timestamp_str,
+        SensorId, Sketch, SketchError, TimeWindow, parse_timestamp_ms, parse_timestamp_str,
     };
     pub use crate::ingest::decode::csv::{CsvFormat, decode_csv};
     pub use crate::ingest::decode::{

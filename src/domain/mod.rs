@@ -7,6 +7,7 @@ mod bucket;
 mod labels;
 mod read;
 mod reading;
+mod sketch;
 mod summary;
 mod weighted;
 
@@ -18,6 +19,7 @@ pub use reading::{
     InvalidReading, METRIC_MAX_LEN, MetricName, Reading, SENSOR_MAX_LEN, SensorId, TimeWindow,
     parse_timestamp_ms, parse_timestamp_str,
 };
+pub use sketch::{Sketch, SketchError};
 pub use summary::{Integrals, Moments, Part, Rest, Sample, Slot, Summary};
 /// The second-by-second model time-weighted folds are checked against.
 #[cfg(test)]
