@@ -23,12 +23,12 @@ use tracing::warn;
 
 use super::params::Params;
 use super::query::{
-    Range, admit, coarse, coarse_header, evaluate, metric, range, sensor_glob, series_grid,
-    store_error, weighing, weighted_points,
+    Range, Weighing, admit, coarse, coarse_header, evaluate, metric, range, sensor_glob,
+    series_grid, store_error, weighing, weighted_points,
 };
 use super::{ApiError, AppState};
 use crate::auth::Principal;
-use crate::domain::{Agg, Weighted, Weighting};
+use crate::domain::{Agg, Weighted};
 use crate::query::{Grid, Series};
 use crate::store::{BucketStore, SensorQuery};
 
@@ -219,7 +219,7 @@ struct Selection {
     range: Range,
     grid: Option<Grid>,
     /// Step exports: the time weighting and staleness limit, if asked.
-    weighing: Option<(Weighting, i64)>,
+    weighing: Option<Weighing>,
     format: Format,
 }
 
@@ -392,6 +392,14 @@ async fn produce<S: BucketStore>(
                     .enumerate()
                     .map(|(i, s)| (Series { sensor: s }, i))
                     .collect();
+                let limited: Vec<(Series<'_>, usize, i64)> = match sel.weighing {
+                    Some(how) => series
+                        .iter()
+                        .zip(&sensors)
+                        .map(|((s, i), info)| (*s, *i, how.limit(&info.labels)))
+                        .collect(),
+                    None => Vec::new(),
+                };
                 let figures: Vec<Vec<(Option<Weighted>, Agg)>> = match sel.weighing {
                     Some(how) => weighted_points(
                         state,
@@ -399,9 +407,9 @@ async fn produce<S: BucketStore>(
                         &metric,
                         &sel.range,
                         grid,
-                        &series,
+                        &limited,
                         ids.len(),
-                        how,
+                        how.weighting,
                     )
                     .await?
                     .into_iter()

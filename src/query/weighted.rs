@@ -35,32 +35,39 @@ pub enum WeightedError {
     TooManyReadings,
 }
 
-/// How the windows are weighed: the weighting, the staleness limit in
-/// seconds, and now (time after it holds nothing yet, unless readings were
-/// sent for it).
+/// How the windows are weighed: the weighting, and now (time after it
+/// holds nothing yet, unless readings were sent for it).
 #[derive(Debug, Clone, Copy)]
 pub struct Weigh {
     pub weighting: Weighting,
-    pub staleness: i64,
     pub now: i64,
+}
+
+/// [`Weigh`] for one series: with its staleness limit in seconds.
+#[derive(Debug, Clone, Copy)]
+struct Limit {
+    weighting: Weighting,
+    staleness: i64,
+    now: i64,
 }
 
 /// Each series' figures in each window `[windows[i], windows[i + 1])`
 /// (bounds in ascending order; an empty window has none; `q.from`, `q.to`
-/// and `q.need` are ignored). The first stage reads every series at once;
-/// a series with windows holding a gap over the limit goes on alone, its
-/// windows together.
+/// and `q.need` are ignored), each series with its staleness limit in
+/// seconds (`limits`, one per series). The first stage reads every series
+/// at once; a series with windows holding a gap over its limit goes on
+/// alone, its windows together.
 pub async fn time_weighted_windows<S: BucketStore>(
     store: &S,
     batcher: &BatcherHandle,
     q: Question<'_>,
-    series: &[Series<'_>],
+    (series, limits): (&[Series<'_>], &[i64]),
     windows: &[i64],
     how: Weigh,
 ) -> Result<(Vec<Vec<(Weighted, Agg)>>, Cost), WeightedError> {
     let mut distinct = windows.to_vec();
     distinct.dedup();
-    let (each, cost) = weigh(store, batcher, q, series, &distinct, how).await?;
+    let (each, cost) = weigh(store, batcher, q, (series, limits), &distinct, how).await?;
     let out = each
         .into_iter()
         .map(|figures| {
@@ -85,7 +92,7 @@ async fn weigh<S: BucketStore>(
     store: &S,
     batcher: &BatcherHandle,
     q: Question<'_>,
-    series: &[Series<'_>],
+    (series, limits): (&[Series<'_>], &[i64]),
     windows: &[i64],
     how: Weigh,
 ) -> Result<(Vec<Vec<(Weighted, Agg)>>, Cost), WeightedError> {
@@ -95,20 +102,25 @@ async fn weigh<S: BucketStore>(
     if n == 0 || series.is_empty() {
         return Ok((out, cost));
     }
-    let how = Weigh {
-        staleness: how.staleness.max(1),
-        ..how
+    let limit = |i: usize| Limit {
+        weighting: how.weighting,
+        staleness: limits.get(i).copied().unwrap_or(1).max(1),
+        now: how.now,
     };
+    let longest = (0..series.len())
+        .map(|i| limit(i).staleness)
+        .max()
+        .unwrap_or(1);
     let (from, to) = (windows[0], windows[n]);
-    // A reading before the limit's span holds nothing in the range, and
-    // one after it is joined to nothing: the spans are widened to whole
+    // A reading before the longest limit's span holds nothing in the range,
+    // and one after it is joined to nothing: the spans are widened to whole
     // days, each a slot of a rollup. Only a line needs the reading after.
-    let lead = from.saturating_sub(how.staleness);
+    let lead = from.saturating_sub(longest);
     let mut bounds = Vec::with_capacity(n + 3);
     bounds.push(lead.saturating_sub(lead.rem_euclid(DAY)));
     bounds.extend_from_slice(windows);
     if how.weighting == Weighting::Linear {
-        let tail = to.saturating_add(how.staleness);
+        let tail = to.saturating_add(longest);
         bounds.push(tail.saturating_add((DAY - tail.rem_euclid(DAY)) % DAY));
     }
     let whole = Question {
@@ -127,7 +139,10 @@ async fn weigh<S: BucketStore>(
         series,
         |i, cells| {
             let mut later = Vec::new();
-            for (k, window) in first_stage(&cells, windows, how).into_iter().enumerate() {
+            for (k, window) in first_stage(&cells, windows, limit(i))
+                .into_iter()
+                .enumerate()
+            {
                 out[i][k].1 = window.1;
                 match window.0 {
                     Window::Done(w) => out[i][k].0 = w,
@@ -172,7 +187,7 @@ enum Window {
 /// One series' windows from its cells (the span before the first window,
 /// each window, then for lines the span after the last): each weighed
 /// whole where it can be.
-fn first_stage(cells: &[Cell], windows: &[i64], how: Weigh) -> Vec<(Window, Agg)> {
+fn first_stage(cells: &[Cell], windows: &[i64], how: Limit) -> Vec<(Window, Agg)> {
     let n = windows.len() - 1;
     let summary = |k: usize| cells.get(k).and_then(|c| c.summary);
     // Time after now holds nothing yet, unless readings were sent for it.
@@ -369,7 +384,7 @@ mod tests {
                 bounds.push(i64::MAX / 2);
             }
             let cells = cells(&xs, &bounds);
-            let how = Weigh { weighting, staleness, now };
+            let how = Limit { weighting, staleness, now };
             let got = first_stage(&cells, &windows, how);
             prop_assert_eq!(got.len(), steps.len());
             // Time after now holds nothing, unless readings were sent for it.

@@ -185,6 +185,60 @@ async fn time_weighted_averages_equal_a_model_of_every_second_at_any_boundary_an
             "{want}: {body}"
         );
     }
+    // A sensor's `staleness` label is its limit where the request sets none.
+    for (sensor, limit) in [("tw-1", "90s"), ("tw-2", "2h")] {
+        let r = app
+            .client
+            .put(format!("{}/api/v1/sensors/{sensor}/labels", app.address))
+            .json(&json!({ "staleness": limit }))
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(r.status(), 204);
+    }
+    let limit_of = |sensor: &str| match sensor {
+        "tw-1" => 90,
+        "tw-2" => 2 * HOUR,
+        _ => 86_400,
+    };
+    for (sensor, xs) in &data[..3] {
+        for (asked, seconds) in [("", limit_of(sensor)), ("&staleness=1d", 86_400)] {
+            let body = app
+                .get_json(&format!(
+                    "/api/v1/sensors/{sensor}/average?metric=valve&from={}&to={}&weighting=time{asked}",
+                    rfc3339(a),
+                    rfc3339(b)
+                ))
+                .await;
+            assert_eq!(
+                body["staleness_seconds"],
+                json!(seconds),
+                "{sensor}{asked}: {body}"
+            );
+            let (held, _) = model(xs, false, seconds, a, b);
+            assert_eq!(body["held_seconds"], json!(held), "{sensor}{asked}: {body}");
+        }
+    }
+    // A group weighs each sensor with its own limit.
+    let body = app
+        .get_json(&format!(
+            "/api/v1/average?metric=valve&sensor=tw-?&from={}&to={}&weighting=linear",
+            rfc3339(a),
+            rfc3339(b)
+        ))
+        .await;
+    let (held, integral) = data
+        .iter()
+        .map(|(sensor, xs)| model(xs, true, limit_of(sensor), a, b))
+        .fold((0, 0.0), |(h, i), (h2, i2)| (h + h2, i + i2));
+    let group = &body["groups"][0];
+    assert_eq!(group["held_seconds"], json!(held), "{body}");
+    let want = integral / held as f64;
+    let got = group["avg"].as_f64().expect("an average");
+    assert!(
+        (got - want).abs() <= 1e-9 * (1.0 + want.abs()),
+        "{want}: {body}"
+    );
     // Readings weigh once each, as without the parameter.
     let (sensor, xs) = &data[0];
     let body = app

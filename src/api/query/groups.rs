@@ -18,7 +18,7 @@ use super::{Group, GroupResponse, Point};
 use crate::api::params::Params;
 use crate::api::{ApiError, AppState};
 use crate::auth::Principal;
-use crate::domain::MetricName;
+use crate::domain::{Labels, MetricName};
 use crate::query::{Cost, Grid, Series};
 use crate::store::{BucketStore, SensorInfo, SensorQuery};
 
@@ -98,6 +98,36 @@ pub(crate) async fn members<S: BucketStore>(
         )));
     }
     Ok(found)
+}
+
+/// One sensor's labels from the registry (none if it is not registered).
+pub(crate) async fn labels_of<S: BucketStore>(
+    state: &AppState<S>,
+    endpoint: &str,
+    sensor: &str,
+) -> Result<Labels, ApiError> {
+    let admitted = admit(state).await?;
+    let query = SensorQuery {
+        prefix: sensor,
+        ..SensorQuery::default()
+    };
+    let work = state.store.sensors(query, 1, |s| s.sensor == sensor);
+    let found = admitted
+        .within(async { work.await.map_err(store_error) })
+        .await?;
+    admitted.done(
+        state,
+        endpoint,
+        Cost {
+            documents: 1,
+            round_trips: 1,
+        },
+    );
+    Ok(found
+        .into_iter()
+        .next()
+        .map(|s| s.labels)
+        .unwrap_or_default())
 }
 
 /// `sensor=`, a sensor id or a glob of one (all sensors when absent): the
@@ -216,7 +246,7 @@ pub(crate) async fn group_query<S: BucketStore>(
             }
         };
         sizes[group] += 1;
-        series.push((Series { sensor: &m.sensor }, group));
+        series.push((Series { sensor: &m.sensor }, group, m));
     }
     let endpoint = if with_step {
         "group_series"
@@ -225,15 +255,19 @@ pub(crate) async fn group_query<S: BucketStore>(
     };
     let each_group: Vec<Vec<Point>> = match weighing {
         Some(how) => {
+            let limited: Vec<(Series<'_>, usize, i64)> = series
+                .iter()
+                .map(|(s, g, m)| (*s, *g, how.limit(&m.labels)))
+                .collect();
             let figures = super::weighting::weighted_points(
                 &state,
                 endpoint,
                 &metric,
                 &r,
                 &grid,
-                &series,
+                &limited,
                 keys.len(),
-                how,
+                how.weighting,
             )
             .await?;
             figures
@@ -242,13 +276,15 @@ pub(crate) async fn group_query<S: BucketStore>(
                 .collect::<Result<_, _>>()?
         }
         None => {
+            let grouped: Vec<(Series<'_>, usize)> =
+                series.iter().map(|(s, g, _)| (*s, *g)).collect();
             let aggs = evaluate(
                 &state,
                 endpoint,
                 &metric,
                 &r,
                 grid.clone(),
-                &series,
+                &grouped,
                 keys.len(),
             )
             .await?;
@@ -314,7 +350,7 @@ pub(crate) async fn group_query<S: BucketStore>(
         step: with_step.then(|| params.get("step").unwrap_or_default().to_owned()),
         tz: with_step.then(|| tz.map_or_else(|| "UTC".to_owned(), |t| t.0)),
         group_by: params.get("group_by").map(str::to_owned),
-        weighting: weighing.map(|(w, _)| super::weighting::weighting_name(w)),
+        weighting: weighing.map(|w| w.name()),
         groups,
         coarse,
     })

@@ -51,7 +51,7 @@ pub use range::{Step, parse_instant, parse_step};
 use range::{format_ms, format_start, parse_tz, points_of};
 pub use registry::{__path_list_sensors, __path_put_labels, list_sensors, put_labels};
 pub use silence::{__path_uptime, GapEntry, UptimeResponse, count_silent, uptime};
-pub(super) use weighting::{weighing, weighted_points};
+pub(super) use weighting::{Weighing, weighing, weighted_points};
 
 /// Aggregates of one point, range or group.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -98,6 +98,11 @@ pub struct AverageResponse {
     /// With `weighting=time` or `linear`: the weighting of `avg`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub weighting: Option<&'static str>,
+    /// With `weighting=time` or `linear`: the staleness limit applied, in
+    /// seconds (`staleness=`, else the sensor's `staleness` label, else
+    /// `query.staleness`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub staleness_seconds: Option<i64>,
     /// Present when the range reaches back past `retention.buckets`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub coarse: Option<Coarse>,
@@ -115,6 +120,10 @@ pub struct SeriesResponse {
     /// With `weighting=time` or `linear`: the weighting of each point's `avg`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub weighting: Option<&'static str>,
+    /// With `weighting=time` or `linear`: the staleness limit applied, in
+    /// seconds, as for the average.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub staleness_seconds: Option<i64>,
     pub points: Vec<Point>,
     /// Present when the range reaches back past `retention.buckets`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -217,11 +226,24 @@ pub async fn average<S: BucketStore>(
     let coarse = coarse(&state, &mut r, None)?;
     let series = [(Series { sensor: &sensor }, 0)];
     let grid = Grid::whole(r.from, r.to);
-    let aggregates = match weighing {
-        Some(how) => {
-            let figures =
-                weighting::weighted_points(&state, "average", &metric, &r, &grid, &series, 1, how)
-                    .await?;
+    let limit = match weighing {
+        Some(how) => Some(one_limit(&state, "average", &sensor, &how).await?),
+        None => None,
+    };
+    let aggregates = match weighing.zip(limit) {
+        Some((how, limit)) => {
+            let one = [(series[0].0, 0, limit)];
+            let figures = weighting::weighted_points(
+                &state,
+                "average",
+                &metric,
+                &r,
+                &grid,
+                &one,
+                1,
+                how.weighting,
+            )
+            .await?;
             let (w, agg) = figures
                 .first()
                 .and_then(|g| g.first())
@@ -243,9 +265,26 @@ pub async fn average<S: BucketStore>(
         from: format_ms(r.from_ms),
         to: format_ms(r.to_ms),
         aggregates,
-        weighting: weighing.map(|(w, _)| weighting::weighting_name(w)),
+        weighting: weighing.map(|w| w.name()),
+        staleness_seconds: limit,
         coarse,
     }))
+}
+
+/// One sensor's staleness limit: the request's, else its label's (one
+/// registry read), else the fleet's.
+async fn one_limit<S: BucketStore>(
+    state: &AppState<S>,
+    endpoint: &str,
+    sensor: &str,
+    how: &weighting::Weighing,
+) -> Result<i64, ApiError> {
+    let labels = if how.asked() {
+        Labels::default()
+    } else {
+        groups::labels_of(state, endpoint, sensor).await?
+    };
+    Ok(how.limit(&labels))
 }
 
 #[utoipa::path(get, path = "/api/v1/sensors/{sensor}/series",
@@ -284,12 +323,26 @@ pub async fn series<S: BucketStore>(
     let coarse = coarse(&state, &mut r, Some(&grid))?;
     let series = [(Series { sensor: &sensor }, 0)];
     let zone = tz.as_ref().map(|t| &t.1);
-    let points = match weighing {
-        Some(how) => {
-            let figures =
-                weighting::weighted_points(&state, "series", &metric, &r, &grid, &series, 1, how)
-                    .await?;
-            weighting::weighted_points_of(&grid, &figures[0], zone)?
+    let limit = match weighing {
+        Some(how) => Some(one_limit(&state, "series", &sensor, &how).await?),
+        None => None,
+    };
+    let points = match weighing.zip(limit) {
+        Some((how, limit)) => {
+            let one = [(series[0].0, 0, limit)];
+            let figures = weighting::weighted_points(
+                &state,
+                "series",
+                &metric,
+                &r,
+                &grid,
+                &one,
+                1,
+                how.weighting,
+            )
+            .await?;
+            let none = Vec::new();
+            weighting::weighted_points_of(&grid, figures.first().unwrap_or(&none), zone)?
         }
         None => {
             let aggs = evaluate(&state, "series", &metric, &r, grid.clone(), &series, 1).await?;
@@ -314,7 +367,8 @@ pub async fn series<S: BucketStore>(
         to: format_ms(r.to_ms),
         step: params.get("step").unwrap_or_default().to_owned(),
         tz: tz.map_or_else(|| "UTC".to_owned(), |t| t.0),
-        weighting: weighing.map(|(w, _)| weighting::weighting_name(w)),
+        weighting: weighing.map(|w| w.name()),
+        staleness_seconds: limit,
         points,
         coarse,
     })

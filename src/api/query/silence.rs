@@ -16,6 +16,7 @@ use axum::extract::{Extension, Path, RawQuery, State};
 use serde::Serialize;
 
 use super::admission::{admit, store_error};
+use super::groups::labels_of;
 use super::range::{format_start, metric, range};
 use super::sensor_param;
 use crate::api::params::Params;
@@ -250,28 +251,7 @@ pub async fn uptime<S: BucketStore>(
     let interval = match asked {
         Some(i) => i,
         None => {
-            let admitted = admit(&state).await?;
-            let query = SensorQuery {
-                prefix: &sensor,
-                ..SensorQuery::default()
-            };
-            let work = state.store.sensors(query, 1, |s| s.sensor == sensor);
-            let found = admitted
-                .within(async { work.await.map_err(store_error) })
-                .await?;
-            admitted.done(
-                &state,
-                "uptime",
-                Cost {
-                    documents: 1,
-                    round_trips: 1,
-                },
-            );
-            let labels = found
-                .into_iter()
-                .next()
-                .map(|s| s.labels)
-                .unwrap_or_default();
+            let labels = labels_of(&state, "uptime", &sensor).await?;
             expected_interval(&labels, state.settings.query.expected_interval)
         }
     };

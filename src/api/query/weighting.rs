@@ -7,7 +7,7 @@ use super::range::{Range, points_of};
 use crate::api::ApiError;
 use crate::api::AppState;
 use crate::api::params::Params;
-use crate::domain::{Agg, MetricName, Weighted, Weighting};
+use crate::domain::{Agg, Labels, MetricName, Weighted, Weighting};
 use crate::query::weighted::{Weigh, WeightedError, time_weighted_windows};
 use crate::query::{Cost, Grid, Need, Question, Series};
 use crate::store::BucketStore;
@@ -37,14 +37,57 @@ pub(crate) fn weighting_name(w: Weighting) -> &'static str {
     }
 }
 
-/// The request's time weighting and staleness limit in seconds; none for
-/// `weighting=readings`, which takes no limit. `staleness=` is a duration
-/// such as `15m` or `2d`, at most `query.max_range`; else
-/// `query.staleness`.
+/// The label that sets a sensor's staleness limit (a duration such as
+/// `15m`), where a request gives none.
+pub const STALENESS_LABEL: &str = "staleness";
+
+/// A request's time weighting and where its staleness limits come from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Weighing {
+    pub(crate) weighting: Weighting,
+    /// `staleness=`, in seconds: every sensor's limit.
+    asked: Option<i64>,
+    /// `query.staleness`, for sensors without a `staleness` label.
+    fleet: i64,
+    /// `query.max_range`: a label past it is not a limit.
+    most: i64,
+}
+
+impl Weighing {
+    /// Whether every sensor's limit is the request's (no labels needed).
+    pub(crate) fn asked(&self) -> bool {
+        self.asked.is_some()
+    }
+
+    /// A sensor's limit in seconds: the request's, else its `staleness`
+    /// label (a duration of whole seconds within `query.max_range`), else
+    /// the fleet's.
+    pub(crate) fn limit(&self, labels: &Labels) -> i64 {
+        self.asked
+            .or_else(|| {
+                labels
+                    .get(STALENESS_LABEL)
+                    .and_then(|text| humantime::parse_duration(text).ok())
+                    .filter(|d| d.subsec_nanos() == 0)
+                    .and_then(|d| i64::try_from(d.as_secs()).ok())
+                    .filter(|s| (1..=self.most).contains(s))
+            })
+            .unwrap_or(self.fleet)
+    }
+
+    pub(crate) fn name(&self) -> &'static str {
+        weighting_name(self.weighting)
+    }
+}
+
+/// The request's time weighting; none for `weighting=readings`, which takes
+/// no limit. `staleness=` is a duration such as `15m` or `2d`, at most
+/// `query.max_range`; without it each sensor's `staleness` label, else
+/// `query.staleness`, is its limit.
 pub(crate) fn weighing<S>(
     state: &AppState<S>,
     params: &Params,
-) -> Result<Option<(Weighting, i64)>, ApiError> {
+) -> Result<Option<Weighing>, ApiError> {
     let w = weighting(params)?;
     if w == Weighting::Readings {
         if params.get("staleness").is_some() {
@@ -55,19 +98,28 @@ pub(crate) fn weighing<S>(
         return Ok(None);
     }
     let q = &state.settings.query;
-    let d = match params.get("staleness") {
-        None => q.staleness,
-        Some(text) => humantime::parse_duration(text)
-            .ok()
-            .filter(|d| d.as_secs() >= 1 && *d <= q.max_range)
-            .ok_or_else(|| {
-                ApiError::bad_request(format!(
-                    "staleness must be a duration of at least 1s and at most query.max_range ({}), such as 15m or 2d",
-                    humantime::format_duration(q.max_range)
-                ))
-            })?,
+    let seconds = |d: std::time::Duration| i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
+    let asked = match params.get("staleness") {
+        None => None,
+        Some(text) => Some(
+            humantime::parse_duration(text)
+                .ok()
+                .filter(|d| d.as_secs() >= 1 && *d <= q.max_range)
+                .map(seconds)
+                .ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "staleness must be a duration of at least 1s and at most query.max_range ({}), such as 15m or 2d",
+                        humantime::format_duration(q.max_range)
+                    ))
+                })?,
+        ),
     };
-    Ok(Some((w, i64::try_from(d.as_secs()).unwrap_or(i64::MAX))))
+    Ok(Some(Weighing {
+        weighting: w,
+        asked,
+        fleet: seconds(q.staleness).max(1),
+        most: seconds(q.max_range),
+    }))
 }
 
 /// The bounds of a grid's points, clipped to the range (a point starting
@@ -86,7 +138,8 @@ fn windows(grid: &Grid, r: &Range) -> Result<Vec<i64>, ApiError> {
 
 /// Each group's time-weighted figures at each point of `grid` over `r`
 /// (its sensors' integrals over their held time together), with its
-/// readings' aggregates.
+/// readings' aggregates. `series` are the sensors, their groups and their
+/// staleness limits ([`Weighing::limit`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn weighted_points<S: BucketStore>(
     state: &AppState<S>,
@@ -94,9 +147,9 @@ pub(crate) async fn weighted_points<S: BucketStore>(
     metric: &MetricName<'_>,
     r: &Range,
     grid: &Grid,
-    series: &[(Series<'_>, usize)],
+    series: &[(Series<'_>, usize, i64)],
     groups: usize,
-    (weighting, staleness): (Weighting, i64),
+    weighting: Weighting,
 ) -> Result<Vec<Vec<(Weighted, Agg)>>, ApiError> {
     let points = grid.points();
     let mut out = vec![vec![(Weighted::default(), Agg::default()); points]; groups];
@@ -116,25 +169,25 @@ pub(crate) async fn weighted_points<S: BucketStore>(
     };
     let how = Weigh {
         weighting,
-        staleness,
         now: time::OffsetDateTime::now_utc().unix_timestamp(),
     };
     let work = async {
         let mut cost = Cost::default();
         for chunk in series.chunks((CHUNK_CELLS / points).max(1)) {
-            let members: Vec<Series<'_>> = chunk.iter().map(|(s, _)| *s).collect();
+            let members: Vec<Series<'_>> = chunk.iter().map(|(s, _, _)| *s).collect();
+            let limits: Vec<i64> = chunk.iter().map(|(_, _, l)| *l).collect();
             let (each, c) = time_weighted_windows(
                 state.store.as_ref(),
                 &state.batcher,
                 q,
-                &members,
+                (&members, &limits),
                 &windows,
                 how,
             )
             .await?;
             cost.documents += c.documents;
             cost.round_trips += c.round_trips;
-            for (figures, (_, group)) in each.into_iter().zip(chunk) {
+            for (figures, (_, group, _)) in each.into_iter().zip(chunk) {
                 for (into, (w, agg)) in out[*group].iter_mut().zip(figures) {
                     into.0.integral += w.integral;
                     into.0.held += w.held;
@@ -177,4 +230,35 @@ pub(crate) fn weighted_points_of(
         p.held_seconds = Some(w.held);
     }
     Ok(points)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sensors_limit_is_the_requests_else_its_label_else_the_fleets() {
+        let labels = |v: &str| {
+            Labels::parse([(STALENESS_LABEL.to_owned(), v.to_owned())].into()).expect("labels")
+        };
+        let w = Weighing {
+            weighting: Weighting::Time,
+            asked: None,
+            fleet: 86_400,
+            most: 400 * 86_400,
+        };
+        assert_eq!(w.limit(&Labels::default()), 86_400);
+        assert_eq!(w.limit(&labels("15m")), 900);
+        assert_eq!(w.limit(&labels("90s")), 90);
+        // Not a limit: the fleet's.
+        for bad in ["soon", "500ms", "0s", "401d"] {
+            assert_eq!(w.limit(&labels(bad)), 86_400, "{bad}");
+        }
+        let asked = Weighing {
+            asked: Some(60),
+            ..w
+        };
+        assert!(asked.asked());
+        assert_eq!(asked.limit(&labels("15m")), 60);
+    }
 }
