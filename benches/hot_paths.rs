@@ -543,7 +543,7 @@ fn rollups(c: &mut Criterion) {
                 .iter()
                 .map(|(s, m)| {
                     let buckets = read.take(s, m);
-                    roll_hours_of(Granularity::Minute, hour, hour + 3600, &buckets)
+                    roll_hours_of(Granularity::Minute, 0.01, hour, hour + 3600, &buckets)
                 })
                 .collect::<Vec<_>>()
         })

@@ -127,6 +127,13 @@ impl Settings {
             )
             .into());
         }
+        if crate::domain::Sketch::new(self.buckets.sketch_accuracy).is_err() {
+            return Err(invalid(
+                "buckets.sketch_accuracy",
+                "must be at least 0.0001 and below 0.5 (0.01: percentiles within 1 %)",
+            )
+            .into());
+        }
         if self.buckets.rollup_after <= self.batcher.hold_grace {
             return Err(invalid(
                 "buckets.rollup_after",

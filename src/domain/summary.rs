@@ -20,7 +20,7 @@
 //! [`Part::Rest`]) and that reading alone ([`Part::First`]) are summaries too,
 //! so a window aligned to slots is answered from slots alone.
 
-use super::Agg;
+use super::{Agg, Sketch};
 
 /// A reading: epoch seconds and value.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -283,8 +283,9 @@ pub struct Rest {
 }
 
 /// A stored sub-period: its summary (none if it holds no reading), the write
-/// count of the sources it was computed from, and its rest.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// count of the sources it was computed from, its rest and its readings'
+/// percentile sketch.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Slot {
     pub start: i64,
     pub summary: Option<Summary>,
@@ -293,9 +294,18 @@ pub struct Slot {
     pub n: u64,
     /// Present when the first second holds a reading and another follows.
     pub rest: Option<Rest>,
+    /// The readings' sketch, where known: a slot with readings has none
+    /// when it was computed without one (stored before sketches were kept,
+    /// or at another accuracy), and then answers no percentile.
+    pub sketch: Option<Sketch>,
 }
 
 impl Slot {
+    /// The slot starting at `start` without readings.
+    pub fn empty(start: i64) -> Self {
+        Self::of(start, &[], 0)
+    }
+
     /// The slot starting at `start` of readings sorted by time (all inside it).
     pub fn of(start: i64, samples: &[Sample], n: u64) -> Self {
         let Some((&head, tail)) = samples.split_first() else {
@@ -304,6 +314,7 @@ impl Slot {
                 summary: None,
                 n,
                 rest: None,
+                sketch: None,
             };
         };
         // One pass for the summary and the rest's sum, min and max: the
@@ -333,19 +344,43 @@ impl Slot {
             summary: Some(summary),
             n,
             rest,
+            sketch: None,
         }
+    }
+
+    /// The slot with its readings' sketch at `accuracy` (`samples` are the
+    /// readings [`Slot::of`] was given).
+    pub fn sketched(mut self, accuracy: f64, samples: &[Sample]) -> Self {
+        if samples.is_empty() {
+            return self;
+        }
+        self.sketch = Sketch::new(accuracy).ok().map(|mut sk| {
+            for x in samples {
+                sk.add(x.v);
+            }
+            sk
+        });
+        self
     }
 
     /// The slot made of consecutive sub-slots (each starting where the one
     /// before ends, the first at `start`): how a level is computed from the
     /// one below.
+    /// Its sketch merges theirs, if every one with readings has one of
+    /// the same accuracy.
     pub fn of_slots(start: i64, parts: &[Slot]) -> Self {
         let mut summary: Option<Summary> = None;
         let mut rest: Option<Summary> = None;
         let mut n = 0;
+        let mut sketch: Option<Option<Sketch>> = None;
         for p in parts {
             n += p.n;
             let Some(s) = &p.summary else { continue };
+            sketch = match (sketch, &p.sketch) {
+                (None, Some(k)) => Some(Some(k.clone())),
+                (Some(Some(mut all)), Some(k)) => Some(all.merge(k).ok().map(|()| all)),
+                (_, None) | (Some(None), _) => Some(None),
+            };
             if summary.is_none() && p.start == start && s.first.t == start {
                 // The first sub-slot holds the slot's first second: its rest
                 // starts the slot's rest.
@@ -372,6 +407,7 @@ impl Slot {
             summary,
             n,
             rest,
+            sketch: sketch.flatten(),
         }
     }
 
@@ -516,17 +552,25 @@ mod tests {
         ) {
             let start = 0;
             let end = 600;
-            let slot = Slot::of(start, &xs, 3);
+            let slot = Slot::of(start, &xs, 3).sketched(0.01, &xs);
             let subs: Vec<Slot> = (start..end)
                 .step_by(width as usize)
                 .map(|s| {
                     let inside: Vec<Sample> =
                         xs.iter().copied().filter(|x| x.t >= s && x.t < s + width).collect();
-                    Slot::of(s, &inside, 1)
+                    Slot::of(s, &inside, 1).sketched(0.01, &inside)
                 })
                 .collect();
             let built = Slot::of_slots(start, &subs);
             prop_assert_eq!(built.n, subs.len() as u64);
+            // The merged sketch is the readings' own, bin for bin.
+            prop_assert_eq!(&built.sketch, &slot.sketch.clone().filter(|_| !xs.is_empty()));
+            // One sub-slot with readings but no sketch: the slot has none.
+            if let Some(i) = subs.iter().position(|s| s.summary.is_some()) {
+                let mut without = subs.clone();
+                without[i].sketch = None;
+                prop_assert_eq!(Slot::of_slots(start, &without).sketch, None);
+            }
             for part in [Part::Whole, Part::Rest, Part::First] {
                 let (from, to) = match part {
                     Part::Whole => (start, end),

@@ -71,8 +71,8 @@ fn need_code(need: Need) -> Option<u8> {
     match need {
         Need::Aggregates => Some(0),
         Need::Summaries => Some(1),
-        // Readings are not kept: a cell of them may be large.
-        Need::Values => None,
+        // Readings and sketches are not kept: a cell of them may be large.
+        Need::Values | Need::Sketches => None,
     }
 }
 

@@ -85,7 +85,8 @@ pub async fn evaluate<S: BucketStore>(
     series: &[Series<'_>],
     mut each: impl FnMut(usize, Vec<Cell>),
 ) -> Result<Cost, StoreError> {
-    let plan = Plan::new(q.granularity, q.need, q.from, q.to, grid);
+    let plan =
+        Plan::new(q.granularity, q.need, q.from, q.to, grid).with_accuracy(store.sketch_accuracy());
     let mut per_batch = (BATCH_CELLS / plan.grid().points().max(1)).clamp(1, MAX_BATCH);
     if q.need == Need::Values {
         // Every reading is held: at most one a second.
@@ -94,7 +95,7 @@ pub async fn evaluate<S: BucketStore>(
     }
     let mut cost = Cost::default();
     let cached = match q.cache {
-        Some(c) if q.need != Need::Values => {
+        Some(c) if !matches!(q.need, Need::Values | Need::Sketches) => {
             let (now, changes, read) = store.changes(c.cache.applied()).await?;
             cost.documents += read.documents;
             cost.round_trips += read.round_trips;
@@ -328,6 +329,7 @@ async fn read_group<S: BucketStore>(
         values: union.values.clone(),
         minutes: union.minutes,
         max_time: q.max_time,
+        sketches: q.need == Need::Sketches,
     };
     let mut seen: Vec<Vec<i64>> = vec![Vec::new(); sensors.len()];
     let started = std::time::Instant::now();

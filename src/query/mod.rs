@@ -7,6 +7,7 @@
 //! - [`promql`]: the PromQL subset dashboards use, over the same engine.
 //! - [`weighted`]: time-weighted averages, from the coarsest exact pieces.
 
+mod ask;
 pub mod cache;
 pub mod engine;
 pub mod grid;

@@ -22,8 +22,9 @@
 use std::collections::BTreeSet;
 
 use super::Grid;
+pub use super::ask::Ask;
 use crate::domain::{
-    Agg, BucketRead, Granularity, Level, Part, Period, RollupRead, Sample, Starts, Summary, Values,
+    Agg, BucketRead, Granularity, Level, Part, Period, RollupRead, Sample, Sketch, Summary, Values,
 };
 
 /// What a query needs of the readings in each point.
@@ -35,6 +36,9 @@ pub enum Need {
     Summaries,
     /// Every reading (quantiles): only buckets hold them.
     Values,
+    /// Count, sum, min and max with a percentile sketch of the readings:
+    /// from whole rollup slots that keep one, else from buckets' values.
+    Sketches,
 }
 
 /// One point, answered.
@@ -46,7 +50,13 @@ pub struct Cell {
     pub summary: Option<Summary>,
     /// With [`Need::Values`]: the readings, in time order.
     pub samples: Vec<Sample>,
+    /// With [`Need::Sketches`]: the readings' sketch; none for a point
+    /// without readings.
+    pub sketch: Option<Sketch>,
 }
+
+/// The sketches' accuracy unless [`Plan::with_accuracy`] says otherwise.
+const DEFAULT_ACCURACY: f64 = 0.01;
 
 /// One level: its documents' length and their slots'.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,59 +107,6 @@ struct Asked {
     answered: bool,
 }
 
-/// What one series asks of one level.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Ask {
-    pub level: Level,
-    /// Document starts, sorted.
-    pub starts: Vec<i64>,
-    /// Buckets: which values to read.
-    pub values: Values,
-    /// Hour buckets: read the minute aggregates `m`.
-    pub minutes: bool,
-}
-
-/// Consecutive starts, this many or more, are read as an index range.
-const MIN_RUN: usize = 4;
-/// At most this many ranges a level; the other starts are read as lists.
-const MAX_RUNS: usize = 4;
-/// Starts in one list.
-const MAX_LISTED: usize = 1000;
-
-impl Ask {
-    /// The reads of the starts, `len` apart: long runs of consecutive ones
-    /// as index ranges, the rest as lists (a server answers a long `$in`
-    /// slowly, and a range with gaps reads documents nobody asked for).
-    pub fn reads(&self, len: i64) -> Vec<Starts> {
-        let len = len.max(1);
-        let mut runs: Vec<(i64, i64, usize)> = Vec::new();
-        for &s in &self.starts {
-            match runs.last_mut() {
-                Some((_, end, n)) if s == *end => {
-                    *end = s + len;
-                    *n += 1;
-                }
-                _ => runs.push((s, s + len, 1)),
-            }
-        }
-        let mut long: Vec<(i64, i64, usize)> =
-            runs.iter().copied().filter(|r| r.2 >= MIN_RUN).collect();
-        long.sort_by_key(|r| std::cmp::Reverse(r.2));
-        long.truncate(MAX_RUNS);
-        long.sort_by_key(|r| r.0);
-        let in_long = |s: i64| long.iter().any(|&(a, b, _)| s >= a && s < b);
-        let rest: Vec<i64> = self
-            .starts
-            .iter()
-            .copied()
-            .filter(|&s| !in_long(s))
-            .collect();
-        let mut reads: Vec<Starts> = long.iter().map(|&(a, b, _)| Starts::Range(a, b)).collect();
-        reads.extend(rest.chunks(MAX_LISTED).map(|c| Starts::Only(c.to_vec())));
-        reads
-    }
-}
-
 /// The shared part of a query's plan: levels, range and grid.
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -158,6 +115,8 @@ pub struct Plan {
     from: i64,
     to: i64,
     grid: Grid,
+    /// With [`Need::Sketches`]: the sketches' relative accuracy.
+    accuracy: f64,
 }
 
 /// Where one series is: the level it is at and what it still asks.
@@ -174,6 +133,8 @@ pub struct SeriesPlan {
     summaries: Vec<Vec<Summary>>,
     /// With [`Need::Values`]: each point's readings.
     samples: Vec<Vec<Sample>>,
+    /// With [`Need::Sketches`]: each point's sketch so far.
+    sketches: Vec<Option<Sketch>>,
 }
 
 impl Plan {
@@ -190,7 +151,15 @@ impl Plan {
             from,
             to,
             grid,
+            accuracy: DEFAULT_ACCURACY,
         }
+    }
+
+    /// The plan with sketches of relative accuracy `accuracy` (the one
+    /// rollup slots keep theirs at: others are not used).
+    pub fn with_accuracy(mut self, accuracy: f64) -> Self {
+        self.accuracy = accuracy;
+        self
     }
 
     pub fn grid(&self) -> &Grid {
@@ -265,11 +234,15 @@ impl Plan {
             aggs: vec![Agg::default(); points],
             summaries: match self.need {
                 Need::Summaries => vec![Vec::new(); points],
-                Need::Aggregates | Need::Values => Vec::new(),
+                _ => Vec::new(),
             },
             samples: match self.need {
                 Need::Values => vec![Vec::new(); points],
-                Need::Aggregates | Need::Summaries => Vec::new(),
+                _ => Vec::new(),
+            },
+            sketches: match self.need {
+                Need::Sketches => vec![None; points],
+                _ => Vec::new(),
             },
         }
     }
@@ -312,14 +285,20 @@ impl Plan {
                     to: b,
                     cell: p.cell,
                 };
+                // A sketch answers only for its whole slot.
                 match Part::of(u, u + tier.slot, a, b) {
-                    Some(part) if !self.dirty_inside(s, u, u + tier.slot) => s.asked.push(Asked {
-                        doc: u - u.rem_euclid(tier.len),
-                        piece,
-                        part,
-                        slot: u,
-                        answered: false,
-                    }),
+                    Some(part)
+                        if (self.need != Need::Sketches || part == Part::Whole)
+                            && !self.dirty_inside(s, u, u + tier.slot) =>
+                    {
+                        s.asked.push(Asked {
+                            doc: u - u.rem_euclid(tier.len),
+                            piece,
+                            part,
+                            slot: u,
+                            answered: false,
+                        })
+                    }
                     _ => s.next.push(piece),
                 }
                 u += tier.slot;
@@ -402,8 +381,21 @@ impl Plan {
             if !doc.is_complete(k) {
                 continue;
             }
+            let slot = doc.slot(a.slot);
+            if self.need == Need::Sketches {
+                // A slot with readings but no sketch answers one level down.
+                match slot {
+                    Some(slot) if slot.sketch.is_none() => continue,
+                    Some(slot) => {
+                        if let Some(k) = &slot.sketch {
+                            self.add_sketch(s, a.piece.cell, k);
+                        }
+                    }
+                    None => {}
+                }
+            }
             s.asked[i].answered = true;
-            if let Some(summary) = doc.slot(a.slot).and_then(|slot| slot.part(a.part)) {
+            if let Some(summary) = slot.and_then(|slot| slot.part(a.part)) {
                 self.add(s, a.piece.cell, &summary);
             }
         }
@@ -453,6 +445,18 @@ impl Plan {
                         s.aggs[p.cell as usize].add(x.v);
                     }
                 }
+                Need::Sketches => {
+                    let cell = p.cell as usize;
+                    if s.sketches[cell].is_none() && !samples.is_empty() {
+                        s.sketches[cell] = Sketch::new(self.accuracy).ok();
+                    }
+                    for x in &samples {
+                        s.aggs[cell].add(x.v);
+                        if let Some(k) = &mut s.sketches[cell] {
+                            k.add(x.v);
+                        }
+                    }
+                }
                 Need::Summaries => {
                     if let Some(summary) = Summary::of(&samples) {
                         self.add(s, p.cell, &summary);
@@ -463,9 +467,21 @@ impl Plan {
         }
     }
 
+    /// Merges a slot's sketch into the point's: the store decodes only
+    /// sketches of the plan's accuracy, so they always merge.
+    fn add_sketch(&self, s: &mut SeriesPlan, cell: u32, k: &Sketch) {
+        match &mut s.sketches[cell as usize] {
+            Some(all) => {
+                let merged = all.merge(k);
+                debug_assert!(merged.is_ok(), "sketches of the plan's accuracy");
+            }
+            none => *none = Some(k.clone()),
+        }
+    }
+
     fn add(&self, s: &mut SeriesPlan, cell: u32, summary: &Summary) {
         match self.need {
-            Need::Aggregates => s.aggs[cell as usize].merge(&summary.agg()),
+            Need::Aggregates | Need::Sketches => s.aggs[cell as usize].merge(&summary.agg()),
             Need::Summaries => s.summaries[cell as usize].push(*summary),
             // Never asked of rollups (see `Plan::new`).
             Need::Values => {}
@@ -514,6 +530,16 @@ impl Plan {
                     ..Cell::default()
                 })
                 .collect(),
+            Need::Sketches => s
+                .aggs
+                .into_iter()
+                .zip(s.sketches)
+                .map(|(agg, sketch)| Cell {
+                    agg,
+                    sketch,
+                    ..Cell::default()
+                })
+                .collect(),
             Need::Summaries => s
                 .summaries
                 .into_iter()
@@ -523,7 +549,7 @@ impl Plan {
                     Cell {
                         agg: summary.as_ref().map(Summary::agg).unwrap_or_default(),
                         summary,
-                        samples: Vec::new(),
+                        ..Cell::default()
                     }
                 })
                 .collect(),
@@ -537,6 +563,7 @@ impl Plan {
                         agg: summary.as_ref().map(Summary::agg).unwrap_or_default(),
                         summary,
                         samples,
+                        sketch: None,
                     }
                 })
                 .collect(),
@@ -555,7 +582,7 @@ impl SeriesPlan {
 mod tests {
     use super::super::grid::Calendar;
     use super::*;
-    use crate::domain::Slot;
+    use crate::domain::{Slot, Starts};
     use jiff::tz::TimeZone;
     use proptest::prelude::*;
     use std::collections::BTreeMap;
@@ -632,12 +659,20 @@ mod tests {
                             // Incomplete, and stale: a wrong figure that must
                             // never be used.
                             let wrong = [Sample { t: s, v: 1e6 }];
-                            doc.slots.push(Slot::of(s, &wrong, 1));
+                            doc.slots
+                                .push(Slot::of(s, &wrong, 1).sketched(DEFAULT_ACCURACY, &wrong));
                             continue;
                         }
                         doc.complete |= 1 << k;
                         if !samples.is_empty() {
-                            doc.slots.push(Slot::of(s, &samples, 1));
+                            let slot = Slot::of(s, &samples, 1);
+                            // Sometimes kept without a sketch (stored before
+                            // sketches were, or at another accuracy).
+                            doc.slots.push(if holes > 0 && roll() == 0 {
+                                slot
+                            } else {
+                                slot.sketched(DEFAULT_ACCURACY, &samples)
+                            });
                         }
                     }
                     rollups.insert((p, start), doc);
@@ -746,10 +781,18 @@ mod tests {
             .into_iter()
             .map(|xs| {
                 let summary = Summary::of(&xs);
+                let sketch = (!xs.is_empty()).then(|| {
+                    let mut k = Sketch::new(DEFAULT_ACCURACY).expect("valid");
+                    for x in &xs {
+                        k.add(x.v);
+                    }
+                    k
+                });
                 Cell {
                     agg: summary.as_ref().map(Summary::agg).unwrap_or_default(),
                     summary,
                     samples: xs,
+                    sketch,
                 }
             })
             .collect()
@@ -762,7 +805,10 @@ mod tests {
             if need == Need::Values {
                 prop_assert_eq!(&g.samples, &w.samples);
             }
-            if need != Need::Aggregates {
+            if need == Need::Sketches {
+                prop_assert_eq!(&g.sketch, &w.sketch);
+            }
+            if matches!(need, Need::Summaries | Need::Values) {
                 let key = |c: &Cell| {
                     c.summary
                         .map(|s| (s.first, s.last, s.penult, s.inc, s.resets, s.changes))
@@ -781,7 +827,8 @@ mod tests {
         prop_oneof![
             Just(Need::Aggregates),
             Just(Need::Summaries),
-            Just(Need::Values)
+            Just(Need::Values),
+            Just(Need::Sketches)
         ]
     }
 

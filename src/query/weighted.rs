@@ -353,6 +353,7 @@ mod tests {
                     agg: summary.map(|s| s.agg()).unwrap_or_default(),
                     summary,
                     samples: inside,
+                    sketch: None,
                 }
             })
             .collect()

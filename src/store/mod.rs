@@ -70,6 +70,8 @@ pub struct Fetch<'a> {
     /// their starts): what a read of the level by time would take of every
     /// other series of the metric, at most.
     pub starts_each: usize,
+    /// Rollups: decode the slots' percentile sketches.
+    pub sketches: bool,
 }
 
 /// One document of a [`Fetch`].
@@ -126,6 +128,9 @@ pub struct DeadLetterInfo {
 
 /// Where buckets live: the batcher's [`Sink`] plus the reads queries need.
 pub trait BucketStore: Sink {
+    /// The relative accuracy of the percentile sketches rollup slots keep.
+    fn sketch_accuracy(&self) -> f64;
+
     /// Streams the documents of the fetch's series to `each` with the index
     /// of their sensor in `fetch.sensors`, each sensor's in start order
     /// (sensors may interleave), never collecting them.

@@ -15,6 +15,7 @@ const DOUBLE: u8 = 0x01;
 const STRING: u8 = 0x02;
 const DOCUMENT: u8 = 0x03;
 const ARRAY: u8 = 0x04;
+const BINARY: u8 = 0x05;
 const BOOLEAN: u8 = 0x08;
 const OBJECT_ID: u8 = 0x07;
 const DATETIME: u8 = 0x09;
@@ -109,6 +110,15 @@ impl Writer {
             Ok(v) => self.int32(key, v),
             Err(_) => self.int64(key, value),
         }
+    }
+
+    /// Bytes as a generic (subtype 0) binary value.
+    pub fn binary(&mut self, key: &str, value: &[u8]) {
+        self.key(BINARY, key);
+        self.buf
+            .extend_from_slice(&(value.len() as i32).to_le_bytes());
+        self.buf.push(0);
+        self.buf.extend_from_slice(value);
     }
 
     pub fn null(&mut self, key: &str) {

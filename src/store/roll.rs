@@ -100,9 +100,11 @@ impl<'a> ReadBack<'a> {
 }
 
 /// Rolls up each hour of `[from, to)` (multiples of an hour) from `buckets`,
-/// sorted by start; buckets outside the range are ignored.
+/// sorted by start, with sketches at `accuracy`; buckets outside the range
+/// are ignored.
 pub fn roll_hours_of(
     granularity: Granularity,
+    accuracy: f64,
     from: i64,
     to: i64,
     buckets: &[BucketRead],
@@ -115,7 +117,7 @@ pub fn roll_hours_of(
         rest = &rest[skip..];
         let n = rest.partition_point(|b| b.start < h + HOUR);
         let (this, later) = rest.split_at(n);
-        out.push(roll_hour(granularity, h, this));
+        out.push(roll_hour(granularity, accuracy, h, this));
         rest = later;
         h += HOUR;
     }
@@ -135,8 +137,14 @@ pub struct Hour {
     pub partial: bool,
 }
 
-/// Rolls up one hour from its buckets (sorted by start, all of the hour).
-pub fn roll_hour(granularity: Granularity, hour: i64, buckets: &[BucketRead]) -> Hour {
+/// Rolls up one hour from its buckets (sorted by start, all of the hour),
+/// with sketches at `accuracy`.
+pub fn roll_hour(
+    granularity: Granularity,
+    accuracy: f64,
+    hour: i64,
+    buckets: &[BucketRead],
+) -> Hour {
     match granularity {
         Granularity::Minute => {
             let mut buf = Vec::new();
@@ -144,7 +152,7 @@ pub fn roll_hour(granularity: Granularity, hour: i64, buckets: &[BucketRead]) ->
                 .iter()
                 .map(|b| {
                     samples_into(b, &mut buf);
-                    Slot::of(b.start, &buf, b.n)
+                    Slot::of(b.start, &buf, b.n).sketched(accuracy, &buf)
                 })
                 .collect();
             let slot = Slot::of_slots(hour, &minutes);
@@ -162,7 +170,7 @@ pub fn roll_hour(granularity: Granularity, hour: i64, buckets: &[BucketRead]) ->
             Hour {
                 start: hour,
                 minutes: Vec::new(),
-                slot: Slot::of(hour, &samples, n),
+                slot: Slot::of(hour, &samples, n).sketched(accuracy, &samples),
                 partial: false,
             }
         }
@@ -257,7 +265,7 @@ mod tests {
                 let got: Vec<(i64, Vec<(u16, f64)>)> = buckets.iter().map(|b| (b.start, b.values.clone())).collect();
                 prop_assert_eq!(&got, &want);
                 prop_assert!(read.take(name, "m").is_empty(), "taken once");
-                let hours = roll_hours_of(Granularity::Minute, from, to, &buckets);
+                let hours = roll_hours_of(Granularity::Minute, 0.01, from, to, &buckets);
                 prop_assert_eq!(hours.len(), 2);
                 for (k, hour) in hours.iter().enumerate() {
                     let h = from + k as i64 * HOUR;
@@ -266,7 +274,7 @@ mod tests {
                         .filter(|b| b.start >= h && b.start < h + HOUR)
                         .cloned()
                         .collect();
-                    prop_assert_eq!(hour, &roll_hour(Granularity::Minute, h, &alone));
+                    prop_assert_eq!(hour, &roll_hour(Granularity::Minute, 0.01, h, &alone));
                 }
             }
         }

@@ -41,7 +41,7 @@ use mongodb::bson::{RawBsonRef, RawDocument, RawDocumentBuf, rawdoc};
 use super::StoreError;
 use super::document::{elements, raw_number, raw_seconds};
 use super::raw_writer::{Writer, index_key};
-use crate::domain::{Integrals, Moments, Period, Rest, RollupRead, Sample, Slot, Summary};
+use crate::domain::{Integrals, Moments, Period, Rest, RollupRead, Sample, Sketch, Slot, Summary};
 
 /// The rollup document layout: slots with every field a window needs, and
 /// the completeness bitmask. Version 1 (per-slot count, sum, min, max and
@@ -113,6 +113,12 @@ fn slot_fields(w: &mut Writer, slot: &Slot) {
             w.integer("rg", gap);
         }
     }
+    // Up to three readings, the sketch follows from `f`, `p` and `l`.
+    if s.count >= 4
+        && let Some(k) = &slot.sketch
+    {
+        w.binary("qs", &k.encode());
+    }
 }
 
 /// The fields a stored slot may hold, in the order of [`SlotFields`].
@@ -121,19 +127,31 @@ const SLOT_KEYS: [&str; 27] = [
     "q", "b", "bt", "rs", "rl", "rh", "ts", "tl", "tg", "rg",
 ];
 
-/// A stored slot's numbers by key, read in one pass over its bytes.
-struct SlotFields([Option<f64>; SLOT_KEYS.len()]);
+/// A stored slot's numbers by key, and its sketch's bytes, read in one
+/// pass over its bytes.
+struct SlotFields<'a>([Option<f64>; SLOT_KEYS.len()], Option<&'a [u8]>);
 
-impl SlotFields {
-    fn read(d: &RawDocument) -> Result<Self, StoreError> {
+impl<'a> SlotFields<'a> {
+    fn read(d: &'a RawDocument) -> Result<Self, StoreError> {
         let mut fields = [None; SLOT_KEYS.len()];
+        let mut sketch = None;
         for e in elements(d) {
             let (key, value) = e?;
             if let Some(i) = SLOT_KEYS.iter().position(|k| *k == key) {
                 fields[i] = Some(raw_number(value, &format_args!("rollup slot field {key}"))?);
+            } else if key == "qs" {
+                match value {
+                    RawBsonRef::Binary(b) => sketch = Some(b.bytes),
+                    other => {
+                        return Err(StoreError::Unreadable(format!(
+                            "rollup slot field qs is {:?}, not binary",
+                            other.element_type()
+                        )));
+                    }
+                }
             }
         }
-        Ok(Self(fields))
+        Ok(Self(fields, sketch))
     }
 
     fn get(&self, key: &str) -> Option<f64> {
@@ -164,8 +182,33 @@ impl SlotFields {
     }
 }
 
-/// A stored slot starting at `start`.
-pub fn decode_slot(d: &RawDocument, start: i64) -> Result<Slot, StoreError> {
+/// The sketch of a stored slot at `accuracy`: derived from its first,
+/// penultimate and last readings up to three, else its `qs` if kept at that
+/// accuracy (none otherwise: the slot answers no percentile).
+fn slot_sketch(
+    accuracy: f64,
+    stored: Option<&[u8]>,
+    readings: Option<&[f64]>,
+) -> Result<Option<Sketch>, StoreError> {
+    if let Some(bytes) = stored {
+        let k = Sketch::decode(bytes)
+            .map_err(|e| StoreError::Unreadable(format!("rollup slot field qs: {e}")))?;
+        return Ok((k.accuracy().to_bits() == accuracy.to_bits()).then_some(k));
+    }
+    let Some(values) = readings else {
+        return Ok(None);
+    };
+    Ok(Sketch::new(accuracy).ok().map(|mut k| {
+        for &v in values {
+            k.add(v);
+        }
+        k
+    }))
+}
+
+/// A stored slot starting at `start`; with `sketches`, its sketch at that
+/// accuracy where it has one.
+pub fn decode_slot(d: &RawDocument, start: i64, sketches: Option<f64>) -> Result<Slot, StoreError> {
     let d = SlotFields::read(d)?;
     let n = d.count("w")?;
     let c = d.count("c")?;
@@ -175,11 +218,16 @@ pub fn decode_slot(d: &RawDocument, start: i64) -> Result<Slot, StoreError> {
         v: d.number("f")?,
     };
     if c <= 1 {
+        let sketch = match sketches {
+            Some(a) if c == 1 => slot_sketch(a, d.1, Some(&[first.v]))?,
+            _ => None,
+        };
         return Ok(Slot {
             start,
             summary: (c == 1).then(|| Summary::one(first)),
             n,
             rest: None,
+            sketch,
         });
     }
     let last = Sample {
@@ -256,17 +304,29 @@ pub fn decode_slot(d: &RawDocument, start: i64) -> Result<Slot, StoreError> {
             },
         })
     };
+    let sketch = match sketches {
+        Some(a) if c == 2 => slot_sketch(a, d.1, Some(&[first.v, last.v]))?,
+        Some(a) if c == 3 => slot_sketch(a, d.1, Some(&[first.v, penult.v, last.v]))?,
+        Some(a) => slot_sketch(a, d.1, None)?,
+        None => None,
+    };
     Ok(Slot {
         start,
         summary: Some(summary),
         n,
         rest,
+        sketch,
     })
 }
 
-/// Parses a rollup document of `period`. A version-1 document holds
-/// nothing complete; a newer version is refused rather than misread.
-pub fn read_rollup(d: &RawDocument, period: Period) -> Result<RollupRead, StoreError> {
+/// Parses a rollup document of `period`, with its slots' sketches at the
+/// accuracy `sketches` if given. A version-1 document holds nothing
+/// complete; a newer version is refused rather than misread.
+pub fn read_rollup(
+    d: &RawDocument,
+    period: Period,
+    sketches: Option<f64>,
+) -> Result<RollupRead, StoreError> {
     let (mut start, mut version, mut complete, mut stored) = (None, None, None, None);
     for e in elements(d) {
         let (key, value) = e?;
@@ -319,7 +379,11 @@ pub fn read_rollup(d: &RawDocument, period: Period) -> Result<RollupRead, StoreE
                     "rollup slot {k} is no document"
                 )));
             };
-            slots.push(decode_slot(v, start + index * period.slot_seconds())?);
+            slots.push(decode_slot(
+                v,
+                start + index * period.slot_seconds(),
+                sketches,
+            )?);
         }
     }
     slots.sort_by_key(|s| s.start);
@@ -614,6 +678,17 @@ mod tests {
                 d.append("rg", small(gap.unsigned_abs()));
             }
         }
+        if s.count >= 4
+            && let Some(k) = &slot.sketch
+        {
+            d.append(
+                "qs",
+                RawBson::Binary(mongodb::bson::Binary {
+                    subtype: mongodb::bson::spec::BinarySubtype::Generic,
+                    bytes: k.encode(),
+                }),
+            );
+        }
         Some(d)
     }
 
@@ -716,7 +791,7 @@ mod tests {
                 .map(|(&k, (xs, n, _))| {
                     let at = start + k * step;
                     let xs: Vec<Sample> = xs.iter().map(|x| Sample { t: at + (x.t - 3600) * step / 60, v: x.v }).collect();
-                    Slot::of(at, &xs, *n)
+                    Slot::of(at, &xs, *n).sketched(0.01, &xs)
                 })
                 .collect();
             let replaced: Vec<i64> = spans
@@ -738,12 +813,21 @@ mod tests {
         /// A slot reads back as it was written, every part of it.
         #[test]
         fn slots_read_back_as_written(xs in samples_in(60), n in 0u64..5_000_000_000) {
-            let slot = Slot::of(3600, &xs, n);
+            let slot = Slot::of(3600, &xs, n).sketched(0.01, &xs);
             match encode_slot(&slot) {
                 None => prop_assert!(slot.summary.is_none()),
                 Some(d) => {
-                    let back = decode_slot(&d, 3600).expect("decodes");
+                    let back = decode_slot(&d, 3600, Some(0.01)).expect("decodes");
                     prop_assert_eq!(back.n, slot.n);
+                    prop_assert_eq!(&back.sketch, &slot.sketch);
+                    // Read at another accuracy: no sketch, unless derived.
+                    let other = decode_slot(&d, 3600, Some(0.02)).expect("decodes");
+                    if xs.len() > 3 {
+                        prop_assert_eq!(other.sketch, None);
+                    } else {
+                        prop_assert_eq!(other.sketch.map(|k| k.count()), Some(xs.len() as u64));
+                    }
+                    prop_assert_eq!(decode_slot(&d, 3600, None).expect("decodes").sketch, None);
                     for part in [crate::domain::Part::Whole, crate::domain::Part::Rest, crate::domain::Part::First] {
                         prop_assert_eq!(back.part(part), slot.part(part));
                     }
@@ -795,6 +879,7 @@ mod tests {
         let r = read_rollup(
             &mongodb::bson::RawDocumentBuf::from_document(&v1).expect("encodes"),
             Period::Hour,
+            None,
         )
         .expect("readable");
         assert_eq!((r.complete, r.slots.len()), (0, 0));
@@ -802,7 +887,8 @@ mod tests {
         assert!(
             read_rollup(
                 &mongodb::bson::RawDocumentBuf::from_document(&v3).expect("encodes"),
-                Period::Hour
+                Period::Hour,
+                None
             )
             .is_err()
         );

@@ -25,6 +25,9 @@ pub struct BucketSettings {
     /// long, a minute after its first mark at the latest (see `store::late`).
     #[serde(with = "humantime_serde")]
     pub late_rollup_after: Duration,
+    /// The relative accuracy of the percentile sketch each rollup slot
+    /// keeps (0.01: a percentile within 1 % of the exact one).
+    pub sketch_accuracy: f64,
 }
 
 impl Default for BucketSettings {
@@ -34,6 +37,7 @@ impl Default for BucketSettings {
             retention: None,
             rollup_after: Duration::from_secs(60),
             late_rollup_after: Duration::from_secs(5),
+            sketch_accuracy: 0.01,
         }
     }
 }

@@ -100,6 +100,7 @@ fn cells(bounds: &[i64], samples: &[Sample], need: Need) -> Vec<Cell> {
                 } else {
                     Vec::new()
                 },
+                sketch: None,
             }
         })
         .collect()

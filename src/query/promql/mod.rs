@@ -441,7 +441,8 @@ fn window_values(leaf: &Leaf, windows: &Windows, need: Need, cells: &[Cell]) -> 
         }
     };
     match need {
-        Need::Aggregates => {
+        // PromQL asks no sketches: its quantiles are exact, from readings.
+        Need::Aggregates | Need::Sketches => {
             let aggs: Vec<Agg> = cells.iter().map(|c| c.agg).collect();
             windows
                 .fold_aggs(&aggs)

@@ -84,6 +84,8 @@ pub struct MongoStore {
     /// Series the registry knows, and the newest hour it was told of.
     known: Arc<Mutex<hashbrown::HashMap<(String, String), i64>>>,
     granularity: Granularity,
+    /// The relative accuracy of rollup slots' sketches (`buckets.sketch_accuracy`).
+    sketch_accuracy: f64,
     limits: Limits,
     /// The URI's write concern, encoded once for every command.
     write_concern: Option<RawDocumentBuf>,
@@ -202,6 +204,7 @@ impl MongoStore {
         buckets: &crate::store::BucketSettings,
     ) -> Result<Self, StoreError> {
         let granularity = buckets.granularity;
+        let sketch_accuracy = buckets.sketch_accuracy;
         let mut options = ClientOptions::parse(settings.uri.expose_secret())
             .await
             .map_err(|e| StoreError::Poison(format!("mongodb.uri: {e}")))?;
@@ -245,6 +248,7 @@ impl MongoStore {
             unclassed_after: Arc::default(),
             known: Arc::default(),
             granularity,
+            sketch_accuracy,
             limits: Limits::default(),
             write_concern,
             upkeep: Arc::new(Mutex::new(Upkeep::new(close_after))),
@@ -329,6 +333,10 @@ fn unix_now() -> i64 {
 }
 
 impl BucketStore for MongoStore {
+    fn sketch_accuracy(&self) -> f64 {
+        self.sketch_accuracy
+    }
+
     async fn fetch<F: FnMut(usize, Doc) + Send>(
         &self,
         fetch: Fetch<'_>,

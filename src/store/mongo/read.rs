@@ -22,13 +22,14 @@ impl MongoStore {
             Output = mongodb::error::Result<mongodb::raw_batch_cursor::RawBatchCursor>,
         >,
         level: Level,
+        sketches: Option<f64>,
     ) -> Result<(Vec<Doc>, usize), StoreError> {
         let mut docs = Vec::new();
         let replies = self
             .each_document(query, false, classify_read, |raw| {
                 docs.push(match level {
                     Level::Buckets => Doc::Bucket(read_bucket(raw, self.granularity)?),
-                    Level::Rollups(period) => Doc::Rollup(read_rollup(raw, period)?),
+                    Level::Rollups(period) => Doc::Rollup(read_rollup(raw, period, sketches)?),
                 });
                 Ok(())
             })
@@ -182,6 +183,7 @@ impl MongoStore {
                                 .batch_size(BATCH_DOCUMENTS)
                                 .batch(),
                             fetch.level,
+                            fetch.sketches.then_some(self.sketch_accuracy),
                         ),
                     );
                 }
@@ -225,7 +227,11 @@ impl MongoStore {
                             i,
                             match fetch.level {
                                 Level::Buckets => Doc::Bucket(read_bucket(raw, self.granularity)?),
-                                Level::Rollups(period) => Doc::Rollup(read_rollup(raw, period)?),
+                                Level::Rollups(period) => Doc::Rollup(read_rollup(
+                                    raw,
+                                    period,
+                                    fetch.sketches.then_some(self.sketch_accuracy),
+                                )?),
                             },
                         );
                     }

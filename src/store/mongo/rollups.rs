@@ -221,7 +221,7 @@ impl MongoStore {
                 by_day
                     .entry(h.start - h.start.rem_euclid(DAY))
                     .or_default()
-                    .push(h.slot);
+                    .push(h.slot.clone());
             }
             for (&day, slots) in &by_day {
                 let lifted = lift.get(series).is_some_and(|l| l.contains(&day));
@@ -256,7 +256,7 @@ impl MongoStore {
                 merged.slots.retain(|s| !replaced.contains(&s.start));
                 for s in slots.iter().filter(|s| replaced.contains(&s.start)) {
                     if s.summary.is_some() {
-                        merged.slots.push(*s);
+                        merged.slots.push(s.clone());
                     }
                 }
                 merged.slots.sort_by_key(|s| s.start);
@@ -345,12 +345,7 @@ impl MongoStore {
 fn every_slot(period: Period, start: i64, given: &[Slot]) -> Vec<Slot> {
     let len = period.slot_seconds();
     let mut all: Vec<Slot> = (0..period.seconds() / len)
-        .map(|k| Slot {
-            start: start + k * len,
-            summary: None,
-            n: 0,
-            rest: None,
-        })
+        .map(|k| Slot::empty(start + k * len))
         .collect();
     // In reverse, so the first of slots given twice stands.
     for s in given.iter().rev() {
@@ -358,7 +353,7 @@ fn every_slot(period: Period, start: i64, given: &[Slot]) -> Vec<Slot> {
         if let Some(slot) = usize::try_from(k).ok().and_then(|k| all.get_mut(k))
             && slot.start == s.start
         {
-            *slot = *s;
+            *slot = s.clone();
         }
     }
     all
@@ -376,10 +371,10 @@ fn with_slots(stored: Option<&RollupRead>, day: i64, slots: &[Slot]) -> RollupRe
         match doc.slots.binary_search_by_key(&s.start, |x| x.start) {
             // An empty figure never removes a stored slot.
             Ok(i) if doc.slots[i].n > s.n || s.summary.is_none() => {}
-            Ok(i) => doc.slots[i] = *s,
+            Ok(i) => doc.slots[i] = s.clone(),
             Err(i) => {
                 if s.summary.is_some() {
-                    doc.slots.insert(i, *s);
+                    doc.slots.insert(i, s.clone());
                 }
             }
         }
@@ -496,21 +491,14 @@ mod tests {
             let given: Vec<Slot> = given
                 .iter()
                 .map(|&(k, off, n)| Slot {
-                    start: hour + k * 60 + if off == 2 { 30 } else { 0 },
-                    summary: None,
                     n,
-                    rest: None,
+                    ..Slot::empty(hour + k * 60 + if off == 2 { 30 } else { 0 })
                 })
                 .collect();
             let model: Vec<Slot> = (0..60)
                 .map(|k| {
                     let at = hour + k * 60;
-                    given.iter().find(|s| s.start == at).copied().unwrap_or(Slot {
-                        start: at,
-                        summary: None,
-                        n: 0,
-                        rest: None,
-                    })
+                    given.iter().find(|s| s.start == at).cloned().unwrap_or_else(|| Slot::empty(at))
                 })
                 .collect();
             prop_assert_eq!(every_slot(Period::Hour, hour, &given), model);
@@ -525,15 +513,10 @@ mod tests {
         let stored = RollupRead {
             start: day,
             complete: 1,
-            slots: vec![older],
+            slots: vec![older.clone()],
         };
         let newer = Slot::of(day, &[Sample { t: day, v: 2.0 }], 4);
-        let empty = Slot {
-            start: day + HOUR,
-            summary: None,
-            n: 0,
-            rest: None,
-        };
+        let empty = Slot::empty(day + HOUR);
         let doc = with_slots(Some(&stored), day, &[newer, empty]);
         assert_eq!(doc.slots, vec![older]);
         assert_eq!(doc.complete, 0b11);

@@ -108,7 +108,9 @@ impl MongoStore {
                 for &series in chunk {
                     let buckets = read.take(&series.0, &series.1);
                     let rolled = out.entry(series.clone()).or_default();
-                    for hour in roll_hours_of(self.granularity, *from, *to, &buckets) {
+                    for hour in
+                        roll_hours_of(self.granularity, self.sketch_accuracy, *from, *to, &buckets)
+                    {
                         rolled.insert(hour.start, hour);
                     }
                 }
@@ -207,15 +209,15 @@ impl MongoStore {
             for &(series, minutes) in list {
                 let doc = &stored[&(series.clone(), h)];
                 let bs = fresh.remove(&(series.clone(), h)).unwrap_or_default();
-                let read = roll_hour(Granularity::Minute, h, &bs);
+                let read = roll_hour(Granularity::Minute, self.sketch_accuracy, h, &bs);
                 // The hour's slots: the ones read, and the stored ones of the
                 // minutes not read (complete, so equal to their buckets).
                 let mut slots: Vec<Slot> = doc
                     .slots
                     .iter()
                     .filter(|s| minutes & (1 << ((s.start - h) / 60)) == 0)
-                    .copied()
-                    .chain(read.minutes.iter().copied())
+                    .cloned()
+                    .chain(read.minutes.iter().cloned())
                     .collect();
                 slots.sort_by_key(|s| s.start);
                 // Minutes read without a bucket are written as empty slots.
@@ -226,13 +228,8 @@ impl MongoStore {
                         read.minutes
                             .iter()
                             .find(|s| s.start == at)
-                            .copied()
-                            .unwrap_or(Slot {
-                                start: at,
-                                summary: None,
-                                n: 0,
-                                rest: None,
-                            })
+                            .cloned()
+                            .unwrap_or_else(|| Slot::empty(at))
                     })
                     .collect();
                 out.entry(series.clone()).or_default().insert(
@@ -274,7 +271,7 @@ impl MongoStore {
                 .each_series_document(&self.rollups, &series, &rest, &projection, |d| {
                     cost.rollups_read += 1;
                     let key = series_of(d);
-                    let r = read_rollup(d, period)?;
+                    let r = read_rollup(d, period, Some(self.sketch_accuracy))?;
                     if asked.get(&key).is_some_and(|s| s.contains(&r.start)) {
                         out.insert((key, r.start), r);
                     }
