@@ -71,6 +71,8 @@ struct Cached<'a> {
 const BATCH_CELLS: usize = 250_000;
 /// Sensors in one `$in`.
 const MAX_BATCH: usize = 200;
+/// Points held at once with [`Need::Sketches`], over the series of a batch.
+const BATCH_SKETCHES: usize = 20_000;
 /// Readings held at once with [`Need::Values`] (a series' whole range is
 /// held however long: `query.max_values_range` bounds it).
 const BATCH_READINGS: usize = 2_000_000;
@@ -88,6 +90,10 @@ pub async fn evaluate<S: BucketStore>(
     let plan =
         Plan::new(q.granularity, q.need, q.from, q.to, grid).with_accuracy(store.sketch_accuracy());
     let mut per_batch = (BATCH_CELLS / plan.grid().points().max(1)).clamp(1, MAX_BATCH);
+    if q.need == Need::Sketches {
+        // A point's sketch holds up to thousands of bins.
+        per_batch = per_batch.min((BATCH_SKETCHES / plan.grid().points().max(1)).max(1));
+    }
     if q.need == Need::Values {
         // Every reading is held: at most one a second.
         let span = usize::try_from(q.to.saturating_sub(q.from)).unwrap_or(usize::MAX);

@@ -26,6 +26,7 @@ mod operations;
 mod plans;
 mod prom;
 mod python;
+mod quantiles;
 mod query;
 mod scale;
 mod silence;

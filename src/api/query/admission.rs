@@ -11,7 +11,7 @@ use tracing::warn;
 
 use super::range::Range;
 use crate::api::{ApiError, AppState};
-use crate::domain::{Agg, MetricName};
+use crate::domain::{Agg, MetricName, Sketch};
 use crate::query::{Cost, Grid, Need, Question, Series};
 use crate::store::{BucketStore, StoreError};
 
@@ -109,8 +109,47 @@ pub(crate) async fn evaluate<S: BucketStore>(
     series: &[(Series<'_>, usize)],
     groups: usize,
 ) -> Result<Vec<Vec<Agg>>, ApiError> {
+    let figures = evaluate_figures(state, endpoint, metric, r, grid, series, groups, false).await?;
+    Ok(figures.aggs)
+}
+
+/// Each group's points, and with `sketches` each point's percentile sketch
+/// (none for a point without readings).
+pub(crate) struct Figures {
+    pub aggs: Vec<Vec<Agg>>,
+    pub sketches: Vec<Vec<Option<Sketch>>>,
+}
+
+/// Points (over all groups) one answer with quantiles may hold: a point's
+/// sketch may hold thousands of bins.
+const MAX_SKETCHED_POINTS: usize = 100_000;
+
+/// [`evaluate`], with each point's sketch when `sketches` is set.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn evaluate_figures<S: BucketStore>(
+    state: &AppState<S>,
+    endpoint: &str,
+    metric: &MetricName<'_>,
+    r: &Range,
+    grid: Grid,
+    series: &[(Series<'_>, usize)],
+    groups: usize,
+    sketches: bool,
+) -> Result<Figures, ApiError> {
     let points = grid.points();
-    let mut out = vec![vec![Agg::default(); points]; groups];
+    if sketches && points.saturating_mul(groups) > MAX_SKETCHED_POINTS {
+        return Err(ApiError::bad_request(format!(
+            "quantiles= over more than {MAX_SKETCHED_POINTS} points (groups times steps): ask for a longer step or fewer groups"
+        )));
+    }
+    let mut out = Figures {
+        aggs: vec![vec![Agg::default(); points]; groups],
+        sketches: if sketches {
+            vec![vec![None; points]; groups]
+        } else {
+            Vec::new()
+        },
+    };
     if r.from >= r.to || series.is_empty() {
         return Ok(out);
     }
@@ -120,7 +159,11 @@ pub(crate) async fn evaluate<S: BucketStore>(
         from: r.from,
         to: r.to,
         granularity: state.settings.granularity,
-        need: Need::Aggregates,
+        need: if sketches {
+            Need::Sketches
+        } else {
+            Need::Aggregates
+        },
         max_time: admitted.max_time(),
         cache: crate::api::cache_use(state),
     };
@@ -132,8 +175,21 @@ pub(crate) async fn evaluate<S: BucketStore>(
         grid,
         &members,
         |i, cells| {
-            for (into, cell) in out[series[i].1].iter_mut().zip(&cells) {
+            let group = series[i].1;
+            for (into, cell) in out.aggs[group].iter_mut().zip(&cells) {
                 into.merge(&cell.agg);
+            }
+            if let Some(into) = out.sketches.get_mut(group) {
+                for (into, cell) in into.iter_mut().zip(cells) {
+                    match (into.as_mut(), cell.sketch) {
+                        (Some(all), Some(k)) => {
+                            // Sketches of one accuracy, the store's: they merge.
+                            let _ = all.merge(&k);
+                        }
+                        (None, k) => *into = k,
+                        (Some(_), None) => {}
+                    }
+                }
             }
         },
     );
@@ -141,7 +197,7 @@ pub(crate) async fn evaluate<S: BucketStore>(
         .within(async { work.await.map_err(store_error) })
         .await?;
     admitted.done(state, endpoint, cost);
-    for p in &out {
+    for p in &out.aggs {
         check_finite(p)?;
     }
     Ok(out)

@@ -5,6 +5,7 @@ use axum::response::{IntoResponse, Response};
 use tracing::warn;
 
 use super::Point;
+use super::quantiles::Quantiles;
 use crate::api::ApiError;
 use crate::api::params::Params;
 
@@ -54,12 +55,20 @@ pub(crate) fn csv_point(prefix: &[String], p: &Point) -> Vec<String> {
         opt(p.max),
     ]);
     row.extend(p.held_seconds.map(|h| h.to_string()));
+    if let Some(q) = &p.quantiles {
+        row.extend(q.0.iter().map(|(_, v)| opt(*v)));
+    }
     row
 }
 
-/// The columns of [`csv_point`]'s rows: `held_seconds` last for a
-/// time-weighted series.
-pub(crate) fn point_columns(weighted: bool) -> &'static [&'static str] {
+/// The columns of [`csv_point`]'s rows: `held_seconds` for a time-weighted
+/// series, then a `q<quantile>` for each quantile asked.
+pub(crate) fn point_columns(weighted: bool, quantiles: Option<&Quantiles>) -> Vec<String> {
     const COLUMNS: [&str; 7] = ["start", "count", "sum", "avg", "min", "max", "held_seconds"];
-    &COLUMNS[..if weighted { 7 } else { 6 }]
+    let mut columns: Vec<String> = COLUMNS[..if weighted { 7 } else { 6 }]
+        .iter()
+        .map(|c| (*c).to_owned())
+        .collect();
+    columns.extend(quantiles.map(Quantiles::columns).unwrap_or_default());
+    columns
 }

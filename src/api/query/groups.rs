@@ -9,7 +9,7 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use wildmatch::WildMatch;
 
-use super::admission::{admit, evaluate, store_error};
+use super::admission::{admit, evaluate_figures, store_error};
 use super::csv::{csv_point, csv_response, point_columns, wants_csv};
 use super::range::{
     coarse, coarse_header, format_ms, metric, parse_tz, points_of, range, series_grid,
@@ -164,6 +164,7 @@ pub fn check_group_params(raw: &str, ids: &[&str]) -> Result<usize, String> {
     metric(&params).map_err(|e| e.message)?;
     GroupBy::parse(params.get("group_by")).map_err(|e| e.message)?;
     super::weighting::weighting(&params).map_err(|e| e.message)?;
+    super::quantiles::quantiles(&params).map_err(|e| e.message)?;
     parse_tz(&params).map_err(|e| e.message)?;
     if let Some(step) = params.get("step") {
         super::parse_step(step).map_err(|e| e.message)?;
@@ -181,7 +182,7 @@ pub fn check_group_params(raw: &str, ids: &[&str]) -> Result<usize, String> {
 }
 
 /// Every group route's parameters (the fuzz target reads them all).
-pub(crate) const GROUP_PARAMS: [&str; 10] = [
+pub(crate) const GROUP_PARAMS: [&str; 11] = [
     "sensor",
     "metric",
     "from",
@@ -192,8 +193,9 @@ pub(crate) const GROUP_PARAMS: [&str; 10] = [
     "format",
     "weighting",
     "staleness",
+    "quantiles",
 ];
-const AVERAGE_PARAMS: [&str; 7] = [
+const AVERAGE_PARAMS: [&str; 8] = [
     "sensor",
     "metric",
     "from",
@@ -201,6 +203,7 @@ const AVERAGE_PARAMS: [&str; 7] = [
     "group_by",
     "weighting",
     "staleness",
+    "quantiles",
 ];
 
 pub(crate) async fn group_query<S: BucketStore>(
@@ -220,6 +223,7 @@ pub(crate) async fn group_query<S: BucketStore>(
     let metric = metric(&params)?;
     let group_by = GroupBy::parse(params.get("group_by"))?;
     let weighing = super::weighting::weighing(&state, &params)?;
+    let asked = super::quantiles::quantiles(&params)?;
     let tz = if with_step { parse_tz(&params)? } else { None };
     let zone = tz.as_ref().map(|t| &t.1);
     let mut r = range(&state, &params)?;
@@ -253,7 +257,8 @@ pub(crate) async fn group_query<S: BucketStore>(
     } else {
         "group_average"
     };
-    let each_group: Vec<Vec<Point>> = match weighing {
+    let grouped: Vec<(Series<'_>, usize)> = series.iter().map(|(s, g, _)| (*s, *g)).collect();
+    let (each_group, sketches): (Vec<Vec<Point>>, _) = match weighing {
         Some(how) => {
             let limited: Vec<(Series<'_>, usize, i64)> = series
                 .iter()
@@ -270,15 +275,25 @@ pub(crate) async fn group_query<S: BucketStore>(
                 how.weighting,
             )
             .await?;
-            figures
+            let points = figures
                 .iter()
                 .map(|f| super::weighting::weighted_points_of(&grid, f, zone))
-                .collect::<Result<_, _>>()?
+                .collect::<Result<_, _>>()?;
+            let sketches = super::quantiles::sketches(
+                &state,
+                endpoint,
+                &metric,
+                &r,
+                &grid,
+                &grouped,
+                keys.len(),
+                asked.as_ref(),
+            )
+            .await?;
+            (points, sketches)
         }
         None => {
-            let grouped: Vec<(Series<'_>, usize)> =
-                series.iter().map(|(s, g, _)| (*s, *g)).collect();
-            let aggs = evaluate(
+            let f = evaluate_figures(
                 &state,
                 endpoint,
                 &metric,
@@ -286,15 +301,24 @@ pub(crate) async fn group_query<S: BucketStore>(
                 grid.clone(),
                 &grouped,
                 keys.len(),
+                asked.is_some(),
             )
             .await?;
-            aggs.iter()
+            let points = f
+                .aggs
+                .iter()
                 .map(|a| points_of(&grid, a, zone))
-                .collect::<Result<_, _>>()?
+                .collect::<Result<_, _>>()?;
+            (points, f.sketches)
         }
     };
     let mut groups = Vec::with_capacity(keys.len());
-    for ((group, sensors), mut points) in keys.into_iter().zip(sizes).zip(each_group) {
+    for (g, ((group, sensors), mut points)) in
+        keys.into_iter().zip(sizes).zip(each_group).enumerate()
+    {
+        if let (Some(q), Some(k)) = (&asked, sketches.get(g)) {
+            q.annotate(&mut points, k);
+        }
         groups.push(if with_step {
             Group {
                 group,
@@ -325,7 +349,8 @@ pub(crate) async fn group_query<S: BucketStore>(
         let mut response = csv_response(|w| {
             let mut header: Vec<&str> = label.iter().map(String::as_str).collect();
             header.push("sensors");
-            header.extend(point_columns(weighing.is_some()));
+            let columns = point_columns(weighing.is_some(), asked.as_ref());
+            header.extend(columns.iter().map(String::as_str));
             w.write_record(&header)?;
             for g in &groups {
                 let mut prefix: Vec<String> = g
@@ -360,7 +385,8 @@ pub(crate) async fn group_query<S: BucketStore>(
 #[utoipa::path(get, path = "/api/v1/average",
     params(("sensor" = Option<String>, Query, description = "A sensor id or glob"), ("metric" = Option<String>, Query),
         ("from" = String, Query), ("to" = String, Query), ("group_by" = Option<String>, Query, description = "sensor or label.<name>"),
-        ("weighting" = Option<String>, Query), ("staleness" = Option<String>, Query)),
+        ("weighting" = Option<String>, Query), ("staleness" = Option<String>, Query),
+        ("quantiles" = Option<String>, Query, description = "e.g. 0.5,0.95,0.99: percentiles from rollups' sketches")),
     responses((status = 200, body = GroupResponse)))]
 pub async fn group_average<S: BucketStore>(
     State(state): State<AppState<S>>,
@@ -375,7 +401,8 @@ pub async fn group_average<S: BucketStore>(
     params(("sensor" = Option<String>, Query, description = "A sensor id or glob"), ("metric" = Option<String>, Query),
         ("from" = String, Query), ("to" = String, Query), ("step" = String, Query), ("tz" = Option<String>, Query),
         ("group_by" = Option<String>, Query, description = "sensor or label.<name>"), ("format" = Option<String>, Query),
-        ("weighting" = Option<String>, Query), ("staleness" = Option<String>, Query)),
+        ("weighting" = Option<String>, Query), ("staleness" = Option<String>, Query),
+        ("quantiles" = Option<String>, Query, description = "e.g. 0.5,0.95,0.99: percentiles from rollups' sketches")),
     responses((status = 200, body = GroupResponse), (status = 200, content_type = "text/csv", body = String)))]
 pub async fn group_series<S: BucketStore>(
     State(state): State<AppState<S>>,

@@ -16,6 +16,7 @@ mod admission;
 mod csv;
 mod dead_letters;
 mod groups;
+mod quantiles;
 mod range;
 mod registry;
 mod silence;
@@ -37,7 +38,7 @@ use crate::query::{Cost, Grid, Series};
 use crate::store::BucketStore;
 
 pub(super) use admission::{Admitted, admit};
-pub(super) use admission::{evaluate, store_error};
+pub(super) use admission::{evaluate, evaluate_figures, store_error};
 use csv::{csv_point, csv_response, point_columns, wants_csv};
 pub use dead_letters::{
     __path_list_dead_letters, DeadLetterEntry, DeadLetterList, list_dead_letters,
@@ -45,6 +46,7 @@ pub use dead_letters::{
 pub use groups::check_group_params;
 pub(super) use groups::sensor_glob;
 pub use groups::{__path_group_average, __path_group_series, group_average, group_series};
+pub use quantiles::QuantileValues;
 pub use range::Coarse;
 pub(super) use range::{Range, coarse, coarse_header, metric, range, series_grid};
 pub use range::{Step, parse_instant, parse_step};
@@ -70,6 +72,11 @@ pub struct Point {
     /// the readings'.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub held_seconds: Option<i64>,
+    /// With `quantiles=`: each quantile of the point's readings, within
+    /// `buckets.sketch_accuracy` of the exact one (`null` without readings).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub quantiles: Option<QuantileValues>,
 }
 
 impl Point {
@@ -82,6 +89,7 @@ impl Point {
             min: a.min(),
             max: a.max(),
             held_seconds: None,
+            quantiles: None,
         }
     }
 }
@@ -206,7 +214,8 @@ fn sensor_param(principal: &Principal, sensor: &str) -> Result<(), ApiError> {
 
 #[utoipa::path(get, path = "/api/v1/sensors/{sensor}/average",
     params(("sensor" = String, Path), ("metric" = Option<String>, Query), ("from" = String, Query), ("to" = String, Query),
-        ("weighting" = Option<String>, Query), ("staleness" = Option<String>, Query)),
+        ("weighting" = Option<String>, Query), ("staleness" = Option<String>, Query),
+        ("quantiles" = Option<String>, Query, description = "e.g. 0.5,0.95,0.99: percentiles from rollups' sketches")),
     responses((status = 200, body = AverageResponse)))]
 pub async fn average<S: BucketStore>(
     State(state): State<AppState<S>>,
@@ -217,11 +226,19 @@ pub async fn average<S: BucketStore>(
     sensor_param(&principal, &sensor)?;
     let params = Params::parse(
         raw.as_deref(),
-        &["metric", "from", "to", "weighting", "staleness"],
+        &[
+            "metric",
+            "from",
+            "to",
+            "weighting",
+            "staleness",
+            "quantiles",
+        ],
         false,
     )?;
     let metric = metric(&params)?;
     let weighing = weighting::weighing(&state, &params)?;
+    let asked = quantiles::quantiles(&params)?;
     let mut r = range(&state, &params)?;
     let coarse = coarse(&state, &mut r, None)?;
     let series = [(Series { sensor: &sensor }, 0)];
@@ -230,7 +247,7 @@ pub async fn average<S: BucketStore>(
         Some(how) => Some(one_limit(&state, "average", &sensor, &how).await?),
         None => None,
     };
-    let aggregates = match weighing.zip(limit) {
+    let (mut aggregates, sketches) = match weighing.zip(limit) {
         Some((how, limit)) => {
             let one = [(series[0].0, 0, limit)];
             let figures = weighting::weighted_points(
@@ -252,13 +269,40 @@ pub async fn average<S: BucketStore>(
             let mut point = Point::new(None, &agg);
             point.avg = w.average();
             point.held_seconds = Some(w.held);
-            point
+            let sketches = quantiles::sketches(
+                &state,
+                "average",
+                &metric,
+                &r,
+                &grid,
+                &series,
+                1,
+                asked.as_ref(),
+            )
+            .await?;
+            (point, sketches)
         }
         None => {
-            let points = evaluate(&state, "average", &metric, &r, grid, &series, 1).await?;
-            Point::new(None, &points[0][0])
+            let f = evaluate_figures(
+                &state,
+                "average",
+                &metric,
+                &r,
+                grid,
+                &series,
+                1,
+                asked.is_some(),
+            )
+            .await?;
+            (Point::new(None, &f.aggs[0][0]), f.sketches)
         }
     };
+    if let Some(q) = &asked {
+        q.annotate(
+            std::slice::from_mut(&mut aggregates),
+            sketches.first().map_or(&[][..], Vec::as_slice),
+        );
+    }
     Ok(Json(AverageResponse {
         sensor,
         metric: metric.to_string(),
@@ -290,7 +334,8 @@ async fn one_limit<S: BucketStore>(
 #[utoipa::path(get, path = "/api/v1/sensors/{sensor}/series",
     params(("sensor" = String, Path), ("metric" = Option<String>, Query), ("from" = String, Query), ("to" = String, Query),
         ("step" = String, Query), ("tz" = Option<String>, Query), ("format" = Option<String>, Query),
-        ("weighting" = Option<String>, Query), ("staleness" = Option<String>, Query)),
+        ("weighting" = Option<String>, Query), ("staleness" = Option<String>, Query),
+        ("quantiles" = Option<String>, Query, description = "e.g. 0.5,0.95,0.99: percentiles from rollups' sketches")),
     responses((status = 200, body = SeriesResponse), (status = 200, content_type = "text/csv", body = String)))]
 pub async fn series<S: BucketStore>(
     State(state): State<AppState<S>>,
@@ -311,12 +356,14 @@ pub async fn series<S: BucketStore>(
             "format",
             "weighting",
             "staleness",
+            "quantiles",
         ],
         false,
     )?;
     let csv = wants_csv(&headers, &params)?;
     let metric = metric(&params)?;
     let weighing = weighting::weighing(&state, &params)?;
+    let asked = quantiles::quantiles(&params)?;
     let tz = parse_tz(&params)?;
     let mut r = range(&state, &params)?;
     let grid = series_grid(&state, &params, &r, tz.as_ref().map(|t| &t.1))?;
@@ -327,7 +374,7 @@ pub async fn series<S: BucketStore>(
         Some(how) => Some(one_limit(&state, "series", &sensor, &how).await?),
         None => None,
     };
-    let points = match weighing.zip(limit) {
+    let (mut points, sketches) = match weighing.zip(limit) {
         Some((how, limit)) => {
             let one = [(series[0].0, 0, limit)];
             let figures = weighting::weighted_points(
@@ -342,16 +389,42 @@ pub async fn series<S: BucketStore>(
             )
             .await?;
             let none = Vec::new();
-            weighting::weighted_points_of(&grid, figures.first().unwrap_or(&none), zone)?
+            let points =
+                weighting::weighted_points_of(&grid, figures.first().unwrap_or(&none), zone)?;
+            let sketches = quantiles::sketches(
+                &state,
+                "series",
+                &metric,
+                &r,
+                &grid,
+                &series,
+                1,
+                asked.as_ref(),
+            )
+            .await?;
+            (points, sketches)
         }
         None => {
-            let aggs = evaluate(&state, "series", &metric, &r, grid.clone(), &series, 1).await?;
-            points_of(&grid, &aggs[0], zone)?
+            let f = evaluate_figures(
+                &state,
+                "series",
+                &metric,
+                &r,
+                grid.clone(),
+                &series,
+                1,
+                asked.is_some(),
+            )
+            .await?;
+            (points_of(&grid, &f.aggs[0], zone)?, f.sketches)
         }
     };
+    if let Some(q) = &asked {
+        q.annotate(&mut points, sketches.first().map_or(&[][..], Vec::as_slice));
+    }
     if csv {
         let mut response = csv_response(|w| {
-            w.write_record(point_columns(weighing.is_some()))?;
+            w.write_record(point_columns(weighing.is_some(), asked.as_ref()))?;
             for p in &points {
                 w.write_record(csv_point(&[], p))?;
             }
