@@ -1,7 +1,8 @@
-//! What one series asks of one level of storage, and how it is read: runs
-//! of consecutive documents as index ranges, the rest as lists.
+//! The levels a query reads, coarsest first; what one series asks of one
+//! of them, and how it is read: runs of consecutive documents as index
+//! ranges, the rest as lists.
 
-use crate::domain::{Level, Starts, Values};
+use crate::domain::{Granularity, Level, Period, Starts, Values};
 
 /// What one series asks of one level.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,4 +55,34 @@ impl Ask {
         reads.extend(rest.chunks(MAX_LISTED).map(|c| Starts::Only(c.to_vec())));
         reads
     }
+}
+
+/// One level: its documents' length and their slots'.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Tier {
+    pub level: Level,
+    pub len: i64,
+    /// Rollups: the slot length. Hour buckets: a minute. Minute buckets: 0.
+    pub slot: i64,
+}
+
+pub(super) fn tiers(granularity: Granularity) -> Vec<Tier> {
+    let mut tiers: Vec<Tier> = Period::levels(granularity)
+        .iter()
+        .rev()
+        .map(|&p| Tier {
+            level: Level::Rollups(p),
+            len: p.seconds(),
+            slot: p.slot_seconds(),
+        })
+        .collect();
+    tiers.push(Tier {
+        level: Level::Buckets,
+        len: granularity.seconds(),
+        slot: match granularity {
+            Granularity::Minute => 0,
+            Granularity::Hour => 60,
+        },
+    });
+    tiers
 }

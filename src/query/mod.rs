@@ -9,6 +9,7 @@
 
 mod ask;
 pub mod cache;
+mod cell;
 pub mod engine;
 pub mod grid;
 pub mod plan;

@@ -23,70 +23,14 @@ use std::collections::BTreeSet;
 
 use super::Grid;
 pub use super::ask::Ask;
+use super::ask::{Tier, tiers};
+pub use super::cell::{Cell, Need};
 use crate::domain::{
-    Agg, BucketRead, Granularity, Level, Part, Period, RollupRead, Sample, Sketch, Summary, Values,
+    Agg, BucketRead, Granularity, Level, Part, RollupRead, Sample, Sketch, Summary, Values,
 };
-
-/// What a query needs of the readings in each point.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Need {
-    /// Count, sum, min and max: an hour bucket's minute aggregates will do.
-    Aggregates,
-    /// Everything a [`Summary`] holds (`last_over_time`, counters).
-    Summaries,
-    /// Every reading (quantiles): only buckets hold them.
-    Values,
-    /// Count, sum, min and max with a percentile sketch of the readings:
-    /// from whole rollup slots that keep one, else from buckets' values.
-    Sketches,
-}
-
-/// One point, answered.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Cell {
-    pub agg: Agg,
-    /// With [`Need::Summaries`] and [`Need::Values`]; none for a point
-    /// without readings.
-    pub summary: Option<Summary>,
-    /// With [`Need::Values`]: the readings, in time order.
-    pub samples: Vec<Sample>,
-    /// With [`Need::Sketches`]: the readings' sketch; none for a point
-    /// without readings.
-    pub sketch: Option<Sketch>,
-}
 
 /// The sketches' accuracy unless [`Plan::with_accuracy`] says otherwise.
 const DEFAULT_ACCURACY: f64 = 0.01;
-
-/// One level: its documents' length and their slots'.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Tier {
-    level: Level,
-    len: i64,
-    /// Rollups: the slot length. Hour buckets: a minute. Minute buckets: 0.
-    slot: i64,
-}
-
-fn tiers(granularity: Granularity) -> Vec<Tier> {
-    let mut tiers: Vec<Tier> = Period::levels(granularity)
-        .iter()
-        .rev()
-        .map(|&p| Tier {
-            level: Level::Rollups(p),
-            len: p.seconds(),
-            slot: p.slot_seconds(),
-        })
-        .collect();
-    tiers.push(Tier {
-        level: Level::Buckets,
-        len: granularity.seconds(),
-        slot: match granularity {
-            Granularity::Minute => 0,
-            Granularity::Hour => 60,
-        },
-    });
-    tiers
-}
 
 /// Stored seconds `[from, to)` of point `cell` still to be answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -582,7 +526,7 @@ impl SeriesPlan {
 mod tests {
     use super::super::grid::Calendar;
     use super::*;
-    use crate::domain::{Slot, Starts};
+    use crate::domain::{Period, Slot, Starts};
     use jiff::tz::TimeZone;
     use proptest::prelude::*;
     use std::collections::BTreeMap;

@@ -11,6 +11,7 @@ pub mod raw_writer;
 pub mod registry;
 pub mod roll;
 pub mod rollup;
+mod rollup_read;
 mod settings;
 pub mod upkeep;
 
