@@ -116,5 +116,17 @@ pub async fn measure_all(
             );
         }
     }
+    let spans: Vec<u32> = [1u32, 30, 400].into_iter().filter(|&d| d <= days).collect();
+    ok &= crate::percentile::measure(
+        &target.url,
+        (&sensor, &metric),
+        &truth,
+        (&spans, end),
+        repeats,
+        ("by exception: p50, p95, p99", "exception_quantiles"),
+        s,
+        json,
+    )
+    .await?;
     Ok(ok)
 }

@@ -10,6 +10,7 @@ mod history;
 mod peer_loads;
 mod peer_servers;
 mod peers;
+mod percentile;
 mod procs;
 mod promql;
 mod query;

@@ -189,6 +189,19 @@ pub async fn run(
             serde_json::json!({ "p50_ms": p50, "p99_ms": p99, "documents": docs, "exact": exact }),
         );
     }
+    // Percentiles from the rollups' sketches, over the same data.
+    let quantile_spans: Vec<u32> = [1u32, 30, 400].into_iter().filter(|&d| d <= days).collect();
+    ok &= crate::percentile::measure(
+        &target.url,
+        (&sensor, &metric),
+        &truth,
+        (&quantile_spans, end),
+        repeats,
+        ("p50, p95, p99", "quantiles"),
+        &mut s,
+        &mut json,
+    )
+    .await?;
     // A sensor reporting by exception over the same span.
     ok &= crate::exception::measure_all(
         ctx,

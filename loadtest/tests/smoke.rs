@@ -205,6 +205,13 @@ fn ranges_answer_long_averages_exactly() {
         let key = format!("exception_time_weighted_1d_{limit}");
         assert_eq!(r["data"]["ranges"][&key]["exact"], true, "{key}: {r}");
     }
+    // Percentiles from sketches, within their accuracy of the exact ones.
+    for key in ["quantiles_1d", "exception_quantiles_1d"] {
+        assert_eq!(
+            r["data"]["ranges"][key]["within_accuracy"], true,
+            "{key}: {r}"
+        );
+    }
     assert_eq!(
         r["data"]["ranges"]["group average 6h over the fleet"]["exact"], true,
         "{r}"

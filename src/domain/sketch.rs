@@ -100,6 +100,37 @@ impl Sketch {
         }
     }
 
+    /// Uncounts `v`, one of the readings counted: a slot's sketch without
+    /// its first reading (PromQL's left-open windows). A value below the
+    /// bins kept counts in the lowest, where collapsing put it.
+    pub fn remove(&mut self, v: f64) {
+        if !v.is_finite() {
+            return;
+        }
+        let magnitude = v.abs();
+        if magnitude <= MIN_MAGNITUDE {
+            self.zero = self.zero.saturating_sub(1);
+            return;
+        }
+        let key = self.key(magnitude);
+        let store = if v > 0.0 {
+            &mut self.pos
+        } else {
+            &mut self.neg
+        };
+        let at = match store.binary_search_by_key(&key, |b| b.0) {
+            Ok(i) => Some(i),
+            Err(0) if !store.is_empty() => Some(0),
+            Err(_) => None,
+        };
+        if let Some(i) = at {
+            store[i].1 -= 1;
+            if store[i].1 == 0 {
+                store.remove(i);
+            }
+        }
+    }
+
     /// Adds `other`'s counts: the sketch of both sketches' readings.
     pub fn merge(&mut self, other: &Sketch) -> Result<(), SketchError> {
         if other.accuracy.to_bits() != self.accuracy.to_bits() {
@@ -118,7 +149,12 @@ impl Sketch {
         if n == 0 || !(0.0..=1.0).contains(&q) {
             return None;
         }
-        let rank = (q * (n - 1) as f64).floor() as u64;
+        self.at_rank((q * (n - 1) as f64).floor() as u64)
+    }
+
+    /// The value at `rank` (from 0) of the sorted readings, within the
+    /// accuracy; none past the last.
+    pub fn at_rank(&self, rank: u64) -> Option<f64> {
         let mut seen = 0u64;
         // Most negative first: the largest magnitudes of the negative store.
         for &(key, c) in self.neg.iter().rev() {
@@ -137,7 +173,7 @@ impl Sketch {
                 return Some(self.value(key));
             }
         }
-        self.pos.last().map(|b| self.value(b.0))
+        None
     }
 
     /// The bins, compactly: the accuracy, the zero count, then each store's
@@ -367,6 +403,12 @@ mod tests {
             b.merge(&a).expect("same accuracy");
             prop_assert_eq!(&b, &all);
             prop_assert_eq!(all.count(), xs.len() as u64);
+            // Removing the first reading leaves the sketch of the others.
+            let mut rest = all.clone();
+            rest.remove(xs[0]);
+            let mut others = Sketch::new(accuracy).expect("others");
+            xs[1..].iter().for_each(|&x| others.add(x));
+            prop_assert_eq!(&rest, &others);
             let back = Sketch::decode(&all.encode());
             prop_assert_eq!(back, Ok(all));
         }

@@ -411,6 +411,30 @@ impl Slot {
         }
     }
 
+    /// The sketch of one part of the slot (none if it holds no reading, or
+    /// the slot keeps no sketch).
+    pub fn sketch_part(&self, part: Part) -> Option<Sketch> {
+        let s = self.summary?;
+        let k = self.sketch.as_ref()?;
+        let at_start = s.first.t == self.start;
+        match part {
+            Part::Whole => Some(k.clone()),
+            Part::Rest if !at_start => Some(k.clone()),
+            Part::Rest => (s.count > 1).then(|| {
+                let mut rest = k.clone();
+                rest.remove(s.first.v);
+                rest
+            }),
+            Part::First => at_start
+                .then(|| Sketch::new(k.accuracy()).ok())
+                .flatten()
+                .map(|mut one| {
+                    one.add(s.first.v);
+                    one
+                }),
+        }
+    }
+
     /// The summary of one part of the slot (none if it holds no reading).
     pub fn part(&self, part: Part) -> Option<Summary> {
         let s = self.summary?;
@@ -563,8 +587,20 @@ mod tests {
                 .collect();
             let built = Slot::of_slots(start, &subs);
             prop_assert_eq!(built.n, subs.len() as u64);
-            // The merged sketch is the readings' own, bin for bin.
+            // The merged sketch is the readings' own, bin for bin, and so
+            // is each part's.
             prop_assert_eq!(&built.sketch, &slot.sketch.clone().filter(|_| !xs.is_empty()));
+            for part in [Part::Whole, Part::Rest, Part::First] {
+                let (from, to) = match part {
+                    Part::Whole => (start, end),
+                    Part::Rest => (start + 1, end),
+                    Part::First => (start, start + 1),
+                };
+                let inside: Vec<Sample> =
+                    xs.iter().copied().filter(|x| x.t >= from && x.t < to).collect();
+                let want = Slot::of(from, &inside, 0).sketched(0.01, &inside).sketch;
+                prop_assert_eq!(&built.sketch_part(part), &want, "{:?}", part);
+            }
             // One sub-slot with readings but no sketch: the slot has none.
             if let Some(i) = subs.iter().position(|s| s.summary.is_some()) {
                 let mut without = subs.clone();

@@ -229,20 +229,14 @@ impl Plan {
                     to: b,
                     cell: p.cell,
                 };
-                // A sketch answers only for its whole slot.
                 match Part::of(u, u + tier.slot, a, b) {
-                    Some(part)
-                        if (self.need != Need::Sketches || part == Part::Whole)
-                            && !self.dirty_inside(s, u, u + tier.slot) =>
-                    {
-                        s.asked.push(Asked {
-                            doc: u - u.rem_euclid(tier.len),
-                            piece,
-                            part,
-                            slot: u,
-                            answered: false,
-                        })
-                    }
+                    Some(part) if !self.dirty_inside(s, u, u + tier.slot) => s.asked.push(Asked {
+                        doc: u - u.rem_euclid(tier.len),
+                        piece,
+                        part,
+                        slot: u,
+                        answered: false,
+                    }),
                     _ => s.next.push(piece),
                 }
                 u += tier.slot;
@@ -331,8 +325,8 @@ impl Plan {
                 match slot {
                     Some(slot) if slot.sketch.is_none() => continue,
                     Some(slot) => {
-                        if let Some(k) = &slot.sketch {
-                            self.add_sketch(s, a.piece.cell, k);
+                        if let Some(k) = slot.sketch_part(a.part) {
+                            self.add_sketch(s, a.piece.cell, &k);
                         }
                     }
                     None => {}
@@ -888,8 +882,11 @@ mod tests {
             let Grid::Bounds(b) = &grid else { unreachable!() };
             let (from, to) = (b[0], b[b.len() - 1]);
             let model = Model::new(g, &stored, holes);
-            let (got, _) = answer(g, Need::Summaries, from, to, grid.clone(), &model, &unstored);
-            check(&got, &brute_force(&grid, from, to, &stored, &unstored), Need::Summaries)?;
+            let want = brute_force(&grid, from, to, &stored, &unstored);
+            for need in [Need::Summaries, Need::Sketches] {
+                let (got, _) = answer(g, need, from, to, grid.clone(), &model, &unstored);
+                check(&got, &want, need)?;
+            }
         }
 
         #[test]

@@ -304,3 +304,93 @@ async fn percentiles_from_rollups_are_within_the_sketch_accuracy_of_the_exact_on
         );
     }
 }
+
+/// Prometheus' quantile of a window's readings: interpolated between ranks.
+fn prometheus_quantile(q: f64, sorted: &[f64]) -> f64 {
+    let rank = q * (sorted.len() - 1) as f64;
+    let lower = rank.floor();
+    let upper = (lower + 1.0).min((sorted.len() - 1) as f64);
+    let weight = rank - lower;
+    sorted[lower as usize] * (1.0 - weight) + sorted[upper as usize] * weight
+}
+
+#[tokio::test]
+async fn promql_quantiles_past_31_days_answer_from_sketches_only_when_asked() {
+    let mut settings = crate::helpers::test_settings();
+    settings.ingest.max_age = std::time::Duration::from_secs(45 * 86_400);
+    let app = crate::helpers::spawn_app_with(settings).await;
+    let base = base_time();
+    let start = base - 42 * 86_400;
+    let mut rng = Gen(31);
+    // A few readings a day for 42 days, each day's in one burst of minutes.
+    let mut truth: BTreeMap<i64, f64> = BTreeMap::new();
+    for day in 0..42 {
+        let t0 = start + day * 86_400 + rng.below(20 * HOUR as u64) as i64;
+        for k in 0..1 + rng.below(6) as i64 {
+            truth.insert(t0 + k * 61, rng.below(4000) as f64 / 8.0 - 100.0);
+        }
+    }
+    let rows: Vec<(String, i64, f64)> = truth
+        .iter()
+        .map(|(&t, &v)| ("pq-long".to_owned(), t, v))
+        .collect();
+    post(&app, &rows).await;
+    app.late_rolled_up().await;
+    let at = base + 7;
+    let ask = |q: String, extra: &str| {
+        let q: String = url::form_urlencoded::byte_serialize(q.as_bytes()).collect();
+        format!("/prometheus/api/v1/query?query={q}&time={at}{extra}")
+    };
+    let window = |range: i64| -> Vec<f64> {
+        let mut v: Vec<f64> = truth.range(at - range + 1..=at).map(|(_, v)| *v).collect();
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    // Past 31 days: refused unless asked for, then within the accuracy.
+    let long = format!("quantile_over_time(0.9, vib{{sensor=\"pq-long\"}}[40d])");
+    let r = app.get(&ask(long.clone(), "")).await;
+    assert_eq!(r.status(), 400);
+    assert!(
+        r.text()
+            .await
+            .unwrap_or_default()
+            .contains("quantile_sketches")
+    );
+    for q in [0.0, 0.1, 0.5, 0.9, 0.99, 1.0] {
+        let query = format!("quantile_over_time({q}, vib{{sensor=\"pq-long\"}}[40d])");
+        let body = app.get_json(&ask(query, "&quantile_sketches=true")).await;
+        let got: f64 = body["data"]["result"][0]["value"][1]
+            .as_str()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(f64::NAN);
+        let values = window(40 * 86_400);
+        let want = prometheus_quantile(q, &values);
+        // Interpolated between two estimates, each within the accuracy.
+        let (lo, hi) = {
+            let rank = q * (values.len() - 1) as f64;
+            (
+                values[rank.floor() as usize],
+                values[(rank.floor() as usize + 1).min(values.len() - 1)],
+            )
+        };
+        let bound = ACCURACY * lo.abs().max(hi.abs()) + 1e-9;
+        assert!(
+            (got - want).abs() <= bound,
+            "q {q}: {got} against {want}: {body}"
+        );
+    }
+    // A window within 31 days stays exact with the parameter too.
+    let query = "quantile_over_time(0.9, vib{sensor=\"pq-long\"}[20d])".to_owned();
+    let body = app.get_json(&ask(query, "&quantile_sketches=true")).await;
+    let got: f64 = body["data"]["result"][0]["value"][1]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(f64::NAN);
+    assert_eq!(
+        got,
+        prometheus_quantile(0.9, &window(20 * 86_400)),
+        "{body}"
+    );
+    let r = app.get(&ask(long, "&quantile_sketches=maybe")).await;
+    assert_eq!(r.status(), 400);
+}

@@ -179,6 +179,13 @@ async fn evaluate<S: BucketStore>(
         limits: state.settings.query.limits(),
         max_samples: state.settings.query.max_samples,
         cache: crate::api::cache_use(state),
+        sketch_quantiles: match form.get("quantile_sketches") {
+            None | Some("false") => false,
+            Some("true") => true,
+            Some(_) => {
+                return Err(Failure::bad_data("quantile_sketches is true or false"));
+            }
+        },
     };
     let outcome = tokio::time::timeout_at(admitted.deadline, promql::evaluate(&ctx, query, steps))
         .await

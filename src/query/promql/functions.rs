@@ -3,7 +3,7 @@
 //! one value. Prometheus 3's semantics, checked against Prometheus itself
 //! in the tests.
 
-use crate::domain::{Agg, Sample, Summary};
+use crate::domain::{Agg, Sample, Sketch, Summary};
 
 use super::ast::RangeFunc;
 
@@ -164,6 +164,31 @@ pub fn quantile(q: f64, values: &mut [f64]) -> f64 {
     let upper = (lower + 1.0).min(n - 1.0);
     let weight = rank - rank.floor();
     values[lower as usize] * (1.0 - weight) + values[upper as usize] * weight
+}
+
+/// [`quantile`] from a sketch of the readings: Prometheus' interpolation
+/// between the values at the ranks around `q·(n − 1)`, each within the
+/// sketch's accuracy (readings of one sign: the answer too).
+pub fn sketch_quantile(q: f64, k: &Sketch) -> Option<f64> {
+    let n = k.count();
+    if n == 0 {
+        return None;
+    }
+    if q.is_nan() {
+        return Some(f64::NAN);
+    }
+    if q < 0.0 {
+        return Some(f64::NEG_INFINITY);
+    }
+    if q > 1.0 {
+        return Some(f64::INFINITY);
+    }
+    let rank = q * (n - 1) as f64;
+    let lower = rank.floor();
+    let weight = rank - lower;
+    let low = k.at_rank(lower as u64)?;
+    let high = k.at_rank(((lower as u64) + 1).min(n - 1))?;
+    Some(low * (1.0 - weight) + high * weight)
 }
 
 /// Go's `math.Max`: +Inf wins, then NaN, and +0 over -0.

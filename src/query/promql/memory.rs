@@ -41,7 +41,8 @@ impl Memory {
             steps,
             &budget.limits,
             (budget.max_series, budget.max_samples, budget.max_range_ms),
-            budget.deadline,
+            // Readings in memory: every quantile is exact.
+            (budget.deadline, false),
         )?;
         let leaves = std::mem::take(&mut prepared.leaves);
         let mut reads = Vec::with_capacity(leaves.len());

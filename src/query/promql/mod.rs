@@ -42,7 +42,7 @@ use super::engine::{self, Cost, Question};
 use super::plan::{Cell, Need};
 use super::{Grid, Series as Member};
 use crate::batcher::driver::BatcherHandle;
-use crate::domain::{Agg, Granularity, Sample, Summary};
+use crate::domain::{Agg, Granularity, Sample, Sketch, Summary};
 use crate::store::{BucketStore, SensorInfo, SensorQuery, StoreError};
 use functions::{Window, range_value};
 
@@ -92,6 +92,10 @@ pub struct Context<'a, S> {
     pub max_samples: usize,
     /// The results cache of closed periods, if the query may use it.
     pub cache: Option<super::CacheUse<'a>>,
+    /// `quantile_over_time` windows past 31 days answer from the rollups'
+    /// percentile sketches (asked for explicitly: within
+    /// `buckets.sketch_accuracy`, not exact); shorter ones stay exact.
+    pub sketch_quantiles: bool,
 }
 
 #[derive(Debug)]
@@ -211,7 +215,7 @@ impl Prepared {
         steps: Steps,
         limits: &Limits,
         budget: (usize, usize, i64),
-        deadline: Option<std::time::Instant>,
+        (deadline, sketches): (Option<std::time::Instant>, bool),
     ) -> Result<Self, PromError> {
         let (max_series, max_samples, max_range_ms) = budget;
         let node = compile(query, limits)?;
@@ -222,7 +226,7 @@ impl Prepared {
         };
         let leaves = eval::leaves(&node, &q, &steps)?;
         for leaf in &leaves {
-            check_reach(leaf, max_range_ms)?;
+            check_reach(leaf, max_range_ms, sketches)?;
         }
         Ok(Self {
             node,
@@ -291,8 +295,8 @@ impl Prepared {
 }
 
 /// Whether a read stays within `query.max_range` (and a quantile's within
-/// what may be held).
-fn check_reach(leaf: &Leaf, max_range_ms: i64) -> Result<(), PromError> {
+/// what may be held, unless answered from `sketches`).
+fn check_reach(leaf: &Leaf, max_range_ms: i64, sketches: bool) -> Result<(), PromError> {
     let span = leaf
         .steps
         .at(leaf.steps.n.saturating_sub(1))
@@ -306,14 +310,23 @@ fn check_reach(leaf: &Leaf, max_range_ms: i64) -> Result<(), PromError> {
             max_range_ms / 1000
         )));
     }
-    if leaf.func == LeafFunc::Range(RangeFunc::Quantile)
-        && span.saturating_add(leaf.range_ms) > MAX_VALUES_RANGE_MS
-    {
+    if !sketches && from_sketches(leaf) {
         return Err(PromError::BadData(
-            "quantile_over_time reads every reading of its windows: in Hourglass they may span at most 31 days".into(),
+            "quantile_over_time reads every reading of its windows: in Hourglass they may span at most 31 days (add quantile_sketches=true to the request to answer longer ones from the rollups' percentile sketches, within buckets.sketch_accuracy)".into(),
         ));
     }
     Ok(())
+}
+
+/// Whether a quantile's windows reach past what may be held: with
+/// `quantile_sketches=true` they are answered from sketches.
+fn from_sketches(leaf: &Leaf) -> bool {
+    let span = leaf
+        .steps
+        .at(leaf.steps.n.saturating_sub(1))
+        .saturating_sub(leaf.steps.start_ms);
+    leaf.func == LeafFunc::Range(RangeFunc::Quantile)
+        && span.saturating_add(leaf.range_ms) > MAX_VALUES_RANGE_MS
 }
 
 /// Evaluates `query` at every step.
@@ -327,7 +340,10 @@ pub async fn evaluate<S: BucketStore>(
         steps,
         &ctx.limits,
         (ctx.max_series, ctx.max_samples, ctx.max_range_ms),
-        std::time::Instant::now().checked_add(ctx.max_time),
+        (
+            std::time::Instant::now().checked_add(ctx.max_time),
+            ctx.sketch_quantiles,
+        ),
     )?;
     let mut cost = Cost::default();
     let mut reads = Vec::with_capacity(prepared.leaves.len());
@@ -377,6 +393,7 @@ async fn read_leaf<S: BucketStore>(
     };
     let need = match leaf.func {
         LeafFunc::Instant | LeafFunc::Timestamp => Need::Summaries,
+        _ if ctx.sketch_quantiles && from_sketches(leaf) => Need::Sketches,
         LeafFunc::Range(f) => f.need(),
     };
     let grid = Grid::Bounds(windows.bounds.clone());
@@ -441,8 +458,28 @@ fn window_values(leaf: &Leaf, windows: &Windows, need: Need, cells: &[Cell]) -> 
         }
     };
     match need {
-        // PromQL asks no sketches: its quantiles are exact, from readings.
-        Need::Aggregates | Need::Sketches => {
+        // Only quantiles past 31 days, asked for explicitly.
+        Need::Sketches => windows
+            .spans
+            .iter()
+            .enumerate()
+            .map(|(k, &(a, b))| {
+                let mut merged: Option<Sketch> = None;
+                for c in cells[a..b.min(cells.len())].iter() {
+                    match (&mut merged, &c.sketch) {
+                        (Some(m), Some(x)) => {
+                            // One accuracy, the store's: they merge.
+                            let _ = m.merge(x);
+                        }
+                        (None, Some(x)) => merged = Some(x.clone()),
+                        (_, None) => {}
+                    }
+                }
+                let param = leaf.param.get(k).copied().unwrap_or(f64::NAN);
+                functions::sketch_quantile(param, merged.as_ref()?)
+            })
+            .collect(),
+        Need::Aggregates => {
             let aggs: Vec<Agg> = cells.iter().map(|c| c.agg).collect();
             windows
                 .fold_aggs(&aggs)
