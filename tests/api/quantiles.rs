@@ -347,7 +347,7 @@ async fn promql_quantiles_past_31_days_answer_from_sketches_only_when_asked() {
         v
     };
     // Past 31 days: refused unless asked for, then within the accuracy.
-    let long = format!("quantile_over_time(0.9, vib{{sensor=\"pq-long\"}}[40d])");
+    let long = "quantile_over_time(0.9, vib{sensor=\"pq-long\"}[40d])".to_owned();
     let r = app.get(&ask(long.clone(), "")).await;
     assert_eq!(r.status(), 400);
     assert!(
