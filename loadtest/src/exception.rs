@@ -13,7 +13,7 @@ use crate::dataset::{Dataset, Row};
 use crate::report::{Section, f, percentiles};
 
 /// The sensor's index: outside the fleet's `lt-000*` glob.
-const SENSOR: u32 = 90_000;
+pub const SENSOR: u32 = 90_000;
 
 /// A value held for one to six hours, then a burst of 5 to 20 readings 5 to
 /// 60 seconds apart while it moves; over `[start, end)`.

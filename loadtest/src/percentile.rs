@@ -57,3 +57,73 @@ pub async fn measure(
     }
     Ok(ok)
 }
+
+/// Bytes of one series' rollup documents, and of their slots' sketches
+/// (`qs`) and time integrals (`ts`, `tl`, `tg`), each element counted as
+/// BSON stores it (type, key, value).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RollupBytes {
+    pub documents: u64,
+    pub total: u64,
+    pub sketches: u64,
+    pub integrals: u64,
+}
+
+/// [`RollupBytes`] of `(sensor, metric)` in the target's `database`.
+pub async fn rollup_bytes(
+    ctx: &crate::ctx::Ctx,
+    database: &str,
+    (sensor, metric): (&str, &str),
+) -> anyhow::Result<RollupBytes> {
+    use futures_util::TryStreamExt;
+    use mongodb::bson::{RawBsonRef, RawDocumentBuf, doc};
+    let mongo = mongodb::Client::with_uri_str(ctx.mongodb_uri()?).await?;
+    let rollups = mongo
+        .database(database)
+        .collection::<RawDocumentBuf>("rollups");
+    let mut cursor = rollups
+        .find(doc! { "sensor": sensor, "metric": metric })
+        .await?;
+    let mut out = RollupBytes::default();
+    while let Some(d) = cursor.try_next().await? {
+        out.documents += 1;
+        out.total += d.as_bytes().len() as u64;
+        let Ok(Some(RawBsonRef::Document(slots))) = d.get("s") else {
+            continue;
+        };
+        for slot in slots.iter() {
+            let Ok((_, RawBsonRef::Document(fields))) = slot else {
+                continue;
+            };
+            for e in fields.iter() {
+                let Ok((key, value)) = e else { continue };
+                // Type byte, key and its NUL, then the value.
+                let head = 2 + key.len() as u64;
+                match (key, value) {
+                    ("qs", RawBsonRef::Binary(b)) => {
+                        out.sketches += head + 5 + b.bytes.len() as u64;
+                    }
+                    ("ts" | "tl", _) => out.integrals += head + 8,
+                    ("tg", RawBsonRef::Int32(_)) => out.integrals += head + 4,
+                    ("tg", _) => out.integrals += head + 8,
+                    _ => {}
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A row of bytes per reading for `readings` readings of a series.
+pub fn bytes_row(name: &str, b: RollupBytes, readings: usize) -> Vec<String> {
+    let per = |x: u64| format!("{:.2}", x as f64 / readings.max(1) as f64);
+    vec![
+        name.to_owned(),
+        readings.to_string(),
+        b.documents.to_string(),
+        b.total.to_string(),
+        per(b.total),
+        per(b.sketches),
+        per(b.integrals),
+    ]
+}

@@ -315,12 +315,44 @@ pub async fn run(
             });
         }
     }
+    // What the sketches and time integrals add to the rollups, per reading.
+    let mut bytes = Section::new(
+        "Rollup bytes per reading (sketches at the default 1 % accuracy)",
+        &[
+            "series",
+            "readings",
+            "rollup documents",
+            "rollup bytes",
+            "per reading",
+            "of which sketches",
+            "of which time integrals",
+        ],
+    );
+    let exception_sensor = Dataset::sensor(crate::exception::SENSOR);
+    let exception_readings = crate::exception::readings(long.start, long.end(), 66).len();
+    for (name, who, readings) in [
+        ("dense", &sensor, truth.len()),
+        ("by exception", &exception_sensor, exception_readings),
+    ] {
+        let b = crate::percentile::rollup_bytes(ctx, &target.database, (who, &metric)).await?;
+        bytes.row(crate::percentile::bytes_row(name, b, readings));
+        let per = |x: u64| x as f64 / readings.max(1) as f64;
+        json.insert(
+            format!("rollup_bytes_{}", name.replace(' ', "_")),
+            serde_json::json!({
+                "readings": readings, "documents": b.documents, "bytes": b.total,
+                "per_reading": per(b.total), "sketches_per_reading": per(b.sketches),
+                "integrals_per_reading": per(b.integrals),
+            }),
+        );
+    }
     drop(target);
     let rows: Vec<Row> = all.iter().map(|(&(i, ts), &v)| (i, 0, ts, v)).collect();
     let (peers, peers_ok) = peers(ctx, &rows, &all, &asked, repeats).await?;
     json.insert("peers".into(), peers.1);
     let mut report = Report::new("Hourglass query cost by range");
     report.sections.push(s);
+    report.sections.push(bytes);
     report.sections.push(peers.0);
     report.set("ranges", json);
     Ok((report, ok && peers_ok))
