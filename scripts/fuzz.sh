@@ -16,7 +16,12 @@ cd fuzz
 # Stable toolchain: cargo-fuzz's coverage flags need RUSTC_BOOTSTRAP; no
 # sanitizer (the code under test is safe Rust; ASan would only slow it).
 export RUSTC_BOOTSTRAP=1
-cargo fuzz build -O -s none
+# CI once saw this build fail with nothing but cargo-fuzz's one-line summary
+# kept: say what the disk held, and try once more before failing the run.
+if ! cargo fuzz build -O -s none; then
+  echo "[fuzz] The fuzz build failed (disk: $(df -h . | tail -1)); trying once more." >&2
+  cargo fuzz build -O -s none
+fi
 corpora="../.stack/fuzz"
 for target in $(cargo fuzz list); do
   mkdir -p "$corpora/$target"
