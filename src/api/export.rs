@@ -390,7 +390,7 @@ async fn produce<S: BucketStore>(
                 let series: Vec<(Series<'_>, usize)> = ids
                     .iter()
                     .enumerate()
-                    .map(|(i, s)| (Series { sensor: s }, i))
+                    .map(|(i, s)| (Series::of(s), i))
                     .collect();
                 let limited: Vec<(Series<'_>, usize, i64)> = match sel.weighing {
                     Some(how) => series

@@ -13,12 +13,35 @@ use super::{Grid, Plan};
 use crate::batcher::driver::BatcherHandle;
 use crate::batcher::{Unstored, UnstoredValue};
 use crate::domain::{BucketRead, Granularity, Level, Values};
-use crate::store::{BucketStore, Doc, Fetch, StoreError};
+use crate::store::{BucketStore, Doc, Fetch, Quiet, SensorInfo, StoreError};
 
 /// One sensor of a query.
 #[derive(Debug, Clone, Copy)]
 pub struct Series<'a> {
     pub sensor: &'a str,
+    /// What the registry's listing of it vouches for: a range starting at
+    /// or after its `from` is answered without reading storage, if nothing
+    /// is unstored or late in it and this instance registered nothing
+    /// since the listing.
+    pub quiet: Option<Quiet>,
+}
+
+impl<'a> Series<'a> {
+    /// A sensor the query was not given a listing of.
+    pub fn of(sensor: &'a str) -> Self {
+        Self {
+            sensor,
+            quiet: None,
+        }
+    }
+
+    /// A sensor as the registry listed it.
+    pub fn listed(info: &'a SensorInfo) -> Self {
+        Self {
+            sensor: &info.sensor,
+            quiet: info.quiet(),
+        }
+    }
 }
 
 /// What it cost.
@@ -179,10 +202,20 @@ async fn run_batch<S: BucketStore>(
             }
         }
     }
+    // Series quiet since before the range, with nothing unstored or late in
+    // it, hold nothing there: no read (read after the memory above, so a
+    // registration since the listing is seen here).
+    let registrations = store.registrations();
     let mut plans: Vec<SeriesPlan> = dirty
         .iter()
         .zip(&known)
-        .map(|(d, k)| plan.start_from(d, k.len()))
+        .zip(batch)
+        .map(|((d, k), s)| {
+            let quiet = d.is_empty()
+                && s.quiet
+                    .is_some_and(|w| w.from <= q.from && w.registrations == registrations);
+            plan.start_from(d, if quiet { plan.grid().points() } else { k.len() })
+        })
         .collect();
     loop {
         let asks: Vec<Option<Ask>> = plans.iter_mut().map(|s| plan.ask(s)).collect();

@@ -23,7 +23,7 @@ use crate::domain::{BucketRead, Level, RollupRead, Starts, Values};
 
 pub use crate::domain::Labels;
 pub use mongo::{InstanceInfo, MongoStore, Redriven};
-pub use registry::{SensorInfo, SensorQuery};
+pub use registry::{Quiet, SensorInfo, SensorQuery};
 pub use settings::{BucketSettings, Keep, Retention, RetentionSettings};
 
 /// The current bucket document layout; every bucket written carries it.
@@ -202,6 +202,14 @@ pub trait BucketStore: Sink {
         limit: usize,
         keep: F,
     ) -> impl Future<Output = Result<Vec<SensorInfo>, StoreError>> + Send;
+
+    /// How many registry writes of a newer hour this instance has made so
+    /// far. Each is made before the readings it registers are stored, so a
+    /// listing taken when this read `n` vouches for what it says of the
+    /// sensors' newest hours for as long as this still reads `n`
+    /// ([`SensorInfo::quiet`]); other instances' readings are visible only
+    /// once stored in any case.
+    fn registrations(&self) -> u64;
 
     /// Replaces a sensor's labels (registering it if unknown).
     fn set_labels(

@@ -19,6 +19,29 @@ pub struct SensorInfo {
     pub labels: Labels,
     /// Epoch seconds of the start of the hour of its newest reading, if any.
     pub last_seen: Option<i64>,
+    /// [`super::BucketStore::registrations`] when it was listed.
+    #[serde(skip)]
+    pub registrations: u64,
+}
+
+/// What a listing vouches for: nothing of the sensor at or after `from`
+/// was stored when it was listed, and this instance has stored none since
+/// while its [`super::BucketStore::registrations`] still reads
+/// `registrations` (an hour is registered before its readings are stored).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quiet {
+    pub from: i64,
+    pub registrations: u64,
+}
+
+impl SensorInfo {
+    /// What the listing vouches for, if the sensor has a newest hour.
+    pub fn quiet(&self) -> Option<Quiet> {
+        self.last_seen.map(|hour| Quiet {
+            from: hour.saturating_add(3600),
+            registrations: self.registrations,
+        })
+    }
 }
 
 /// Which sensors to list: all conditions must hold.
@@ -95,6 +118,7 @@ pub fn read(d: &Document) -> Result<SensorInfo, StoreError> {
         metrics,
         labels,
         last_seen,
+        registrations: 0,
     })
 }
 

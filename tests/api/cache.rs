@@ -284,3 +284,104 @@ async fn cached_answers_stay_exact_through_corrections_elsewhere_late_writes_del
     b.stop().await.expect("stops");
     a.stop().await.expect("stops");
 }
+
+/// Each sensor's hourly counts over `[from, from + hours h)`, asked with
+/// the cache bypassed (`no_cache`) or not.
+async fn counts(
+    app: &TestApp,
+    glob: &str,
+    from: i64,
+    hours: i64,
+    no_cache: bool,
+) -> BTreeMap<String, Vec<u64>> {
+    let path = format!(
+        "/api/v1/series?metric=temp&sensor={glob}&group_by=sensor&step=1h&from={}&to={}",
+        rfc3339(from),
+        rfc3339(from + hours * 3600)
+    );
+    let mut r = app.client.get(format!("{}{path}", app.address));
+    if no_cache {
+        r = r.header("cache-control", "no-cache");
+    }
+    let got: Value = r.send().await.expect("sent").json().await.expect("JSON");
+    got["groups"]
+        .as_array()
+        .unwrap_or_else(|| panic!("groups in {got}"))
+        .iter()
+        .map(|g| {
+            let points = g["points"]
+                .as_array()
+                .expect("points")
+                .iter()
+                .map(|p| p["count"].as_u64().unwrap_or(0))
+                .collect();
+            (
+                g["group"]["sensor"].as_str().expect("sensor").to_owned(),
+                points,
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sensors_quiet_since_before_a_range_are_answered_without_a_read_until_one_writes_into_it() {
+    let a = spawn_app().await;
+    let mut other = a.settings.clone();
+    other.journal.dir = journal_dir();
+    let b = spawn_app_with(other).await;
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let from = now - now.rem_euclid(3600) - 6 * 3600;
+    let mut truth = Truth::new();
+    // Three sensors whose readings end two days before the range, one
+    // with readings in it.
+    let mut readings: Vec<(String, i64, f64)> = (0..3)
+        .flat_map(|k| {
+            (0..6).map(move |i| (format!("sq-quiet-{k}"), from - 2 * 86_400 + i * 600, 1.0))
+        })
+        .collect();
+    readings.extend((0..36).map(|i| ("sq-live".to_owned(), from + i * 600, 2.0)));
+    post(&a, &readings, &mut truth).await;
+    a.late_rolled_up().await;
+    let reads = "hourglass_store_level_reads_total";
+
+    let before = a.metric(reads).await;
+    let quiet = counts(&a, "sq-quiet-*", from, 6, true).await;
+    assert_eq!(quiet.len(), 3, "{quiet:?}");
+    assert!(quiet.values().flatten().all(|&c| c == 0), "{quiet:?}");
+    assert_eq!(
+        a.metric(reads).await,
+        before,
+        "the quiet sensors read nothing"
+    );
+    let live = counts(&a, "sq-live", from, 6, true).await;
+    assert_eq!(live["sq-live"], vec![6; 6]);
+    assert!(
+        a.metric(reads).await > before,
+        "a sensor with readings reads them"
+    );
+
+    // A reading into the range through another instance, and one through
+    // this one: each answered at once, cold and warm.
+    post(
+        &b,
+        &[("sq-quiet-1".to_owned(), from + 2 * 3600 + 5, 3.0)],
+        &mut truth,
+    )
+    .await;
+    post(
+        &a,
+        &[("sq-quiet-2".to_owned(), from + 4 * 3600 + 5, 4.0)],
+        &mut truth,
+    )
+    .await;
+    let mut want: BTreeMap<String, Vec<u64>> = (0..3)
+        .map(|k| (format!("sq-quiet-{k}"), vec![0; 6]))
+        .collect();
+    want.get_mut("sq-quiet-1").expect("sensor")[2] = 1;
+    want.get_mut("sq-quiet-2").expect("sensor")[4] = 1;
+    for no_cache in [true, false, false] {
+        assert_eq!(counts(&a, "sq-quiet-*", from, 6, no_cache).await, want);
+    }
+    b.stop().await.expect("stops");
+    a.stop().await.expect("stops");
+}

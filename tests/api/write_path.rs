@@ -156,10 +156,11 @@ async fn outage_codes_during_synchronous_writes_end_with_everything_stored_once(
 async fn outages_of_the_rollup_writes_send_the_batch_again_until_rollups_are_exact() {
     let (_db, app) = spawn_patient_app().await;
     let t = base_time();
-    // Hours that ended are marked late before the batch counts as stored:
-    // the buckets' `update` goes through, the marker's next one fails, and
-    // the batch is sent again until the hour is marked; its roll-up then
-    // makes the rollups catch up with it.
+    // Hours that ended are marked late before the batch counts as stored.
+    // A new sensor's `update`s: its registration ahead of storage, the
+    // flush's registry entry, its buckets, then the marker. The first three
+    // go through, the marker's fails, and the batch is sent again until the
+    // hour is marked; its roll-up then makes the rollups catch up with it.
     let cases: Vec<(&str, Document)> = vec![
         (
             "an unsatisfiable write concern",
@@ -174,7 +175,7 @@ async fn outages_of_the_rollup_writes_send_the_batch_again_until_rollups_are_exa
         let before = outages(&app).await;
         let sensor = format!("rollup-outage-{i}");
         data.insert("failCommands", vec!["update"]);
-        fail_point(&app, doc! { "skip": 1, "times": 1 }.into(), data).await;
+        fail_point(&app, doc! { "skip": 3, "times": 1 }.into(), data).await;
         let (body, model) = readings_for(&sensor, t + i as i64 * 600, 12);
         let r = app.post_readings(&body).await;
         assert_eq!(r.status(), 200, "{what}: answered stored");
@@ -190,8 +191,10 @@ async fn outages_of_the_rollup_writes_send_the_batch_again_until_rollups_are_exa
 async fn a_registry_update_not_confirmed_sends_the_batch_again() {
     let (_db, app) = spawn_patient_app().await;
     let before = outages(&app).await;
-    // The first `update` (the buckets) goes through; every later one, the
-    // registry's first, is applied but not confirmed, until lifted.
+    // The first `update` (the registration ahead of storage) goes through;
+    // every later one, the flush's registry entry first, is applied but not
+    // confirmed, until lifted: no bucket is written before its hour is
+    // registered.
     fail_point(
         &app,
         doc! { "skip": 1 }.into(),
@@ -211,6 +214,10 @@ async fn a_registry_update_not_confirmed_sends_the_batch_again() {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        assert!(
+            values_of(&app, "registry-unconfirmed").await.is_empty(),
+            "no bucket is written before its hour is registered"
+        );
         fail_point(&app, "off".into(), doc! {}).await;
     };
     let (r, ()) = tokio::join!(app.post_readings(&body), lift);

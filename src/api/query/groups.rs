@@ -250,7 +250,7 @@ pub(crate) async fn group_query<S: BucketStore>(
             }
         };
         sizes[group] += 1;
-        series.push((Series { sensor: &m.sensor }, group, m));
+        series.push((Series::listed(m), group, m));
     }
     let endpoint = if with_step {
         "group_series"

@@ -241,7 +241,7 @@ pub async fn average<S: BucketStore>(
     let asked = quantiles::quantiles(&params)?;
     let mut r = range(&state, &params)?;
     let coarse = coarse(&state, &mut r, None)?;
-    let series = [(Series { sensor: &sensor }, 0)];
+    let series = [(Series::of(&sensor), 0)];
     let grid = Grid::whole(r.from, r.to);
     let limit = match weighing {
         Some(how) => Some(one_limit(&state, "average", &sensor, &how).await?),
@@ -368,7 +368,7 @@ pub async fn series<S: BucketStore>(
     let mut r = range(&state, &params)?;
     let grid = series_grid(&state, &params, &r, tz.as_ref().map(|t| &t.1))?;
     let coarse = coarse(&state, &mut r, Some(&grid))?;
-    let series = [(Series { sensor: &sensor }, 0)];
+    let series = [(Series::of(&sensor), 0)];
     let zone = tz.as_ref().map(|t| &t.1);
     let limit = match weighing {
         Some(how) => Some(one_limit(&state, "series", &sensor, &how).await?),

@@ -281,7 +281,7 @@ pub async fn uptime<S: BucketStore>(
                 &state.batcher,
                 q,
                 Grid::aligned(at, end, step),
-                &[Series { sensor: &sensor }],
+                &[Series::of(&sensor)],
                 |_, cells| {
                     for summary in cells.iter().filter_map(|c| c.summary.as_ref()) {
                         coverage.add(summary.first.t, summary.last.t);

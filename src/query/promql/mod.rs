@@ -113,6 +113,8 @@ pub struct Found {
     pub sensor: String,
     pub metric: String,
     pub labels: LabelSet,
+    /// What the listing vouches for (see [`crate::store::Quiet`]).
+    pub quiet: Option<crate::store::Quiet>,
 }
 
 /// A series' labels: the sensor's, its id as `sensor`, the metric as `__name__`.
@@ -181,6 +183,7 @@ pub async fn select<S: BucketStore>(
                         sensor: info.sensor.clone(),
                         metric: metric.clone(),
                         labels,
+                        quiet: info.quiet(),
                     });
                 }
             }
@@ -408,6 +411,7 @@ async fn read_leaf<S: BucketStore>(
             .iter()
             .map(|&i| Member {
                 sensor: &found[i].sensor,
+                quiet: found[i].quiet,
             })
             .collect();
         let q = Question {

@@ -83,6 +83,9 @@ pub struct MongoStore {
     unclassed_after: Arc<AtomicU32>,
     /// Series the registry knows, and the newest hour it was told of.
     known: Arc<Mutex<hashbrown::HashMap<(String, String), i64>>>,
+    /// Registry writes of newer hours this instance has made (see
+    /// [`BucketStore::registrations`]).
+    registrations: Arc<std::sync::atomic::AtomicU64>,
     granularity: Granularity,
     /// The relative accuracy of rollup slots' sketches (`buckets.sketch_accuracy`).
     sketch_accuracy: f64,
@@ -247,6 +250,7 @@ impl MongoStore {
             changes,
             unclassed_after: Arc::default(),
             known: Arc::default(),
+            registrations: Arc::default(),
             granularity,
             sketch_accuracy,
             limits: Limits::default(),
@@ -424,6 +428,10 @@ impl BucketStore for MongoStore {
         keep: F,
     ) -> Result<Vec<SensorInfo>, StoreError> {
         self.list_sensors(query, limit, keep).await
+    }
+
+    fn registrations(&self) -> u64 {
+        self.registrations.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     async fn set_labels(&self, sensor: &str, labels: &Labels) -> Result<(), StoreError> {

@@ -56,7 +56,11 @@ impl MongoStore {
                 "updates": chunk.iter().cloned().map(Bson::Document).collect::<Vec<_>>(),
                 "ordered": false,
             };
-            let reply = self.run_write(command, "a sensor registry update").await?;
+            let reply = self.run_write(command, "a sensor registry update").await;
+            // Counted even when it failed: some statements may have applied.
+            self.registrations
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let reply = reply?;
             commands += 1;
             let refused = reply.get_array("writeErrors").map_or(0, Vec::len);
             // Every statement applied is a document written (an upsert of
@@ -86,6 +90,8 @@ impl MongoStore {
         limit: usize,
         mut keep: F,
     ) -> Result<Vec<SensorInfo>, StoreError> {
+        // Read before the listing: a registration after it changes the count.
+        let registrations = self.registrations.load(std::sync::atomic::Ordering::SeqCst);
         let mut cursor = self
             .sensors
             .find(registry::filter(&query))
@@ -97,7 +103,8 @@ impl MongoStore {
             let Some(d) = cursor.try_next().await.map_err(classify_read)? else {
                 break;
             };
-            let info = registry::read(&d)?;
+            let mut info = registry::read(&d)?;
+            info.registrations = registrations;
             if keep(&info) {
                 out.push(info);
             }

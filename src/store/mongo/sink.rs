@@ -1,6 +1,6 @@
-//! The batcher's [`Sink`]: a flush's buckets (without what a delete
-//! removed), then its late-hour markers and registry entries, each failure
-//! of those deciding whether the whole batch goes again; and dead letters,
+//! The batcher's [`Sink`]: a flush's registry entries, then its buckets
+//! (without what a delete removed), then its late-hour markers, a failure
+//! of the first or last deciding whether the whole batch goes again; and dead letters,
 //! inserted once however often a replay offers them.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -80,7 +80,35 @@ impl Sink for MongoStore {
 impl MongoStore {
     async fn write_kept(&self, updates: &[&BucketUpdate]) -> Written {
         let _flushing = Flushing::enter(&self.flushing);
+        // The registry first: a query skips the sensors whose newest
+        // registered hour ends before its range (`SensorInfo::quiet`), so
+        // an hour is registered before any reading in it is stored.
+        let registered = match self.register(updates).await {
+            Ok(n) => n,
+            // Nothing is stored yet: the batch goes again as a bucket write
+            // refused so would.
+            Err(StoreError::Outage(message)) => {
+                return Written {
+                    outcomes: vec![Outcome::Outage(message); updates.len()],
+                    round_trips: 0,
+                };
+            }
+            Err(StoreError::Unclassed(message)) => {
+                return Written {
+                    outcomes: vec![Outcome::Unknown(message); updates.len()],
+                    round_trips: 0,
+                };
+            }
+            // A registry that refuses the statements (its document is
+            // broken) would refuse them for ever: the readings are stored
+            // without it, and `hourglass rebuild-rollups` mends it.
+            Err(e) => {
+                self.give_up(&e);
+                0
+            }
+        };
         let mut written = self.write_updates(updates).await;
+        written.round_trips += registered;
         let stored: Vec<&BucketUpdate> = updates
             .iter()
             .zip(&written.outcomes)
@@ -92,25 +120,37 @@ impl MongoStore {
         // ended ones written into are marked late (after their buckets,
         // before the batch counts as stored: queries read the marked buckets
         // instead of their stale slots) and rolled up once their writes
-        // pause (see `store::late`). The registry follows.
+        // pause (see `store::late`).
         let now = unix_now();
         self.upkeep().stored(stored.iter().copied(), now);
-        let after = match self.mark_late(&stored, now).await {
+        match self.mark_late(&stored, now).await {
             Ok(n) => {
-                written.round_trips += n;
-                self.register(&stored).await
-            }
-            Err(e) => Err(e),
-        };
-        let resend = match &after {
-            Ok(_) => {
                 self.unclassed_after.store(0, Ordering::Release);
-                None
+                written.round_trips += n;
             }
-            Err(StoreError::Outage(message)) => Some(message.clone()),
+            Err(e) => match self.resend(&e) {
+                // Buckets and rollups are idempotent: the whole batch goes again.
+                Some(message) => {
+                    for o in &mut written.outcomes {
+                        if matches!(o, Outcome::Stored) {
+                            *o = Outcome::Outage(message.clone());
+                        }
+                    }
+                }
+                None => self.give_up(&e),
+            },
+        }
+        written
+    }
+
+    /// Whether a flush whose registry or late-marker step failed with `e`
+    /// goes again, and with what message.
+    fn resend(&self, e: &StoreError) -> Option<String> {
+        match e {
+            StoreError::Outage(message) => Some(message.clone()),
             // A bounded number of times: a deterministic refusal must not
             // rewrite the batch for ever.
-            Err(StoreError::Unclassed(message)) => {
+            StoreError::Unclassed(message) => {
                 let failed = self.unclassed_after.fetch_add(1, Ordering::AcqRel) + 1;
                 if failed < UNKNOWN_ERROR_ATTEMPTS {
                     Some(message.clone())
@@ -119,31 +159,25 @@ impl MongoStore {
                     None
                 }
             }
-            Err(_) => None,
-        };
-        match (after, resend) {
-            (Ok(n), _) => written.round_trips += n,
-            // Buckets and rollups are idempotent: the whole batch goes again.
-            (Err(_), Some(message)) => {
-                for o in &mut written.outcomes {
-                    if matches!(o, Outcome::Stored) {
-                        *o = Outcome::Outage(message.clone());
-                    }
-                }
-            }
-            // The readings are stored in their buckets; a summary may be
-            // stale where a late write changed a rolled-up hour.
-            (Err(e @ StoreError::Unclassed(_)), None) => error!(
+            _ => None,
+        }
+    }
+
+    /// Says that a flush goes on without its registry or late-marker step.
+    /// The readings are stored in their buckets; a summary may be stale
+    /// where a late write changed a rolled-up hour.
+    fn give_up(&self, e: &StoreError) {
+        match e {
+            StoreError::Unclassed(_) => error!(
                 error = %e,
                 attempts = UNKNOWN_ERROR_ATTEMPTS,
-                "The late-hour markers or the sensor registry could not be updated after a flush, however often it was sent; the buckets are stored, but answers over the affected hours may be stale until `hourglass rebuild-rollups` is run over them."
+                "The late-hour markers or the sensor registry could not be updated for a flush, however often it was sent; the buckets are stored, but answers over the affected hours may be stale until `hourglass rebuild-rollups` is run over them."
             ),
-            (Err(e), None) => warn!(
+            _ => warn!(
                 error = %e,
-                "The late-hour markers or the sensor registry could not be updated after a flush; the buckets are stored. Run `hourglass rebuild-rollups` over the affected days."
+                "The late-hour markers or the sensor registry could not be updated for a flush; the buckets are stored. Run `hourglass rebuild-rollups` over the affected days."
             ),
         }
-        written
     }
 
     async fn dead_letter_kept(&self, letters: &[DeadLetter<'_>]) -> Outcome {
