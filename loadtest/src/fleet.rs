@@ -82,15 +82,14 @@ pub async fn run(
     let target = ctx
         .target(&format!("fleet_{label}"), granularity, mqtt, journal)
         .await?;
-    // Live sensors: the data starts now.
-    data.start = time::OffsetDateTime::now_utc().unix_timestamp();
     // History the same series wrote before (minute buckets, straight into
     // the database): what every write and roll-up now runs beside.
     let mut preloaded_s = 0.0;
     if preload_days > 0 {
         let mongo = mongodb::Client::with_uri_str(ctx.mongodb_uri()?).await?;
         let db = mongo.database(&target.database);
-        let end = data.start - data.start.rem_euclid(3600) - 3600;
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        let end = now - now.rem_euclid(3600) - 3600;
         let t = Instant::now();
         let bar = ctx.bar(u64::from(data.args.sensors * data.args.metrics), "preload");
         for i in 0..data.args.sensors {
@@ -109,6 +108,9 @@ pub async fn run(
         bar.finish_and_clear();
         preloaded_s = t.elapsed().as_secs_f64();
     }
+    // Live sensors: the data starts now, once the history is in (readings
+    // stamped before a long preload would arrive late, and be written at once).
+    data.start = time::OffsetDateTime::now_utc().unix_timestamp();
     let interval = Duration::from_secs(u64::from(data.args.interval.max(1)));
     let batch = if matches!(transport, Transport::HttpSingle) {
         1
