@@ -1,4 +1,4 @@
-.PHONY: run test lint ci docs bench loadtest
+.PHONY: run test lint ci docs bench loadtest fuzz
 
 # Runs the service, starting a local MongoDB-compatible server unless
 # HOURGLASS__MONGODB__URI is set.
@@ -29,3 +29,7 @@ bench:
 # loadtest/results/full/. Starts the local stack like `make run`.
 loadtest:
 	scripts/loadtest.sh
+
+# Every fuzz target for five minutes each (CI runs them for seconds).
+fuzz:
+	FUZZ_SECONDS=300 scripts/fuzz.sh

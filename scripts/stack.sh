@@ -11,6 +11,9 @@
 STACK_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STACK_DIR="$STACK_ROOT/.stack"
 VENV="$STACK_ROOT/.venv"
+# What is built or downloaded once per machine, not once per clone: the
+# Python environment (.venv links to it) and the cargo-installed tools.
+HOURGLASS_CACHE="${HOURGLASS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hourglass}"
 SECANTUS_VERSION="0.7.0b3"
 STACK_PIDS=()
 
@@ -35,11 +38,34 @@ venv_install() {
   local name="$*"
   local stamp="$VENV/.installed-${name//[ =\/]/_}"
   if [[ ! -f "$stamp" ]]; then
-    log "Installing $what into $VENV (first run only)."
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check "$@"
-    touch "$stamp"
+    (
+      flock 9
+      [[ -f "$stamp" ]] && exit 0
+      log "Installing $what into $VENV (first run on this machine only)."
+      "$VENV/bin/pip" install --quiet --disable-pip-version-check "$@"
+      touch "$stamp"
+    ) 9>"$HOURGLASS_CACHE/venv.lock"
   fi
   export HOURGLASS_TEST_PYTHON="$VENV/bin/python"
+}
+
+# cargo_tool name version [cargo install options...]: installs a cargo tool
+# into $HOURGLASS_CACHE/tools/name-version once per machine and prints the
+# path of its binary.
+cargo_tool() {
+  local name=$1 version=$2
+  shift 2
+  local root="$HOURGLASS_CACHE/tools/$name-$version"
+  if [[ ! -x "$root/bin/$name" ]]; then
+    mkdir -p "$HOURGLASS_CACHE/tools"
+    (
+      flock 9
+      [[ -x "$root/bin/$name" ]] && exit 0
+      log "Installing $name $version into $root (first run on this machine only)."
+      cargo install --quiet --locked --root "$root" "$name" --version "$version" "$@" >&2
+    ) 9>"$HOURGLASS_CACHE/tools/$name.lock"
+  fi
+  echo "$root/bin/$name"
 }
 
 free_port() {
@@ -61,14 +87,28 @@ ensure_secantus() {
   if [[ -x "$VENV/bin/secantusd-py" && -f "$stamp" ]]; then
     return 0
   fi
-  log "Installing SecantusDB $SECANTUS_VERSION into $VENV (first run only)."
-  python3 -m venv "$VENV"
-  "$VENV/bin/pip" install --quiet --disable-pip-version-check "secantusdb==$SECANTUS_VERSION"
-  touch "$stamp"
+  mkdir -p "$HOURGLASS_CACHE"
+  if [[ ! -e "$VENV" ]]; then
+    # One environment per machine and Python version; the clone links to it.
+    local shared
+    shared="$HOURGLASS_CACHE/venv-$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+    ln -sfn "$shared" "$VENV"
+  fi
+  (
+    flock 9
+    [[ -x "$VENV/bin/secantusd-py" && -f "$stamp" ]] && exit 0
+    log "Installing SecantusDB $SECANTUS_VERSION into $VENV (first run on this machine only)."
+    [[ -x "$VENV/bin/pip" ]] || python3 -m venv "$(readlink -f "$VENV")"
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check "secantusdb==$SECANTUS_VERSION"
+    touch "$stamp"
+  ) 9>"$HOURGLASS_CACHE/venv.lock"
 }
 
 # start_mongo [persistent]: sets HOURGLASS__MONGODB__URI and MONGODB_URI.
 # Exports SECANTUSD either way: fault tests run private servers they can stop.
+# HOURGLASS_STANDINS=N (in-memory only) starts N servers and lists them all in
+# MONGODB_URIS: one stand-in is a single Python thread, and the test suite
+# spreads its tests over several (tests/api/helpers.rs, `mongo_uri`).
 start_mongo() {
   ensure_secantus
   export SECANTUSD="$VENV/bin/secantusd-py"
@@ -79,19 +119,25 @@ start_mongo() {
     return 0
   fi
   mkdir -p "$STACK_DIR"
-  local port storage
-  port=$(free_port)
-  storage=":memory:"
-  [[ "${1:-}" == persistent ]] && storage="$STACK_DIR/secantus-data"
-  # setsid: a Ctrl-C for the service must not stop the database under it.
-  setsid "$VENV/bin/secantusd-py" --host 127.0.0.1 --port "$port" --storage-path "$storage" \
-    --log-level WARNING >"$STACK_DIR/secantus-$port.log" 2>&1 &
-  STACK_PIDS+=($!)
-  echo "$!" >"$STACK_DIR/secantus.pid"
-  wait_for_port "$port" 60 SecantusDB || { tail -20 "$STACK_DIR/secantus-$port.log" >&2; return 1; }
-  export HOURGLASS__MONGODB__URI="mongodb://127.0.0.1:$port/?directConnection=true"
+  local count="${HOURGLASS_STANDINS:-1}" storage=":memory:" uris=() port i
+  if [[ "${1:-}" == persistent ]]; then
+    storage="$STACK_DIR/secantus-data"
+    count=1
+  fi
+  for ((i = 0; i < count; i++)); do
+    port=$(free_port)
+    # setsid: a Ctrl-C for the service must not stop the database under it.
+    setsid "$VENV/bin/secantusd-py" --host 127.0.0.1 --port "$port" --storage-path "$storage" \
+      --log-level WARNING >"$STACK_DIR/secantus-$port.log" 2>&1 &
+    STACK_PIDS+=($!)
+    ((i == 0)) && echo "$!" >"$STACK_DIR/secantus.pid"
+    wait_for_port "$port" 60 SecantusDB || { tail -20 "$STACK_DIR/secantus-$port.log" >&2; return 1; }
+    uris+=("mongodb://127.0.0.1:$port/?directConnection=true")
+    log "SecantusDB listens on 127.0.0.1:$port (log: .stack/secantus-$port.log)."
+  done
+  export HOURGLASS__MONGODB__URI="${uris[0]}"
   export MONGODB_URI="$HOURGLASS__MONGODB__URI"
-  log "SecantusDB listens on 127.0.0.1:$port (log: .stack/secantus-$port.log)."
+  export MONGODB_URIS="${uris[*]}"
 }
 
 mosquitto_bin() {

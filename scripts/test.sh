@@ -4,25 +4,39 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/stack.sh
-start_mongo
-start_mosquitto
-ensure_peers
-ensure_influx_clients
-ensure_browser
-ensure_sparkplug_clients
-# Bins first: the loadtest smoke tests spawn target/debug/hourglass.
-cargo build --workspace --bins
+source scripts/phases.sh
+# The suite mostly waits on the stand-in, one Python thread per server:
+# several servers, and more tests at once than cores (.config/nextest.toml).
+export HOURGLASS_STANDINS="${HOURGLASS_STANDINS:-2}"
+install_stack() {
+  start_mongo
+  start_mosquitto
+  ensure_peers
+  ensure_influx_clients
+  ensure_browser
+  ensure_sparkplug_clients
+}
+phase "test: install and start the stack" install_stack
 # What the tests send to the PromQL API seeds its fuzz target.
 export HOURGLASS_FUZZ_SEEDS="$STACK_ROOT/.stack/fuzz-seeds"
 rm -rf "$HOURGLASS_FUZZ_SEEDS"
 # A failing test's message, not the runtime's frames, is what a CI log's
 # excerpt keeps: no backtraces (HOURGLASS_TEST_BACKTRACE=1 make test brings them back).
 export RUST_BACKTRACE="${HOURGLASS_TEST_BACKTRACE:-0}"
-cargo test --workspace --all-targets "$@" || status=$?
-if [[ "${status:-0}" == 0 && $# == 0 && "${FUZZ_SECONDS:-20}" != 0 ]]; then
+if cargo nextest --version >/dev/null 2>&1; then
+  # Built before the run (the loadtest smoke tests spawn target/debug/hourglass,
+  # which --all-targets builds), so the table shows compile and run apart.
+  phase "test: build" cargo nextest run --workspace --all-targets --no-run
+  phase "test: run (nextest)" cargo nextest run --workspace --all-targets --profile hourglass "$@" || status=$?
+  python3 scripts/slowest-tests.py target/nextest/hourglass/junit.xml 10 || true
+else
+  phase "test: build" cargo build --workspace --bins
+  phase "test: run (cargo test)" cargo test --workspace --all-targets "$@" || status=$?
+fi
+if [[ "${status:-0}" == 0 && $# == 0 && "${FUZZ_SECONDS:-10}" != 0 ]]; then
   # Every fuzz target for a bounded time (FUZZ_SECONDS=0 skips this).
-  scripts/fuzz.sh || status=$?
+  FUZZ_SECONDS="${FUZZ_SECONDS:-10}" scripts/fuzz.sh || status=$?
 fi
 # The documentation's links and anchors, and the README's length.
-python3 scripts/check-docs.py || status=$?
+phase "test: docs check" python3 scripts/check-docs.py || status=$?
 exit "${status:-0}"

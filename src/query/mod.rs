@@ -46,6 +46,8 @@ pub struct Settings {
     pub max_query_length: usize,
     pub max_query_depth: usize,
     pub max_query_nodes: usize,
+    /// Bytes of one series' labels as a function builds them.
+    pub max_label_bytes: usize,
     /// Values one PromQL query may hold: series × evaluation times, summed
     /// over its reads. Only subqueries can pass max_series × max_points.
     pub max_samples: usize,
@@ -83,6 +85,7 @@ impl Default for Settings {
             max_query_length: promql::Limits::default().max_length,
             max_query_depth: promql::Limits::default().max_depth,
             max_query_nodes: promql::Limits::default().max_nodes,
+            max_label_bytes: promql::Limits::default().max_label_bytes,
             max_samples: 10_000_000,
             cache_bytes: 64 * 1024 * 1024,
             expected_interval: Duration::from_secs(300),
@@ -98,6 +101,7 @@ impl Settings {
             max_length: self.max_query_length,
             max_depth: self.max_query_depth,
             max_nodes: self.max_query_nodes,
+            max_label_bytes: self.max_label_bytes,
         }
     }
 
@@ -110,6 +114,7 @@ impl Settings {
             ("query.max_query_length", self.max_query_length),
             ("query.max_query_depth", self.max_query_depth),
             ("query.max_query_nodes", self.max_query_nodes),
+            ("query.max_label_bytes", self.max_label_bytes),
             ("query.max_samples", self.max_samples),
         ])?;
         if self.max_query_depth > promql::limits::DEPTH_CEILING {

@@ -26,10 +26,25 @@ fn init_tracing() {
     });
 }
 
+/// The server this test process uses. `make test` starts several stand-ins
+/// (`MONGODB_URIS`, space-separated) because one is single-threaded and the
+/// suite mostly waits on it; nextest runs each test in its own process, so
+/// the process id spreads the tests over them. Without that list, or against
+/// a real MongoDB, it is `MONGODB_URI`.
 pub fn mongo_uri() -> String {
-    std::env::var("MONGODB_URI").expect(
-        "MONGODB_URI must point at a MongoDB-compatible server; `make test` starts one and sets it",
-    )
+    static URI: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    URI.get_or_init(|| {
+        let list = std::env::var("MONGODB_URIS").unwrap_or_default();
+        let uris: Vec<&str> = list.split_whitespace().collect();
+        if uris.is_empty() {
+            std::env::var("MONGODB_URI").expect(
+                "MONGODB_URI must point at a MongoDB-compatible server; `make test` starts one and sets it",
+            )
+        } else {
+            uris[std::process::id() as usize % uris.len()].to_owned()
+        }
+    })
+    .clone()
 }
 
 /// Settings for one test: port 0, its own database, a short flush interval.

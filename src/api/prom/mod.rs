@@ -233,8 +233,7 @@ pub async fn instant<S: BucketStore>(
     let empty = LabelSet::new();
     Ok(query_success(
         &state,
-        &form,
-        t,
+        outcome.earliest_ms,
         query_data(&value, &steps, true, &empty),
     ))
 }
@@ -274,15 +273,12 @@ pub async fn range<S: BucketStore>(
         )));
     }
     let steps = Steps::new(start, end, step);
-    let value = evaluate(&state, &principal, &form, steps, "promql_range")
-        .await?
-        .value;
+    let outcome = evaluate(&state, &principal, &form, steps, "promql_range").await?;
     let empty = LabelSet::new();
     Ok(query_success(
         &state,
-        &form,
-        start,
-        query_data(&value, &steps, false, &empty),
+        outcome.earliest_ms,
+        query_data(&outcome.value, &steps, false, &empty),
     ))
 }
 
@@ -295,33 +291,21 @@ fn success<T: Serialize>(data: T) -> Response {
 /// rollup slots are kept there, so a window must cover whole ones.
 const COARSE_WARNING: &str = "the query reads readings older than retention.buckets, which are kept only as rollup figures: windows that do not cover whole rollup slots there miss readings";
 
-/// A query answer, with [`COARSE_WARNING`] when its earliest window (from
-/// `start_ms`, back by its longest range selector and the lookback)
-/// reaches past the buckets' retention.
+/// A query answer, with [`COARSE_WARNING`] when its earliest read (from the
+/// parsed query: steps, ranges, lookbacks, offsets) reaches past the
+/// buckets' retention.
 fn query_success<S, T: Serialize>(
     state: &AppState<S>,
-    form: &Form,
-    start_ms: i64,
+    earliest_ms: Option<i64>,
     data: T,
 ) -> Response {
     let mut answer = Success::new(data);
-    if let Some(kept) = state.settings.retention.buckets {
-        let longest = form
-            .get("query")
-            .map(|q| {
-                q.split('[')
-                    .skip(1)
-                    .filter_map(|part| part.split([']', ':']).next())
-                    .filter_map(|d| humantime::parse_duration(d.trim()).ok())
-                    .max()
-                    .unwrap_or_default()
-            })
-            .unwrap_or_default();
-        let reach = Duration::from_secs(300) + longest;
-        let earliest = start_ms / 1000 - i64::try_from(reach.as_secs()).unwrap_or(i64::MAX / 4);
-        let horizon = now_ms() / 1000 - i64::try_from(kept.as_secs()).unwrap_or(i64::MAX / 4)
-            + state.settings.granularity.seconds();
-        if earliest < horizon {
+    if let (Some(kept), Some(earliest)) = (state.settings.retention.buckets, earliest_ms) {
+        let kept_s = i64::try_from(kept.as_secs()).unwrap_or(i64::MAX);
+        let horizon = (now_ms() / 1000)
+            .saturating_sub(kept_s)
+            .saturating_add(state.settings.granularity.seconds());
+        if earliest.div_euclid(1000) < horizon {
             answer.warnings.push(COARSE_WARNING);
         }
     }

@@ -4,7 +4,7 @@
 
 use super::limits::{DEPTH_CEILING, Limits, measure};
 use super::memory::{Budget, Memory};
-use super::{LabelSet, NAME, Steps};
+use super::{LabelSet, NAME, PromError, Steps};
 use crate::domain::Sample;
 use crate::runtime::WORKER_STACK_BYTES;
 
@@ -100,6 +100,7 @@ fn every_shape_at_the_depth_ceiling_evaluates_on_a_worker_stack() {
                 max_length: usize::MAX,
                 max_depth: DEPTH_CEILING,
                 max_nodes: usize::MAX,
+                ..Limits::default()
             },
             max_series: 10_000,
             max_samples: 100_000_000,
@@ -141,4 +142,77 @@ fn one_level_more_than_the_limit_is_refused_before_parsing() {
             "{name}: {err}"
         );
     }
+}
+
+/// The issue's 15 KB query: each level multiplies a label's length, so the
+/// third would ask for gigabytes. Refused before anything is built.
+fn nested_replacements(first: usize, each: usize) -> String {
+    format!(
+        r#"label_replace(label_replace(label_replace(vector(1),"a","{}","",""),"a","{}","a","(.*)"),"a","{}","a","(.*)")"#,
+        "x".repeat(first),
+        "$1".repeat(each),
+        "$1".repeat(each)
+    )
+}
+
+fn label_budget(max_label_bytes: usize) -> Budget {
+    Budget {
+        limits: Limits {
+            max_label_bytes,
+            ..Limits::default()
+        },
+        max_series: 10,
+        max_samples: 1000,
+        max_range_ms: 86_400_000,
+        deadline: None,
+    }
+}
+
+#[test]
+fn labels_a_function_would_build_past_the_limit_are_refused_before_they_are_built() {
+    let query = nested_replacements(5000, 2500);
+    assert!(
+        query.len() <= Limits::default().max_length,
+        "{}",
+        query.len()
+    );
+    let err = memory()
+        .evaluate(&query, Steps::new(0, 0, 1), &label_budget(16 * 1024))
+        .expect_err("refused");
+    assert!(matches!(err, PromError::Execution(_)), "{err:?}");
+    assert!(format!("{err}").contains("query.max_label_bytes"), "{err}");
+    let join = format!(
+        r#"label_join(label_replace(vector(1),"a","{}","",""),"b","{}","a","a","a")"#,
+        "x".repeat(4000),
+        "-".repeat(2000)
+    );
+    let err = memory()
+        .evaluate(&join, Steps::new(0, 0, 1), &label_budget(16 * 1024))
+        .expect_err("refused");
+    assert!(format!("{err}").contains("query.max_label_bytes"), "{err}");
+}
+
+#[test]
+fn labels_within_the_limit_are_built_exactly() {
+    // 10 x's, then 4 and 16 copies: 640 bytes, under a 700-byte limit.
+    let query = nested_replacements(10, 4);
+    let exact = memory()
+        .evaluate(&query, Steps::new(0, 0, 1), &label_budget(700))
+        .expect("answered");
+    match exact.value {
+        super::Value::Vector(v) => assert_eq!(v[0].labels["a"], "x".repeat(160)),
+        other => panic!("{other:?}"),
+    }
+    // The bound before building counts each `$1` as the longest group: "a"
+    // and 4 + 4 x 40 bytes at the last level, which 165 allows and 164 not.
+    assert!(
+        memory()
+            .evaluate(&query, Steps::new(0, 0, 1), &label_budget(165))
+            .is_ok()
+    );
+    assert!(
+        memory()
+            .evaluate(&query, Steps::new(0, 0, 1), &label_budget(164))
+            .is_err()
+    );
 }

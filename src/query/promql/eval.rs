@@ -59,8 +59,11 @@ pub struct Query {
     /// Most evaluation times of one subquery (`query.max_samples`): its
     /// values are held at each.
     pub max_steps: usize,
-    /// When the evaluation gives up (`query.timeout`); checked at every node.
+    /// When the evaluation gives up (`query.timeout`); checked at every node
+    /// and in every loop over series.
     pub deadline: Option<std::time::Instant>,
+    /// Bytes of one series' labels a function may build.
+    pub max_label_bytes: usize,
 }
 
 #[cfg(test)]
@@ -72,6 +75,7 @@ impl Query {
             steps,
             max_steps,
             deadline: None,
+            max_label_bytes: super::Limits::default().max_label_bytes,
         }
     }
 }
@@ -513,6 +517,28 @@ fn over_points(
     Ok(out)
 }
 
+/// Refuses a label value of up to `value` bytes for `dst` when the series'
+/// labels with it could pass `max` bytes (`query.max_label_bytes`).
+fn check_label_bytes(
+    labels: &LabelSet,
+    dst: &str,
+    value: usize,
+    max: usize,
+    func: &str,
+) -> Result<(), PromError> {
+    let others: usize = labels
+        .iter()
+        .filter(|(k, _)| k.as_str() != dst)
+        .map(|(k, v)| k.len() + v.len())
+        .sum();
+    if others.saturating_add(dst.len()).saturating_add(value) > max {
+        return Err(PromError::Execution(format!(
+            "{func}() would build labels of more than {max} bytes (query.max_label_bytes)"
+        )));
+    }
+    Ok(())
+}
+
 fn call(
     func: Func,
     args: &[Node],
@@ -625,21 +651,28 @@ fn call(
                     "invalid destination label name in label_replace(): {dst}"
                 )));
             }
-            let out = v
-                .into_iter()
-                .map(|mut s| {
-                    let value = s.labels.get(&src).cloned().unwrap_or_default();
-                    if let Some(caps) = re.captures(&value) {
-                        let mut res = String::new();
-                        caps.expand(&replacement, &mut res);
-                        s.labels.remove(&dst);
-                        if !res.is_empty() {
-                            s.labels.insert(dst.clone(), res);
-                        }
+            let mut out = Vec::with_capacity(v.len());
+            for mut s in v {
+                q.in_time()?;
+                let value = s.labels.get(&src).cloned().unwrap_or_default();
+                if let Some(caps) = re.captures(&value) {
+                    // Each `$` reference (a byte at least) expands to at
+                    // most the longest group: a bound before it is built.
+                    let longest = caps.iter().flatten().map(|m| m.len()).max().unwrap_or(0);
+                    let refs = replacement.bytes().filter(|&b| b == b'$').count();
+                    let most = refs
+                        .saturating_mul(longest)
+                        .saturating_add(replacement.len() - refs);
+                    check_label_bytes(&s.labels, &dst, most, q.max_label_bytes, "label_replace")?;
+                    let mut res = String::new();
+                    caps.expand(&replacement, &mut res);
+                    s.labels.remove(&dst);
+                    if !res.is_empty() {
+                        s.labels.insert(dst.clone(), res);
                     }
-                    s
-                })
-                .collect();
+                }
+                out.push(s);
+            }
             vector(out)?
         }
         Func::LabelJoin => {
@@ -661,21 +694,26 @@ fn call(
                     "invalid destination label name in label_join(): {dst}"
                 )));
             }
-            let out = v
-                .into_iter()
-                .map(|mut s| {
-                    let joined: Vec<&str> = srcs
-                        .iter()
-                        .map(|l| s.labels.get(l).map_or("", String::as_str))
-                        .collect();
-                    let joined = joined.join(&sep);
-                    s.labels.remove(&dst);
-                    if !joined.is_empty() {
-                        s.labels.insert(dst.clone(), joined);
-                    }
-                    s
-                })
-                .collect();
+            let mut out = Vec::with_capacity(v.len());
+            for mut s in v {
+                q.in_time()?;
+                let parts: Vec<&str> = srcs
+                    .iter()
+                    .map(|l| s.labels.get(l).map_or("", String::as_str))
+                    .collect();
+                let length = parts
+                    .iter()
+                    .map(|p| p.len())
+                    .sum::<usize>()
+                    .saturating_add(sep.len().saturating_mul(parts.len().saturating_sub(1)));
+                check_label_bytes(&s.labels, &dst, length, q.max_label_bytes, "label_join")?;
+                let joined = parts.join(&sep);
+                s.labels.remove(&dst);
+                if !joined.is_empty() {
+                    s.labels.insert(dst.clone(), joined);
+                }
+                out.push(s);
+            }
             vector(out)?
         }
         Func::DayOfWeek

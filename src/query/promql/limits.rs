@@ -27,6 +27,10 @@ pub struct Limits {
     pub max_depth: usize,
     /// Nodes (`query.max_query_nodes`).
     pub max_nodes: usize,
+    /// Bytes of one series' labels when a function builds them
+    /// (`label_replace`, `label_join`; `query.max_label_bytes`): checked
+    /// before the value is built, so a short text cannot ask for gigabytes.
+    pub max_label_bytes: usize,
 }
 
 /// The deepest tree the service is proven to handle on a worker's stack
@@ -40,6 +44,7 @@ impl Default for Limits {
             max_length: 16 * 1024,
             max_depth: 250,
             max_nodes: 2000,
+            max_label_bytes: 16 * 1024,
         }
     }
 }
@@ -356,6 +361,7 @@ mod tests {
             max_length: 100,
             max_depth: 5,
             max_nodes: 9,
+            ..Limits::default()
         };
         let err = |q: &str| match check(q, &limits) {
             Err(PromError::BadData(m)) => m,

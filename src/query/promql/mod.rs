@@ -105,6 +105,9 @@ pub struct Outcome {
     /// `sort`/`sort_desc` at the top: an instant answer in value order
     /// (ascending or not).
     pub sorted: Option<bool>,
+    /// The earliest time any of its reads reaches back to (epoch ms; from
+    /// the parsed query: steps, ranges, lookbacks and offsets), if it reads.
+    pub earliest_ms: Option<i64>,
 }
 
 /// One series a selector found.
@@ -204,6 +207,7 @@ struct Prepared {
     node: Node,
     q: eval::Query,
     leaves: Vec<Leaf>,
+    earliest_ms: Option<i64>,
     max_series: usize,
     max_samples: usize,
     selected: usize,
@@ -226,15 +230,26 @@ impl Prepared {
             steps,
             max_steps: max_samples,
             deadline,
+            max_label_bytes: limits.max_label_bytes,
         };
         let leaves = eval::leaves(&node, &q, &steps)?;
         for leaf in &leaves {
             check_reach(leaf, max_range_ms, sketches)?;
         }
+        let earliest_ms = leaves
+            .iter()
+            .map(|l| {
+                l.steps
+                    .start_ms
+                    .saturating_sub(l.range_ms)
+                    .saturating_sub(l.selector.offset_ms)
+            })
+            .min();
         Ok(Self {
             node,
             q,
             leaves,
+            earliest_ms,
             max_series,
             max_samples,
             selected: 0,
@@ -293,6 +308,7 @@ impl Prepared {
             value,
             cost,
             sorted,
+            earliest_ms: self.earliest_ms,
         })
     }
 }
