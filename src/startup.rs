@@ -317,13 +317,18 @@ impl Application {
         // On a worker: the binary awaits this function on its main thread,
         // and the accept loop (and every wake of it) would run there, one
         // more thread woken beside the workers.
-        let mut serve = tokio::spawn(
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move { stopping.triggered().await })
-                .into_future(),
-        );
+        let http = settings.http.clone();
+        let mut serve = tokio::spawn(async move {
+            api::serve(
+                listener,
+                app,
+                &http,
+                async move { stopping.triggered().await },
+            )
+            .await;
+        });
         tokio::select! {
-            served = &mut serve => served.context("the HTTP server panicked")?.context("serving HTTP")?,
+            served = &mut serve => served.context("the HTTP server panicked")?,
             // In-flight requests (a stuck upload, say) get until the deadline.
             _ = shutdown.deadline_passed() => {
                 serve.abort();

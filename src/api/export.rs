@@ -279,18 +279,35 @@ pub async fn export<S: BucketStore + 'static>(
         format,
     };
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(IN_FLIGHT);
+    // Set when the producer stopped early and could not queue its error
+    // item (a client that stopped reading): the body then ends in an error.
+    let aborted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopped = aborted.clone();
     tokio::spawn(async move {
         if let Err(e) = produce(&state, &principal, &selection, &tx).await {
             warn!(error = %e.message, "An export stopped before its end; the client sees the answer cut off.");
             // An error item aborts the body: the client sees a transfer cut
             // short, never a file that looks complete.
-            let _ = tx.send(Err(std::io::Error::other(e.message))).await;
+            if tx.try_send(Err(std::io::Error::other(e.message))).is_err() {
+                stopped.store(true, std::sync::atomic::Ordering::Release);
+            }
         }
     });
     // `poll_recv` answers `None` again after the end (the compression layer
     // polls once more), where `unfold` would panic.
     let mut rx = rx;
-    let body = Body::from_stream(futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx)));
+    let body = Body::from_stream(futures_util::stream::poll_fn(move |cx| {
+        match rx.poll_recv(cx) {
+            std::task::Poll::Ready(None)
+                if aborted.swap(false, std::sync::atomic::Ordering::AcqRel) =>
+            {
+                std::task::Poll::Ready(Some(Err(std::io::Error::other(
+                    "the export stopped before its end",
+                ))))
+            }
+            other => other,
+        }
+    }));
     let name = match format {
         Format::Ndjson => "attachment; filename=\"hourglass-export.ndjson\"",
         Format::Csv => "attachment; filename=\"hourglass-export.csv\"",
@@ -308,20 +325,30 @@ pub async fn export<S: BucketStore + 'static>(
 }
 
 /// Sends `rows` on once a chunk has gathered (or at the end); `false` when
-/// the client is gone.
-async fn flush(
+/// the client is gone. A client that takes nothing for `query.timeout`
+/// stops the export: a raw page holds a query permit and a cursor while it
+/// waits, which a client that stopped reading must not keep.
+async fn flush<S>(
+    state: &AppState<S>,
     rows: &mut Rows,
     tx: &mpsc::Sender<Result<Bytes, std::io::Error>>,
     at_least: usize,
-) -> bool {
+) -> Result<bool, ApiError> {
     if rows.buf.len() < at_least || rows.buf.is_empty() {
-        return true;
+        return Ok(true);
     }
     let chunk = Bytes::from(std::mem::replace(
         &mut rows.buf,
         Vec::with_capacity(CHUNK + 4096),
     ));
-    tx.send(Ok(chunk)).await.is_ok()
+    let wait = state.settings.query.timeout;
+    match tokio::time::timeout(wait, tx.send(Ok(chunk))).await {
+        Ok(sent) => Ok(sent.is_ok()),
+        Err(_) => Err(ApiError::unavailable(format!(
+            "the client read nothing for {} (query.timeout)",
+            humantime::format_duration(wait)
+        ))),
+    }
 }
 
 async fn produce<S: BucketStore>(
@@ -379,7 +406,7 @@ async fn produce<S: BucketStore>(
                             rows.reading(&b.sensor, &b.metric, ts, value);
                         }
                     }
-                    if !flush(&mut rows, tx, CHUNK).await {
+                    if !flush(state, &mut rows, tx, CHUNK).await? {
                         return Ok(());
                     }
                 }
@@ -439,7 +466,7 @@ async fn produce<S: BucketStore>(
                         })?;
                         rows.point((sensor, metric.as_str()), start, a, w.as_ref());
                     }
-                    if !flush(&mut rows, tx, CHUNK).await {
+                    if !flush(state, &mut rows, tx, CHUNK).await? {
                         return Ok(());
                     }
                 }
@@ -449,7 +476,7 @@ async fn produce<S: BucketStore>(
             break;
         }
     }
-    flush(&mut rows, tx, 0).await;
+    flush(state, &mut rows, tx, 0).await?;
     Ok(())
 }
 

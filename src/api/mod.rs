@@ -12,8 +12,10 @@ pub mod openapi;
 mod params;
 pub mod prom;
 pub mod query;
+mod serve;
 mod settings;
 
+pub use serve::serve;
 pub use settings::Settings;
 
 use std::sync::Arc;

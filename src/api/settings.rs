@@ -11,6 +11,9 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
 pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 256;
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -26,6 +29,16 @@ pub struct Settings {
     /// Longest an API request may take in all, body upload included (503 after).
     #[serde(with = "humantime_serde")]
     pub request_timeout: Duration,
+    /// A connection that has not sent a whole request head this long after
+    /// it began one is closed.
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// A connection with no bytes either way this long is closed (a request
+    /// in progress finishes first).
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// Connections open at once; more wait in the listen queue.
+    pub max_connections: usize,
 }
 
 impl Default for Settings {
@@ -37,6 +50,9 @@ impl Default for Settings {
             write_timeout: DEFAULT_WRITE_TIMEOUT,
             max_concurrent_requests: DEFAULT_MAX_CONCURRENT_REQUESTS,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
@@ -46,10 +62,13 @@ impl Settings {
         at_least_one(&[
             ("http.max_body_bytes", self.max_body_bytes),
             ("http.max_concurrent_requests", self.max_concurrent_requests),
+            ("http.max_connections", self.max_connections),
         ])?;
         longer_than_zero(&[
             ("http.write_timeout", self.write_timeout),
             ("http.request_timeout", self.request_timeout),
+            ("http.header_read_timeout", self.header_read_timeout),
+            ("http.idle_timeout", self.idle_timeout),
         ])?;
         if self.request_timeout <= self.write_timeout {
             return Err(invalid(

@@ -66,6 +66,25 @@ impl Database {
             .expect("secantusd-py starts");
         self.child = Some(child);
         listening(self.port, "the database listens").await;
+        // Listening is not answering: on a loaded machine the stand-in takes
+        // seconds to serve its first command, longer than the settings'
+        // one-second server selection.
+        let uri = format!("mongodb://127.0.0.1:{}/?directConnection=true", self.port);
+        let client = mongodb::Client::with_uri_str(&uri)
+            .await
+            .expect("a MongoDB client");
+        crate::helpers::eventually(
+            std::time::Duration::from_secs(60),
+            "the database answers",
+            || async {
+                client
+                    .database("admin")
+                    .run_command(mongodb::bson::doc! { "ping": 1 })
+                    .await
+                    .is_ok()
+            },
+        )
+        .await;
     }
 
     /// SIGTERM: the server shuts down cleanly, keeping what it acknowledged

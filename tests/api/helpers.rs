@@ -444,10 +444,39 @@ pub fn spawn_binary(
     extra: &[(&str, &str)],
     log: &std::path::Path,
 ) -> std::process::Child {
+    spawn_binary_within(None, settings, extra, log)
+}
+
+/// [`spawn_binary`] with its address space capped at `mib` (`prlimit --as`):
+/// an allocation past it fails, and the process with it.
+pub fn spawn_binary_capped(
+    mib: u64,
+    settings: &Settings,
+    extra: &[(&str, &str)],
+    log: &std::path::Path,
+) -> std::process::Child {
+    spawn_binary_within(Some(mib), settings, extra, log)
+}
+
+fn spawn_binary_within(
+    cap_mib: Option<u64>,
+    settings: &Settings,
+    extra: &[(&str, &str)],
+    log: &std::path::Path,
+) -> std::process::Child {
     use secrecy::ExposeSecret;
     use std::process::{Command, Stdio};
     let file = std::fs::File::create(log).expect("a log file");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hourglass"));
+    let mut cmd = match cap_mib {
+        None => Command::new(env!("CARGO_BIN_EXE_hourglass")),
+        Some(mib) => {
+            let mut c = Command::new("prlimit");
+            c.arg(format!("--as={}", mib << 20))
+                .arg("--")
+                .arg(env!("CARGO_BIN_EXE_hourglass"));
+            c
+        }
+    };
     cmd.current_dir(env!("CARGO_MANIFEST_DIR"))
         .args(["--config", "config/default.toml"])
         .env(

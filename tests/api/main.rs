@@ -16,6 +16,7 @@ mod faults;
 mod fleet;
 mod helpers;
 mod hostile;
+mod hostile_edges;
 mod hostile_surfaces;
 mod influx;
 mod ingest;

@@ -24,6 +24,10 @@ use crate::batcher::driver::retry_policy;
 pub(super) const REQUEST_CAPACITY: usize = 4096;
 /// Slack over the payload limit for the topic and packet header.
 const PACKET_OVERHEAD: usize = 64 * 1024;
+/// The largest message a connection is ever raised to take once, to
+/// dead-letter it (see [`oversized_incoming`]): past this the broker's copy
+/// is left to it (its own max_packet_size should refuse such publishes).
+const MAX_TAKEN_ONCE: usize = 64 * 1024 * 1024;
 /// How long the last DISCONNECT (and acks before it) may take to go out.
 const DISCONNECT_GRACE: Duration = Duration::from_millis(500);
 
@@ -95,6 +99,18 @@ pub fn mqtt_options(settings: &Settings, state_ms: u64) -> Result<MqttOptions, M
     Ok(options)
 }
 
+/// The size of an incoming packet the connection failed on for being over
+/// its limit. The broker keeps such a message in the session and delivers
+/// it first at every reconnect: left alone, the connection loops for ever.
+fn oversized_incoming(e: &rumqttc::ConnectionError) -> Option<usize> {
+    match e {
+        rumqttc::ConnectionError::MqttState(rumqttc::StateError::Deserialization(
+            rumqttc::mqttbytes::Error::PayloadSizeLimitExceeded(size),
+        )) => Some(*size),
+        _ => None,
+    }
+}
+
 async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
@@ -139,6 +155,9 @@ pub(super) async fn event_loop(
     let mut resubscribes = policy();
     let mut resubscribe_at: Option<Instant> = None;
     let acked = shared.shutdown.clone();
+    let normal_limit = settings.max_payload_bytes + PACKET_OVERHEAD;
+    // Whether the next connection takes one oversized message.
+    let mut raised = false;
     loop {
         let event = tokio::select! {
             event = eventloop.poll() => event,
@@ -154,6 +173,14 @@ pub(super) async fn event_loop(
         match event {
             Ok(Event::Incoming(Packet::ConnAck(ack))) if ack.code == ConnectReturnCode::Success => {
                 reconnects = policy();
+                if raised {
+                    // This connection keeps the raised limit (set when it
+                    // opened) for the message it takes; later ones do not.
+                    eventloop
+                        .mqtt_options
+                        .set_max_packet_size(normal_limit, normal_limit);
+                    raised = false;
+                }
                 let epoch = shared.epoch.fetch_add(1, Ordering::AcqRel) + 1;
                 shared.stats.connected.store(true, Ordering::Release);
                 shared.stats.connections.fetch_add(1, Ordering::Relaxed);
@@ -213,6 +240,26 @@ pub(super) async fn event_loop(
             }
             Ok(_) => {}
             Err(e) => {
+                if let Some(size) = oversized_incoming(&e) {
+                    let limit = size.saturating_add(PACKET_OVERHEAD);
+                    if limit <= MAX_TAKEN_ONCE.max(normal_limit) {
+                        // Its payload is over mqtt.max_payload_bytes, so the
+                        // processor dead-letters and acknowledges it.
+                        warn!(
+                            bytes = size,
+                            "The broker delivered a message larger than mqtt.max_payload_bytes; the next connection takes it once, to dead-letter and acknowledge it."
+                        );
+                        eventloop
+                            .mqtt_options
+                            .set_max_packet_size(limit, normal_limit);
+                        raised = true;
+                    } else {
+                        error!(
+                            bytes = size,
+                            "The broker holds a message too large to take even once; the connection fails until it is removed from the session (lower the broker's max_packet_size)."
+                        );
+                    }
+                }
                 shared.stats.connected.store(false, Ordering::Release);
                 shared.stats.subscribed.store(false, Ordering::Release);
                 let delay = reconnects.next().unwrap_or(settings.reconnect_max);

@@ -16,6 +16,7 @@ pub const DEFAULT_LINE_PROTOCOL_TOPIC: &str = "telegraf/#";
 pub const DEFAULT_DEAD_LETTER_TOPIC: &str = "hourglass/dead-letters";
 pub const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
+pub const DEFAULT_MAX_DEAD_LETTER_BYTES: usize = 64 * 1024;
 pub const DEFAULT_MAX_UNACKED: usize = 1000;
 pub const DEFAULT_RECONNECT_MIN: Duration = Duration::from_millis(100);
 pub const DEFAULT_RECONNECT_MAX: Duration = Duration::from_secs(30);
@@ -48,6 +49,11 @@ pub struct Settings {
     #[serde(with = "humantime_serde")]
     pub keep_alive: Duration,
     pub max_payload_bytes: usize,
+    /// A dead letter's largest body: a larger one keeps the payload's start,
+    /// its length and SHA-256. Below the broker's packet limit, so a letter
+    /// can never be refused (a refused publish drops the connection, and the
+    /// session would send it again at every reconnect).
+    pub max_dead_letter_bytes: usize,
     /// The broker's in-flight window for this client (Mosquitto's
     /// `max_inflight_messages`): with half of it waiting, flush at once.
     pub max_unacked: usize,
@@ -74,6 +80,7 @@ impl Default for Settings {
             ingest_retained: false,
             keep_alive: DEFAULT_KEEP_ALIVE,
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            max_dead_letter_bytes: DEFAULT_MAX_DEAD_LETTER_BYTES,
             max_unacked: DEFAULT_MAX_UNACKED,
             reconnect_min: DEFAULT_RECONNECT_MIN,
             reconnect_max: DEFAULT_RECONNECT_MAX,
@@ -258,6 +265,13 @@ impl Settings {
             return Err(invalid(
                 "mqtt.max_payload_bytes / mqtt.max_unacked",
                 "must be at least 1",
+            ));
+        }
+        if self.max_dead_letter_bytes < 1024 || self.max_dead_letter_bytes > self.max_payload_bytes
+        {
+            return Err(invalid(
+                "mqtt.max_dead_letter_bytes",
+                "must be at least 1024 and at most mqtt.max_payload_bytes",
             ));
         }
         if self.reconnect_min.is_zero() || self.reconnect_min > self.reconnect_max {
