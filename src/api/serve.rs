@@ -1,13 +1,14 @@
 //! The HTTP server: hyper's connection builder with a timer, so a client
 //! that trickles a request head is cut off (`http.header_read_timeout`), a
-//! connection silent both ways is closed (`http.idle_timeout`), and no more
+//! connection silent both ways with no request in progress is closed
+//! (`http.idle_timeout`), and no more
 //! than `http.max_connections` are open at once (more wait in the listen
 //! queue). `axum::serve` sets none of these.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -98,14 +99,25 @@ async fn connection(
         origin,
         activity: activity.clone(),
     });
-    let conn = builder.serve_connection_with_upgrades(io, TowerToHyperService::new(app));
+    let busy = Arc::new(AtomicUsize::new(0));
+    let service = InFlight {
+        inner: TowerToHyperService::new(app),
+        busy: busy.clone(),
+        origin,
+        activity: activity.clone(),
+    };
+    let conn = builder.serve_connection_with_upgrades(io, service);
     tokio::pin!(conn);
     let last = || origin + Duration::from_millis(activity.load(Ordering::Relaxed));
     loop {
         tokio::select! {
             _ = conn.as_mut() => return,
             () = tokio::time::sleep_until(last() + idle) => {
-                if last() + idle <= Instant::now() {
+                // A handler still working (a long import, say) is not idle:
+                // its own timeouts bound it.
+                if busy.load(Ordering::Relaxed) > 0 {
+                    Tracked::touch(origin, &activity);
+                } else if last() + idle <= Instant::now() {
                     break;
                 }
             }
@@ -115,6 +127,54 @@ async fn connection(
     conn.as_mut().graceful_shutdown();
     // A response the client does not read would hold it for ever.
     let _ = tokio::time::timeout(idle, conn.as_mut()).await;
+}
+
+/// A service that counts the requests whose response head is not yet
+/// written, and notes activity when one completes.
+struct InFlight<S> {
+    inner: S,
+    busy: Arc<AtomicUsize>,
+    origin: Instant,
+    activity: Arc<AtomicU64>,
+}
+
+/// Ends one request's count when its handler finishes or is dropped.
+struct Busy {
+    busy: Arc<AtomicUsize>,
+    origin: Instant,
+    activity: Arc<AtomicU64>,
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.busy.fetch_sub(1, Ordering::Relaxed);
+        Tracked::touch(self.origin, &self.activity);
+    }
+}
+
+impl<S, R> hyper::service::Service<R> for InFlight<S>
+where
+    S: hyper::service::Service<R>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn call(&self, request: R) -> Self::Future {
+        self.busy.fetch_add(1, Ordering::Relaxed);
+        let guard = Busy {
+            busy: self.busy.clone(),
+            origin: self.origin,
+            activity: self.activity.clone(),
+        };
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            let response = response.await;
+            drop(guard);
+            response
+        })
+    }
 }
 
 pin_project_lite::pin_project! {

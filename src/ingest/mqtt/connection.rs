@@ -16,14 +16,13 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
+use super::settings::PACKET_OVERHEAD;
 use super::topics::{shared_filter, subscription};
 use super::{MqttError, Settings, Shared};
 use crate::batcher::driver::retry_policy;
 
 /// Requests rumqttc may queue from the client handles (acks, subscribes).
 pub(super) const REQUEST_CAPACITY: usize = 4096;
-/// Slack over the payload limit for the topic and packet header.
-const PACKET_OVERHEAD: usize = 64 * 1024;
 /// The largest message a connection is ever raised to take once, to
 /// dead-letter it (see [`oversized_incoming`]): past this the broker's copy
 /// is left to it (its own max_packet_size should refuse such publishes).

@@ -8,6 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::settings::{Invalid, check_file, invalid, serialize_opt_secret};
 
+/// Slack over the payload limit for the topic and packet header, both ways.
+pub(super) const PACKET_OVERHEAD: usize = 64 * 1024;
 pub const DEFAULT_CLIENT_ID: &str = "hourglass";
 pub const DEFAULT_TOPIC_PREFIX: &str = "sensors";
 pub const DEFAULT_LINE_PROTOCOL_TOPIC: &str = "telegraf/#";
@@ -267,11 +269,16 @@ impl Settings {
                 "must be at least 1",
             ));
         }
-        if self.max_dead_letter_bytes < 1024 || self.max_dead_letter_bytes > self.max_payload_bytes
-        {
+        // A letter and its topic must fit the packet the client may send.
+        let packet = self.max_payload_bytes.saturating_add(PACKET_OVERHEAD);
+        let letter = self
+            .max_dead_letter_bytes
+            .saturating_add(self.dead_letter_topic.len())
+            .saturating_add(16);
+        if self.max_dead_letter_bytes < 1024 || letter > packet {
             return Err(invalid(
                 "mqtt.max_dead_letter_bytes",
-                "must be at least 1024 and at most mqtt.max_payload_bytes",
+                "must be at least 1024, and with mqtt.dead_letter_topic fit the packet limit (mqtt.max_payload_bytes + 64 KiB)",
             ));
         }
         if self.reconnect_min.is_zero() || self.reconnect_min > self.reconnect_max {
