@@ -117,7 +117,7 @@ impl Journal {
             })?;
         bind(&settings.dir, target, recovered.readings)?;
         let instance = instance_id(&settings.dir)?;
-        report(&recovered, &settings.dir.display().to_string());
+        report(&recovered, &settings.dir.display().to_string(), &metrics);
         let (tx, rx) = mpsc::channel(QUEUE);
         let first = segments.first().unwrap_or(0);
         let (end, _) = segments.end();
@@ -233,7 +233,7 @@ impl Journal {
     }
 }
 
-fn report(recovered: &Recovered, dir: &str) {
+fn report(recovered: &Recovered, dir: &str, metrics: &Metrics) {
     if recovered.segments > 0 {
         info!(
             dir,
@@ -243,26 +243,24 @@ fn report(recovered: &Recovered, dir: &str) {
             "Found journaled readings from the previous run; replaying them."
         );
     }
-    if recovered.truncated_bytes > 0 || recovered.corrupt_records > 0 {
+    if recovered.damaged_ranges > 0 {
+        metrics
+            .journal_damaged_ranges
+            .inc_by(recovered.damaged_ranges as u64);
+        error!(
+            dir,
+            damaged_ranges = recovered.damaged_ranges,
+            damaged_bytes = recovered.damaged_bytes,
+            "Journal ranges failed their checksum (a damaged disk?) and were skipped to the next intact record; the acknowledged readings in them are lost. Their bytes are kept in .corrupt files beside the segments."
+        );
+    }
+    if recovered.truncated_bytes > 0 {
         // Never acknowledged: an acknowledgement waits for the fsync that
-        // would have made these records whole. A corrupt record in the middle
-        // (a bad disk) was acknowledged, though: that is a loss.
-        let log = |corrupt: usize| {
-            if corrupt > 0 {
-                error!(
-                    dir,
-                    corrupt_records = corrupt,
-                    truncated_bytes = recovered.truncated_bytes,
-                    "Journal records failed their checksum and were skipped; their readings are lost."
-                );
-            } else {
-                warn!(
-                    dir,
-                    truncated_bytes = recovered.truncated_bytes,
-                    "The journal ended in a torn record (a crash mid-write); cut it off. It was never acknowledged."
-                );
-            }
-        };
-        log(recovered.corrupt_records);
+        // would have made these bytes whole.
+        warn!(
+            dir,
+            truncated_bytes = recovered.truncated_bytes,
+            "The newest journal segment ended in a torn write (a crash mid-write); cut it off. It was never acknowledged."
+        );
     }
 }

@@ -202,45 +202,91 @@ pub enum Frame {
 pub struct Scan {
     /// `(offset, payload length)` of each intact record.
     pub records: Vec<(usize, usize)>,
-    /// Corrupt records skipped over (their length was intact and the next
-    /// frame checks out): `(offset, total bytes)`.
-    pub skipped: Vec<(usize, usize)>,
-    /// Where intact data ends: the file is truncated here.
+    /// Damaged ranges `(start, end)` with an intact frame right after each:
+    /// skipped, the frames past them kept.
+    pub damaged: Vec<(usize, usize)>,
+    /// Where the last intact frame ends: past it nothing checks out (a torn
+    /// tail if this is the newest segment).
     pub end: usize,
     /// Whether the segment header itself is missing or wrong.
     pub bad_header: bool,
 }
 
-/// Scans a whole segment. A record whose checksum fails is skipped when its
-/// length leads to a valid next frame (one bad record in the middle: the rest
-/// is intact); otherwise the log ends there (a torn or corrupt tail).
-pub fn scan(buf: &[u8]) -> Scan {
-    if buf.len() < HEADER || &buf[..HEADER] != SEGMENT_MAGIC {
-        return Scan {
-            bad_header: true,
-            ..Scan::default()
-        };
+/// The payload length of an intact record at `at`: its checksum matches and
+/// it decodes. Used to find frames again after damage, where a checksum
+/// alone could match by chance once in 2³² positions.
+fn intact_at(buf: &[u8], at: usize) -> Option<usize> {
+    match frame_at(buf, at) {
+        Frame::Valid { len } => decode(&buf[at + FRAME_HEADER..at + FRAME_HEADER + len])
+            .ok()
+            .map(|_| len),
+        _ => None,
     }
-    let mut scan = Scan {
-        end: HEADER,
-        ..Scan::default()
-    };
-    let mut at = HEADER;
-    while at < buf.len() {
-        match frame_at(buf, at) {
-            Frame::Valid { len } => {
-                scan.records.push((at, len));
-                at += FRAME_HEADER + len;
-            }
-            Frame::Corrupt { len: Some(len) }
-                if matches!(frame_at(buf, at + FRAME_HEADER + len), Frame::Valid { .. }) =>
-            {
-                scan.skipped.push((at, FRAME_HEADER + len));
-                at += FRAME_HEADER + len;
-            }
-            Frame::Corrupt { .. } | Frame::Incomplete => break,
+}
+
+/// The first intact record at or after `from`. Cheap tests (a plausible
+/// length and version byte) come before the checksum, so damaged bytes are
+/// passed over in about linear time.
+pub fn resync(buf: &[u8], from: usize) -> Option<usize> {
+    // A version byte and a count: the smallest payload.
+    const MIN_PAYLOAD: usize = 5;
+    let mut at = from;
+    while at + FRAME_HEADER + MIN_PAYLOAD <= buf.len() {
+        let len = u32::from_le_bytes([buf[at], buf[at + 1], buf[at + 2], buf[at + 3]]) as usize;
+        let version = buf[at + FRAME_HEADER];
+        if len >= MIN_PAYLOAD
+            && len <= buf.len() - at - FRAME_HEADER
+            && (version == VERSION || version == VERSION_1)
+            && intact_at(buf, at).is_some()
+        {
+            return Some(at);
         }
-        scan.end = at;
+        at += 1;
+    }
+    None
+}
+
+/// Scans a whole segment. Damage (a bad length, payload or header) is
+/// skipped to the next intact frame, found by its checksum; where none
+/// follows, the intact data ends (`end`), and what comes after is for the
+/// caller to judge: a torn write at the end of the newest segment, damage
+/// anywhere else.
+pub fn scan(buf: &[u8]) -> Scan {
+    let mut scan = Scan::default();
+    let mut at = if buf.len() >= HEADER && &buf[..HEADER] == SEGMENT_MAGIC {
+        HEADER
+    } else {
+        scan.bad_header = true;
+        match resync(buf, 0) {
+            Some(first) => {
+                scan.damaged.push((0, first));
+                first
+            }
+            None => return scan,
+        }
+    };
+    scan.end = at;
+    while at < buf.len() {
+        if let Frame::Valid { len } = frame_at(buf, at) {
+            scan.records.push((at, len));
+            at += FRAME_HEADER + len;
+            scan.end = at;
+            continue;
+        }
+        // The written length usually survives damage to the payload.
+        let stated = match frame_at(buf, at) {
+            Frame::Corrupt { len: Some(len) } => Some(at + FRAME_HEADER + len)
+                .filter(|&next| next < buf.len() && intact_at(buf, next).is_some()),
+            _ => None,
+        };
+        match stated.or_else(|| resync(buf, at + 1)) {
+            Some(next) => {
+                scan.damaged.push((at, next));
+                at = next;
+                scan.end = at;
+            }
+            None => break,
+        }
     }
     scan
 }
@@ -302,7 +348,7 @@ mod tests {
             let s = scan(&buf[..cut]);
             assert_eq!(s.records.len(), 2, "cut at {cut}");
             assert_eq!(s.end, offsets[2]);
-            assert!(s.skipped.is_empty());
+            assert!(s.damaged.is_empty());
         }
     }
 
@@ -316,7 +362,7 @@ mod tests {
         buf[offsets[1] + FRAME_HEADER + 3] ^= 0x40;
         let s = scan(&buf);
         assert_eq!(s.records.len(), 2);
-        assert_eq!(s.skipped, vec![(offsets[1], offsets[2] - offsets[1])]);
+        assert_eq!(s.damaged, vec![(offsets[1], offsets[2])]);
         assert_eq!(s.end, buf.len());
         assert_eq!(
             decode(payload(&buf, s.records[1]))
@@ -341,23 +387,45 @@ mod tests {
     }
 
     #[test]
-    fn a_corrupt_length_ends_the_log_there() {
+    fn a_corrupt_length_is_skipped_to_the_next_frame_found_by_its_checksum() {
+        let (mut buf, offsets) = segment(&[
+            vec![reading("a", "m", 1, 1.0)],
+            vec![reading("b", "m", 2, 2.0)],
+            vec![reading("c", "m", 3, 3.0)],
+            vec![reading("d", "m", 4, 4.0)],
+        ]);
+        buf[offsets[1]..offsets[1] + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        let s = scan(&buf);
+        assert_eq!(s.records.len(), 3);
+        assert_eq!(s.damaged, vec![(offsets[1], offsets[2])]);
+        assert_eq!(s.end, buf.len());
+        // A length pointing into the next frame: the same.
         let (mut buf, offsets) = segment(&[
             vec![reading("a", "m", 1, 1.0)],
             vec![reading("b", "m", 2, 2.0)],
             vec![reading("c", "m", 3, 3.0)],
         ]);
-        buf[offsets[1]] ^= 0x10;
+        buf[offsets[1]] ^= 0x03;
         let s = scan(&buf);
-        assert_eq!((s.records.len(), s.end), (1, offsets[1]));
+        assert_eq!(s.damaged, vec![(offsets[1], offsets[2])]);
+        assert_eq!(s.records.len(), 2);
     }
 
     #[test]
-    fn a_missing_header_is_reported() {
+    fn a_damaged_header_is_reported_and_the_frames_after_it_kept() {
         assert!(scan(b"HGJ").bad_header);
         assert!(scan(b"NOTMAGIC").bad_header);
         let s = scan(SEGMENT_MAGIC);
         assert!(!s.bad_header && s.records.is_empty());
+        let (mut buf, offsets) = segment(&[
+            vec![reading("a", "m", 1, 1.0)],
+            vec![reading("b", "m", 2, 2.0)],
+        ]);
+        buf[..HEADER + 2].fill(0);
+        let s = scan(&buf);
+        assert!(s.bad_header);
+        assert_eq!(s.damaged, vec![(0, offsets[1])]);
+        assert_eq!((s.records.len(), s.end), (1, buf.len()));
     }
 
     #[test]
@@ -407,12 +475,49 @@ mod tests {
             buf.extend(tail);
             let s = scan(&buf);
             prop_assert!(s.end <= buf.len());
+            for &(start, end) in &s.damaged {
+                prop_assert!(start < end && end <= s.end);
+            }
             for &(at, _) in &s.records {
                 let valid = matches!(frame_at(&buf, at), Frame::Valid { .. });
                 prop_assert!(valid);
             }
             for &(at, len) in &s.records {
                 let _ = decode(payload(&buf, (at, len)));
+            }
+        }
+
+        /// Whatever run of bytes is overwritten, every frame wholly outside
+        /// it is found again, and only a damaged range at the very end is
+        /// left past `end`.
+        #[test]
+        fn damage_loses_only_the_frames_it_touches(
+            sizes in prop::collection::vec(1..6usize, 2..12),
+            from in any::<prop::sample::Index>(),
+            span in 1..300usize,
+            fill in any::<u8>(),
+        ) {
+            let records: Vec<Vec<Reading<'static>>> = sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| (0..n).map(|k| reading("s", "m", (i * 10 + k) as i64, 1.0)).collect())
+                .collect();
+            let (mut buf, offsets) = segment(&records);
+            let start = HEADER + from.index(buf.len() - HEADER);
+            let stop = (start + span).min(buf.len());
+            buf[start..stop].fill(fill);
+            let s = scan(&buf);
+            let mut ends: Vec<usize> = offsets[1..].to_vec();
+            ends.push(buf.len());
+            for (&at, &end) in offsets.iter().zip(&ends) {
+                let untouched = end <= start || at >= stop;
+                let found = s.records.iter().any(|&(r, _)| r == at);
+                // An untouched frame is found unless damage before it runs
+                // to the end (then it is past `end`, which cannot happen for
+                // a frame after the damage).
+                if untouched {
+                    prop_assert!(found, "frame at {} lost to damage {}..{}", at, start, stop);
+                }
             }
         }
 

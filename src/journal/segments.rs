@@ -16,6 +16,8 @@ pub struct Segment {
     pub id: u64,
     pub len: u64,
     pub created: SystemTime,
+    /// Ranges recovery found damaged, `(start, end)`: reads skip them.
+    pub damaged: Vec<(u64, u64)>,
 }
 
 /// What recovery found and did.
@@ -24,9 +26,11 @@ pub struct Recovered {
     pub segments: usize,
     pub records: usize,
     pub readings: u64,
-    /// Records whose checksum failed in the middle of a segment.
-    pub corrupt_records: usize,
-    /// Bytes cut off at torn or corrupt tails (never acknowledged: an
+    /// Damaged ranges skipped (each lost at least one frame), kept in
+    /// `<segment>.<offset>.corrupt` files.
+    pub damaged_ranges: usize,
+    pub damaged_bytes: u64,
+    /// Bytes cut off the newest segment's torn tail (never acknowledged: an
     /// acknowledgement waits for the fsync that would have made them whole).
     pub truncated_bytes: u64,
 }
@@ -39,6 +43,8 @@ pub struct ReadRecord {
     pub end: u64,
     /// `None` when its checksum failed: skip it.
     pub payload: Option<Vec<u8>>,
+    /// A range recovery found damaged and reported already.
+    pub known_damage: bool,
 }
 
 #[derive(Debug)]
@@ -55,6 +61,11 @@ pub struct Segments {
 
 fn segment_path(dir: &Path, id: u64) -> PathBuf {
     dir.join(format!("{id:020}.log"))
+}
+
+/// Where a damaged range's bytes are kept for inspection.
+pub fn corrupt_path(dir: &Path, id: u64, offset: u64) -> PathBuf {
+    dir.join(format!("{id:020}.{offset}.corrupt"))
 }
 
 fn sync_dir(dir: &Path) -> io::Result<()> {
@@ -95,6 +106,7 @@ impl Segments {
             })
             .collect();
         ids.sort_unstable();
+        let newest = ids.last().copied();
         let mut recovered = Recovered::default();
         let mut list = VecDeque::new();
         for id in ids {
@@ -104,21 +116,38 @@ impl Segments {
             let created = fs::metadata(&path)
                 .and_then(|m| m.modified())
                 .unwrap_or(SystemTime::now());
-            if scan.bad_header {
-                // Created but never written whole: nothing in it was acknowledged.
-                recovered.truncated_bytes += buf.len() as u64;
+            let mut damaged = scan.damaged.clone();
+            let mut len = buf.len();
+            if scan.end < buf.len() {
+                if Some(id) == newest {
+                    // A torn tail: the write in progress at a crash, never
+                    // acknowledged (that waits for its fsync).
+                    recovered.truncated_bytes += (buf.len() - scan.end) as u64;
+                    len = scan.end;
+                } else {
+                    // An older segment was synced whole before the next was
+                    // started: what does not check out here is damage.
+                    damaged.push((scan.end, buf.len()));
+                }
+            }
+            for &(start, end) in &damaged {
+                fs::write(corrupt_path(dir, id, start as u64), &buf[start..end])?;
+                recovered.damaged_ranges += 1;
+                recovered.damaged_bytes += (end - start) as u64;
+            }
+            if scan.records.is_empty() && (scan.bad_header || len <= HEADER) {
+                // Nothing readable: created but never written, or all damaged
+                // (its bytes kept above).
                 fs::remove_file(&path)?;
                 continue;
             }
-            if scan.end < buf.len() {
-                recovered.truncated_bytes += (buf.len() - scan.end) as u64;
+            if len < buf.len() {
                 let file = OpenOptions::new().write(true).open(&path)?;
-                file.set_len(scan.end as u64)?;
+                file.set_len(len as u64)?;
                 file.sync_all()?;
             }
             recovered.segments += 1;
             recovered.records += scan.records.len();
-            recovered.corrupt_records += scan.skipped.len();
             recovered.readings += scan
                 .records
                 .iter()
@@ -126,8 +155,9 @@ impl Segments {
                 .sum::<u64>();
             list.push_back(Segment {
                 id,
-                len: scan.end as u64,
+                len: len as u64,
                 created,
+                damaged: damaged.iter().map(|&(a, b)| (a as u64, b as u64)).collect(),
             });
         }
         let mut segments = Self {
@@ -157,6 +187,7 @@ impl Segments {
             id,
             len: HEADER as u64,
             created: SystemTime::now(),
+            damaged: Vec::new(),
         });
         self.file = Some(file);
         Ok(())
@@ -190,12 +221,32 @@ impl Segments {
     /// Reads records of segment `id` from `offset`, about `max_bytes` of them
     /// (at least one whole record), up to the segment's known length.
     pub fn read(&self, id: u64, offset: u64, max_bytes: usize) -> io::Result<Vec<ReadRecord>> {
-        let Some(seg_len) = self.len_of(id) else {
+        let Some(segment) = self.list.iter().find(|s| s.id == id) else {
             return Ok(Vec::new());
         };
-        if offset >= seg_len {
+        if offset >= segment.len {
             return Ok(Vec::new());
         }
+        if let Some(&(_, end)) = segment
+            .damaged
+            .iter()
+            .find(|&&(start, end)| start <= offset && offset < end)
+        {
+            return Ok(vec![ReadRecord {
+                offset,
+                end,
+                payload: None,
+                known_damage: true,
+            }]);
+        }
+        // Read up to the next damaged range: it is skipped on its own.
+        let seg_len = segment
+            .damaged
+            .iter()
+            .map(|&(start, _)| start)
+            .filter(|&start| start > offset)
+            .min()
+            .unwrap_or(segment.len);
         let mut file = File::open(segment_path(&self.dir, id))?;
         file.seek(SeekFrom::Start(offset))?;
         let available = usize::try_from(seg_len - offset).unwrap_or(usize::MAX);
@@ -210,6 +261,7 @@ impl Segments {
                         offset: offset + at as u64,
                         end: offset + (at + FRAME_HEADER + len) as u64,
                         payload: Some(buf[at + FRAME_HEADER..at + FRAME_HEADER + len].to_vec()),
+                        known_damage: false,
                     });
                     at += FRAME_HEADER + len;
                 }
@@ -220,6 +272,7 @@ impl Segments {
                         offset: offset + at as u64,
                         end: offset + (at + FRAME_HEADER + len) as u64,
                         payload: None,
+                        known_damage: false,
                     });
                     at += FRAME_HEADER + len;
                 }
@@ -229,6 +282,7 @@ impl Segments {
                         offset: offset + at as u64,
                         end: seg_len,
                         payload: None,
+                        known_damage: false,
                     });
                     return Ok(out);
                 }
@@ -245,6 +299,7 @@ impl Segments {
                             offset,
                             end: seg_len,
                             payload: None,
+                            known_damage: false,
                         });
                         return Ok(out);
                     }
@@ -324,6 +379,94 @@ mod tests {
             }],
             1,
         )
+    }
+
+    /// Every record `read` gives back, segment by segment, as the journal
+    /// task walks them: `(sensor, known damage)` per record.
+    fn read_all(segs: &Segments) -> Vec<Option<String>> {
+        let mut out = Vec::new();
+        for s in segs.list().clone() {
+            let mut at = HEADER as u64;
+            while at < s.len {
+                let records = segs.read(s.id, at, 64).expect("read");
+                assert!(
+                    !records.is_empty(),
+                    "a read at {at} of {} found nothing",
+                    s.id
+                );
+                for r in records {
+                    out.push(r.payload.as_ref().map(|p| {
+                        record::decode(p).expect("decodes").readings[0]
+                            .sensor
+                            .as_str()
+                            .to_owned()
+                    }));
+                    at = r.end;
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn damage_in_an_older_segment_or_mid_newest_loses_only_its_frame_and_is_kept_aside() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut segs, _) = Segments::open(dir.path(), 100).expect("open");
+        let names: Vec<String> = (0..12).map(|i| format!("s{i}")).collect();
+        let mut placed = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            let f = frame(name, i as i64);
+            let (id, at) = segs.append(&f).expect("append");
+            placed.push((id, at, f.len()));
+        }
+        drop(segs);
+        let ids: Vec<u64> = placed.iter().map(|p| p.0).collect();
+        let (oldest, newest) = (ids[0], ids[ids.len() - 1]);
+        assert!(oldest < newest, "several segments: {ids:?}");
+        let patch = |id: u64, at: u64, bytes: &[u8]| {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .open(segment_path(dir.path(), id))
+                .expect("open");
+            f.seek(SeekFrom::Start(at)).expect("seek");
+            f.write_all(bytes).expect("write");
+        };
+        // A bad sector over the oldest segment's first frame's length...
+        patch(oldest, placed[0].1, &[0xff; 4]);
+        // ...and a payload byte in the middle of the newest segment...
+        let in_newest: Vec<usize> = (0..placed.len())
+            .filter(|&i| placed[i].0 == newest)
+            .collect();
+        let middle = in_newest[0];
+        assert!(in_newest.len() >= 2, "the newest segment holds two frames");
+        patch(newest, placed[middle].1 + 12, &[0xee]);
+        // ...and a torn write at its end.
+        let mut f = OpenOptions::new()
+            .append(true)
+            .open(segment_path(dir.path(), newest))
+            .expect("open");
+        f.write_all(&frame("torn", 99)[..11]).expect("write");
+        drop(f);
+        let (segs, rec) = Segments::open(dir.path(), 100).expect("reopen");
+        assert_eq!(rec.damaged_ranges, 2, "{rec:?}");
+        assert_eq!(rec.truncated_bytes, 11);
+        assert_eq!(rec.records, names.len() - 2);
+        let read: Vec<Option<String>> = read_all(&segs);
+        let expected: Vec<Option<String>> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (i != 0 && i != middle).then(|| n.clone()))
+            .collect();
+        assert_eq!(read, expected);
+        for (id, i) in [(oldest, 0), (newest, middle)] {
+            let kept = fs::read(corrupt_path(dir.path(), id, placed[i].1)).expect("kept aside");
+            assert_eq!(kept.len(), placed[i].2, "the damaged frame's bytes");
+        }
+        // The damage is still there at the next start: found and skipped again.
+        drop(segs);
+        let (segs, rec) = Segments::open(dir.path(), 100).expect("reopen");
+        assert_eq!((rec.damaged_ranges, rec.truncated_bytes), (2, 0));
+        assert_eq!(read_all(&segs), expected);
     }
 
     #[test]

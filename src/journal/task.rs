@@ -261,6 +261,8 @@ impl JournalTask {
             while let Some((segment, record)) = self.staged.front() {
                 let (segment, offset, end) = (*segment, record.offset, record.end);
                 let readings = match &record.payload {
+                    // Reported, with its count, when the journal was opened.
+                    None if record.known_damage => None,
                     None => {
                         error!(
                             segment,

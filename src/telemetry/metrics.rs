@@ -118,6 +118,7 @@ pub struct Metrics {
     pub journal_appended_bytes: IntCounter,
     pub journal_fsync_duration: Histogram,
     pub journal_replayed_readings: IntCounter,
+    pub journal_damaged_ranges: IntCounter,
     db_read: IntCounterVec,
     db_written: IntCounterVec,
     pub query_round_trips: HistogramVec,
@@ -349,6 +350,11 @@ impl Metrics {
                 &r,
                 "hourglass_journal_replayed_readings_total",
                 "Readings replayed from journal segments left by an earlier run.",
+            ),
+            journal_damaged_ranges: counter(
+                &r,
+                "hourglass_journal_damaged_ranges_total",
+                "Damaged journal ranges skipped at recovery; each lost at least one acknowledged record (kept in .corrupt files).",
             ),
             db_read: counter_vec(
                 &r,

@@ -354,17 +354,17 @@ async fn a_full_journal_answers_503_and_stores_all_it_acknowledged_once_storage_
     app.stop().await.expect("clean stop");
 }
 
-/// The one segment a killed binary left in `dir`, holding `n` records.
-fn segment_file(dir: &Path) -> PathBuf {
+/// The segments a killed binary left in `dir` that hold records, oldest
+/// first.
+fn segment_files(dir: &Path) -> Vec<PathBuf> {
     let mut logs: Vec<PathBuf> = std::fs::read_dir(dir)
         .expect("journal dir")
         .map(|e| e.expect("entry").path())
         .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .filter(|p| std::fs::metadata(p).expect("meta").len() > 8)
         .collect();
     logs.sort();
-    logs.into_iter()
-        .find(|p| std::fs::metadata(p).expect("meta").len() > 8)
-        .expect("a segment with records")
+    logs
 }
 
 /// Record offsets of a segment: an 8-byte header, then frames of
@@ -385,26 +385,60 @@ fn record_offsets(file: &Path) -> Vec<(u64, u64)> {
     out
 }
 
-/// Writes three acknowledged records (sensors a, b, c) with a binary that is
-/// then killed; damages the segment with `damage`; restarts; returns what is
-/// stored and the second run's log.
-async fn damaged_journal(damage: impl FnOnce(&Path, &[(u64, u64)])) -> (Model, String) {
+/// Overwrites bytes of `file` at `at`.
+fn overwrite(file: &Path, at: u64, bytes: &[u8]) {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(file)
+        .expect("open");
+    f.seek(SeekFrom::Start(at)).expect("seek");
+    f.write_all(bytes).expect("write");
+}
+
+/// Flips one bit of the byte at `at`.
+fn flip(file: &Path, at: u64) {
+    let mut byte = [0u8; 1];
+    let mut f = std::fs::File::open(file).expect("open");
+    f.seek(SeekFrom::Start(at)).expect("seek");
+    f.read_exact(&mut byte).expect("read");
+    overwrite(file, at, &[byte[0] ^ 0x20]);
+}
+
+/// Sensors of the damaged-journal tests: one acknowledged request each.
+const SENSORS: [&str; 9] = ["a", "b", "c", "d", "e", "f", "g", "h", "i"];
+
+/// What a damaged journal's restart left: stored readings, the log, and
+/// the damaged-ranges counter.
+struct Restarted {
+    stored: Model,
+    log: String,
+    damaged_ranges: f64,
+}
+
+/// Writes nine acknowledged records (sensors a to i, 70 readings each, so
+/// three to a 4 KiB segment) with a binary that is then killed; damages
+/// the segments (oldest first, with their record offsets) with `damage`;
+/// restarts; returns what is stored once `records` records' readings are.
+async fn damaged_journal(
+    records: usize,
+    damage: impl FnOnce(&[(PathBuf, Vec<(u64, u64)>)]),
+) -> Restarted {
     let settings = journal_settings();
     let reader = spawn_app_with(test_settings_on(&settings)).await;
     let logs = tempfile::tempdir().expect("temp dir");
     let log = logs.path().join("first.log");
     // It holds every bucket until the kill, however slow the machine.
-    let mut first = spawn_binary(&settings, HOLD_EVERYTHING, &log);
+    let mut env = HOLD_EVERYTHING.to_vec();
+    env.push(("HOURGLASS__JOURNAL__SEGMENT_BYTES", "4096"));
+    let mut first = spawn_binary(&settings, &env, &log);
     let address = binary_address(&log).await;
     let client = reqwest::Client::new();
-    let t = now() - 5;
-    for sensor in ["a", "b", "c"] {
+    let t = now() - 300;
+    for sensor in SENSORS {
+        let batch: Vec<Value> = (0..70).map(|k| reading(sensor, "m", t + k, 1.0)).collect();
         let r = client
             .post(format!("{address}/api/v1/readings"))
-            .json(&json!([
-                reading(sensor, "m", t, 1.0),
-                reading(sensor, "m", t + 1, 2.0)
-            ]))
+            .json(&batch)
             .send()
             .await
             .expect("sent");
@@ -416,35 +450,58 @@ async fn damaged_journal(damage: impl FnOnce(&Path, &[(u64, u64)])) -> (Model, S
         reader.buckets().await.is_empty(),
         "nothing was written before the kill"
     );
-    let file = segment_file(&settings.journal.dir);
-    let records = record_offsets(&file);
-    assert_eq!(records.len(), 3, "one record per request");
-    damage(&file, &records);
+    let segments: Vec<(PathBuf, Vec<(u64, u64)>)> = segment_files(&settings.journal.dir)
+        .into_iter()
+        .map(|f| {
+            let records = record_offsets(&f);
+            (f, records)
+        })
+        .collect();
+    let per_segment: Vec<usize> = segments.iter().map(|(_, r)| r.len()).collect();
+    assert_eq!(per_segment, vec![3, 3, 3], "one record per request");
+    damage(&segments);
 
     let log = logs.path().join("second.log");
     let mut second = spawn_binary(&settings, &[("HOURGLASS__BATCHER__MAX_HOLD", "1s")], &log);
-    binary_address(&log).await;
+    let address = binary_address(&log).await;
     eventually(WAIT, "the replay is written", || async {
-        all_values(&reader.buckets().await, Granularity::Minute).len() >= 4
+        all_values(&reader.buckets().await, Granularity::Minute).len() >= records * 70
     })
     .await;
     // A moment more for anything that should not be there to show up.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let stored = all_values(&reader.buckets().await, Granularity::Minute);
+    let damaged_ranges = metric(&address, "hourglass_journal_damaged_ranges_total").await;
     assert!(terminate(&mut second).success());
     reader.stop().await.expect("clean stop");
-    (stored, std::fs::read_to_string(&log).expect("log"))
+    Restarted {
+        stored,
+        log: std::fs::read_to_string(&log).expect("log"),
+        damaged_ranges,
+    }
 }
 
-fn sensors(stored: &Model) -> Vec<String> {
-    let mut s: Vec<String> = stored.keys().map(|(s, _, _)| s.clone()).collect();
-    s.dedup();
-    s
+/// Each sensor stored, with its count of readings.
+fn sensors(stored: &Model) -> Vec<(String, usize)> {
+    let mut s: BTreeMap<String, usize> = BTreeMap::new();
+    for (sensor, _, _) in stored.keys() {
+        *s.entry(sensor.clone()).or_default() += 1;
+    }
+    s.into_iter().collect()
+}
+
+fn all_but(lost: &[&str]) -> Vec<(String, usize)> {
+    SENSORS
+        .iter()
+        .filter(|s| !lost.contains(s))
+        .map(|s| (s.to_string(), 70))
+        .collect()
 }
 
 #[tokio::test]
 async fn a_torn_last_record_is_cut_off_and_every_whole_record_is_stored() {
-    let (stored, log) = damaged_journal(|file, records| {
+    let restarted = damaged_journal(8, |segments| {
+        let (file, records) = &segments[2];
         let (at, len) = records[2];
         let f = std::fs::OpenOptions::new()
             .write(true)
@@ -454,30 +511,48 @@ async fn a_torn_last_record_is_cut_off_and_every_whole_record_is_stored() {
         f.set_len(at + len / 2).expect("truncate");
     })
     .await;
-    assert_eq!(sensors(&stored), vec!["a", "b"]);
-    assert!(log.contains("torn record"), "{log}");
+    assert_eq!(sensors(&restarted.stored), all_but(&["i"]));
+    let log = &restarted.log;
+    assert!(log.contains("torn write"), "{log}");
     assert!(log.contains("\"truncated_bytes\""), "{log}");
+    assert!(
+        !log.contains("ERROR"),
+        "a torn write loses nothing acknowledged: {log}"
+    );
+    assert_eq!(restarted.damaged_ranges, 0.0);
 }
 
+/// A bad sector over a length in the oldest segment and a flipped payload
+/// byte in the middle of the newest: each loses its own record only, kept
+/// aside in a `.corrupt` file, counted and logged as lost; every other
+/// acknowledged reading is stored once.
 #[tokio::test]
-async fn a_flipped_byte_loses_that_record_only_and_says_so() {
-    let (stored, log) = damaged_journal(|file, records| {
-        let (at, _) = records[1];
-        let mut f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(file)
-            .expect("open");
-        let mut byte = [0u8; 1];
-        f.seek(SeekFrom::Start(at + 12)).expect("seek");
-        f.read_exact(&mut byte).expect("read");
-        f.seek(SeekFrom::Start(at + 12)).expect("seek");
-        f.write_all(&[byte[0] ^ 0x20]).expect("write");
+async fn damage_in_an_older_or_the_newest_segment_loses_only_the_damaged_records() {
+    let dir = std::sync::Arc::new(std::sync::Mutex::new(PathBuf::new()));
+    let kept = dir.clone();
+    let restarted = damaged_journal(7, move |segments| {
+        let (oldest, records) = &segments[0];
+        overwrite(oldest, records[1].0, &[0xff, 0xff, 0xff, 0x7f]);
+        let (newest, records) = &segments[2];
+        flip(newest, records[1].0 + 12);
+        *kept.lock().expect("lock") = oldest.parent().expect("dir").to_owned();
     })
     .await;
-    assert_eq!(sensors(&stored), vec!["a", "c"]);
-    assert!(log.contains("failed their checksum"), "{log}");
-    assert!(log.contains("\"corrupt_records\":1"), "{log}");
+    assert_eq!(sensors(&restarted.stored), all_but(&["b", "h"]));
+    let log = &restarted.log;
+    assert!(log.contains("ERROR"), "{log}");
+    assert!(log.contains("\"damaged_ranges\":2"), "{log}");
+    assert!(!log.contains("torn write"), "nothing was cut: {log}");
+    assert_eq!(restarted.damaged_ranges, 2.0);
+    let dir = dir.lock().expect("lock").clone();
+    let corrupt = std::fs::read_dir(&dir)
+        .expect("journal dir")
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "corrupt"))
+        })
+        .count();
+    assert_eq!(corrupt, 2, "each damaged range kept aside");
 }
 
 /// A journal holding readings acknowledged for one database is not replayed
