@@ -400,6 +400,8 @@ fn sparkplug(c: &mut Criterion) {
         rebirth_cooldown_ms: 30_000,
         window: ctx().window,
         property_labels: false,
+        max_edge_nodes: 10_000,
+        max_devices_per_node: 1_000,
     };
     let mut group = c.benchmark_group("hot_paths");
     group.throughput(Throughput::Elements(READINGS as u64));

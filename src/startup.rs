@@ -296,6 +296,7 @@ impl Application {
             cache: Arc::new(crate::query::cache::ResultCache::new(
                 settings.query.cache_bytes,
             )),
+            ping: Arc::default(),
         };
         tokio::spawn(api::query::count_silent(state.clone(), shutdown.clone()));
         let app = api::router(state);

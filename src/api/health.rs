@@ -1,7 +1,7 @@
 //! `GET /health/live`, `GET /health/ready` and `GET /metrics`.
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::extract::State;
@@ -14,6 +14,43 @@ use crate::store::BucketStore;
 
 /// How long readiness waits for the storage server to answer a ping.
 pub const STORAGE_PING_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long one storage ping answers readiness: probes from every load
+/// balancer and orchestrator, however many, cost at most one ping a second.
+pub const STORAGE_PING_REUSE: Duration = Duration::from_secs(1);
+
+/// The last ping's time and outcome. A mutex held across the ping: probes
+/// arriving while it runs wait for its answer instead of pinging too.
+#[derive(Debug, Default)]
+pub struct PingCache(tokio::sync::Mutex<Option<(Instant, Result<(), PingFailure>)>>);
+
+#[derive(Debug, Clone, Copy)]
+enum PingFailure {
+    Unreachable,
+    Slow,
+}
+
+impl PingCache {
+    async fn ping<S: BucketStore>(&self, store: &S) -> Result<(), PingFailure> {
+        let mut last = self.0.lock().await;
+        if let Some((at, outcome)) = *last
+            && at.elapsed() < STORAGE_PING_REUSE
+        {
+            return outcome;
+        }
+        let outcome = match tokio::time::timeout(STORAGE_PING_TIMEOUT, store.ping()).await {
+            Ok(Ok(())) => Ok(()),
+            // The cause goes to the log, not to whoever asks.
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "Readiness: storage did not answer a ping.");
+                Err(PingFailure::Unreachable)
+            }
+            Err(_) => Err(PingFailure::Slow),
+        };
+        *last = Some((Instant::now(), outcome));
+        outcome
+    }
+}
+
 /// Above this share of `batcher.max_buffered_readings` the service is overloaded.
 pub const OVERLOAD_SHARE: f64 = 0.9;
 
@@ -64,19 +101,15 @@ pub async fn live() -> Json<serde_json::Value> {
 
 #[utoipa::path(get, path = "/health/ready", responses((status = 200, description = "Ready"), (status = 503, description = "Not ready, with the failing checks")))]
 pub async fn ready<S: BucketStore>(State(state): State<AppState<S>>) -> impl IntoResponse {
-    let storage = match tokio::time::timeout(STORAGE_PING_TIMEOUT, state.store.ping()).await {
+    let storage = match state.ping.ping(state.store.as_ref()).await {
         // The server answers pings but refuses writes (authorization, a
         // stepdown, a write concern it cannot satisfy): still an outage.
-        Ok(Ok(())) if state.batcher.storage_outage() => {
+        Ok(()) if state.batcher.storage_outage() => {
             Check::fail("storage refuses writes for now; retrying")
         }
-        Ok(Ok(())) => Check::pass(),
-        // The cause goes to the log, not to whoever asks.
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "Readiness: storage did not answer a ping.");
-            Check::fail("storage is unreachable")
-        }
-        Err(_) => Check::fail("storage did not answer in time"),
+        Ok(()) => Check::pass(),
+        Err(PingFailure::Unreachable) => Check::fail("storage is unreachable"),
+        Err(PingFailure::Slow) => Check::fail("storage did not answer in time"),
     };
     let mqtt = state.mqtt.as_ref().map(|stats| {
         if !stats.connected.load(Ordering::Acquire) {

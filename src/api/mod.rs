@@ -81,6 +81,8 @@ pub struct AppState<S> {
     pub labels: Arc<LabelSync>,
     /// The results cache of closed periods (`query.cache_bytes`).
     pub cache: Arc<crate::query::cache::ResultCache>,
+    /// The last storage ping readiness made (see [`health::PingCache`]).
+    pub ping: Arc<health::PingCache>,
 }
 
 impl<S> Clone for AppState<S> {
@@ -96,6 +98,7 @@ impl<S> Clone for AppState<S> {
             query_permits: self.query_permits.clone(),
             labels: self.labels.clone(),
             cache: self.cache.clone(),
+            ping: self.ping.clone(),
         }
     }
 }

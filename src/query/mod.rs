@@ -48,6 +48,9 @@ pub struct Settings {
     pub max_query_nodes: usize,
     /// Bytes of one series' labels as a function builds them.
     pub max_label_bytes: usize,
+    /// Regular-expression matchers in one request (its query, or all its
+    /// `match[]` selectors): each compiles to an automaton of up to 10 MiB.
+    pub max_regex_matchers: usize,
     /// Values one PromQL query may hold: series × evaluation times, summed
     /// over its reads. Only subqueries can pass max_series × max_points.
     pub max_samples: usize,
@@ -86,6 +89,7 @@ impl Default for Settings {
             max_query_depth: promql::Limits::default().max_depth,
             max_query_nodes: promql::Limits::default().max_nodes,
             max_label_bytes: promql::Limits::default().max_label_bytes,
+            max_regex_matchers: promql::Limits::default().max_regex_matchers,
             max_samples: 10_000_000,
             cache_bytes: 64 * 1024 * 1024,
             expected_interval: Duration::from_secs(300),
@@ -102,6 +106,7 @@ impl Settings {
             max_depth: self.max_query_depth,
             max_nodes: self.max_query_nodes,
             max_label_bytes: self.max_label_bytes,
+            max_regex_matchers: self.max_regex_matchers,
         }
     }
 
@@ -115,6 +120,7 @@ impl Settings {
             ("query.max_query_depth", self.max_query_depth),
             ("query.max_query_nodes", self.max_query_nodes),
             ("query.max_label_bytes", self.max_label_bytes),
+            ("query.max_regex_matchers", self.max_regex_matchers),
             ("query.max_samples", self.max_samples),
         ])?;
         if self.max_query_depth > promql::limits::DEPTH_CEILING {

@@ -22,14 +22,24 @@ use crate::store::{BucketStore, SensorQuery};
 
 /// The matchers of each `match[]`: each must be a plain selector.
 fn match_sets(form: &Form, limits: Limits) -> Result<Vec<Vec<Matcher>>, Failure> {
+    // Together they are one request's selectors: one query's bounds.
+    let total: usize = form.all("match[]").map(str::len).sum();
+    if total > limits.max_length {
+        return Err(Failure::bad_data(format!(
+            "the match[] selectors are {total} bytes together; at most {} are accepted (query.max_query_length)",
+            limits.max_length
+        )));
+    }
+    let mut regexes = 0;
     form.all("match[]")
         .map(|m| {
-            let expr = promql::compile::parse(m, &limits).map_err(|e| match e {
-                PromError::BadData(e) => {
-                    Failure::bad_data(format!("invalid parameter \"match[]\": {e}"))
-                }
-                other => Failure::from(other),
-            })?;
+            let expr =
+                promql::compile::parse_counted(m, &limits, &mut regexes).map_err(|e| match e {
+                    PromError::BadData(e) => {
+                        Failure::bad_data(format!("invalid parameter \"match[]\": {e}"))
+                    }
+                    other => Failure::from(other),
+                })?;
             let Expr::VectorSelector(vs) = expr else {
                 return Err(Failure::bad_data(format!(
                     "invalid parameter \"match[]\": {m:?} is not a series selector"

@@ -163,8 +163,10 @@ impl CsvColumns {
             Some(columns.ts),
             Some(columns.value),
         ];
+        // A set: a wide header against a long ignore list stays linear.
+        let ignore: std::collections::HashSet<&str> = ignore.iter().map(|x| x.trim()).collect();
         for (i, h) in names.iter().enumerate() {
-            if !h.is_empty() && !used.contains(&Some(i)) && !ignore.iter().any(|x| x.trim() == *h) {
+            if !h.is_empty() && !used.contains(&Some(i)) && !ignore.contains(h) {
                 return Err(format!(
                     "column {h:?} is not sensor, metric, ts or value; map it (--column value={h}) or leave it out (--ignore {h}; ignore={h} in a request)"
                 ));

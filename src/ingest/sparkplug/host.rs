@@ -26,6 +26,9 @@ pub struct Rules {
     pub window: TimeWindow,
     /// Births' `Properties/<name>` strings become labels.
     pub property_labels: bool,
+    /// Edge nodes with state; a birth from one more is refused.
+    pub max_edge_nodes: usize,
+    pub max_devices_per_node: usize,
 }
 
 /// What one message (or a tick) asks of the caller.
@@ -141,19 +144,28 @@ impl Host {
                 self.death(&key, topic, payload, &mut fx);
                 return fx;
             }
+            Kind::NBirth if !self.room_for(&key) => {
+                fx.dead_letter = Some(format!(
+                    "NBIRTH from edge node {}/{}: the host already keeps {} edge nodes (mqtt.sparkplug.max_edge_nodes)",
+                    topic.group, topic.node, self.rules.max_edge_nodes
+                ));
+                return fx;
+            }
             Kind::NBirth => self.node_birth(&key, topic, payload, &mut fx),
             _ => {}
         }
-        let node = self.nodes.entry(key.clone()).or_default();
         if topic.kind != Kind::NBirth {
-            if !node.online || node.table.is_none() {
+            // A node never born gets no state here (only, room permitting,
+            // a rebirth request's cooldown).
+            let node = self.nodes.get_mut(&key);
+            let Some(node) = node.filter(|n| n.online && n.table.is_some()) else {
                 fx.dead_letter = Some(format!(
                     "{:?} from edge node {}/{} before its NBIRTH",
                     topic.kind, topic.group, topic.node
                 ));
                 self.ask_rebirth(&key, now_ms, &mut fx);
                 return fx;
-            }
+            };
             Self::sequence(node, payload.seq, now_ms, self.rules.reorder_timeout_ms);
         }
         match topic.kind {
@@ -162,6 +174,15 @@ impl Host {
                 let metrics = definitions(payload);
                 let sensor = self.sensor(topic.group, topic.node, Some(&device));
                 let node = self.nodes.entry(key.clone()).or_default();
+                if !node.devices.contains_key(&device)
+                    && node.devices.len() >= self.rules.max_devices_per_node
+                {
+                    fx.dead_letter = Some(format!(
+                        "DBIRTH from device {}/{}/{device}: its edge node already has {} devices (mqtt.sparkplug.max_devices_per_node)",
+                        topic.group, topic.node, self.rules.max_devices_per_node
+                    ));
+                    return fx;
+                }
                 let dev = node.devices.entry(device.clone()).or_default();
                 dev.table = Some(Table::of(&metrics));
                 if !dev.online {
@@ -336,7 +357,18 @@ impl Host {
         }
     }
 
+    /// Whether `key` has state or there is room for it.
+    fn room_for(&self, key: &(String, String)) -> bool {
+        self.nodes.len() < self.rules.max_edge_nodes || self.nodes.contains_key(key)
+    }
+
     fn ask_rebirth(&mut self, key: &(String, String), now_ms: u64, fx: &mut Effects) {
+        if !self.room_for(key) {
+            // No room to remember a cooldown: asking at every message could
+            // flood the plant, so an unknown node is not asked.
+            fx.rebirths_held += 1;
+            return;
+        }
         let node = self.nodes.entry(key.clone()).or_default();
         if node
             .last_rebirth

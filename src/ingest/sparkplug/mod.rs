@@ -32,6 +32,8 @@ impl Settings {
             rebirth_cooldown_ms: self.rebirth_cooldown.as_millis() as u64,
             window,
             property_labels: self.property_labels,
+            max_edge_nodes: self.max_edge_nodes,
+            max_devices_per_node: self.max_devices_per_node,
         }
     }
 }

@@ -27,6 +27,11 @@ pub struct Settings {
     pub primary_host_id: Option<String>,
     /// A birth's `Properties/<name>` string metrics become `<name>` labels.
     pub property_labels: bool,
+    /// Edge nodes the host keeps state for: a birth from one more is
+    /// dead-lettered (a buggy fleet minting node ids cannot grow it).
+    pub max_edge_nodes: usize,
+    /// Devices per edge node, likewise.
+    pub max_devices_per_node: usize,
 }
 
 impl Default for Settings {
@@ -40,6 +45,8 @@ impl Default for Settings {
             rebirth_cooldown: Duration::from_secs(30),
             primary_host_id: None,
             property_labels: false,
+            max_edge_nodes: 10_000,
+            max_devices_per_node: 1_000,
         }
     }
 }
@@ -108,6 +115,13 @@ impl Settings {
         if let Some(id) = &self.primary_host_id {
             topic_level("mqtt.sparkplug.primary_host_id", id)?;
         }
+        crate::settings::at_least_one(&[
+            ("mqtt.sparkplug.max_edge_nodes", self.max_edge_nodes),
+            (
+                "mqtt.sparkplug.max_devices_per_node",
+                self.max_devices_per_node,
+            ),
+        ])?;
         if self.reorder_timeout.is_zero() {
             return Err(invalid(
                 "mqtt.sparkplug.reorder_timeout",

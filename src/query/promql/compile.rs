@@ -23,8 +23,14 @@ fn unsupported(what: impl std::fmt::Display) -> PromError {
 
 /// Parses `query` once it is within `limits` (the parser recurses).
 pub fn parse(query: &str, limits: &Limits) -> Result<Expr, PromError> {
+    parse_counted(query, limits, &mut 0)
+}
+
+/// [`parse`], adding the query's regex matchers to `regexes`: several
+/// selectors of one request share `query.max_regex_matchers`.
+pub fn parse_counted(query: &str, limits: &Limits, regexes: &mut usize) -> Result<Expr, PromError> {
     limits::check(query, limits)?;
-    limits::check_durations(query)?;
+    limits::check_tokens(query, regexes, limits)?;
     parser::parse(query).map_err(|e| PromError::BadData(format!("parse error: {e}")))
 }
 
@@ -61,6 +67,14 @@ pub fn matchers(vs: &parser::VectorSelector) -> Result<Vec<Matcher>, PromError> 
     if !vs.matchers.or_matchers.is_empty() {
         return Err(unsupported("the `or` of label matchers"));
     }
+    // A quoted name may hold anything ({"a.b"="x"}); the store keys labels
+    // by name, so only Prometheus' classic names are taken.
+    if let Some(bad) = vs.matchers.matchers.iter().find(|m| !label_name(&m.name)) {
+        return Err(PromError::BadData(format!(
+            "invalid label name {:?}: a label name is letters, digits and _, not starting with a digit",
+            bad.name
+        )));
+    }
     let mut matchers = vs.matchers.matchers.clone();
     if let Some(name) = &vs.name
         && !matchers.iter().any(|m| m.name == "__name__")
@@ -68,6 +82,15 @@ pub fn matchers(vs: &parser::VectorSelector) -> Result<Vec<Matcher>, PromError> 
         matchers.push(Matcher::new(MatchOp::Equal, "__name__", name));
     }
     Ok(matchers)
+}
+
+/// `[a-zA-Z_][a-zA-Z0-9_]*`.
+fn label_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    bytes
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
 
 fn selector(vs: &parser::VectorSelector) -> Result<Selector, PromError> {
@@ -261,6 +284,42 @@ mod tests {
             Err(PromError::BadData(m)) => m,
             other => panic!("{q}: {other:?}"),
         }
+    }
+
+    #[test]
+    fn quoted_label_names_must_be_classic_names() {
+        for q in [
+            r#"{"a.b"="x"}"#,
+            r#"m{"$where"="1"}"#,
+            r#"m{"9a"=~".*"}"#,
+            r#"m{""="x"}"#,
+        ] {
+            assert!(error(q).contains("invalid label name"), "{q}");
+        }
+        assert!(compile(r#"m{"site_2"="x"}"#, &Limits::default()).is_ok());
+    }
+
+    #[test]
+    fn regex_matchers_are_counted_before_they_are_compiled() {
+        let limits = Limits {
+            max_regex_matchers: 3,
+            ..Limits::default()
+        };
+        let q = |n: usize| {
+            (0..n)
+                .map(|i| format!(r#"m{{a=~"\\w{{0,200}}{i}"}}"#))
+                .collect::<Vec<_>>()
+                .join(" + ")
+        };
+        assert!(compile(&q(3), &limits).is_ok());
+        match compile(&q(4), &limits) {
+            Err(PromError::BadData(m)) => assert!(m.contains("query.max_regex_matchers"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        // Shared by the selectors of one request.
+        let mut regexes = 0;
+        assert!(parse_counted(&q(2), &limits, &mut regexes).is_ok());
+        assert!(parse_counted(&q(2), &limits, &mut regexes).is_err());
     }
 
     #[test]

@@ -31,6 +31,9 @@ pub struct Limits {
     /// (`label_replace`, `label_join`; `query.max_label_bytes`): checked
     /// before the value is built, so a short text cannot ask for gigabytes.
     pub max_label_bytes: usize,
+    /// Regex matchers (`query.max_regex_matchers`), counted from the
+    /// tokens before the parser compiles them.
+    pub max_regex_matchers: usize,
 }
 
 /// The deepest tree the service is proven to handle on a worker's stack
@@ -45,6 +48,7 @@ impl Default for Limits {
             max_depth: 250,
             max_nodes: 2000,
             max_label_bytes: 16 * 1024,
+            max_regex_matchers: 64,
         }
     }
 }
@@ -94,7 +98,11 @@ pub const MAX_DURATION_SECONDS: f64 = 9_223_372_036.0;
 /// `offset 0x1p99`) that no duration holds: the parser would turn it into a
 /// `Duration` with a panic. Run after [`check`], so the text is short; the
 /// lexer is the parser's own and loops, never recursing.
-pub fn check_durations(text: &str) -> Result<(), PromError> {
+///
+/// Also counts the regex matchers (`=~`, `!~`) into `regexes`: the parser
+/// compiles each, at up to 10 MiB, so their number is bounded before it
+/// runs ([`Limits::max_regex_matchers`]).
+pub fn check_tokens(text: &str, regexes: &mut usize, limits: &Limits) -> Result<(), PromError> {
     use lrpar::{Lexeme, Lexer, NonStreamingLexer};
     use promql_parser::parser::{lexer, token};
     // What the lexer refuses, the parser reports.
@@ -104,6 +112,15 @@ pub fn check_durations(text: &str) -> Result<(), PromError> {
     let mut before = [None, None];
     for lexeme in lexer.iter().flatten() {
         let id = lexeme.tok_id();
+        if id == token::T_EQL_REGEX || id == token::T_NEQ_REGEX {
+            *regexes += 1;
+            if *regexes > limits.max_regex_matchers {
+                return Err(PromError::BadData(format!(
+                    "the request has more than {} regular-expression matchers (query.max_regex_matchers)",
+                    limits.max_regex_matchers
+                )));
+            }
+        }
         let duration_here = matches!(
             before,
             [
@@ -389,7 +406,7 @@ mod tests {
             "a[9223372037]",
             "a[ 1e300 ]",
         ] {
-            match check_durations(q) {
+            match check_tokens(q, &mut 0, &Limits::default()) {
                 Err(PromError::BadData(m)) => assert!(m.contains("out of range"), "{q}: {m}"),
                 other => panic!("{q}: {other:?}"),
             }
@@ -402,7 +419,7 @@ mod tests {
             "a @ 1e9",
             "a[5m] offset 1m",
         ] {
-            assert!(check_durations(q).is_ok(), "{q}");
+            assert!(check_tokens(q, &mut 0, &Limits::default()).is_ok(), "{q}");
             assert!(parser::parse(q).is_ok(), "{q}");
         }
     }

@@ -366,7 +366,10 @@ fn plan(path: &Path, options: &ImportOptions) -> Result<Plan, TransferError> {
             let mut csv = csv::ReaderBuilder::new()
                 .has_headers(false)
                 .flexible(true)
-                .from_reader(open(path, Arc::new(AtomicU64::new(0)))?);
+                .from_reader(reader::Bounded::new(open(
+                    path,
+                    Arc::new(AtomicU64::new(0)),
+                )?));
             let mut header = csv::StringRecord::new();
             let found = csv
                 .read_record(&mut header)

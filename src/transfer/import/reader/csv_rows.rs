@@ -2,13 +2,51 @@
 //! of a file from its first line that needs quoting rules read by the
 //! `csv` crate.
 
+use std::cell::Cell;
 use std::io::Read;
+use std::rc::Rc;
 
 use tokio::sync::mpsc;
 
 use super::super::{Batch, Reject, TransferError};
-use super::Reader;
+use super::{MAX_LINE_BYTES, Reader};
 use crate::ingest::decode::csv as csv_body;
+
+/// The `csv` crate's input, failing once a record passes
+/// [`MAX_LINE_BYTES`] (an unclosed quote would read the rest of the file
+/// into one record): `since` counts what was read since the last record
+/// ended, its read-ahead included.
+pub(in super::super) struct Bounded<R> {
+    inner: R,
+    since: Rc<Cell<usize>>,
+}
+
+impl<R> Bounded<R> {
+    pub(in super::super) fn new(inner: R) -> Self {
+        Self {
+            inner,
+            since: Rc::default(),
+        }
+    }
+}
+
+/// The `csv` crate's own read-ahead, allowed on top of a record.
+const READ_AHEAD: usize = 64 * 1024;
+
+impl<R: Read> Read for Bounded<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        let since = self.since.get() + n;
+        self.since.set(since);
+        if since > MAX_LINE_BYTES + READ_AHEAD {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("a record is longer than {MAX_LINE_BYTES} bytes (an unclosed quote?)"),
+            ));
+        }
+        Ok(n)
+    }
+}
 
 /// How far the reader went through a CSV file without the `csv` crate.
 #[derive(Debug, Default)]
@@ -92,10 +130,14 @@ impl Reader {
     ) -> Result<bool, TransferError> {
         let io =
             |e: &dyn std::fmt::Display| TransferError::Io(format!("{}: {e}", self.path.display()));
+        let since = Rc::new(Cell::new(0));
         let mut csv = csv::ReaderBuilder::new()
             .has_headers(false)
             .flexible(true)
-            .from_reader(input);
+            .from_reader(Bounded {
+                inner: input,
+                since: since.clone(),
+            });
         // Bytes, not text: only the fields a reading uses are checked as
         // UTF-8 (by the service), and no row allocates.
         let mut record = csv::ByteRecord::new();
@@ -105,7 +147,9 @@ impl Reader {
             *records += 1;
         }
         loop {
-            match csv.read_byte_record(&mut record) {
+            let read = csv.read_byte_record(&mut record);
+            since.set(0);
+            match read {
                 Ok(false) => break,
                 Ok(true) => {}
                 Err(e) => {

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc;
 
+pub(super) use self::csv_rows::Bounded;
 use self::csv_rows::PlainCsv;
 use super::formats::{Converter, Format};
 use super::{Batch, Item, Reject, TransferError};
@@ -55,6 +56,25 @@ pub(super) struct Spares(Arc<Mutex<Vec<Spare>>>);
 
 /// A batch's text and items, emptied.
 type Spare = (Vec<u8>, Vec<Item>);
+
+/// The longest line (or CSV record) an import reads: a file with no line
+/// ends, or an unclosed quote, is refused instead of read into memory.
+pub(super) const MAX_LINE_BYTES: usize = 1024 * 1024;
+
+fn too_long(path: &Path, line: u64) -> TransferError {
+    TransferError::Io(format!(
+        "{}: line {line} is longer than {MAX_LINE_BYTES} bytes without ending; is the file newline-delimited (an unclosed quote, in CSV)?",
+        path.display()
+    ))
+}
+
+/// Refuses a line being gathered once it passes [`MAX_LINE_BYTES`].
+fn check_line(carry: &[u8], path: &Path, records: u64) -> Result<(), TransferError> {
+    if carry.len() > MAX_LINE_BYTES {
+        return Err(too_long(path, records + 1));
+    }
+    Ok(())
+}
 
 impl Spares {
     /// Enough for the batches in flight and queued; more are dropped.
@@ -167,6 +187,7 @@ impl Reader {
                         && let Some(i) = memchr::memchr(b'\n', buf)
                     {
                         carry.extend_from_slice(&buf[..=i]);
+                        check_line(&carry, &self.path, records)?;
                         match self.plain_csv_line(
                             &carry,
                             &mut plain,
@@ -179,6 +200,7 @@ impl Reader {
                             Some(false) => return Ok(false),
                             None => {
                                 carry.extend_from_slice(&buf[i + 1..]);
+                                check_line(&carry, &self.path, records)?;
                                 input.consume(len);
                                 quoted = Some(std::mem::take(&mut carry));
                                 break 'plain;
@@ -226,6 +248,7 @@ impl Reader {
                         }
                     }
                     carry.extend_from_slice(&buf[used..]);
+                    check_line(&carry, &self.path, records)?;
                     input.consume(len);
                 }
                 if let Some(rest) = quoted {
@@ -265,6 +288,7 @@ impl Reader {
                         && let Some(i) = memchr::memchr(b'\n', buf)
                     {
                         carry.extend_from_slice(&buf[..=i]);
+                        check_line(&carry, &self.path, records)?;
                         records += 1;
                         if !self.text_line(&carry, records, &mut batch, &mut readings, tx) {
                             return Ok(false);
@@ -303,6 +327,7 @@ impl Reader {
                             &buf[used..end]
                         } else {
                             carry.extend_from_slice(&buf[used..end]);
+                            check_line(&carry, &self.path, records)?;
                             &carry[..]
                         };
                         more = self.text_line(raw, records, &mut batch, &mut readings, tx);
@@ -318,6 +343,7 @@ impl Reader {
                     let len = buf.len();
                     if used < len {
                         carry.extend_from_slice(&buf[used..]);
+                        check_line(&carry, &self.path, records)?;
                     }
                     input.consume(len);
                 }
@@ -520,6 +546,70 @@ mod tests {
         }
         assert!(thread.join().expect("the reader"));
         (sent, refused, records)
+    }
+
+    /// The error a reader of `text` ends with.
+    fn read_error(format: Format, converter: Converter, text: &[u8], gzip: bool) -> String {
+        use std::io::Write;
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let path = dir.path().join("lines");
+        let bytes = if gzip {
+            let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+            gz.write_all(text).expect("compressed");
+            gz.finish().expect("compressed")
+        } else {
+            text.to_vec()
+        };
+        std::fs::write(&path, bytes).expect("written");
+        let reader = Reader {
+            file: 0,
+            path,
+            format,
+            skip: 0,
+            converter,
+            head: Vec::new(),
+            batch: 10,
+            max_bytes: 1 << 20,
+            read: Arc::new(AtomicU64::new(0)),
+            spares: Spares::default(),
+        };
+        let (tx, mut rx) = mpsc::channel(4);
+        let thread = std::thread::spawn(move || reader.run(&tx));
+        let mut error = None;
+        while let Some(b) = rx.blocking_recv() {
+            if let Err(e) = b {
+                error = Some(e.to_string());
+            }
+        }
+        assert!(!thread.join().expect("the reader"), "the import stops");
+        error.expect("an error")
+    }
+
+    /// A file with no line end (or a CSV quote never closed), gzipped or
+    /// not, is refused past MAX_LINE_BYTES instead of read into memory.
+    #[test]
+    fn a_line_that_never_ends_is_refused_at_the_bound() {
+        let endless = vec![b'x'; 3 * MAX_LINE_BYTES];
+        for gzip in [false, true] {
+            let e = read_error(
+                Format::Ndjson,
+                super::super::formats::tests::converter(Format::Ndjson),
+                &endless,
+                gzip,
+            );
+            assert!(e.contains("line 1 is longer than"), "{e}");
+        }
+        let mut quoted = b"sensor,metric,ts,value,note\ns1,m,1764000000,1.5,\"".to_vec();
+        quoted.extend(&endless);
+        for gzip in [false, true] {
+            let e = read_error(
+                Format::Csv,
+                super::super::formats::tests::converter(Format::Csv),
+                &quoted,
+                gzip,
+            );
+            assert!(e.contains("longer than"), "{e}");
+        }
     }
 
     #[test]

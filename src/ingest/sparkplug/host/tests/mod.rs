@@ -20,6 +20,8 @@ fn rules() -> Rules {
             max_future: Duration::from_secs(600),
         },
         property_labels: true,
+        max_edge_nodes: 50,
+        max_devices_per_node: 20,
     }
 }
 
@@ -397,3 +399,55 @@ fn restored_births_resolve_aliases_without_a_rebirth() {
 }
 
 mod model;
+
+/// A fleet minting edge node ids cannot grow the host: births past
+/// `max_edge_nodes` and messages from nodes never born are dead-lettered
+/// without state; the nodes already known carry on.
+#[test]
+fn the_host_keeps_state_for_at_most_max_edge_nodes_and_devices() {
+    let mut host = Host::new(rules());
+    let names: Vec<String> = (0..rules().max_edge_nodes + 5)
+        .map(|i| format!("n{i}"))
+        .collect();
+    for (i, n) in names.iter().enumerate() {
+        let fx = host.handle(&topic(Kind::NBirth, n, None), &birth(0, 1, NOW), NOW);
+        let refused = i >= rules().max_edge_nodes;
+        assert_eq!(fx.dead_letter.is_some(), refused, "{n}: {fx:?}");
+        if refused {
+            assert!(
+                fx.dead_letter
+                    .as_deref()
+                    .unwrap_or_default()
+                    .contains("max_edge_nodes")
+            );
+            assert!(fx.readings.is_empty());
+        }
+    }
+    for k in 0..100 {
+        let stranger = format!("stranger{k}");
+        let fx = host.handle(
+            &topic(Kind::NData, &stranger, None),
+            &data(1, NOW, 1.0),
+            NOW,
+        );
+        assert!(fx.dead_letter.is_some() && fx.rebirth.is_empty(), "{fx:?}");
+    }
+    assert_eq!(host.nodes.len(), rules().max_edge_nodes);
+    let fx = host.handle(&topic(Kind::NData, "n0", None), &data(1, NOW, 2.0), NOW);
+    assert_eq!((fx.dead_letter, fx.readings.len()), (None, 1));
+    let devices: Vec<String> = (0..rules().max_devices_per_node + 1)
+        .map(|i| format!("d{i}"))
+        .collect();
+    for (i, d) in devices.iter().enumerate() {
+        let fx = host.handle(
+            &topic(Kind::DBirth, "n0", Some(d)),
+            &birth(2 + i as u64, 1, NOW),
+            NOW,
+        );
+        assert_eq!(
+            fx.dead_letter.is_some(),
+            i >= rules().max_devices_per_node,
+            "{d}: {fx:?}"
+        );
+    }
+}
