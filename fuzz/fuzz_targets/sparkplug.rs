@@ -16,6 +16,8 @@ thread_local! {
         rebirth_cooldown_ms: 30_000,
         window: TimeWindow { max_age: Duration::from_secs(86_400 * 3650), max_future: Duration::from_secs(300) },
         property_labels: true,
+        max_edge_nodes: 1_000,
+        max_devices_per_node: 100,
     }));
 }
 
