@@ -174,10 +174,25 @@ impl TestApp {
             .sum()
     }
 
+    /// A 200's JSON body. A 503 (a query over its timeout or a storage
+    /// hiccup on a loaded machine: "retry later") is asked again twice, as
+    /// a client would; anything else fails with the body.
     pub async fn get_json(&self, path_and_query: &str) -> Value {
-        let r = self.get(path_and_query).await;
-        assert_eq!(r.status(), 200, "GET {path_and_query}");
-        r.json().await.expect("a JSON body")
+        let mut tries = 0;
+        loop {
+            let r = self.get(path_and_query).await;
+            let status = r.status();
+            if status == 200 {
+                return r.json().await.expect("a JSON body");
+            }
+            let body = r.text().await.unwrap_or_default();
+            tries += 1;
+            if status != 503 || tries == 3 {
+                panic!("GET {path_and_query}: {status} {body}");
+            }
+            eprintln!("GET {path_and_query}: {status} {body}; asking again");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
     }
 
     /// Every bucket document, sorted by (sensor, metric, start), without `_id`
