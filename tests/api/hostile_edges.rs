@@ -92,6 +92,38 @@ async fn queries_that_would_build_gigabytes_or_overflow_a_range_are_answered_und
     .await;
     assert!((400..500).contains(&status), "{status} {body}");
     live(&client, &address, "a huge range").await;
+    // Regexes compile before anything is read, each up to 10 MiB: their
+    // number is bounded first, in one query and across match[] selectors.
+    let regex = |i: usize| format!(r#"temp{{site=~"\\w{{0,200}}{i}"}}"#);
+    let many: Vec<String> = (0..100).map(regex).collect();
+    let (status, body) = promql(&client, &address, &many.join(" or ")).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.to_string().contains("query.max_regex_matchers"), "{body}");
+    let series = |sets: &[String]| {
+        let mut form = url::form_urlencoded::Serializer::new(String::new());
+        for m in sets {
+            form.append_pair("match[]", m);
+        }
+        client
+            .post(format!("{address}/prometheus/api/v1/series"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(form.finish())
+            .send()
+    };
+    let r = series(&many).await.expect("an answer");
+    assert_eq!(r.status(), 400);
+    let text = r.text().await.expect("a body");
+    assert!(text.contains("query.max_regex_matchers"), "{text}");
+    let long: Vec<String> = (0..2000).map(|i| format!("temp{{sensor=\"s{i}\"}}")).collect();
+    let r = series(&long).await.expect("an answer");
+    assert_eq!(r.status(), 400);
+    let text = r.text().await.expect("a body");
+    assert!(text.contains("query.max_query_length"), "{text}");
+    // A quoted label name would be a dotted document path.
+    let (status, body) = promql(&client, &address, r#"temp{"a.b"="x"}"#).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.to_string().contains("invalid label name"), "{body}");
+    live(&client, &address, "regexes, long match[] and a quoted label").await;
     assert!(
         child.try_wait().expect("waitable").is_none(),
         "{}",
