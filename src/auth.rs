@@ -153,6 +153,11 @@ impl Principal {
         self.token.and_then(|i| self.auth.tokens.get(i))
     }
 
+    /// The token's name when auth is on: who the per-token bounds count.
+    pub fn token_name(&self) -> Option<&str> {
+        self.token().map(|t| t.name.as_str())
+    }
+
     /// The token's name, for logs; never the token.
     pub fn name(&self) -> &str {
         self.token().map_or("anonymous", |t| t.name.as_str())

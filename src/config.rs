@@ -11,7 +11,9 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 use crate::settings::{Invalid, invalid};
-use crate::{api, auth, batcher, ingest, journal, query, runtime, shutdown, store, telemetry};
+use crate::{
+    api, auth, batcher, cardinality, ingest, journal, query, runtime, shutdown, store, telemetry,
+};
 
 pub const ENV_PREFIX: &str = "HOURGLASS__";
 
@@ -28,6 +30,7 @@ pub enum ConfigError {
 pub struct Settings {
     pub http: api::Settings,
     pub ingest: ingest::Settings,
+    pub cardinality: cardinality::Settings,
     pub batcher: batcher::Settings,
     pub journal: journal::Settings,
     pub buckets: store::BucketSettings,
@@ -95,6 +98,7 @@ impl Settings {
         self.mongodb.validate()?;
         self.http.validate()?;
         self.ingest.validate()?;
+        self.cardinality.validate()?;
         self.line_protocol.validate()?;
         self.batcher.validate()?;
         self.journal.validate()?;

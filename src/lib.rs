@@ -21,6 +21,8 @@
 //!   settles every bucket by its own outcome. It decides when a bucket is
 //!   written: with the open batch, or (journaled readings) once its window
 //!   has ended.
+//! - `cardinality`: the guard on new series per hour, a pure core the
+//!   intake consults.
 //! - `journal`: the append-only, checksummed log on local disk that
 //!   acknowledgements wait for (group commit), replayed at start; `Intake`
 //!   is the ingestors' way in.
@@ -52,6 +54,7 @@
 mod api;
 mod auth;
 mod batcher;
+mod cardinality;
 mod config;
 mod domain;
 mod ingest;
@@ -144,6 +147,7 @@ mod layering {
         "shutdown",
         "domain",
         "batcher",
+        "cardinality",
         "journal",
         "store",
         "query",

@@ -54,6 +54,47 @@ const REPLAY_POLL: std::time::Duration = std::time::Duration::from_millis(20);
 /// see it) and whatever of it was due is written, or storage turns out to be
 /// unreachable (then the replay goes on in the background, as after any
 /// outage).
+/// Teaches the cardinality guard the registry's series, so a restart does
+/// not count a fleet's series as new; until then it counts nothing.
+/// Retried while storage is down.
+async fn seed_guard(
+    store: Arc<MongoStore>,
+    guard: Arc<crate::cardinality::Shared>,
+    shutdown: Shutdown,
+) {
+    use crate::store::{BucketStore, SensorQuery};
+    let mut pause = std::time::Duration::from_secs(1);
+    loop {
+        let listed = store
+            .sensors(SensorQuery::default(), usize::MAX, |info| {
+                guard.know(
+                    info.metrics
+                        .iter()
+                        .map(|m| (info.sensor.as_str(), m.as_str())),
+                );
+                false
+            })
+            .await;
+        match listed {
+            Ok(_) => {
+                guard.seeded();
+                info!(
+                    "The cardinality guard knows the registry's series; new ones count from now."
+                );
+                return;
+            }
+            Err(e) => {
+                warn!(error = %e, "Could not read the sensor registry for the cardinality guard; retrying. New series are not bounded meanwhile.");
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            () = shutdown.triggered() => return,
+        }
+        pause = (pause * 2).min(std::time::Duration::from_secs(60));
+    }
+}
+
 async fn replay(journal: &Journal, batcher: &BatcherHandle) {
     let started = tokio::time::Instant::now();
     loop {
@@ -225,10 +266,20 @@ impl Application {
             auth,
             shutdown,
         } = self;
+        let guard = Arc::new(crate::cardinality::Shared::new(
+            settings.cardinality.clone(),
+            metrics.new_series.clone(),
+            metrics.new_series_refused.clone(),
+            metrics.new_series_guard_seeded.clone(),
+        ));
+        if guard.enabled() {
+            tokio::spawn(seed_guard(store.clone(), guard.clone(), shutdown.clone()));
+        }
         let intake = Intake::new(
             batcher.clone(),
             journal.as_ref().map(|(j, _)| j.clone()),
             Some(store.clone() as Arc<dyn crate::journal::Registrar>),
+            Some(guard),
         );
         // This instance's floor is published until everything is drained.
         let (end_floor, floor_ends) = tokio::sync::oneshot::channel::<()>();

@@ -188,7 +188,7 @@ async fn write<S: BucketStore>(
     state.labels.offer(&decoded.labels);
     let partial = (decoded.refused > 0).then(|| decoded.partial_write_message());
     if !readings.is_empty() {
-        match submit(state, readings, Wait::Safe).await {
+        match submit(state, readings, Wait::Safe, principal.token_name()).await {
             Ok(Outcome::Safe | Outcome::Queued) => {}
             // As over MQTT: the readings are in the dead-letter collection
             // and retrying cannot help, so the write is not failed.

@@ -154,6 +154,10 @@ impl From<IntakeError> for ApiError {
                 ApiError::unavailable("the journal is full while storage catches up; retry later")
             }
             IntakeError::Closed => ApiError::unavailable("the service is shutting down"),
+            // Not a 503: retrying soon cannot help; the next hour can.
+            IntakeError::NewSeries(refused) => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, refused.to_string())
+            }
         }
     }
 }
@@ -228,7 +232,7 @@ pub async fn post_readings<S: BucketStore>(
         };
         return Ok((status, Json(Accepted { accepted })));
     }
-    match submit(&state, readings, wait).await? {
+    match submit(&state, readings, wait, principal.token_name()).await? {
         Outcome::Queued => Ok((StatusCode::ACCEPTED, Json(Accepted { accepted }))),
         Outcome::Safe => Ok((StatusCode::OK, Json(Accepted { accepted }))),
         Outcome::DeadLettered(buckets) => Err(dead_lettered(
@@ -257,16 +261,21 @@ pub(super) async fn submit<S: BucketStore>(
     state: &AppState<S>,
     readings: Vec<Reading<'_>>,
     wait: Wait,
+    token: Option<&str>,
 ) -> Result<Outcome, ApiError> {
     let metrics = &state.metrics;
     let accepted = readings.len();
-    let ack = state.intake.submit(readings, wait).inspect_err(|e| {
-        let reason = match e {
-            IntakeError::Closed => Rejection::ShuttingDown,
-            _ => Rejection::Overloaded,
-        };
-        metrics.rejected(Source::Http, reason, accepted);
-    })?;
+    let ack = state
+        .intake
+        .submit(readings, wait, token)
+        .inspect_err(|e| {
+            let reason = match e {
+                IntakeError::Closed => Rejection::ShuttingDown,
+                IntakeError::NewSeries(_) => Rejection::NewSeries,
+                _ => Rejection::Overloaded,
+            };
+            metrics.rejected(Source::Http, reason, accepted);
+        })?;
     metrics.received(Source::Http, accepted);
     if wait == Wait::Queued {
         return Ok(Outcome::Queued);

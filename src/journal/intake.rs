@@ -21,6 +21,8 @@ pub enum IntakeError {
     Full(#[from] crate::batcher::Full),
     #[error("the service is shutting down")]
     Closed,
+    #[error(transparent)]
+    NewSeries(#[from] crate::cardinality::Refused),
 }
 
 impl From<SubmitError> for IntakeError {
@@ -61,6 +63,9 @@ pub struct Intake {
     batcher: BatcherHandle,
     journal: Option<Journal>,
     registrar: Option<Arc<dyn Registrar>>,
+    /// New series per hour (`[cardinality]`), checked against the series
+    /// the registrar does not know.
+    guard: Option<Arc<crate::cardinality::Shared>>,
 }
 
 /// What an accepted submission resolves to: safe as asked, with its new
@@ -123,11 +128,13 @@ impl Intake {
         batcher: BatcherHandle,
         journal: Option<Journal>,
         registrar: Option<Arc<dyn Registrar>>,
+        guard: Option<Arc<crate::cardinality::Shared>>,
     ) -> Self {
         Self {
             batcher,
             journal,
             registrar,
+            guard: guard.filter(|g| g.enabled()),
         }
     }
 
@@ -135,13 +142,25 @@ impl Intake {
         self.journal.as_ref()
     }
 
-    /// Takes all of `readings` or none; registers their new series once taken.
-    pub fn submit(&self, readings: Vec<Reading<'_>>, wait: Wait) -> Result<Ack, IntakeError> {
+    /// Takes all of `readings` or none; registers their new series once
+    /// taken. `token` names who sent them, for the per-token bound on new
+    /// series (`None` with auth off).
+    pub fn submit(
+        &self,
+        readings: Vec<Reading<'_>>,
+        wait: Wait,
+        token: Option<&str>,
+    ) -> Result<Ack, IntakeError> {
         let unseen = self
             .registrar
             .as_ref()
             .map(|r| r.unseen(&readings))
             .unwrap_or_default();
+        if let Some(guard) = &self.guard
+            && !unseen.is_empty()
+        {
+            guard.admit(token, &unseen)?;
+        }
         let inner = match (&self.journal, wait) {
             (Some(journal), Wait::Queued | Wait::Safe) => {
                 let rx = journal.append(&readings, wait == Wait::Safe)?;

@@ -47,10 +47,12 @@ pub enum Rejection {
     Overloaded,
     /// Shutting down.
     ShuttingDown,
+    /// New series past `[cardinality]`'s bounds.
+    NewSeries,
 }
 
 impl Rejection {
-    const ALL: [Rejection; 7] = [
+    const ALL: [Rejection; 8] = [
         Rejection::Invalid,
         Rejection::Malformed,
         Rejection::TooLarge,
@@ -58,6 +60,7 @@ impl Rejection {
         Rejection::Topic,
         Rejection::Overloaded,
         Rejection::ShuttingDown,
+        Rejection::NewSeries,
     ];
 
     fn label(self) -> &'static str {
@@ -69,6 +72,7 @@ impl Rejection {
             Rejection::Topic => "topic",
             Rejection::Overloaded => "overloaded",
             Rejection::ShuttingDown => "shutting_down",
+            Rejection::NewSeries => "new_series",
         }
     }
 }
@@ -119,6 +123,9 @@ pub struct Metrics {
     pub journal_fsync_duration: Histogram,
     pub journal_replayed_readings: IntCounter,
     pub journal_damaged_ranges: IntCounter,
+    pub new_series: IntCounter,
+    pub new_series_refused: IntCounter,
+    pub new_series_guard_seeded: IntGauge,
     db_read: IntCounterVec,
     db_written: IntCounterVec,
     pub query_round_trips: HistogramVec,
@@ -350,6 +357,21 @@ impl Metrics {
                 &r,
                 "hourglass_journal_replayed_readings_total",
                 "Readings replayed from journal segments left by an earlier run.",
+            ),
+            new_series: counter(
+                &r,
+                "hourglass_new_series_total",
+                "Series (sensor and metric) accepted for the first time by this instance, counted by the cardinality guard.",
+            ),
+            new_series_refused: counter(
+                &r,
+                "hourglass_new_series_refused_total",
+                "New series refused past cardinality.max_new_series_per_hour or its per-token bound.",
+            ),
+            new_series_guard_seeded: gauge(
+                &r,
+                "hourglass_new_series_guard_seeded",
+                "1 once the cardinality guard has learnt the registry's series and counts new ones.",
             ),
             journal_damaged_ranges: counter(
                 &r,

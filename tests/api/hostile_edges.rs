@@ -98,7 +98,10 @@ async fn queries_that_would_build_gigabytes_or_overflow_a_range_are_answered_und
     let many: Vec<String> = (0..100).map(regex).collect();
     let (status, body) = promql(&client, &address, &many.join(" or ")).await;
     assert_eq!(status, 400, "{body}");
-    assert!(body.to_string().contains("query.max_regex_matchers"), "{body}");
+    assert!(
+        body.to_string().contains("query.max_regex_matchers"),
+        "{body}"
+    );
     let series = |sets: &[String]| {
         let mut form = url::form_urlencoded::Serializer::new(String::new());
         for m in sets {
@@ -114,7 +117,9 @@ async fn queries_that_would_build_gigabytes_or_overflow_a_range_are_answered_und
     assert_eq!(r.status(), 400);
     let text = r.text().await.expect("a body");
     assert!(text.contains("query.max_regex_matchers"), "{text}");
-    let long: Vec<String> = (0..2000).map(|i| format!("temp{{sensor=\"s{i}\"}}")).collect();
+    let long: Vec<String> = (0..2000)
+        .map(|i| format!("temp{{sensor=\"s{i}\"}}"))
+        .collect();
     let r = series(&long).await.expect("an answer");
     assert_eq!(r.status(), 400);
     let text = r.text().await.expect("a body");
@@ -123,7 +128,12 @@ async fn queries_that_would_build_gigabytes_or_overflow_a_range_are_answered_und
     let (status, body) = promql(&client, &address, r#"temp{"a.b"="x"}"#).await;
     assert_eq!(status, 400, "{body}");
     assert!(body.to_string().contains("invalid label name"), "{body}");
-    live(&client, &address, "regexes, long match[] and a quoted label").await;
+    live(
+        &client,
+        &address,
+        "regexes, long match[] and a quoted label",
+    )
+    .await;
     assert!(
         child.try_wait().expect("waitable").is_none(),
         "{}",
@@ -362,4 +372,85 @@ async fn slow_and_idle_connections_are_closed_and_capped_while_health_answers() 
     })
     .await;
     assert!(closed.is_ok(), "the idle connection was closed");
+}
+
+/// A device minting sensor ids: past `cardinality.max_new_series_per_hour`
+/// its requests are refused whole with a 429 naming the setting, while
+/// writes to existing series go on; a restart learns the registry's series
+/// first, so they are not counted as new.
+#[tokio::test]
+async fn new_series_past_the_hourly_bound_are_refused_and_existing_ones_carry_on() {
+    let mut settings = test_settings();
+    settings.cardinality.max_new_series_per_hour = 5;
+    let t = base_time();
+    let batch = |sensors: &[String], k: i64| -> Value {
+        Value::Array(
+            sensors
+                .iter()
+                .map(|s| reading(s, "temp", t + k, 1.0))
+                .collect(),
+        )
+    };
+    let names = |prefix: &str, n: usize| -> Vec<String> {
+        (0..n).map(|i| format!("{prefix}{i}")).collect()
+    };
+    let seeded = |app: &TestApp| {
+        let app = app.address.clone();
+        async move { metric(&app, "hourglass_new_series_guard_seeded").await == 1.0 }
+    };
+    // Four series from an earlier run.
+    let first = spawn_app_with(settings.clone()).await;
+    eventually(Duration::from_secs(60), "the guard is seeded", || {
+        seeded(&first)
+    })
+    .await;
+    let old = names("old-", 4);
+    assert_eq!(first.post_readings(&batch(&old, 0)).await.status(), 200);
+    first.stop().await.expect("clean stop");
+
+    let app = spawn_app_with(settings).await;
+    eventually(Duration::from_secs(60), "the guard is seeded", || {
+        seeded(&app)
+    })
+    .await;
+    // The old four and five new ones: exactly the bound.
+    let mut mixed = old.clone();
+    mixed.extend(names("new-", 5));
+    assert_eq!(app.post_readings(&batch(&mixed, 1)).await.status(), 200);
+    // One more new series: the whole request is refused.
+    let mut over = old.clone();
+    over.push("minted-0".into());
+    let r = app.post_readings(&batch(&over, 2)).await;
+    assert_eq!(r.status(), 429);
+    let body = r.text().await.expect("a body");
+    assert!(
+        body.contains("cardinality.max_new_series_per_hour"),
+        "{body}"
+    );
+    // Existing series carry on, old and new alike.
+    assert_eq!(app.post_readings(&batch(&mixed, 3)).await.status(), 200);
+    assert_eq!(app.metric("hourglass_new_series_total").await, 5.0);
+    assert_eq!(app.metric("hourglass_new_series_refused_total").await, 1.0);
+    let sensors = || async {
+        app.buckets()
+            .await
+            .iter()
+            .filter_map(|d| d.get_str("sensor").ok().map(str::to_owned))
+            .collect::<Vec<String>>()
+    };
+    eventually(
+        Duration::from_secs(120),
+        "the accepted readings are stored",
+        || async {
+            let stored = sensors().await;
+            stored.iter().any(|s| s == "old-3") && stored.iter().any(|s| s == "new-4")
+        },
+    )
+    .await;
+    let stored = sensors().await;
+    assert!(
+        !stored.iter().any(|s| s.starts_with("minted")),
+        "{stored:?}"
+    );
+    app.stop().await.expect("clean stop");
 }

@@ -365,3 +365,59 @@ async fn killed_mid_stream(journal: bool) {
     assert!(status.success(), "a graceful stop exits 0: {status:?}");
     reader.stop().await.expect("clean stop");
 }
+
+/// Past `cardinality.max_new_series_per_hour`, a message with a new series
+/// is dead-lettered with the reason; messages to known series carry on.
+#[tokio::test]
+async fn new_series_past_the_hourly_bound_are_dead_lettered() {
+    let broker = Broker::start().await;
+    let mut settings = mqtt_settings(&broker);
+    settings.cardinality.max_new_series_per_hour = 3;
+    let app = spawn_app_with(settings).await;
+    subscribed(&app).await;
+    let address = app.address.clone();
+    eventually(WAIT, "the guard is seeded", || {
+        let address = address.clone();
+        async move { metric(&address, "hourglass_new_series_guard_seeded").await == 1.0 }
+    })
+    .await;
+    let mut watcher =
+        Publisher::connect_subscribed(&broker, "watcher", Some("hourglass/dead-letters")).await;
+    let mut dead = watcher.messages();
+    let t = base_time();
+    let mut p = Publisher::connect(&broker, "minting").await;
+    for i in 0..5 {
+        let body = json!({ "value": 1.0, "ts": (t + i) * 1000 }).to_string();
+        p.publish(&format!("sensors/s{i}/temp"), body).await;
+    }
+    let body = json!({ "value": 2.0, "ts": (t + 9) * 1000 }).to_string();
+    p.publish("sensors/s0/temp", body).await;
+    p.flushed().await;
+    for i in [3, 4] {
+        let (_, body) = tokio::time::timeout(WAIT, dead.recv())
+            .await
+            .expect("a dead letter in time")
+            .expect("open");
+        let letter: Value = serde_json::from_slice(&body).expect("a JSON dead letter");
+        assert_eq!(letter["topic"], format!("sensors/s{i}/temp"), "{letter}");
+        assert!(
+            letter["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("cardinality.max_new_series_per_hour")),
+            "{letter}"
+        );
+    }
+    eventually(WAIT, "the known series' readings are stored", || async {
+        let values = all_values(&app.buckets().await, hourglass::Granularity::Minute);
+        values.len() == 4
+    })
+    .await;
+    let values = all_values(&app.buckets().await, hourglass::Granularity::Minute);
+    let sensors: std::collections::BTreeSet<&str> =
+        values.keys().map(|(s, _, _)| s.as_str()).collect();
+    assert_eq!(
+        sensors.into_iter().collect::<Vec<_>>(),
+        vec!["s0", "s1", "s2"]
+    );
+    app.stop().await.expect("clean stop");
+}

@@ -24,6 +24,14 @@ pub(super) enum Submit {
 /// A message's readings, submitted, and what of it was refused.
 pub(super) type Submitted = (Option<Ack>, Option<Unusable>);
 
+/// A message whose new series pass `[cardinality]`'s bounds: dead-lettered
+/// whole, as over HTTP (where it is a 429).
+pub(super) fn new_series(refused: crate::cardinality::Refused, readings: usize) -> Submit {
+    let mut unusable = Unusable::new(Rejection::NewSeries, refused.to_string());
+    unusable.readings = readings;
+    Submit::Unusable(unusable, None)
+}
+
 /// A payload over `mqtt.max_payload_bytes` is unusable.
 pub(super) fn check_size(shared: &Shared, publish: &Publish) -> Result<(), Submit> {
     let max = shared.settings.max_payload_bytes;
@@ -51,12 +59,13 @@ pub(super) async fn offer<'a>(
     loop {
         let batch = readings();
         let n = batch.len();
-        match shared.intake.submit(batch, Wait::Safe) {
+        match shared.intake.submit(batch, Wait::Safe, None) {
             Ok(ack) => {
                 shared.metrics.received(Source::Mqtt, n);
                 return Ok(Some(ack));
             }
             Err(IntakeError::Closed) => return Err(Submit::Stopped),
+            Err(IntakeError::NewSeries(refused)) => return Err(new_series(refused, n)),
             Err(IntakeError::Full(_) | IntakeError::JournalFull { .. } | IntakeError::Busy) => {
                 tokio::select! {
                     _ = tokio::time::sleep(FULL_RETRY) => {}

@@ -265,12 +265,13 @@ async fn submit(shared: &Shared, publish: &Publish) -> Result<Submitted, Submit>
             };
         }
         let n = readings.len();
-        match shared.intake.submit(readings, Wait::Safe) {
+        match shared.intake.submit(readings, Wait::Safe, None) {
             Ok(ack) => {
                 shared.metrics.received(Source::Mqtt, n);
                 return Ok((Some(ack), refused));
             }
             Err(IntakeError::Closed) => return Err(Submit::Stopped),
+            Err(IntakeError::NewSeries(over)) => return Err(super::intake::new_series(over, n)),
             Err(IntakeError::Full(_) | IntakeError::JournalFull { .. } | IntakeError::Busy) => {
                 // Pause consuming: unacknowledged messages hold the broker's
                 // window, so it stops sending and keeps the backlog.
