@@ -34,9 +34,13 @@ fuzz_run() {
     if [[ -n "${HOURGLASS_FUZZ_SEEDS:-}" && -d "$HOURGLASS_FUZZ_SEEDS/$target" ]]; then
       dirs+=("$HOURGLASS_FUZZ_SEEDS/$target")
     fi
+    # A dictionary (fuzz/dicts/<target>.dict) gives the mutator whole
+    # tokens: function names and nestings a byte at a time would not reach.
+    local dict=()
+    [[ -f "dicts/$target.dict" ]] && dict=(-dict="dicts/$target.dict")
     echo "[fuzz] $target for ${seconds} s from ${dirs[*]}" >&2
     "$cargo_fuzz" fuzz run -O -s none "$target" "${dirs[@]}" -- \
-      -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+      "${dict[@]}" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
       2>&1 | grep -E "^(Done|stat::number_of_executed_units|==|SUMMARY|thread|panicked|Crash|Test unit)" || true
     if [[ -n "$(ls -A "artifacts/$target" 2>/dev/null)" ]]; then
       echo "[fuzz] $target failed; inputs in fuzz/artifacts/$target/" >&2
