@@ -12,6 +12,8 @@
 
 use std::collections::{HashMap, HashSet};
 
+use hashbrown::Equivalent;
+
 use serde::{Deserialize, Serialize};
 
 use crate::settings::Invalid;
@@ -59,10 +61,20 @@ pub struct Refused {
 
 const HOUR_MS: i64 = 3_600_000;
 
+/// A borrowed `(sensor, metric)`, looked up without building the owned key.
+#[derive(Hash)]
+struct SeriesRef<'a>(&'a str, &'a str);
+
+impl Equivalent<(Box<str>, Box<str>)> for SeriesRef<'_> {
+    fn equivalent(&self, key: &(Box<str>, Box<str>)) -> bool {
+        self.0 == &*key.0 && self.1 == &*key.1
+    }
+}
+
 #[derive(Debug)]
 pub struct Guard {
     settings: Settings,
-    known: HashSet<(Box<str>, Box<str>)>,
+    known: hashbrown::HashSet<(Box<str>, Box<str>)>,
     /// Until the registry's series are in, nothing is counted.
     seeded: bool,
     hour: i64,
@@ -74,7 +86,7 @@ impl Guard {
     pub fn new(settings: Settings) -> Self {
         Self {
             settings,
-            known: HashSet::new(),
+            known: hashbrown::HashSet::new(),
             seeded: false,
             hour: i64::MIN,
             used: 0,
@@ -111,7 +123,7 @@ impl Guard {
     ) -> Result<usize, Refused> {
         let mut fresh: HashSet<(&str, &str)> = HashSet::new();
         for (s, m) in candidates {
-            if !self.known.contains(&(s.as_str().into(), m.as_str().into())) {
+            if !self.known.contains(&SeriesRef(s, m)) {
                 fresh.insert((s, m));
             }
         }
