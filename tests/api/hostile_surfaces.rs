@@ -648,6 +648,19 @@ fn import_files(dir: &std::path::Path) -> Vec<(&'static str, std::path::PathBuf)
             ),
         ),
         (
+            // 64 MiB of one line in 64 KiB: read whole, it was held whole.
+            "import: a gzipped NDJSON line of 64 MiB without a line end",
+            write("endless.ndjson.gz", {
+                use std::io::Write;
+                let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+                let chunk = vec![b'x'; 1 << 20];
+                for _ in 0..64 {
+                    gz.write_all(&chunk).expect("compressed");
+                }
+                gz.finish().expect("compressed")
+            }),
+        ),
+        (
             "import: line protocol with a 1 MiB measurement",
             write(
                 "long.lp",
@@ -918,6 +931,9 @@ async fn hostile_input_on_every_surface_is_refused_and_the_service_lives_on() {
             !out.status.success() || text.contains(" 0 readings stored"),
             "{name}: {text}"
         );
+        if name.contains("without a line end") {
+            assert!(text.contains("longer than 1048576 bytes"), "{name}: {text}");
+        }
         alive(&mut child, name);
         tried += 1;
     }
