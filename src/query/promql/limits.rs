@@ -48,7 +48,7 @@ impl Default for Limits {
             max_depth: 250,
             max_nodes: 2000,
             max_label_bytes: 16 * 1024,
-            max_regex_matchers: 64,
+            max_regex_matchers: 16,
         }
     }
 }
