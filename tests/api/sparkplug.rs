@@ -380,3 +380,74 @@ async fn a_day_reported_by_exception_through_the_broker_weighs_by_time_as_the_mo
     }
     app.stop().await.expect("clean stop");
 }
+
+/// A plant with more edge nodes and devices than the host is set to keep:
+/// the ones past the bounds are dead-lettered with the setting's name, never
+/// asked to rebirth (that would flood them), and the rest is stored exactly.
+#[tokio::test]
+async fn edge_nodes_and_devices_past_the_hosts_bounds_are_dead_lettered_and_the_rest_stored() {
+    let broker = Broker::start().await;
+    let mut settings = sparkplug_settings(&broker);
+    settings.mqtt.sparkplug.max_edge_nodes = 2;
+    settings.mqtt.sparkplug.max_devices_per_node = 1;
+    let app = spawn_app_with(settings).await;
+    subscribed(&app).await;
+    let t0_ms = (base_time() + 120) * 1000;
+    let seen = edge(
+        &broker,
+        "crowd",
+        json!({
+            "t0_ms": t0_ms,
+            "dead_topic": DEAD,
+            "nodes": ["gwA", "gwB", "gwC", "gwD"],
+            "devices": ["d1", "d2"],
+            "dead": 5,
+        }),
+    )
+    .await;
+    let want: std::collections::BTreeMap<_, _> =
+        model(seen["expected"].as_array().expect("expected"))
+            .into_iter()
+            .filter(|((sensor, _, _), _)| ["gwA", "gwB", "gwA.d1"].contains(&sensor.as_str()))
+            .collect();
+    assert_eq!(want.len(), 5, "{seen}");
+    eventually(
+        WAIT,
+        "the nodes and device within bounds are stored",
+        || async { all_values(&app.buckets().await, Granularity::Minute) == want },
+    )
+    .await;
+
+    let reasons: Vec<&str> = seen["dead"]
+        .as_array()
+        .expect("dead")
+        .iter()
+        .map(|d| d["reason"].as_str().expect("a reason"))
+        .collect();
+    let count = |needle: &str| reasons.iter().filter(|r| r.contains(needle)).count();
+    assert_eq!(reasons.len(), 5, "{reasons:?}");
+    assert_eq!(count("mqtt.sparkplug.max_edge_nodes"), 2, "{reasons:?}");
+    assert_eq!(count("before its NBIRTH"), 2, "{reasons:?}");
+    assert_eq!(
+        count("mqtt.sparkplug.max_devices_per_node"),
+        1,
+        "{reasons:?}"
+    );
+    assert!(
+        reasons
+            .iter()
+            .all(|r| !r.contains("gwA/") || r.contains("d2")),
+        "{reasons:?}"
+    );
+    assert_eq!(
+        seen["ncmd"],
+        json!([]),
+        "no rebirth asked of nodes past the bound"
+    );
+    assert_eq!(
+        app.metric("hourglass_sparkplug_rebirth_requests_total{outcome=\"held\"}")
+            .await,
+        2.0
+    );
+    app.stop().await.expect("clean stop");
+}

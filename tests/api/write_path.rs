@@ -796,3 +796,42 @@ async fn a_refused_subscription_keeps_the_service_unready_and_is_retried() {
     .await;
     app.stop().await.expect("clean stop");
 }
+
+/// Readiness probes from every balancer at once cost the storage server one
+/// ping: one ping held past readiness's timeout answers the whole crowd
+/// (which, pinging each, would have seen one slow ping among successes), and
+/// the next second's probes ping again.
+#[tokio::test]
+async fn a_crowd_of_readiness_probes_shares_one_storage_ping() {
+    let (_db, app) = spawn_patient_app().await;
+    eventually(WAIT, "ready", || async {
+        app.get("/health/ready").await.status() == 200
+    })
+    .await;
+    // Past the last ping's second of reuse.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    fail_point(
+        &app,
+        doc! { "times": 1 }.into(),
+        doc! { "failCommands": ["ping"], "errorCode": 2, "blockConnection": true, "blockTimeMS": 2000 },
+    )
+    .await;
+    let probes = (0..40).map(|_| async {
+        let r = app.get("/health/ready").await;
+        let status = r.status().as_u16();
+        let body: Value = r.json().await.expect("json");
+        (status, body["checks"]["storage"]["reason"].clone())
+    });
+    let answers = futures_util::future::join_all(probes).await;
+    assert!(
+        answers
+            .iter()
+            .all(|a| *a == (503, json!("storage did not answer in time"))),
+        "{answers:?}"
+    );
+    eventually(WAIT, "ready again once a new ping answers", || async {
+        app.get("/health/ready").await.status() == 200
+    })
+    .await;
+    app.stop().await.expect("clean stop");
+}

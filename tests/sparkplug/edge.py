@@ -255,10 +255,43 @@ def scenario_exception(host, port, args):
     return {"expected": expected}
 
 
+def scenario_crowd(host, port, args):
+    """Edge nodes born one after another, each with one value, then a
+    device birth per node: more than the host is set to keep."""
+    w = Watcher(host, port, args["dead_topic"])
+    t0, nodes, devices = args["t0_ms"], args["nodes"], args["devices"]
+    expected, clients = [], []
+    for i, node in enumerate(nodes):
+        gw = edge(host, port, node, 0)
+        clients.append(gw)
+        t = t0 + i * 1000
+        send(gw, spb.MessageType.NBIRTH, spb.NBirth(timestamp=t, seq=0, metrics=(
+            m("bdSeq", None, DataType.INT64, 0, t), m("flow", 1, DataType.FLOAT, float(i), t))), node)
+        send(gw, spb.MessageType.NDATA, spb.NData(timestamp=t + 30_000, seq=1, metrics=(
+            m(None, 1, DataType.FLOAT, float(i) + 0.5, t + 30_000),)), node)
+        expected += [[node, "flow", t // 1000, float(i)], [node, "flow", (t + 30_000) // 1000, float(i) + 0.5]]
+        # In order: the host sees births in the order they are sent.
+        time.sleep(0.3)
+    for k, device in enumerate(devices):
+        t = t0 + 60_000 + k * 1000
+        send(clients[0], spb.MessageType.DBIRTH, spb.DBirth(timestamp=t, seq=2 + k, metrics=(
+            m("rpm", 100, DataType.UINT16, 1000 + k, t),)), nodes[0], device)
+        expected.append(["%s.%s" % (nodes[0], device), "rpm", t // 1000, float(1000 + k)])
+        time.sleep(0.3)
+    deadline = time.time() + 30
+    while len(w.dead) < args["dead"] and time.time() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)
+    for gw in clients:
+        gw.disconnect()
+    w.stop()
+    return {"expected": expected, "ncmd": w.ncmd, "dead": w.dead}
+
+
 def main():
     host, port, scenario, args = sys.argv[1], int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
     out = {"plant": scenario_plant, "offline": scenario_offline, "stream": scenario_stream,
-           "exception": scenario_exception}[scenario](host, port, args)
+           "exception": scenario_exception, "crowd": scenario_crowd}[scenario](host, port, args)
     print(json.dumps(out))
 
 
