@@ -131,6 +131,7 @@ pub struct Metrics {
     pub query_round_trips: HistogramVec,
     pub rollup_jobs: IntCounter,
     pub rollup_pending: IntGauge,
+    pub rollup_late: IntGauge,
     pub runtime_workers: IntGauge,
     /// CPU seconds spent inside the driver's calls (see `store::mongo::driver_cpu`);
     /// the metric adds the driver's own thread when gathered.
@@ -406,6 +407,11 @@ impl Metrics {
                 &r,
                 "hourglass_rollup_pending_hours",
                 "Series-hours this instance wrote into while open, not rolled up yet.",
+            ),
+            rollup_late: gauge(
+                &r,
+                "hourglass_rollup_late_hours",
+                "Series-hours written after they ended (late readings, a backfill) whose reads go to their buckets until the upkeep rolls them up; counted over every instance by the one that rolls them up (0 on the others).",
             ),
             runtime_workers: gauge(
                 &r,

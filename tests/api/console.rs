@@ -439,6 +439,13 @@ async fn the_console_shows_the_fleet_a_sensor_chart_and_ingest_health_in_a_real_
         "{health}"
     );
     assert_eq!(health["stat-pending"], "0");
+    // The hours the upkeep has yet to roll up again, from its gauge.
+    assert!(
+        health["stat-late"]
+            .as_str()
+            .is_some_and(|s| s.parse::<f64>().is_ok()),
+        "{health}"
+    );
     assert_eq!(health["stat-mqtt"], "off");
     assert_eq!(health["stat-ready"], "yes");
     assert_eq!(health["stat-dead"], "1");

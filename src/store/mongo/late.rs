@@ -17,6 +17,11 @@ use crate::store::{Read, StoreError};
 
 /// Entries the upkeep rolls up in one pass.
 pub(super) const ENTRIES_PER_PASS: usize = 20_000;
+/// Entries rolled up, then cleared, together: a backfill's hours are read
+/// from their rollups step by step as the upkeep catches up, not once the
+/// whole pass is done. (About a second of the stand-in's work; a real
+/// MongoDB takes a fraction of it.)
+pub(super) const ENTRIES_PER_STEP: usize = 500;
 /// A marked hour is rolled up this long after its first mark at the
 /// latest, however often it is marked again (a backfill that goes on).
 pub(super) const LATEST_AFTER: i64 = 60;
@@ -65,6 +70,25 @@ impl MarkCommand {
         writer.end(root);
         writer.finish()
     }
+}
+
+/// One marker document as read by the upkeep.
+struct Marked {
+    id: i64,
+    /// Its flush token (none in older versions' documents).
+    token: Option<Bson>,
+    entries: Vec<Entry>,
+}
+
+/// What one pass of the upkeep over the markers did.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LatePass {
+    /// Entries rolled up.
+    pub rolled_up: usize,
+    /// It stopped at [`ENTRIES_PER_PASS`]: more may be due.
+    pub full: bool,
+    /// Documents due but left for a flush of this instance under way.
+    pub held: usize,
 }
 
 /// Epoch seconds as a BSON date.
@@ -252,35 +276,75 @@ impl MongoStore {
 
     /// Rolls up the hours marked late that are due as of `now`: no mark for
     /// `quiet` seconds (`None`: only the next one), or a first mark a minute
-    /// ago. Answers the entries rolled up (at most [`ENTRIES_PER_PASS`]);
-    /// with `quiet` zero and nothing written meanwhile, every marker goes.
-    pub async fn roll_up_late(&self, now: i64, quiet: Option<i64>) -> Result<usize, StoreError> {
-        let latest = doc! { "first": { "$lte": date(now - LATEST_AFTER) } };
+    /// ago; newest hours first (dashboards look at the recent past), in
+    /// steps of about [`ENTRIES_PER_STEP`] entries, each step's markers
+    /// removed as soon as its rollups are written. Rolls up at most
+    /// [`ENTRIES_PER_PASS`] entries; with `quiet` zero and nothing written
+    /// meanwhile, every marker goes.
+    pub async fn roll_up_late(&self, now: i64, quiet: Option<i64>) -> Result<LatePass, StoreError> {
+        let overdue = now.saturating_sub(LATEST_AFTER);
+        let latest = doc! { "first": { "$lte": date(overdue) } };
         let filter = match quiet {
             Some(quiet) => doc! { "$or": [{ "at": { "$lte": date(now - quiet) } }, latest] },
             None => latest,
         };
         let mut cursor = self
-            .driver(self.late.find(filter))
+            .driver(self.late.find(filter).sort(doc! { "_id": -1 }))
             .await
             .map_err(classify)?;
-        let mut entries: Vec<Entry> = Vec::new();
-        // Each document read, with its token (none from older versions).
-        let mut docs: Vec<(i64, Option<Bson>)> = Vec::new();
+        let mut pass = LatePass::default();
+        let mut docs: Vec<Marked> = Vec::new();
+        let mut entries = 0;
+        let mut read = 0;
         while let Some(d) = self.driver(cursor.try_next()).await.map_err(classify)? {
-            entries.extend(late::entries(&d));
-            if let Some(id) = late::doc_id_of(&d) {
-                docs.push((id, d.get("t").cloned()));
+            read += 1;
+            let Some(id) = late::doc_id_of(&d) else {
+                continue;
+            };
+            // A flush of this instance under way into the hour marks it
+            // again when it ends: rolled up after that, unless its minute
+            // is up.
+            let due_anyway = d
+                .get_datetime("first")
+                .is_ok_and(|f| f.timestamp_millis() <= overdue.saturating_mul(1000));
+            if !due_anyway && self.in_flight.writes(late::hour_of(id)) {
+                pass.held += 1;
+                continue;
             }
-            if entries.len() >= ENTRIES_PER_PASS {
+            let marked = Marked {
+                id,
+                token: d.get("t").cloned(),
+                entries: late::entries(&d),
+            };
+            entries += marked.entries.len();
+            docs.push(marked);
+            if entries >= ENTRIES_PER_PASS {
+                pass.full = true;
                 break;
             }
         }
         drop(cursor);
-        self.count(|m| m.db_documents("read", "late", "rollup_upkeep", docs.len() as u64));
-        if docs.is_empty() {
-            return Ok(0);
+        self.count(|m| m.db_documents("read", "late", "rollup_upkeep", read));
+        let mut rest = docs.as_slice();
+        while !rest.is_empty() {
+            let mut n = 1;
+            let mut size = rest[0].entries.len();
+            while n < rest.len() && size + rest[n].entries.len() <= ENTRIES_PER_STEP {
+                size += rest[n].entries.len();
+                n += 1;
+            }
+            let (step, after) = rest.split_at(n);
+            self.roll_up_step(step, now).await?;
+            pass.rolled_up += size;
+            rest = after;
         }
+        Ok(pass)
+    }
+
+    /// Rolls up the entries of `docs`, then removes what no flush marked
+    /// again since they were read.
+    async fn roll_up_step(&self, docs: &[Marked], now: i64) -> Result<(), StoreError> {
+        let entries: Vec<&Entry> = docs.iter().flat_map(|d| &d.entries).collect();
         if !entries.is_empty() {
             let mut written = Written::new();
             let mut jobs: Vec<Job> = Vec::with_capacity(entries.len());
@@ -314,9 +378,9 @@ impl MongoStore {
         // entry of theirs is rolled up.
         let unmarked: Vec<Document> = docs
             .iter()
-            .filter_map(|(id, t)| {
-                let t = t.clone()?;
-                Some(doc! { "q": { "_id": id, "t": t }, "limit": 1 })
+            .filter_map(|d| {
+                let t = d.token.clone()?;
+                Some(doc! { "q": { "_id": d.id, "t": t }, "limit": 1 })
             })
             .collect();
         let mut deleted = 0;
@@ -333,9 +397,33 @@ impl MongoStore {
         }
         self.count(|m| m.db_documents("written", "late", "rollup_upkeep", deleted));
         if deleted < docs.len() as u64 {
-            self.clear_marked_again(&docs, &entries, now).await?;
+            let ids: Vec<i64> = docs.iter().map(|d| d.id).collect();
+            self.clear_marked_again(&ids, &entries, now).await?;
         }
-        Ok(entries.len())
+        Ok(())
+    }
+
+    /// Series-hours marked late, over every instance: the hours whose reads
+    /// go to their buckets until the upkeep rolls them up.
+    pub(super) async fn count_late(&self) -> Result<u64, StoreError> {
+        let pipeline = [
+            doc! { "$project": { "n": { "$size": { "$objectToArray": { "$ifNull": ["$e", {}] } } } } },
+            doc! { "$group": { "_id": Bson::Null, "n": { "$sum": "$n" } } },
+        ];
+        let mut cursor = self
+            .driver(self.late.aggregate(pipeline))
+            .await
+            .map_err(classify)?;
+        let mut n = 0;
+        while let Some(d) = self.driver(cursor.try_next()).await.map_err(classify)? {
+            n += match d.get("n") {
+                Some(Bson::Int32(x)) => u64::try_from(*x).unwrap_or(0),
+                Some(Bson::Int64(x)) => u64::try_from(*x).unwrap_or(0),
+                Some(Bson::Double(x)) if *x >= 0.0 => *x as u64,
+                _ => 0,
+            };
+        }
+        Ok(n)
     }
 
     /// After a pass: of the documents read that are left (marked again, or
@@ -343,11 +431,10 @@ impl MongoStore {
     /// without entries, and restarts the others' minute of grace.
     async fn clear_marked_again(
         &self,
-        docs: &[(i64, Option<Bson>)],
-        entries: &[Entry],
+        ids: &[i64],
+        entries: &[&Entry],
         now: i64,
     ) -> Result<(), StoreError> {
-        let ids: Vec<i64> = docs.iter().map(|(id, _)| *id).collect();
         let mut left: BTreeSet<i64> = BTreeSet::new();
         for chunk in ids.chunks(10_000) {
             let mut cursor = self
@@ -363,7 +450,11 @@ impl MongoStore {
             }
         }
         self.count(|m| m.db_documents("read", "late", "rollup_upkeep", left.len() as u64));
-        let entries: Vec<&Entry> = entries.iter().filter(|e| left.contains(&e.id)).collect();
+        let entries: Vec<&Entry> = entries
+            .iter()
+            .copied()
+            .filter(|e| left.contains(&e.id))
+            .collect();
         let cleared = self.clear_late(&entries).await?;
         self.count(|m| m.db_documents("written", "late", "rollup_upkeep", cleared));
         let ids: Vec<i64> = left.into_iter().collect();

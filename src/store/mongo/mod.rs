@@ -1,6 +1,6 @@
 //! [`BucketStore`] on MongoDB (any server ≥ 7 speaking its wire protocol).
 
-use std::sync::atomic::{AtomicU32, AtomicUsize};
+use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -104,9 +104,9 @@ pub struct MongoStore {
     /// This instance rolls up the hours marked late: no other running
     /// instance has a lower id (set with each read of the floors).
     late_roller: Arc<std::sync::atomic::AtomicBool>,
-    /// Flushes of this instance under way: a late hour is not rolled up
-    /// for quiet while one is (it would mark it again when it ends).
-    flushing: Arc<AtomicUsize>,
+    /// Hours written by flushes of this instance under way: not rolled up
+    /// for quiet while one is (it would mark them again when it ends).
+    in_flight: Arc<sink::InFlight>,
     dead_letter_retention: Option<Duration>,
     metrics: Option<Arc<Metrics>>,
     /// New series of accepted readings, to register ahead of storage.
@@ -260,7 +260,7 @@ impl MongoStore {
             late_after,
             last_mark: Arc::new(std::sync::atomic::AtomicI64::new(i64::MIN)),
             late_roller: Arc::new(std::sync::atomic::AtomicBool::new(true)),
-            flushing: Arc::default(),
+            in_flight: Arc::default(),
             dead_letter_retention: settings.dead_letter_retention,
             metrics: None,
             registering: None,

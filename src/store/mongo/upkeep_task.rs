@@ -68,24 +68,29 @@ impl MongoStore {
             let roller = self.late_roller.load(std::sync::atomic::Ordering::Acquire);
             if roller && !(lone && none_left && now.saturating_sub(polled) < late::LATEST_AFTER) {
                 polled = now;
-                // A flush under way marks its late hours again when it ends
-                // (a slow database can take longer than `late_after`):
-                // rolling them up for quiet now would be done twice.
-                let flushing = self.flushing.load(std::sync::atomic::Ordering::Acquire) > 0;
-                let quiet = (!flushing).then_some(self.late_after);
-                match self.roll_up_late(now, quiet).await {
-                    Ok(n) if n >= late::ENTRIES_PER_PASS => {
-                        clean = None;
-                        more = true;
+                match self.roll_up_late(now, Some(self.late_after)).await {
+                    Ok(pass) => {
+                        more = pass.full;
+                        // Only a pass that looked at every due marker is clean.
+                        clean = (!pass.full && pass.held == 0).then_some(now);
                     }
-                    // Only a pass that looked at every due marker is clean.
-                    Ok(_) => clean = quiet.map(|_| now),
                     Err(e) => {
                         clean = None;
                         warn!(error = %e,
                             "Rolling up the hours marked late failed; trying again (queries read their buckets meanwhile).");
                     }
                 }
+                match self.count_late().await {
+                    Ok(n) => {
+                        self.count(|m| m.rollup_late.set(i64::try_from(n).unwrap_or(i64::MAX)))
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "Counting the hours marked late failed; hourglass_rollup_late_hours keeps its last value.")
+                    }
+                }
+            }
+            if !roller {
+                self.count(|m| m.rollup_late.set(0));
             }
             if more {
                 continue;
@@ -108,7 +113,7 @@ impl MongoStore {
         // The instance that rolls them up goes on doing so; this one stops.
         while self.late_roller.load(std::sync::atomic::Ordering::Acquire) {
             match self.roll_up_late(now, Some(0)).await {
-                Ok(n) if n >= late::ENTRIES_PER_PASS => continue,
+                Ok(pass) if pass.full => continue,
                 Ok(_) => break,
                 Err(e) => {
                     warn!(error = %e, "Could not roll up the hours marked late before stopping; another instance, or the next start, will.");

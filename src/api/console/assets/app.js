@@ -376,6 +376,7 @@
       }
       state.health = { at: now, received };
       $('stat-pending').textContent = fmtNumber(m.get('hourglass_pending_readings') || 0);
+      $('stat-late').textContent = fmtNumber(m.get('hourglass_rollup_late_hours') || 0);
       $('stat-journal').textContent = m.has('hourglass_journal_bytes') ? fmtBytes(m.get('hourglass_journal_bytes')) : 'off';
       $('stat-lag').textContent = m.has('hourglass_journal_behind_seconds') ? fmtNumber(m.get('hourglass_journal_behind_seconds')) + ' s' : 'off';
     } catch (_) {
