@@ -392,7 +392,55 @@ async fn the_dashboard_queries_only_metrics_the_service_exports() {
         );
     }
     assert!(wanted.len() >= 10, "{wanted:?}");
+    let mut alerts = BTreeSet::new();
+    for group in yaml("config/alerts.yml")["groups"]
+        .as_sequence()
+        .expect("groups")
+    {
+        for rule in group["rules"].as_sequence().expect("rules") {
+            alerts.extend(metric_names(rule["expr"].as_str().expect("expr")));
+        }
+    }
+    assert!(alerts.len() >= 8, "{alerts:?}");
+    for name in &alerts {
+        assert!(
+            declared.contains(name),
+            "the alert rules use {name}, which /metrics does not declare"
+        );
+    }
     app.stop().await.expect("clean stop");
+}
+
+/// The alert rules load in Prometheus 2's `promtool`, fire on the series
+/// their unit tests give (`config/alerts.test.yml`) and not on a healthy
+/// instance; the compose stack's Prometheus loads them.
+#[test]
+fn the_alert_rules_pass_promtool_and_their_unit_tests() {
+    let promtool = crate::prom::binary("promtool");
+    for args in [
+        ["check", "rules", "alerts.yml"],
+        ["test", "rules", "alerts.test.yml"],
+    ] {
+        let out = std::process::Command::new(&promtool)
+            .args(args)
+            .current_dir(root().join("config"))
+            .output()
+            .expect("promtool runs (make test installs Prometheus)");
+        assert!(
+            out.status.success(),
+            "promtool {}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let prometheus = yaml("config/prometheus.yml");
+    assert_eq!(
+        prometheus["rule_files"][0].as_str(),
+        Some("/etc/prometheus/alerts.yml")
+    );
+    let compose = std::fs::read_to_string(root().join("docker-compose.yml")).expect("compose");
+    assert!(compose.contains("./config/alerts.yml:/etc/prometheus/alerts.yml:ro"));
 }
 
 #[test]

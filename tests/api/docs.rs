@@ -191,3 +191,80 @@ fn a_shown_answer_matches_only_what_it_shows() {
     assert!(!matches(r#"{"count":2}"#, r#"{"count":3}"#));
     assert!(!matches(r#"{"count":2}"#, r#"{"count":2,"x":1}"#));
 }
+
+/// Every configuration snippet of the book (a ```toml block; Telegraf's,
+/// `[[outputs…]]`, aside) loads with the service's own loader, given only
+/// the storage server's address where it names none: a snippet startup
+/// would refuse fails here.
+#[test]
+fn the_books_configuration_snippets_load() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let mut dirs = vec![root.join("docs/src")];
+    let mut loaded = 0;
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("readable") {
+            let path = entry.expect("an entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            for block in text.split("```toml\n").skip(1) {
+                let block = block.split_once("```").expect("a closed block").0;
+                // Indented inside a list item, as Markdown allows.
+                let block: String = block
+                    .lines()
+                    .map(|l| format!("{}\n", l.trim_start()))
+                    .collect();
+                if block.contains("[[outputs.") {
+                    continue;
+                }
+                // The whole default file, included by mdBook.
+                let block = match block.trim().strip_prefix("{{#include ") {
+                    Some(include) => {
+                        let target = include.trim_end_matches("}}").trim();
+                        std::fs::read_to_string(path.parent().expect("a directory").join(target))
+                            .expect("the included file")
+                    }
+                    None => block,
+                };
+                let mut file = block.clone();
+                for (section, key, value) in [
+                    ("[mongodb]", "uri", "mongodb://127.0.0.1:27017"),
+                    ("[mqtt]", "url", "mqtt://127.0.0.1:1883"),
+                ] {
+                    let line = format!("{key} = \"{value}\"\n");
+                    if !file.contains(&format!("{section}\n")) {
+                        file.push_str(&format!("\n{section}\n{line}"));
+                    } else if !section_has(&file, section, key) {
+                        file = file.replacen(
+                            &format!("{section}\n"),
+                            &format!("{section}\n{line}"),
+                            1,
+                        );
+                    }
+                }
+                let scratch = tempfile::NamedTempFile::new().expect("a file");
+                std::fs::write(scratch.path(), &file).expect("written");
+                if let Err(e) = hourglass::Settings::load_file(scratch.path()) {
+                    panic!(
+                        "{}: the snippet does not load: {e}\n{block}",
+                        path.display()
+                    );
+                }
+                loaded += 1;
+            }
+        }
+    }
+    assert!(loaded >= 3, "{loaded} snippets");
+}
+
+/// Whether `section` of a TOML text sets `key`.
+fn section_has(text: &str, section: &str, key: &str) -> bool {
+    text.split_once(&format!("{section}\n"))
+        .is_some_and(|(_, rest)| {
+            rest.lines()
+                .take_while(|l| !l.starts_with('['))
+                .any(|l| l.split('=').next().is_some_and(|k| k.trim() == key))
+        })
+}

@@ -71,7 +71,7 @@ impl Drop for Prometheus {
     }
 }
 
-fn binary(name: &str) -> PathBuf {
+pub(crate) fn binary(name: &str) -> PathBuf {
     let var = format!("{}_BIN", name.to_uppercase());
     std::env::var_os(&var)
         .map(PathBuf::from)
