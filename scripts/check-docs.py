@@ -2,7 +2,8 @@
 """The documentation's own checks, run by `make docs` and `make test`.
 
 - every relative link in the README and the book reaches a file, and every
-  `#anchor` a heading of that page (ids as mdBook makes them);
+  `#anchor` a heading of that page (ids as mdBook makes them); a link of the
+  book stays inside it (the built book holds docs/src only);
 - every page of docs/src is in SUMMARY.md and every entry of it exists;
 - every `{{#include}}` reaches a file, and the configuration page includes
   config/default.toml (so the reference is the file the service reads);
@@ -66,6 +67,9 @@ def check_links(page, faults):
             where = f"{page.relative_to(ROOT)}:{number}"
             if not dest.exists():
                 faults.append(f"{where}: {target} does not exist")
+            elif page.is_relative_to(BOOK) and not dest.is_relative_to(BOOK):
+                # The built book holds docs/src only: such a link breaks there.
+                faults.append(f"{where}: {target} leaves the book (name the file in code instead)")
             elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
                 faults.append(f"{where}: {target} has no heading #{anchor}")
 
