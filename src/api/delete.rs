@@ -33,6 +33,7 @@ pub struct DeleteResponse {
     pub series_emptied: u64,
 }
 
+/// Deletes readings by sensor (or label) and range, everywhere they are held.
 #[utoipa::path(delete, path = "/api/v1/readings",
     params(("sensor" = Option<String>, Query, description = "A sensor id or a glob of one; this or a label filter is required"),
         ("metric" = Option<String>, Query, description = "One metric; every metric when absent"),

@@ -223,6 +223,7 @@ struct Selection {
     format: Format,
 }
 
+/// Streams stored readings (or step series) as NDJSON or CSV.
 #[utoipa::path(get, path = "/api/v1/export",
     params(("sensor" = Option<String>, Query, description = "A sensor id or a glob of one (* and ?); all sensors when absent"),
         ("metric" = Option<String>, Query, description = "One metric; every metric when absent (raw exports)"),

@@ -94,11 +94,13 @@ pub struct Checks {
     pub running: Check,
 }
 
+/// Liveness: 200 while the process runs.
 #[utoipa::path(get, path = "/health/live", responses((status = 200, description = "The process runs")))]
 pub async fn live() -> Json<serde_json::Value> {
     Json(serde_json::json!({ "live": true }))
 }
 
+/// Readiness: 200 when storage, MQTT, capacity and the journal allow input; 503 naming the failing checks.
 #[utoipa::path(get, path = "/health/ready", responses((status = 200, description = "Ready"), (status = 503, description = "Not ready, with the failing checks")))]
 pub async fn ready<S: BucketStore>(State(state): State<AppState<S>>) -> impl IntoResponse {
     let storage = match state.ping.ping(state.store.as_ref()).await {
@@ -172,6 +174,7 @@ pub async fn ready<S: BucketStore>(State(state): State<AppState<S>>) -> impl Int
     )
 }
 
+/// The service's metrics in Prometheus text format.
 #[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
 pub async fn metrics<S: BucketStore>(State(state): State<AppState<S>>) -> impl IntoResponse {
     let m = &state.metrics;

@@ -162,6 +162,7 @@ impl From<IntakeError> for ApiError {
     }
 }
 
+/// Takes readings as JSON, NDJSON or CSV; 200 once journaled (or stored, with ?wait=stored).
 #[utoipa::path(post, path = "/api/v1/readings",
     params(("wait" = Option<String>, Query, description = "stored: answer once in MongoDB"), ("async" = Option<bool>, Query),
         ("ts_unit" = Option<String>, Query, description = "text/csv: auto (RFC 3339 or epoch ms), s, ms, us or ns"),

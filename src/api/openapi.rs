@@ -50,6 +50,7 @@ use super::{delete, export, health, ingest, query};
 )]
 struct ApiDoc;
 
+/// This document.
 #[utoipa::path(get, path = "/api/v1/openapi.json", responses((status = 200, description = "This document")))]
 pub async fn document() -> Json<utoipa::openapi::OpenApi> {
     Json(ApiDoc::openapi())

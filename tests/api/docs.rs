@@ -268,3 +268,124 @@ fn section_has(text: &str, section: &str, key: &str) -> bool {
                 .any(|l| l.split('=').next().is_some_and(|k| k.trim() == key))
         })
 }
+
+/// The command-line reference is the binary's own help, as it prints it;
+/// after a change to the commands, `HOURGLASS_BLESS=1` rewrites the page.
+#[test]
+fn the_cli_reference_is_the_binarys_help() {
+    let help = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_hourglass"))
+            .args(args)
+            .arg("--help")
+            .output()
+            .expect("the binary runs");
+        assert!(out.status.success(), "{args:?}");
+        String::from_utf8(out.stdout).expect("utf-8")
+    };
+    let top = help(&[]);
+    let commands: Vec<&str> = top
+        .split_once("Commands:\n")
+        .expect("a command list")
+        .1
+        .lines()
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .collect();
+    assert!(commands.len() >= 7, "{commands:?}");
+    let mut page = String::from(
+        "# Command-line reference\n\n\
+         Each command's help, as `hourglass <command> --help` prints it (a test\n\
+         keeps this page equal to the binary's). `import`, `export` and `delete`\n\
+         are clients of a running instance; the others work on the database\n\
+         named by the configuration.\n",
+    );
+    for (title, args) in std::iter::once(("hourglass".to_owned(), Vec::new())).chain(
+        commands
+            .iter()
+            .map(|c| (format!("hourglass {c}"), vec![*c])),
+    ) {
+        page.push_str(&format!("\n## `{title}`\n\n```text\n{}```\n", help(&args)));
+    }
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/src/reference/cli.md");
+    if std::env::var_os("HOURGLASS_BLESS").is_some() {
+        std::fs::write(&path, &page).expect("written");
+    }
+    let shown = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        shown == page,
+        "docs/src/reference/cli.md differs from the binary's help: run the test with HOURGLASS_BLESS=1 and review the change"
+    );
+}
+
+/// The HTTP API reference is the service's own OpenAPI document rendered
+/// as a page; after a change to the routes, `HOURGLASS_BLESS=1` rewrites it.
+#[tokio::test]
+async fn the_http_api_reference_is_the_openapi_document() {
+    let app = spawn_app().await;
+    let doc = app.get_json("/api/v1/openapi.json").await;
+    app.stop().await.expect("clean stop");
+    let mut page = String::from(
+        "# HTTP API reference\n\n\
+         Rendered from the service's OpenAPI document, which it serves at\n\
+         `GET /api/v1/openapi.json` (a test keeps this page equal to it). The\n\
+         Prometheus-compatible routes are under [Grafana and PromQL](../querying/grafana.md),\n\
+         the InfluxDB write routes under [line protocol](../sending/line-protocol.md);\n\
+         the JSON routes are explained with examples in [the JSON query API](../querying/json-api.md).\n\
+         A route's scope is the token scope it needs when `auth.enabled` is on.\n\n\
+         | method | path | scope | what |\n|---|---|---|---|\n",
+    );
+    let scope = |tags: &serde_json::Value| {
+        match tags[0].as_str().unwrap_or("") {
+            "health" | "" => "none",
+            "delete" => "admin",
+            "export" => "query",
+            other => other,
+        }
+        .to_owned()
+    };
+    let paths = doc["paths"].as_object().expect("paths");
+    let mut sections = String::new();
+    for (path, ops) in paths {
+        for (method, op) in ops.as_object().expect("operations") {
+            let method = method.to_uppercase();
+            let summary = op["summary"].as_str().unwrap_or("");
+            assert!(!summary.is_empty(), "{method} {path} has no summary");
+            page.push_str(&format!(
+                "| {method} | `{path}` | {} | {summary} |\n",
+                scope(&op["tags"])
+            ));
+            sections.push_str(&format!("\n## `{method} {path}`\n\n{summary}\n"));
+            if let Some(params) = op["parameters"].as_array().filter(|p| !p.is_empty()) {
+                sections
+                    .push_str("\n| parameter | in | required | description |\n|---|---|---|---|\n");
+                for p in params {
+                    sections.push_str(&format!(
+                        "| `{}` | {} | {} | {} |\n",
+                        p["name"].as_str().unwrap_or(""),
+                        p["in"].as_str().unwrap_or(""),
+                        if p["required"] == true { "yes" } else { "no" },
+                        p["description"].as_str().unwrap_or("").replace('|', "\\|"),
+                    ));
+                }
+            }
+            sections.push_str("\nAnswers:");
+            for (code, r) in op["responses"].as_object().expect("responses") {
+                let description = r["description"].as_str().unwrap_or("");
+                sections.push_str(&format!(" `{code}` {description};"));
+            }
+            sections.pop();
+            sections.push_str(".\n");
+        }
+    }
+    page.push_str(&sections);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/src/reference/http-api.md");
+    if std::env::var_os("HOURGLASS_BLESS").is_some() {
+        std::fs::write(&path, &page).expect("written");
+    }
+    let shown = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        shown == page,
+        "docs/src/reference/http-api.md differs from /api/v1/openapi.json: run the test with HOURGLASS_BLESS=1 and review the change"
+    );
+}

@@ -40,6 +40,7 @@ pub struct DeadLetterList {
     pub dead_letters: Vec<DeadLetterEntry>,
 }
 
+/// The newest dead letters: readings storage refused for good, with the reason.
 #[utoipa::path(get, path = "/api/v1/dead_letters",
     params(("limit" = Option<usize>, Query, description = "At most 100; 10 when absent")),
     responses((status = 200, body = DeadLetterList)))]

@@ -382,6 +382,7 @@ pub(crate) async fn group_query<S: BucketStore>(
     .into_response())
 }
 
+/// The average over every matching sensor, or per group of a label.
 #[utoipa::path(get, path = "/api/v1/average",
     params(("sensor" = Option<String>, Query, description = "A sensor id or glob"), ("metric" = Option<String>, Query),
         ("from" = String, Query), ("to" = String, Query), ("group_by" = Option<String>, Query, description = "sensor or label.<name>"),
@@ -397,6 +398,7 @@ pub async fn group_average<S: BucketStore>(
     group_query(state, principal, headers, raw, false).await
 }
 
+/// Step series over every matching sensor, or per group of a label.
 #[utoipa::path(get, path = "/api/v1/series",
     params(("sensor" = Option<String>, Query, description = "A sensor id or glob"), ("metric" = Option<String>, Query),
         ("from" = String, Query), ("to" = String, Query), ("step" = String, Query), ("tz" = Option<String>, Query),

@@ -212,6 +212,7 @@ fn sensor_param(principal: &Principal, sensor: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Count, sum, mean, min and max of one sensor's metric over a range, exact.
 #[utoipa::path(get, path = "/api/v1/sensors/{sensor}/average",
     params(("sensor" = String, Path), ("metric" = Option<String>, Query), ("from" = String, Query), ("to" = String, Query),
         ("weighting" = Option<String>, Query), ("staleness" = Option<String>, Query),
@@ -331,6 +332,7 @@ async fn one_limit<S: BucketStore>(
     Ok(how.limit(&labels))
 }
 
+/// One sensor's metric as a step series (JSON or CSV).
 #[utoipa::path(get, path = "/api/v1/sensors/{sensor}/series",
     params(("sensor" = String, Path), ("metric" = Option<String>, Query), ("from" = String, Query), ("to" = String, Query),
         ("step" = String, Query), ("tz" = Option<String>, Query), ("format" = Option<String>, Query),
@@ -448,6 +450,7 @@ pub async fn series<S: BucketStore>(
     .into_response())
 }
 
+/// A sensor's latest reading of a metric, stored or still held in memory.
 #[utoipa::path(get, path = "/api/v1/sensors/{sensor}/latest",
     params(("sensor" = String, Path), ("metric" = Option<String>, Query)),
     responses((status = 200, body = LatestResponse), (status = 404, description = "No readings")))]

@@ -21,6 +21,7 @@ use crate::store::{BucketStore, SensorQuery};
 pub const MAX_PAGE: usize = 1000;
 pub(crate) const DEFAULT_PAGE: usize = 100;
 
+/// Lists registered sensors with their metrics, labels and last reading, a page at a time.
 #[utoipa::path(get, path = "/api/v1/sensors",
     params(("prefix" = Option<String>, Query), ("sensor" = Option<String>, Query, description = "A sensor id or glob"),
         ("limit" = Option<usize>, Query), ("after" = Option<String>, Query),
@@ -133,7 +134,8 @@ pub async fn list_sensors<S: BucketStore>(
     Ok(Json(SensorList { sensors, next }))
 }
 
-#[utoipa::path(put, path = "/api/v1/sensors/{sensor}/labels",
+/// Replaces a sensor's labels.
+#[utoipa::path(put, path = "/api/v1/sensors/{sensor}/labels", tag = "ingest",
     params(("sensor" = String, Path)),
     request_body(content = Object, description = "The sensor's labels, replacing the ones it had: {\"site\": \"berlin\"}"),
     responses((status = 204, description = "Stored")))]

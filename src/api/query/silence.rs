@@ -223,6 +223,7 @@ pub struct GapEntry {
     pub to: String,
 }
 
+/// Share of a range a sensor reported within its expected interval, with the gaps.
 #[utoipa::path(get, path = "/api/v1/sensors/{sensor}/uptime",
     params(("sensor" = String, Path), ("metric" = Option<String>, Query), ("from" = String, Query), ("to" = String, Query),
         ("interval" = Option<String>, Query, description = "The expected interval (30s, 5m); by default the sensor's expected_interval label, else query.expected_interval")),
