@@ -50,6 +50,12 @@ pub enum Plot {
 pub struct Report {
     pub title: String,
     pub machine: String,
+    /// When the report was made (UTC) and the commit it ran (with `+dirty` for
+    /// uncommitted changes): a figure is read with its date and code.
+    pub date: String,
+    pub commit: String,
+    /// The command line that repeats the run.
+    pub command: String,
     pub notes: Vec<String>,
     pub sections: Vec<Section>,
     pub plots: Vec<Plot>,
@@ -84,11 +90,44 @@ pub fn machine() -> String {
     format!("{cores} cores ({cpu}), {mem:.0} GiB RAM, {os}")
 }
 
+/// The commit the run's code is at, `+dirty` when it has changes.
+fn commit() -> String {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    match git(&["rev-parse", "--short", "HEAD"]) {
+        Some(head) => match git(&["status", "--porcelain", "--untracked-files=no"]) {
+            Some(changes) if !changes.is_empty() => format!("{head}+dirty"),
+            _ => head,
+        },
+        None => "unknown".into(),
+    }
+}
+
+/// This process's command line, as `hourglass-loadtest …`.
+fn command() -> String {
+    let mut args = std::env::args();
+    args.next();
+    std::iter::once("hourglass-loadtest".to_owned())
+        .chain(args)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 impl Report {
     pub fn new(title: &str) -> Self {
+        let now = time::OffsetDateTime::now_utc();
         Self {
             title: title.into(),
             machine: machine(),
+            date: format!("{} {:02}:{:02} UTC", now.date(), now.hour(), now.minute()),
+            commit: commit(),
+            command: command(),
             ..Self::default()
         }
     }
@@ -135,7 +174,10 @@ impl Report {
     }
 
     pub fn markdown(&self) -> String {
-        let mut md = format!("# {}\n\nMachine: {}\n\n", self.title, self.machine);
+        let mut md = format!(
+            "# {}\n\nRun {} at commit {} on {}: `{}`\n\n",
+            self.title, self.date, self.commit, self.machine, self.command
+        );
         for n in &self.notes {
             md += &format!("- {n}\n");
         }
