@@ -9,6 +9,21 @@ use super::{MongoStore, late, unix_now, upkeep_reads};
 use crate::store::StoreError;
 use crate::store::upkeep::Job;
 
+/// How long until the wall clock reaches `due` (epoch seconds), a little
+/// past it; a long time when it has already passed (nothing of ours falls
+/// due then).
+fn until_due(due: i64) -> Duration {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    match u64::try_from(due) {
+        Ok(due) if Duration::from_secs(due) > now => {
+            Duration::from_secs(due) - now + Duration::from_millis(20)
+        }
+        _ => Duration::MAX,
+    }
+}
+
 impl MongoStore {
     /// Rolls up `jobs`, counting what it read and wrote.
     pub async fn roll_up_counted(
@@ -95,9 +110,14 @@ impl MongoStore {
             if more {
                 continue;
             }
+            // Woken when this instance's newest marks fall due rather than
+            // at the next tick: after a backfill, its last hours go to their
+            // rollups up to a tick sooner.
+            let last_mark = self.last_mark.load(std::sync::atomic::Ordering::Acquire);
+            let wait = until_due(last_mark.saturating_add(self.late_after)).min(tick);
             tokio::select! {
                 _ = &mut stop => break,
-                _ = tokio::time::sleep(tick) => {}
+                _ = tokio::time::sleep(wait) => {}
             }
         }
         let now = unix_now();
