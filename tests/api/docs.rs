@@ -307,14 +307,20 @@ fn the_cli_reference_is_the_binarys_help() {
     ) {
         page.push_str(&format!("\n## `{title}`\n\n```text\n{}```\n", help(&args)));
     }
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/src/reference/cli.md");
+    generated_page("docs/src/reference/cli.md", &page, "the binary's help");
+}
+
+/// Checks that the committed page at `path` is `page`, generated from
+/// `source`; with `HOURGLASS_BLESS` set, writes it first.
+fn generated_page(path: &str, page: &str, source: &str) {
+    let file = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path);
     if std::env::var_os("HOURGLASS_BLESS").is_some() {
-        std::fs::write(&path, &page).expect("written");
+        std::fs::write(&file, page).expect("written");
     }
-    let shown = std::fs::read_to_string(&path).unwrap_or_default();
+    let shown = std::fs::read_to_string(&file).unwrap_or_default();
     assert!(
         shown == page,
-        "docs/src/reference/cli.md differs from the binary's help: run the test with HOURGLASS_BLESS=1 and review the change"
+        "{path} differs from {source}: run the test with HOURGLASS_BLESS=1 and review the change"
     );
 }
 
@@ -379,13 +385,9 @@ async fn the_http_api_reference_is_the_openapi_document() {
         }
     }
     page.push_str(&sections);
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/src/reference/http-api.md");
-    if std::env::var_os("HOURGLASS_BLESS").is_some() {
-        std::fs::write(&path, &page).expect("written");
-    }
-    let shown = std::fs::read_to_string(&path).unwrap_or_default();
-    assert!(
-        shown == page,
-        "docs/src/reference/http-api.md differs from /api/v1/openapi.json: run the test with HOURGLASS_BLESS=1 and review the change"
+    generated_page(
+        "docs/src/reference/http-api.md",
+        &page,
+        "/api/v1/openapi.json",
     );
 }
