@@ -352,10 +352,16 @@ async fn the_http_api_reference_is_the_openapi_document() {
     };
     let paths = doc["paths"].as_object().expect("paths");
     let mut sections = String::new();
+    // Prose of the document in a table cell: `|` and angle brackets escaped.
+    let markdown_text = |t: &str| {
+        t.replace('|', "\\|")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+    };
     for (path, ops) in paths {
         for (method, op) in ops.as_object().expect("operations") {
             let method = method.to_uppercase();
-            let summary = op["summary"].as_str().unwrap_or("");
+            let summary = markdown_text(op["summary"].as_str().unwrap_or(""));
             assert!(!summary.is_empty(), "{method} {path} has no summary");
             page.push_str(&format!(
                 "| {method} | `{path}` | {} | {summary} |\n",
@@ -371,7 +377,7 @@ async fn the_http_api_reference_is_the_openapi_document() {
                         p["name"].as_str().unwrap_or(""),
                         p["in"].as_str().unwrap_or(""),
                         if p["required"] == true { "yes" } else { "no" },
-                        p["description"].as_str().unwrap_or("").replace('|', "\\|"),
+                        markdown_text(p["description"].as_str().unwrap_or("")),
                     ));
                 }
             }
