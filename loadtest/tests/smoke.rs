@@ -58,6 +58,16 @@ fn backfill_stores_and_verifies_exactly() {
     let r = run("backfill", &["--batch", "100"]);
     assert_eq!(r["data"]["verify"]["exact"], true, "{r}");
     assert_eq!(r["data"]["backfill"]["readings"], 480);
+    // The averages were timed 5 s after stored and settled, and the upkeep
+    // rolled the backfilled hours up.
+    let averages = r["data"]["backfill_averages"]
+        .as_object()
+        .expect("averages");
+    assert!(!averages.is_empty(), "{r}");
+    assert!(
+        r["data"]["backfill_catch_up"]["series_hours_rolled_up"].as_f64() > Some(0.0),
+        "{r}"
+    );
 }
 
 #[test]
@@ -241,10 +251,25 @@ fn history_measures_write_cost_and_fleet_panels_cold_and_on_refresh() {
     assert_eq!(r["data"]["write_cost"]["long_examined"], 1, "{r}");
     // Every panel was answered (the run fails when a refresh differs
     // from its cold answer) and read something.
-    let panels = r["data"]["history"].as_object().expect("panels");
+    let mut panels = r["data"]["history"].as_object().expect("panels").clone();
+    // The upkeep's catch-up after the panels' backfill: it rolled up what
+    // the backfill wrote, and none was left marked.
+    let catch_up = panels.remove("catch_up").expect("the catch-up");
+    assert!(
+        catch_up["series_hours_rolled_up"].as_f64() > Some(0.0),
+        "{r}"
+    );
     assert_eq!(panels.len(), 6, "{r}");
     assert!(
         panels.values().all(|p| p["documents"].as_f64() > Some(0.0)),
+        "{r}"
+    );
+    // Each panel was also timed 5 s after the backfill was stored.
+    assert!(
+        panels
+            .iter()
+            .filter(|(k, _)| *k != "group_average")
+            .all(|(_, p)| p["after_stored"]["documents"].as_f64() > Some(0.0)),
         "{r}"
     );
 }
