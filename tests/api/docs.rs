@@ -158,29 +158,38 @@ async fn the_books_commands_answer_what_they_show() {
     }
     // Every page's shell blocks are among those run.
     let mut unrun = Vec::new();
-    let mut dirs = vec![PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/src")];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).expect("readable") {
-            let path = entry.expect("an entry").path();
-            if path.is_dir() {
-                dirs.push(path);
-                continue;
-            }
-            let relative = path
-                .strip_prefix(env!("CARGO_MANIFEST_DIR"))
-                .expect("inside")
-                .display()
-                .to_string();
-            let text = std::fs::read_to_string(&path).unwrap_or_default();
-            if text.contains("```sh\n") && !PAGES.contains(&relative.as_str()) {
-                unrun.push(relative);
-            }
+    for path in book_pages() {
+        let relative = path
+            .strip_prefix(env!("CARGO_MANIFEST_DIR"))
+            .expect("inside")
+            .display()
+            .to_string();
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        if text.contains("```sh\n") && !PAGES.contains(&relative.as_str()) {
+            unrun.push(relative);
         }
     }
     assert!(
         unrun.is_empty(),
         "pages whose shell blocks no test runs: {unrun:?}"
     );
+}
+
+/// Every file of the book's source (`docs/src`).
+fn book_pages() -> Vec<PathBuf> {
+    let mut pages = Vec::new();
+    let mut dirs = vec![PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/src")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("readable") {
+            let path = entry.expect("an entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                pages.push(path);
+            }
+        }
+    }
+    pages
 }
 
 #[test]
@@ -198,62 +207,49 @@ fn a_shown_answer_matches_only_what_it_shows() {
 /// would refuse fails here.
 #[test]
 fn the_books_configuration_snippets_load() {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let mut dirs = vec![root.join("docs/src")];
     let mut loaded = 0;
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).expect("readable") {
-            let path = entry.expect("an entry").path();
-            if path.is_dir() {
-                dirs.push(path);
+    for path in book_pages() {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        for block in text.split("```toml\n").skip(1) {
+            let block = block.split_once("```").expect("a closed block").0;
+            // Indented inside a list item, as Markdown allows.
+            let block: String = block
+                .lines()
+                .map(|l| format!("{}\n", l.trim_start()))
+                .collect();
+            if block.contains("[[outputs.") {
                 continue;
             }
-            let text = std::fs::read_to_string(&path).unwrap_or_default();
-            for block in text.split("```toml\n").skip(1) {
-                let block = block.split_once("```").expect("a closed block").0;
-                // Indented inside a list item, as Markdown allows.
-                let block: String = block
-                    .lines()
-                    .map(|l| format!("{}\n", l.trim_start()))
-                    .collect();
-                if block.contains("[[outputs.") {
-                    continue;
+            // The whole default file, included by mdBook.
+            let block = match block.trim().strip_prefix("{{#include ") {
+                Some(include) => {
+                    let target = include.trim_end_matches("}}").trim();
+                    std::fs::read_to_string(path.parent().expect("a directory").join(target))
+                        .expect("the included file")
                 }
-                // The whole default file, included by mdBook.
-                let block = match block.trim().strip_prefix("{{#include ") {
-                    Some(include) => {
-                        let target = include.trim_end_matches("}}").trim();
-                        std::fs::read_to_string(path.parent().expect("a directory").join(target))
-                            .expect("the included file")
-                    }
-                    None => block,
-                };
-                let mut file = block.clone();
-                for (section, key, value) in [
-                    ("[mongodb]", "uri", "mongodb://127.0.0.1:27017"),
-                    ("[mqtt]", "url", "mqtt://127.0.0.1:1883"),
-                ] {
-                    let line = format!("{key} = \"{value}\"\n");
-                    if !file.contains(&format!("{section}\n")) {
-                        file.push_str(&format!("\n{section}\n{line}"));
-                    } else if !section_has(&file, section, key) {
-                        file = file.replacen(
-                            &format!("{section}\n"),
-                            &format!("{section}\n{line}"),
-                            1,
-                        );
-                    }
+                None => block,
+            };
+            let mut file = block.clone();
+            for (section, key, value) in [
+                ("[mongodb]", "uri", "mongodb://127.0.0.1:27017"),
+                ("[mqtt]", "url", "mqtt://127.0.0.1:1883"),
+            ] {
+                let line = format!("{key} = \"{value}\"\n");
+                if !file.contains(&format!("{section}\n")) {
+                    file.push_str(&format!("\n{section}\n{line}"));
+                } else if !section_has(&file, section, key) {
+                    file = file.replacen(&format!("{section}\n"), &format!("{section}\n{line}"), 1);
                 }
-                let scratch = tempfile::NamedTempFile::new().expect("a file");
-                std::fs::write(scratch.path(), &file).expect("written");
-                if let Err(e) = hourglass::Settings::load_file(scratch.path()) {
-                    panic!(
-                        "{}: the snippet does not load: {e}\n{block}",
-                        path.display()
-                    );
-                }
-                loaded += 1;
             }
+            let scratch = tempfile::NamedTempFile::new().expect("a file");
+            std::fs::write(scratch.path(), &file).expect("written");
+            if let Err(e) = hourglass::Settings::load_file(scratch.path()) {
+                panic!(
+                    "{}: the snippet does not load: {e}\n{block}",
+                    path.display()
+                );
+            }
+            loaded += 1;
         }
     }
     assert!(loaded >= 3, "{loaded} snippets");
