@@ -16,8 +16,13 @@ restore_build() {
     flock -s 9
     git ls-files -z | xargs -0 touch
     mkdir -p "$dir"
-    tar -C "$BUILD_CACHE/$name" -cf - . | tar -C "$dir" -xf -
+    # A partial copy would hand cargo truncated artifacts: none, then.
+    if ! tar -C "$BUILD_CACHE/$name" -cf - . | tar -C "$dir" -xf -; then
+      rm -rf "$dir"
+      echo "[build-cache] Restoring $dir failed (above); it is built from scratch." >&2
+    fi
   ) 9>"$BUILD_CACHE/$name.lock"
+  [[ -d "$dir" ]] || return 0
   echo "[build-cache] $dir starts from the machine's saved build ($(du -sh "$dir" | cut -f1))." >&2
 }
 
@@ -29,10 +34,19 @@ save_build() {
     flock 9
     rm -rf "$BUILD_CACHE/$name.new" "$BUILD_CACHE/$name.old"
     mkdir -p "$BUILD_CACHE/$name.new"
-    # Incremental state is per clone and the largest part: not kept.
-    tar -C "$dir" --exclude='./debug/incremental' --exclude='./*/debug/incremental' \
-      --exclude='./*/release/incremental' -cf - . | tar -C "$BUILD_CACHE/$name.new" -xf -
-    [[ -d "$BUILD_CACHE/$name" ]] && mv "$BUILD_CACHE/$name" "$BUILD_CACHE/$name.old"
+    # Incremental state is per clone and the largest part: not kept. A copy
+    # that did not complete (a full disk) is thrown away and the previous one
+    # kept: truncated artifacts would fail the next clone's link, not just
+    # slow it. (`phase` runs this where `set -e` does not reach.)
+    if ! tar -C "$dir" --exclude='./debug/incremental' --exclude='./*/debug/incremental' \
+      --exclude='./*/release/incremental' -cf - . | tar -C "$BUILD_CACHE/$name.new" -xf -; then
+      rm -rf "$BUILD_CACHE/$name.new"
+      echo "[build-cache] Saving $dir failed (above); the machine keeps its previous copy." >&2
+      exit 0
+    fi
+    if [[ -d "$BUILD_CACHE/$name" ]]; then
+      mv "$BUILD_CACHE/$name" "$BUILD_CACHE/$name.old"
+    fi
     mv "$BUILD_CACHE/$name.new" "$BUILD_CACHE/$name"
     rm -rf "$BUILD_CACHE/$name.old"
   ) 9>"$BUILD_CACHE/$name.lock"
