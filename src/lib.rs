@@ -76,7 +76,7 @@ pub use ingest::mqtt::MqttStats;
 pub use journal::REGISTER_WAIT;
 pub use shutdown::signal;
 pub use startup::{Application, forget_instance, instances, rebuild_rollups, redrive};
-pub use store::{InstanceInfo, Keep, Redriven};
+pub use store::{BlockCompressor, InstanceInfo, Keep, Redriven};
 pub use telemetry::{LogFormat, init as init_logging};
 pub use transfer::export::{ExportOptions, ExportSummary, run as export};
 pub use transfer::import::{
@@ -102,7 +102,7 @@ pub mod pure {
     };
     pub use crate::domain::{
         BucketKey, BucketUpdate, METRIC_MAX_LEN, MetricName, Reading, SENSOR_MAX_LEN, Sample,
-        SensorId, Sketch, SketchError, TimeWindow, parse_timestamp_ms, parse_timestamp_str,
+        SensorId, Sketch, SketchError, Slot, TimeWindow, parse_timestamp_ms, parse_timestamp_str,
     };
     pub use crate::ingest::decode::csv::{CsvFormat, decode_csv};
     pub use crate::ingest::decode::{
@@ -130,6 +130,9 @@ pub mod pure {
     pub use crate::store::command::{Chunk, Commands, Limits, Target};
     pub use crate::store::document::{Form, Versioning, update_statement};
     pub use crate::store::roll::{ReadBack, roll_hours_of};
+    pub use crate::store::rollup_codec::{
+        decode as rollup_slot_decode, encode as rollup_slot_encode,
+    };
     pub use crate::transfer::import::formats::{
         Converter as ImportConverter, Format as ImportFormat,
     };

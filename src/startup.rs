@@ -124,7 +124,13 @@ impl Application {
             .await
             .context("connecting to MongoDB")?
             .with_metrics(metrics.clone());
-        store
+        store.create_collections().await.with_context(|| {
+            format!(
+                "creating the collections with mongodb.block_compressor = \"{}\" (set it to \"server\" if the server refuses it)",
+                settings.mongodb.block_compressor.name()
+            )
+        })?;
+        let format = store
             .check_format()
             .await
             .context("checking the database's format")?;
@@ -146,6 +152,9 @@ impl Application {
             .set(1);
         let registering = store.registrar_queue();
         let store = Arc::new(store);
+        if format.rollups_outdated {
+            tokio::spawn(rebuild_outdated_rollups(store.clone()));
+        }
         let limits = settings.batcher.limits();
         let shutdown = Shutdown::new(settings.shutdown.timeout);
         let stopping = shutdown.clone();
@@ -529,10 +538,37 @@ pub async fn rebuild_rollups(
         .ensure_indexes(&settings.retention())
         .await
         .context("creating the indexes (is MongoDB reachable at mongodb.uri?)")?;
-    store
+    let days = store
         .rebuild_rollups(prefix, exact, from, to, jiff::Timestamp::now().as_second())
         .await
-        .context("rebuilding the rollups")
+        .context("rebuilding the rollups")?;
+    // All of them: now of this version's layout.
+    if sensor.is_none() && from.is_none() && to.is_none() {
+        store
+            .raise_rollup_version()
+            .await
+            .context("recording the rollups' layout")?;
+    }
+    Ok(days)
+}
+
+/// Rollups of an older layout (after an upgrade), rebuilt in the background
+/// by the upkeep's own roll-up: meanwhile queries read below them, exact and
+/// slower. Safe beside writes and beside another instance doing the same.
+async fn rebuild_outdated_rollups(store: Arc<MongoStore>) {
+    info!(
+        "The rollups are of an older layout: rebuilding them in the background. Queries stay exact meanwhile, reading the buckets."
+    );
+    let now = jiff::Timestamp::now().as_second();
+    match store.rebuild_rollups("", false, None, None, now).await {
+        Ok(days) => match store.raise_rollup_version().await {
+            Ok(()) => info!(days, "Rebuilt the rollups of an older layout."),
+            Err(e) => warn!(error = %e,
+                "Rebuilt the rollups but could not record it; the next start rebuilds them again."),
+        },
+        Err(e) => warn!(error = %e,
+            "Rebuilding the rollups of an older layout failed; queries stay exact but read the buckets until `hourglass rebuild-rollups` runs or the service starts again."),
+    }
 }
 
 /// Sparkplug birth certificates, kept in the metadata collection by one

@@ -16,6 +16,7 @@ mod promql;
 mod query;
 mod ranges;
 mod report;
+mod storage;
 mod transfer;
 mod verify;
 mod versions;
@@ -188,6 +189,13 @@ enum Cmd {
         /// Seconds Hourglass' idle CPU is measured before each of its loads
         #[arg(long, default_value_t = 10)]
         idle_seconds: u64,
+    },
+    /// Bytes per reading: the same readings at several intervals in minute
+    /// and hour buckets, by collection, as BSON and as compressed pages,
+    /// beside one document per reading, VictoriaMetrics and InfluxDB.
+    Storage {
+        #[command(flatten)]
+        args: storage::StorageArgs,
     },
     /// The standard full run: every scenario, one report.
     All {
@@ -427,6 +435,7 @@ async fn main() -> anyhow::Result<()> {
                 true,
             ),
         ),
+        Cmd::Storage { args } => ("storage", (storage::run(&ctx, &args).await?, true)),
         Cmd::All { scale } => ("full", all(&ctx, scale).await?),
     };
     report.print(ctx.global.json)?;

@@ -47,10 +47,15 @@ pub(crate) async fn start_victoria(extra: &[&str]) -> anyhow::Result<Proc> {
 }
 
 pub(crate) async fn start_influx() -> anyhow::Result<Proc> {
+    start_influx_with("").await
+}
+
+/// [`start_influx`] with further lines of its `[data]` section.
+pub(crate) async fn start_influx_with(data: &str) -> anyhow::Result<Proc> {
     let dir = tempfile::tempdir()?;
     let d = dir.path().display();
     let config = format!(
-        "reporting-disabled = true\nbind-address = \"127.0.0.1:0\"\n[meta]\ndir = \"{d}/meta\"\n[data]\ndir = \"{d}/data\"\nwal-dir = \"{d}/wal\"\nquery-log-enabled = false\n[http]\nbind-address = \"127.0.0.1:0\"\nlog-enabled = false\n[monitor]\nstore-enabled = false\n"
+        "reporting-disabled = true\nbind-address = \"127.0.0.1:0\"\n[meta]\ndir = \"{d}/meta\"\n[data]\ndir = \"{d}/data\"\nwal-dir = \"{d}/wal\"\nquery-log-enabled = false\n{data}[http]\nbind-address = \"127.0.0.1:0\"\nlog-enabled = false\n[monitor]\nstore-enabled = false\n"
     );
     std::fs::write(dir.path().join("influxdb.conf"), config)?;
     let child = Command::new(which("influxd")?)

@@ -58,9 +58,10 @@ pub async fn measure(
     Ok(ok)
 }
 
-/// Bytes of one series' rollup documents, and of their slots' sketches
-/// (`qs`) and time integrals (`ts`, `tl`, `tg`), each element counted as
-/// BSON stores it (type, key, value).
+/// Bytes of one series' rollup documents, and what their slots' sketches
+/// and time integrals take in them: in a slot stored as its summary, the
+/// bytes the summary loses without them (a slot stored as its readings
+/// derives both and stores neither).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct RollupBytes {
     pub documents: u64,
@@ -69,6 +70,9 @@ pub struct RollupBytes {
     pub integrals: u64,
 }
 
+/// The first byte of a slot stored as its summary (`store::rollup_codec`).
+const SUMMARY: u8 = 0x30;
+
 /// [`RollupBytes`] of `(sensor, metric)` in the target's `database`.
 pub async fn rollup_bytes(
     ctx: &crate::ctx::Ctx,
@@ -76,6 +80,7 @@ pub async fn rollup_bytes(
     (sensor, metric): (&str, &str),
 ) -> anyhow::Result<RollupBytes> {
     use futures_util::TryStreamExt;
+    use hourglass::pure::{rollup_slot_decode, rollup_slot_encode};
     use mongodb::bson::{RawBsonRef, RawDocumentBuf, doc};
     let mongo = mongodb::Client::with_uri_str(ctx.mongodb_uri()?).await?;
     let rollups = mongo
@@ -85,6 +90,11 @@ pub async fn rollup_bytes(
         .find(doc! { "sensor": sensor, "metric": metric })
         .await?;
     let mut out = RollupBytes::default();
+    let len = |slot: &hourglass::pure::Slot| {
+        let mut b = Vec::new();
+        rollup_slot_encode(slot, &mut b);
+        b.len() as u64
+    };
     while let Some(d) = cursor.try_next().await? {
         out.documents += 1;
         out.total += d.as_bytes().len() as u64;
@@ -92,23 +102,25 @@ pub async fn rollup_bytes(
             continue;
         };
         for slot in slots.iter() {
-            let Ok((_, RawBsonRef::Document(fields))) = slot else {
+            let Ok((_, RawBsonRef::Binary(b))) = slot else {
                 continue;
             };
-            for e in fields.iter() {
-                let Ok((key, value)) = e else { continue };
-                // Type byte, key and its NUL, then the value.
-                let head = 2 + key.len() as u64;
-                match (key, value) {
-                    ("qs", RawBsonRef::Binary(b)) => {
-                        out.sketches += head + 5 + b.bytes.len() as u64;
-                    }
-                    ("ts" | "tl", _) => out.integrals += head + 8,
-                    ("tg", RawBsonRef::Int32(_)) => out.integrals += head + 4,
-                    ("tg", _) => out.integrals += head + 8,
-                    _ => {}
-                }
+            if b.bytes.first() != Some(&SUMMARY) {
+                continue;
             }
+            // Times do not matter to the sizes: any start will do.
+            let Ok(whole) = rollup_slot_decode(b.bytes, 0, 1, Some(0.01)) else {
+                continue;
+            };
+            let full = len(&whole);
+            let mut bare = whole.clone();
+            bare.sketch = None;
+            out.sketches += full.saturating_sub(len(&bare));
+            let mut bare = whole;
+            if let Some(s) = bare.summary.as_mut() {
+                s.integrals = None;
+            }
+            out.integrals += full.saturating_sub(len(&bare));
         }
     }
     Ok(out)

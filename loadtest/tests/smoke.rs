@@ -309,3 +309,50 @@ fn verify_finds_a_dataset_that_was_never_sent() {
     assert!(!out.status.success(), "missing data must fail verify");
     assert!(String::from_utf8_lossy(&out.stdout).contains("MISMATCH"));
 }
+
+#[test]
+fn storage_sizes_every_collection_beside_the_per_event_design_and_the_peers() {
+    let r: serde_json::Value = serde_json::from_str(&loadtest(&[
+        "storage",
+        "--sensors",
+        "2",
+        "--seconds",
+        "7200",
+        "--intervals",
+        "60",
+        "--granularities",
+        "minute,hour",
+    ]))
+    .expect("json");
+    for g in ["minute", "hour"] {
+        let s = &r["data"][format!("storage_60s_{g}")];
+        assert_eq!(s["readings"], 240, "{r}");
+        let (buckets, rollups) = (
+            s["buckets_bson_per_reading"].as_f64().expect("buckets"),
+            s["rollups_bson_per_reading"].as_f64().expect("rollups"),
+        );
+        assert!(
+            buckets > 0.0 && rollups > 0.0 && rollups < 0.3 * buckets,
+            "{g}: {s}"
+        );
+        let (bson, snappy, zstd) = (
+            s["bson_per_reading"].as_f64().expect("bson"),
+            s["snappy_per_reading"].as_f64().expect("snappy"),
+            s["zstd_per_reading"].as_f64().expect("zstd"),
+        );
+        assert!(
+            bson >= buckets + rollups && snappy < bson && zstd < bson,
+            "{g}: {s}"
+        );
+    }
+    let peers = &r["data"]["storage_60s_peers"];
+    assert!(
+        peers["per_event_bson_per_reading"].as_f64() > Some(60.0),
+        "{r}"
+    );
+    assert!(
+        peers["victoria_metrics_per_reading"].as_f64() > Some(0.0),
+        "{r}"
+    );
+    assert!(peers["influxdb_per_reading"].as_f64() > Some(0.0), "{r}");
+}

@@ -282,6 +282,10 @@ pub struct Rest {
     pub gap: Option<i64>,
 }
 
+/// The most readings a slot keeps to be stored as them: a reading takes a
+/// byte or more, a summary about 200.
+pub const KEPT_READINGS: usize = 256;
+
 /// A stored sub-period: its summary (none if it holds no reading), the write
 /// count of the sources it was computed from, its rest and its readings'
 /// percentile sketch.
@@ -298,6 +302,11 @@ pub struct Slot {
     /// when it was computed without one (stored before sketches were kept,
     /// or at another accuracy), and then answers no percentile.
     pub sketch: Option<Sketch>,
+    /// The readings themselves, where the roll-up that computed the slot
+    /// kept them (see [`Slot::keeping`]): a slot of few readings is stored
+    /// as them, everything else following from them (`store::rollup_codec`).
+    /// Empty otherwise.
+    pub readings: Vec<Sample>,
 }
 
 impl Slot {
@@ -315,6 +324,7 @@ impl Slot {
                 n,
                 rest: None,
                 sketch: None,
+                readings: Vec::new(),
             };
         };
         // One pass for the summary and the rest's sum, min and max: the
@@ -345,7 +355,18 @@ impl Slot {
             n,
             rest,
             sketch: None,
+            readings: Vec::new(),
         }
+    }
+
+    /// The slot keeping its readings (`samples`, the readings [`Slot::of`]
+    /// was given), so that it may be stored as them; not past
+    /// [`KEPT_READINGS`], where its summary is always the shorter.
+    pub fn keeping(mut self, samples: &[Sample]) -> Self {
+        if samples.len() <= KEPT_READINGS {
+            self.readings = samples.to_vec();
+        }
+        self
     }
 
     /// The slot with its readings' sketch at `accuracy` (`samples` are the
@@ -408,6 +429,7 @@ impl Slot {
             n,
             rest,
             sketch: sketch.flatten(),
+            readings: Vec::new(),
         }
     }
 

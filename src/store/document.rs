@@ -6,8 +6,8 @@ use std::sync::LazyLock;
 
 use mongodb::bson::{DateTime, RawDocumentBuf, rawdoc};
 
+use super::StoreError;
 use super::raw_writer::Writer;
-use super::{SCHEMA_VERSION, StoreError};
 use crate::domain::{BucketUpdate, Granularity, SECOND_FIELDS, field_name};
 
 mod dead_letter;
@@ -305,7 +305,7 @@ fn statement_fields(
     let keep_from = versioning.keep_from;
     match granularity {
         Granularity::Minute => {
-            // {$set: {v: {$mergeObjects: [stored, {$literal: new}]}, schema_version, n}}
+            // {$set: {v: {$mergeObjects: [stored, {$literal: new}]}, n}}
             values_stage(
                 w,
                 |w| write_literal_seconds(w, "1", update.values.iter()),
@@ -319,7 +319,7 @@ fn statement_fields(
             let minutes = || update.values.chunk_by(|a, b| a.0 / 60 == b.0 / 60);
             let minute_of = |values: &[(u16, f64)]| usize::from(values[0].0 / 60 % 60);
             // {$set: {v: {$mergeObjects: [stored, {<m>: {$mergeObjects:
-            //   [stored minute, {$literal: new}]}, …}]}, schema_version, n}}
+            //   [stored minute, {$literal: new}]}, …}]}, n}}
             values_stage(
                 w,
                 |w| {
@@ -483,14 +483,13 @@ fn guarded_values_stage(
         w.end(max);
         w.end(amax);
     }
-    w.int32("schema_version", SCHEMA_VERSION);
     w.raw_document("n", &WRITE_COUNTER);
     w.end(set);
     w.end(stage);
 }
 
 /// The pipeline's first stage: `{$set: {v: {$mergeObjects: [stored,
-/// <changed>]}, <versions>, schema_version, n}}`, with `changed` written as
+/// <changed>]}, <versions>, n}}`, with `changed` written as
 /// element "1".
 fn values_stage(
     w: &mut Writer,
@@ -506,7 +505,6 @@ fn values_stage(
     w.end(merge);
     w.end(v);
     versions(w);
-    w.int32("schema_version", SCHEMA_VERSION);
     w.raw_document("n", &WRITE_COUNTER);
     w.end(set);
     w.end(stage);
@@ -596,7 +594,6 @@ mod tests {
                 let new = literal_seconds(update.values.iter());
                 pipeline.push(rawdoc! { "$set": {
                     "v": { "$mergeObjects": [ { "$ifNull": ["$v", {}] }, { "$literal": new } ] },
-                    "schema_version": SCHEMA_VERSION,
                     "n": WRITE_COUNTER.clone(),
                 }});
                 pipeline.push(rawdoc! { "$set": { "_t": values_of("$v") } });
@@ -625,7 +622,6 @@ mod tests {
                 }
                 pipeline.push(rawdoc! { "$set": {
                     "v": { "$mergeObjects": [ { "$ifNull": ["$v", {}] }, v ] },
-                    "schema_version": SCHEMA_VERSION,
                     "n": WRITE_COUNTER.clone(),
                 }});
                 pipeline.push(
@@ -727,7 +723,11 @@ mod tests {
             .get_document("$literal")
             .expect("literal");
         assert_eq!(literal, &doc! { "5": 1.5, "38": 63.0 });
-        assert_eq!(set.get_i32("schema_version"), Ok(SCHEMA_VERSION));
+        assert_eq!(
+            set.get("schema_version"),
+            None,
+            "named by the metadata only"
+        );
     }
 
     #[test]
@@ -778,7 +778,7 @@ mod tests {
 
     #[test]
     fn buckets_of_an_unknown_schema_version_are_refused() {
-        let d = doc! { "start": start_date(60), "count": 0, "schema_version": 3 };
+        let d = doc! { "start": start_date(60), "count": 0, "schema_version": 4 };
         assert!(matches!(
             read_bucket(&raw(&d), Granularity::Minute),
             Err(StoreError::Unreadable(_))

@@ -152,7 +152,9 @@ pub fn roll_hour(
                 .iter()
                 .map(|b| {
                     samples_into(b, &mut buf);
-                    Slot::of(b.start, &buf, b.n).sketched(accuracy, &buf)
+                    Slot::of(b.start, &buf, b.n)
+                        .keeping(&buf)
+                        .sketched(accuracy, &buf)
                 })
                 .collect();
             let slot = Slot::of_slots(hour, &minutes);
@@ -170,7 +172,9 @@ pub fn roll_hour(
             Hour {
                 start: hour,
                 minutes: Vec::new(),
-                slot: Slot::of(hour, &samples, n).sketched(accuracy, &samples),
+                slot: Slot::of(hour, &samples, n)
+                    .keeping(&samples)
+                    .sketched(accuracy, &samples),
                 partial: false,
             }
         }

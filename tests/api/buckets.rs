@@ -223,3 +223,64 @@ proptest! {
         });
     }
 }
+
+/// A fresh database's collections are created zstd-compressed (what MongoDB's
+/// own time-series collections use); with "server", the server decides.
+#[tokio::test]
+async fn collections_are_created_with_the_configured_block_compressor() {
+    let options_of = |app: &TestApp| {
+        let db = app.db.clone();
+        async move {
+            let listed: Vec<Document> = db
+                .run_cursor_command(doc! { "listCollections": 1 })
+                .await
+                .expect("listCollections")
+                .try_collect()
+                .await
+                .expect("collections");
+            listed
+                .into_iter()
+                .map(|c| {
+                    let name = c.get_str("name").expect("name").to_owned();
+                    let config = c
+                        .get_document("options")
+                        .and_then(|o| o.get_document("storageEngine"))
+                        .and_then(|e| e.get_document("wiredTiger"))
+                        .and_then(|w| w.get_str("configString"))
+                        .ok()
+                        .map(str::to_owned);
+                    (name, config)
+                })
+                .collect::<BTreeMap<String, Option<String>>>()
+        }
+    };
+    let app = spawn_app().await;
+    let created = options_of(&app).await;
+    for c in [
+        &app.settings.mongodb.collection,
+        &app.settings.mongodb.rollup_collection,
+        &app.settings.mongodb.late_collection,
+        &app.settings.mongodb.metadata_collection,
+    ] {
+        assert_eq!(
+            created.get(c),
+            Some(&Some("block_compressor=zstd".to_owned())),
+            "{c}: {created:?}"
+        );
+    }
+    // A second start leaves them as they are.
+    let again = spawn_app_with(app.settings.clone()).await;
+    assert_eq!(options_of(&again).await, created);
+    again.stop().await.expect("clean stop");
+
+    let mut settings = test_settings();
+    settings.mongodb.block_compressor = hourglass::BlockCompressor::Server;
+    let server = spawn_app_with(settings).await;
+    let created = options_of(&server).await;
+    assert!(
+        created.values().all(Option::is_none),
+        "the server's compressor: {created:?}"
+    );
+    server.stop().await.expect("clean stop");
+    app.stop().await.expect("clean stop");
+}

@@ -56,15 +56,6 @@ pub(crate) fn assert_aggregates(
     assert_eq!(got["max"].as_f64(), want.3, "{what}: {got}");
 }
 
-fn number(d: &Document, key: &str) -> f64 {
-    match d.get(key) {
-        Some(Bson::Double(x)) => *x,
-        Some(Bson::Int32(x)) => f64::from(*x),
-        Some(Bson::Int64(x)) => *x as f64,
-        other => panic!("{key} is {other:?} in {d}"),
-    }
-}
-
 /// (sensor, metric, period, start of the slot) of a rollup slot.
 type SlotKey = (String, String, String, i64);
 
@@ -93,7 +84,7 @@ async fn complete_slots(app: &TestApp) -> BTreeMap<SlotKey, Option<SlotFigures>>
         .await;
     let mut got = BTreeMap::new();
     for r in &rollups {
-        assert_eq!(r.get_i32("schema_version"), Ok(2), "{r}");
+        assert_eq!(r.get_i32("schema_version"), Ok(3), "{r}");
         let period = r.get_str("period").expect("period").to_owned();
         let (_, len, slot) = *LEVELS
             .iter()
@@ -102,6 +93,7 @@ async fn complete_slots(app: &TestApp) -> BTreeMap<SlotKey, Option<SlotFigures>>
         let start = r.get_datetime("start").expect("start").timestamp_millis() / 1000;
         let complete = r.get_i64("complete").expect("complete") as u64;
         let slots = r.get_document("s").expect("s");
+        let writes = r.get_document("w").cloned().unwrap_or_default();
         for k in 0..len / slot {
             let key = (
                 r.get_str("sensor").expect("sensor").to_owned(),
@@ -109,29 +101,28 @@ async fn complete_slots(app: &TestApp) -> BTreeMap<SlotKey, Option<SlotFigures>>
                 period.clone(),
                 start + k * slot,
             );
-            let entry = slots.get_document(k.to_string()).ok();
+            let entry = slots.get_binary_generic(k.to_string()).ok();
             if complete & (1 << k) == 0 {
                 assert!(entry.is_none(), "an incomplete slot holds figures: {r}");
                 continue;
             }
-            let figures = entry.map(|e| {
-                let at = |f: &str| {
-                    start
-                        + k * slot
-                        + e.get(f).map_or(0.0, |x| match x {
-                            Bson::Int32(i) => f64::from(*i),
-                            Bson::Int64(i) => *i as f64,
-                            _ => panic!("{f} in {e}"),
-                        }) as i64
+            let figures = entry.map(|bytes| {
+                let n = match writes.get(k.to_string()) {
+                    Some(Bson::Int32(n)) => *n as u64,
+                    Some(Bson::Int64(n)) => *n as u64,
+                    None => 1,
+                    other => panic!("slot {k}'s write count is {other:?}: {r}"),
                 };
-                let count = number(e, "c") as u64;
-                let first = (at("ft"), number(e, "f"));
-                let (sum, last) = if count == 1 {
-                    (first.1, first)
-                } else {
-                    (number(e, "s"), (at("lt"), number(e, "l")))
-                };
-                (count, sum, Some(first), Some(last))
+                let s = hourglass::pure::rollup_slot_decode(bytes, start + k * slot, n, None)
+                    .expect("a readable slot")
+                    .summary
+                    .expect("a slot with readings");
+                (
+                    s.count,
+                    s.sum,
+                    Some((s.first.t, s.first.v)),
+                    Some((s.last.t, s.last.v)),
+                )
             });
             got.insert(key, figures);
         }
@@ -298,6 +289,86 @@ async fn rebuilds_racing_two_writing_instances_leave_every_rollup_slot_equal_to_
     assert_rollups_match_buckets(&one, g).await;
     one.stop().await.expect("clean stop");
     two.stop().await.expect("clean stop");
+}
+
+/// An upgrade that changes the rollups' layout: the next start finds them
+/// older, rebuilds them in the background (answers exact meanwhile, from
+/// the buckets) and records the new layout.
+#[tokio::test]
+async fn rollups_of_an_older_layout_are_rebuilt_by_the_next_start_and_answers_stay_exact() {
+    let mut settings = long_settings(Granularity::Minute);
+    settings.query.cache_bytes = 0;
+    let app = spawn_app_with(settings).await;
+    let t = base_time() - 3 * 86_400;
+    let batch: Vec<Value> = (0..400i64)
+        .map(|i| {
+            reading(
+                "up-1",
+                "speed",
+                t + i * 617 % (3 * 86_400),
+                (i % 29) as f64 / 4.0,
+            )
+        })
+        .collect();
+    post_all(&app, &batch).await;
+    app.late_rolled_up().await;
+    let path = average_path("up-1", "speed", t, t + 3 * 86_400);
+    let before = app.get_json(&path).await;
+    // As the version before left them: its layout, recorded as such.
+    let rollups = app
+        .db
+        .collection::<Document>(&app.settings.mongodb.rollup_collection);
+    let metadata = app
+        .db
+        .collection::<Document>(&app.settings.mongodb.metadata_collection);
+    rollups
+        .update_many(doc! {}, doc! { "$set": { "schema_version": 2 } })
+        .await
+        .expect("downgraded");
+    metadata
+        .update_one(
+            doc! { "_id": "format" },
+            doc! { "$set": { "rollup_schema_version": 2 } },
+        )
+        .await
+        .expect("recorded");
+    let read_before = documents_read(&app, "average").await;
+    assert_eq!(app.get_json(&path).await, before, "exact from the buckets");
+    let older = documents_read(&app, "average").await - read_before;
+
+    let next = spawn_app_with(app.settings.clone()).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let format = metadata
+            .find_one(doc! { "_id": "format" })
+            .await
+            .expect("find")
+            .expect("the format document");
+        if format.get_i32("rollup_schema_version") == Ok(3) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not rebuilt in 2 minutes: {format}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for r in app
+        .documents(&app.settings.mongodb.rollup_collection, doc! {})
+        .await
+    {
+        assert_eq!(r.get_i32("schema_version"), Ok(3), "rebuilt: {r}");
+    }
+    let read_before = documents_read(&next, "average").await;
+    assert_eq!(next.get_json(&path).await, before, "exact from the rollups");
+    let rebuilt = documents_read(&next, "average").await - read_before;
+    assert!(
+        rebuilt < older,
+        "rebuilt rollups answer from {rebuilt} documents, the buckets from {older}"
+    );
+    assert_rollups_match_buckets(&next, Granularity::Minute).await;
+    next.stop().await.expect("clean stop");
+    app.stop().await.expect("clean stop");
 }
 
 #[tokio::test]

@@ -25,7 +25,7 @@ async fn a_posted_reading_is_stored_in_its_minute_bucket_before_the_answer() {
         vec![doc! {
             "sensor": "I80_mile23", "metric": "speed",
             "start": DateTime::from_millis((t - 38) * 1000),
-            "v": { "38": 63.0 }, "schema_version": 2,
+            "v": { "38": 63.0 },
             "count": 1, "sum": 63.0, "min": 63.0, "max": 63.0,
         }]
     );

@@ -6,7 +6,8 @@
 
 use std::collections::BTreeMap;
 
-use mongodb::bson::{Document, doc};
+use futures_util::TryStreamExt;
+use mongodb::bson::{Bson, Document, doc};
 use serde_json::{Value, json};
 
 use crate::helpers::{Gen, TestApp, base_time, rfc3339, spawn_app};
@@ -266,16 +267,61 @@ async fn percentiles_from_rollups_are_within_the_sketch_accuracy_of_the_exact_on
     )
     .await;
 
-    // Slots kept without sketches (stored before them, or at another
-    // accuracy) answer from the level below: the same bound, more documents.
+    // Slots kept without sketches (summaries of another accuracy) answer
+    // from the level below: the same bound, more documents. Slots stored as
+    // their readings compute theirs at any accuracy: each slot of pq-004 is
+    // stored again as its summary without its sketch.
     let rollups = app
         .db
         .collection::<Document>(&app.settings.mongodb.rollup_collection);
-    let unset: Document = (0..60).map(|k| (format!("s.{k}.qs"), "".into())).collect();
-    rollups
-        .update_many(doc! { "sensor": "pq-004" }, doc! { "$unset": unset })
+    let docs: Vec<Document> = rollups
+        .find(doc! { "sensor": "pq-004" })
         .await
-        .expect("sketches removed");
+        .expect("find")
+        .try_collect()
+        .await
+        .expect("rollups");
+    for d in docs {
+        let slot_seconds = match d.get_str("period").expect("period") {
+            "hour" => 60,
+            "day" => 3600,
+            _ => 86_400,
+        };
+        let start = d.get_datetime("start").expect("start").timestamp_millis() / 1000;
+        let writes = d.get_document("w").cloned().unwrap_or_default();
+        let mut set = Document::new();
+        for (k, bytes) in d.get_document("s").expect("s") {
+            let Bson::Binary(b) = bytes else {
+                panic!("slot {k}: {bytes}")
+            };
+            let n = writes
+                .get_i32(k)
+                .map(|n| n as u64)
+                .or_else(|_| writes.get_i64(k).map(|n| n as u64))
+                // A count of 1 is not stored.
+                .unwrap_or(1);
+            let at = start + k.parse::<i64>().expect("slot number") * slot_seconds;
+            let mut slot = hourglass::pure::rollup_slot_decode(&b.bytes, at, n, Some(ACCURACY))
+                .expect("decodes");
+            slot.sketch = None;
+            let mut encoded = Vec::new();
+            hourglass::pure::rollup_slot_encode(&slot, &mut encoded);
+            set.insert(
+                format!("s.{k}"),
+                Bson::Binary(mongodb::bson::Binary {
+                    subtype: mongodb::bson::spec::BinarySubtype::Generic,
+                    bytes: encoded,
+                }),
+            );
+        }
+        rollups
+            .update_one(
+                doc! { "_id": d.get_object_id("_id").expect("_id") },
+                doc! { "$set": set },
+            )
+            .await
+            .expect("sketches removed");
+    }
     let with = check_sensor(&app, &truth, "pq-005", from, to, "with sketches").await;
     let without = check_sensor(&app, &truth, "pq-004", from, to, "without sketches").await;
     let readings = values_of(&truth, Some("pq-004"), from, to).len();

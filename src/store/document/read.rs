@@ -199,11 +199,13 @@ pub fn read_bucket(doc: &RawDocument, granularity: Granularity) -> Result<Bucket
             _ => {}
         }
     }
-    // Versions 1 and 2 read the same (2 adds versions, which reads skip); a
-    // newer one is refused rather than misread.
+    // Versions 1 to 3 read the same (2 adds versions, which reads skip; 3
+    // leaves the field out, the database's metadata naming it); a newer one
+    // is refused rather than misread.
     match version {
-        Some(RawBsonRef::Int32(1 | 2)) | Some(RawBsonRef::Int64(1 | 2)) => {}
-        Some(RawBsonRef::Double(x)) if x == 1.0 || x == 2.0 => {}
+        None => {}
+        Some(RawBsonRef::Int32(1..=3)) | Some(RawBsonRef::Int64(1..=3)) => {}
+        Some(RawBsonRef::Double(x)) if x == 1.0 || x == 2.0 || x == 3.0 => {}
         other => {
             return Err(StoreError::Unreadable(format!(
                 "unknown schema_version {:?}",

@@ -1,4 +1,5 @@
-//! The indexes: the unique bucket index, and the TTL index that implements
+//! The collections (created with `mongodb.block_compressor`) and the
+//! indexes: the unique bucket index, and the TTL index that implements
 //! `buckets.retention`, brought in line with the setting at every start.
 
 use std::time::Duration;
@@ -16,9 +17,52 @@ use crate::domain::Period;
 use crate::store::StoreError;
 use crate::store::errors;
 
+/// The server's code for a `create` of a collection that exists.
+const NAMESPACE_EXISTS: i32 = 48;
+
 impl MongoStore {
     /// Creates the bucket index (a no-op when it exists) and brings the TTL
     /// index in line with `retention`: created, changed in place, or dropped.
+    /// Creates the collections that do not exist yet with
+    /// `mongodb.block_compressor` (an existing one keeps its own; with
+    /// "server", nothing is created here and the first write creates them).
+    pub async fn create_collections(&self) -> Result<(), StoreError> {
+        let Some(engine) = self.block_compressor.storage_engine() else {
+            return Ok(());
+        };
+        let existing: std::collections::HashSet<String> = self
+            .db
+            .list_collection_names()
+            .await
+            .map_err(classify)?
+            .into_iter()
+            .collect();
+        for name in [
+            self.buckets.name(),
+            self.rollups.name(),
+            self.late.name(),
+            self.sensors.name(),
+            self.metadata.name(),
+            self.changes.name(),
+            self.dead_letters.name(),
+        ] {
+            if existing.contains(name) {
+                continue;
+            }
+            let created = self
+                .db
+                .run_command(doc! { "create": name, "storageEngine": engine.clone() })
+                .await;
+            match created {
+                Ok(_) => {}
+                // Another instance created it first.
+                Err(e) if errors::command_code(&e) == Some(NAMESPACE_EXISTS) => {}
+                Err(e) => return Err(classify(e)),
+            }
+        }
+        Ok(())
+    }
+
     pub async fn ensure_indexes(
         &self,
         retention: &crate::store::Retention,

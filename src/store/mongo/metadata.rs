@@ -44,6 +44,15 @@ pub enum FormatError {
     Store(#[from] StoreError),
 }
 
+/// What a start found the database's format to need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FormatCheck {
+    /// The rollups are of an older layout, read as holding nothing complete
+    /// (queries are exact, from the buckets): rebuild them, then
+    /// [`MongoStore::raise_rollup_version`].
+    pub rollups_outdated: bool,
+}
+
 /// The granularity a stored bucket was written with: hour buckets keep
 /// minute aggregates in `m` and values under `v.<min>.<sec>`.
 fn granularity_of(bucket: &Document) -> Option<Granularity> {
@@ -74,7 +83,7 @@ impl MongoStore {
     /// Records the format on a new database, or checks it against this
     /// instance's. A database from before the document was recorded is
     /// judged by one of its buckets.
-    pub async fn check_format(&self) -> Result<(), FormatError> {
+    pub async fn check_format(&self) -> Result<FormatCheck, FormatError> {
         let database = self.db.name().to_owned();
         let filter = doc! { "_id": FORMAT_ID };
         let recorded = match self
@@ -148,16 +157,39 @@ impl MongoStore {
                 });
             }
         }
+        let rollup_version = number(&recorded, "rollup_schema_version").unwrap_or(0);
+        let rollups_outdated = rollup_version < i64::from(ROLLUP_SCHEMA_VERSION)
+            && self
+                .rollups
+                .find_one(doc! {})
+                .projection(doc! { "_id": 1 })
+                .await
+                .map_err(classify)?
+                .is_some();
         // Never lowered: an older instance refuses above, a newer one raises
-        // the versions once its migration (none so far) has run.
+        // the versions once its migration has run (the rollups' once they
+        // are rebuilt; buckets of older layouts read as they are).
+        let mut raise = doc! { "bucket_schema_version": SCHEMA_VERSION };
+        if !rollups_outdated {
+            raise.insert("rollup_schema_version", ROLLUP_SCHEMA_VERSION);
+        }
+        let raised = self
+            .metadata
+            .update_one(doc! { "_id": FORMAT_ID }, doc! { "$max": raise })
+            .await
+            .map_err(classify)?;
+        self.count(|m| m.db_documents("written", "metadata", "format", raised.modified_count));
+        Ok(FormatCheck { rollups_outdated })
+    }
+
+    /// Records that every rollup is of this version's layout (after a
+    /// rebuild of all of them).
+    pub async fn raise_rollup_version(&self) -> Result<(), StoreError> {
         let raised = self
             .metadata
             .update_one(
                 doc! { "_id": FORMAT_ID },
-                doc! { "$max": {
-                    "bucket_schema_version": SCHEMA_VERSION,
-                    "rollup_schema_version": ROLLUP_SCHEMA_VERSION,
-                } },
+                doc! { "$max": { "rollup_schema_version": ROLLUP_SCHEMA_VERSION } },
             )
             .await
             .map_err(classify)?;

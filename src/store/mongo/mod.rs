@@ -45,7 +45,7 @@ mod write;
 
 pub use dead_letters::{MAX_LISTED as MAX_LISTED_DEAD_LETTERS, Redriven};
 pub use instances::{Beat, InstanceInfo, Others};
-pub use settings::{Settings, tls_options};
+pub use settings::{BlockCompressor, Settings, tls_options};
 
 pub const BUCKET_INDEX: &str = "sensor_metric_start";
 
@@ -108,6 +108,8 @@ pub struct MongoStore {
     /// for quiet while one is (it would mark them again when it ends).
     in_flight: Arc<sink::InFlight>,
     dead_letter_retention: Option<Duration>,
+    /// How the collections this creates are compressed (`mongodb.block_compressor`).
+    block_compressor: settings::BlockCompressor,
     metrics: Option<Arc<Metrics>>,
     /// New series of accepted readings, to register ahead of storage.
     registering: Option<tokio::sync::mpsc::Sender<registry::Registering>>,
@@ -262,6 +264,7 @@ impl MongoStore {
             late_roller: Arc::new(std::sync::atomic::AtomicBool::new(true)),
             in_flight: Arc::default(),
             dead_letter_retention: settings.dead_letter_retention,
+            block_compressor: settings.block_compressor,
             metrics: None,
             registering: None,
             watermarks: Arc::default(),

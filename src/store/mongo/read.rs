@@ -105,6 +105,7 @@ impl MongoStore {
         match fetch.level {
             Level::Rollups(_) => {
                 projection.insert("s", 1);
+                projection.insert("w", 1);
                 projection.insert("complete", 1);
             }
             Level::Buckets => {

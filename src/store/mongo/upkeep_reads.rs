@@ -266,7 +266,7 @@ impl MongoStore {
                 "start": { "$in": starts.iter().map(|&s| Bson::DateTime(start_date(s))).collect::<Vec<_>>() },
             };
             let series: Vec<&Series> = chunk.iter().map(|&(s, _)| s).collect();
-            let projection = doc! { "_id": 0, "sensor": 1, "metric": 1, "start": 1, "s": 1, "complete": 1, "schema_version": 1 };
+            let projection = doc! { "_id": 0, "sensor": 1, "metric": 1, "start": 1, "s": 1, "w": 1, "complete": 1, "schema_version": 1 };
             cost.round_trips += self
                 .each_series_document(&self.rollups, &series, &rest, &projection, |d| {
                     cost.rollups_read += 1;
