@@ -60,6 +60,11 @@ async fn an_hour_bucket_nests_seconds_under_minutes_with_minute_aggregates() {
             .expect("m.7"),
         &doc! { "count": 2, "sum": 42.0, "min": 20.0, "max": 22.0 }
     );
+    assert_eq!(
+        d.get_document("m").expect("m").get("59"),
+        Some(&mongodb::bson::Bson::Double(-1.0)),
+        "a minute of one reading is stored as its value"
+    );
     assert_invariants(&docs, Granularity::Hour);
     app.stop().await.expect("clean stop");
 }

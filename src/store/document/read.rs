@@ -221,8 +221,21 @@ pub fn read_bucket(doc: &RawDocument, granularity: Granularity) -> Result<Bucket
     {
         for e in elements(m) {
             let (minute, entry) = e?;
-            let entry = sub_document(entry, &format_args!("m.{minute}"))?;
-            read.slots.push((small_key(minute)?, aggregates(entry)?));
+            let path = format_args!("m.{minute}");
+            let agg = match entry {
+                // A minute of one reading is stored as that value.
+                RawBsonRef::Double(_) | RawBsonRef::Int32(_) | RawBsonRef::Int64(_) => {
+                    let x = raw_number(entry, &path)?;
+                    Agg {
+                        count: 1,
+                        sum: x,
+                        min: x,
+                        max: x,
+                    }
+                }
+                _ => aggregates(sub_document(entry, &path)?)?,
+            };
+            read.slots.push((small_key(minute)?, agg));
         }
         read.slots.sort_by_key(|&(minute, _)| minute);
     }
