@@ -568,9 +568,7 @@ fn conformance_settings(g: Granularity) -> hourglass::Settings {
 
 async fn profiled(settings: &hourglass::Settings) -> Option<mongodb::Database> {
     use secrecy::ExposeSecret;
-    let client = mongodb::Client::with_uri_str(settings.mongodb.uri.expose_secret())
-        .await
-        .expect("a client");
+    let client = crate::helpers::mongo_client(settings.mongodb.uri.expose_secret()).await;
     let db = client.database(&settings.mongodb.database);
     match db.run_command(doc! { "profile": 2 }).await {
         Ok(_) => Some(db),

@@ -117,9 +117,7 @@ pub async fn spawn_app_with(settings: Settings) -> TestApp {
     // private ones).
     let client = {
         use secrecy::ExposeSecret;
-        mongodb::Client::with_uri_str(settings.mongodb.uri.expose_secret())
-            .await
-            .expect("a MongoDB client")
+        mongo_client(settings.mongodb.uri.expose_secret()).await
     };
     TestApp {
         address,
@@ -718,4 +716,17 @@ impl Gen {
     pub fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
         &xs[self.below(xs.len() as u64) as usize]
     }
+}
+
+/// A client for a test's own reads and commands. The stand-in closes a
+/// connection idle for 300 s, and a pooled connection closed underneath
+/// fails its next command: a test that waits minutes between its own
+/// commands (the conformance suite under load) would fail on that, so idle
+/// connections are dropped first, as the service's are.
+pub async fn mongo_client(uri: &str) -> mongodb::Client {
+    let mut options = mongodb::options::ClientOptions::parse(uri)
+        .await
+        .expect("a MongoDB URI");
+    options.max_idle_time = Some(Duration::from_secs(60));
+    mongodb::Client::with_options(options).expect("a MongoDB client")
 }

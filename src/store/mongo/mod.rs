@@ -20,8 +20,6 @@ use crate::batcher::clock::Watermarks;
 use crate::domain::Granularity;
 use crate::telemetry::metrics::Metrics;
 
-/// The unique index on a bucket's identity. Its prefix `(sensor, metric)` plus
-/// the range on `start` also serves every query, so it is the only index.
 mod changes;
 mod dead_letters;
 mod delete;
@@ -47,7 +45,12 @@ pub use dead_letters::{MAX_LISTED as MAX_LISTED_DEAD_LETTERS, Redriven};
 pub use instances::{Beat, InstanceInfo, Others};
 pub use settings::{BlockCompressor, Settings, tls_options};
 
+/// The unique index on a bucket's identity. Its prefix `(sensor, metric)` plus
+/// the range on `start` also serves every query, so it is the only index.
 pub const BUCKET_INDEX: &str = "sensor_metric_start";
+
+/// How long a pooled connection may sit unused before the driver closes it.
+const IDLE_CONNECTIONS_CLOSED_AFTER: Duration = Duration::from_secs(60);
 
 /// The unique index on a rollup's identity; it also serves every rollup read.
 pub const ROLLUP_INDEX: &str = "sensor_metric_period_start";
@@ -219,6 +222,12 @@ impl MongoStore {
         }
         if options.server_selection_timeout.is_none() {
             options.server_selection_timeout = Some(settings.server_selection_timeout);
+        }
+        // Servers, proxies and NATs close connections left idle (the local
+        // stand-in after 300 s); a pooled connection closed underneath fails
+        // the next command sent on it. The URI's `maxIdleTimeMS` wins.
+        if options.max_idle_time.is_none() {
+            options.max_idle_time = Some(IDLE_CONNECTIONS_CLOSED_AFTER);
         }
         let write_concern = match &options.write_concern {
             Some(wc) => Some(
