@@ -148,7 +148,7 @@ async fn averages(
     url: &str,
     data: &Dataset,
     repeats: usize,
-) -> anyhow::Result<Vec<(i64, crate::history::Timed)>> {
+) -> anyhow::Result<Vec<(i64, crate::panel_timing::Timed)>> {
     let end = data.end();
     let span = end - data.start;
     let mut out = Vec::new();
@@ -165,7 +165,7 @@ async fn averages(
         );
         out.push((
             days,
-            crate::history::cold_and_refresh(url, &path, repeats).await?,
+            crate::panel_timing::cold_and_refresh(url, &path, repeats).await?,
         ));
     }
     Ok(out)

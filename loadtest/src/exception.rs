@@ -63,16 +63,16 @@ pub async fn measure_all(
     let end = end - 7;
     let mut ok = true;
     for span in [1u32, 30, 400].into_iter().filter(|&d| d <= days) {
-        let from = super::ranges::span_from(end, span);
-        let mean = super::ranges::average_path(&sensor, &metric, from, end, "");
-        let (ms, docs, got) = super::ranges::measure(&target.url, &mean, repeats).await?;
+        let from = crate::range_probe::span_from(end, span);
+        let mean = crate::range_probe::average_path(&sensor, &metric, from, end, "");
+        let (ms, docs, got) = crate::range_probe::measure(&target.url, &mean, repeats).await?;
         let inside: Vec<f64> = truth.range(from..end).map(|(_, v)| *v).collect();
         let exact = got["count"].as_u64() == Some(inside.len() as u64)
             && got["sum"].as_f64() == Some(inside.iter().sum());
         ok &= exact;
         let (p50, p99, _) = percentiles(ms.clone());
         let name = format!("by exception: mean {span}d ({} readings)", inside.len());
-        s.row(super::ranges::timing_row(
+        s.row(crate::range_probe::timing_row(
             name,
             &ms,
             (p50, p99),
@@ -92,9 +92,9 @@ pub async fn measure_all(
         };
         for &(limit, seconds) in limits {
             let extra = format!("&weighting=time&staleness={limit}");
-            let path = super::ranges::average_path(&sensor, &metric, from, end, &extra);
-            let (ms, docs, got) = super::ranges::measure(&target.url, &path, repeats).await?;
-            let (held, integral) = super::ranges::held_time(&truth, from, end, seconds);
+            let path = crate::range_probe::average_path(&sensor, &metric, from, end, &extra);
+            let (ms, docs, got) = crate::range_probe::measure(&target.url, &path, repeats).await?;
+            let (held, integral) = crate::range_probe::held_time(&truth, from, end, seconds);
             let want = integral / held.max(1) as f64;
             let exact = got["held_seconds"].as_i64() == Some(held)
                 && got["avg"]
@@ -102,7 +102,7 @@ pub async fn measure_all(
                     .is_some_and(|a| (a - want).abs() <= 1e-9 * want.abs().max(1.0));
             ok &= exact;
             let (p50, p99, _) = percentiles(ms.clone());
-            s.row(super::ranges::timing_row(
+            s.row(crate::range_probe::timing_row(
                 format!("by exception: time-weighted {span}d, staleness {limit}"),
                 &ms,
                 (p50, p99),

@@ -24,13 +24,11 @@ use mongodb::bson::{Bson, DateTime, Document, doc};
 
 use crate::ctx::Ctx;
 use crate::dataset::{Dataset, DatasetArgs};
+use crate::panel_timing::timed_or_nan;
+use crate::panel_timing::{TIMED_COLUMNS, Timed, cold_and_refresh};
 use crate::peer_servers::{send_lines, start_victoria};
 use crate::procs::scrape;
-use crate::promql::{no_cache_client, timed_or_nan};
 use crate::report::{Report, Section, f, percentiles};
-
-const DOCS: &str = "hourglass_query_documents_read_sum";
-const TRIPS: &str = "hourglass_query_round_trips_sum";
 
 fn encode(s: &str) -> String {
     url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
@@ -119,42 +117,6 @@ async fn write_cost(
     Ok((percentiles(ms).0, examined))
 }
 
-/// One query timed cold (the results cache bypassed) and on refresh, with
-/// the documents and round trips of each (means over the repeats).
-pub(crate) struct Timed {
-    pub cold_ms: f64,
-    pub refresh_ms: f64,
-    pub cold: (f64, f64),
-    refresh: (f64, f64),
-}
-
-impl Timed {
-    pub fn json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "cold_ms": self.cold_ms, "refresh_ms": self.refresh_ms,
-            "documents": self.cold.0, "round_trips": self.cold.1,
-            "refresh_documents": self.refresh.0, "refresh_round_trips": self.refresh.1,
-        })
-    }
-
-    /// The table's cells after the query's name.
-    fn cells(&self) -> Vec<String> {
-        vec![
-            f(self.cold_ms),
-            f(self.refresh_ms),
-            format!("{} / {}", f(self.cold.0), f(self.cold.1)),
-            format!("{} / {}", f(self.refresh.0), f(self.refresh.1)),
-        ]
-    }
-}
-
-const TIMED_COLUMNS: [&str; 4] = [
-    "cold ms",
-    "refresh ms",
-    "documents / round trips (cold)",
-    "documents / round trips (refresh)",
-];
-
 /// The fleet panels over the 8 days before `end`: name, the PromQL for
 /// Hourglass and for VictoriaMetrics, the step.
 fn panels() -> Vec<(&'static str, String, String, i64)> {
@@ -211,41 +173,6 @@ fn series_path(begin: i64, end: i64) -> String {
         crate::dataset::rfc3339(begin),
         crate::dataset::rfc3339(end)
     )
-}
-
-pub(crate) async fn cold_and_refresh(
-    url: &str,
-    path: &str,
-    repeats: usize,
-) -> anyhow::Result<Timed> {
-    let cold = no_cache_client()?;
-    let warm = reqwest::Client::new();
-    let cost = |before: &std::collections::HashMap<String, f64>,
-                after: &std::collections::HashMap<String, f64>| {
-        let per = |k: &str| {
-            (after.get(k).copied().unwrap_or(0.0) - before.get(k).copied().unwrap_or(0.0))
-                / repeats as f64
-        };
-        (per(DOCS), per(TRIPS))
-    };
-    let before = scrape(url).await?;
-    let (cold_ms, answer) = timed_or_nan(&cold, &format!("{url}{path}"), repeats).await;
-    let between = scrape(url).await?;
-    // The first refresh fills the cache; the figures are the next ones'.
-    let _ = timed_or_nan(&warm, &format!("{url}{path}"), 1).await;
-    let warmed = scrape(url).await?;
-    let (refresh_ms, refreshed) = timed_or_nan(&warm, &format!("{url}{path}"), repeats).await;
-    let after = scrape(url).await?;
-    anyhow::ensure!(
-        refreshed == answer,
-        "{path}: the refresh answered differently"
-    );
-    Ok(Timed {
-        cold_ms,
-        refresh_ms,
-        cold: cost(&before, &between),
-        refresh: cost(&warmed, &after),
-    })
 }
 
 pub async fn run(

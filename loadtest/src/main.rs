@@ -7,6 +7,9 @@ mod designs;
 mod exception;
 mod fleet;
 mod history;
+#[cfg(test)]
+mod layering;
+mod panel_timing;
 mod peer_loads;
 mod peer_servers;
 mod peers;
@@ -14,6 +17,7 @@ mod percentile;
 mod procs;
 mod promql;
 mod query;
+mod range_probe;
 mod ranges;
 mod report;
 mod storage;

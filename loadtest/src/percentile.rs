@@ -27,10 +27,10 @@ pub async fn measure(
 ) -> anyhow::Result<bool> {
     let mut ok = true;
     for &span in spans {
-        let from = super::ranges::span_from(end, span);
+        let from = crate::range_probe::span_from(end, span);
         let path =
-            super::ranges::average_path(sensor, metric, from, end, "&quantiles=0.5,0.95,0.99");
-        let (ms, docs, got) = super::ranges::measure(url, &path, repeats).await?;
+            crate::range_probe::average_path(sensor, metric, from, end, "&quantiles=0.5,0.95,0.99");
+        let (ms, docs, got) = crate::range_probe::measure(url, &path, repeats).await?;
         let mut values: Vec<f64> = truth.range(from..end).map(|(_, v)| *v).collect();
         values.sort_by(f64::total_cmp);
         let within = !values.is_empty()
@@ -42,7 +42,7 @@ pub async fn measure(
             });
         ok &= within;
         let (p50, p99, _) = percentiles(ms.clone());
-        s.row(super::ranges::timing_row(
+        s.row(crate::range_probe::timing_row(
             format!("{what} {span}d"),
             &ms,
             (p50, p99),

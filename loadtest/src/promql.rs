@@ -13,9 +13,10 @@ use std::time::{Duration, Instant};
 
 use crate::ctx::Ctx;
 use crate::dataset::{Dataset, DatasetArgs};
+use crate::panel_timing::{no_cache_client, timed_median as timed, timed_or_nan};
 use crate::peer_servers::{send_lines, start_victoria, which};
 use crate::procs::{Proc, http_url, scrape};
-use crate::report::{Report, Section, f, percentiles};
+use crate::report::{Report, Section, f};
 
 const DOCS_SUM: &str = "hourglass_query_documents_read_sum";
 
@@ -67,44 +68,6 @@ async fn start_prometheus(data: &[&Dataset]) -> anyhow::Result<Proc> {
 
 fn encode(s: &str) -> String {
     url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
-}
-
-/// A client whose requests bypass Hourglass' results cache: cold figures.
-pub(crate) fn no_cache_client() -> anyhow::Result<reqwest::Client> {
-    let mut headers = reqwest::header::HeaderMap::new();
-    headers.insert(
-        reqwest::header::CACHE_CONTROL,
-        reqwest::header::HeaderValue::from_static("no-cache"),
-    );
-    Ok(reqwest::Client::builder()
-        .default_headers(headers)
-        .build()?)
-}
-
-/// [`timed`], with a failure reported as a missing figure rather than ending the run.
-pub(crate) async fn timed_or_nan(
-    client: &reqwest::Client,
-    url: &str,
-    n: usize,
-) -> (f64, serde_json::Value) {
-    match timed(client, url, n).await {
-        Ok(x) => x,
-        Err(e) => {
-            eprintln!("A query failed: {e:#}");
-            (f64::NAN, serde_json::Value::Null)
-        }
-    }
-}
-
-/// Median latency (ms) of `n` runs of one range query, and its last answer.
-async fn timed(
-    client: &reqwest::Client,
-    url: &str,
-    n: usize,
-) -> anyhow::Result<(f64, serde_json::Value)> {
-    let (ms, last) = crate::procs::timed(client, url, n).await?;
-    let (p50, _, _) = percentiles(ms);
-    Ok((p50, last))
 }
 
 /// Per series (labels without `__name__`), per timestamp, the value.
