@@ -214,7 +214,26 @@ async fn victoria(ctx: &Ctx, rows: &[Row]) -> anyhow::Result<u64> {
         4,
     )
     .await?;
-    let _ = reqwest::get(format!("{}/internal/force_flush", vm.url)).await;
+    // Acknowledged is not yet added: at 1.7 million rows a directory sized
+    // right after the writes once held almost none of them.
+    let want = rows.len() as f64;
+    let mut added = 0.0;
+    for _ in 0..120 {
+        let _ = reqwest::get(format!("{}/internal/force_flush", vm.url)).await;
+        added = crate::procs::scrape(&vm.url)
+            .await?
+            .get("vm_rows_added_to_storage_total")
+            .copied()
+            .unwrap_or(0.0);
+        if added >= want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    anyhow::ensure!(
+        added >= want,
+        "VictoriaMetrics added {added} of {want} rows to its storage"
+    );
     // Its background merges settle within seconds at these sizes.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let bytes = vm.dir.as_ref().map_or(0, |d| dir_bytes(d.path()));

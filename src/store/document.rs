@@ -29,16 +29,26 @@ static MINUTE_PATHS: LazyLock<Vec<String>> =
 /// The aggregates of each minute `v.<m>` of an hour bucket: the value
 /// alone for a minute of one reading (count 1, and sum, min and max all
 /// that value: 11 bytes where the document takes 59, which at a reading a
-/// minute was most of the bucket), else `{count, sum, min, max}`.
+/// minute was most of the bucket), else `{count, sum, min, max}`. The
+/// minute's values are listed once (`$let`): 306 bytes a touched minute,
+/// where the four fields each listing them took 320.
 static MINUTE_AGGREGATES: LazyLock<Vec<RawDocumentBuf>> = LazyLock::new(|| {
     MINUTE_PATHS
         .iter()
         .map(|p| {
-            rawdoc! { "$cond": [
-                { "$eq": [ { "$size": { "$objectToArray": p.as_str() } }, 1 ] },
-                { "$min": values_of(p) },
-                aggregates_of(p),
-            ]}
+            rawdoc! { "$let": {
+                "vars": { "x": values_of(p) },
+                "in": { "$cond": [
+                    { "$eq": [ { "$size": "$$x" }, 1 ] },
+                    { "$min": "$$x" },
+                    {
+                        "count": { "$size": "$$x" },
+                        "sum": { "$sum": "$$x" },
+                        "min": { "$min": "$$x" },
+                        "max": { "$max": "$$x" },
+                    },
+                ]},
+            }}
         })
         .collect()
 });
@@ -150,17 +160,6 @@ pub fn start_date(start: i64) -> DateTime {
 /// `[value, …]` of an object of values, as an aggregation expression.
 fn values_of(path: &str) -> RawDocumentBuf {
     rawdoc! { "$map": { "input": { "$objectToArray": path }, "in": "$$this.v" } }
-}
-
-/// `{count, sum, min, max}` of the values under `path`, recomputed from them.
-fn aggregates_of(path: &str) -> RawDocumentBuf {
-    let values = values_of(path);
-    rawdoc! {
-        "count": { "$size": { "$objectToArray": path } },
-        "sum": { "$sum": values.clone() },
-        "min": { "$min": values.clone() },
-        "max": { "$max": values },
-    }
 }
 
 /// `{"$ifNull": ["$v", {}]}`: the stored values, or none.
