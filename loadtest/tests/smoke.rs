@@ -12,7 +12,11 @@ fn loadtest(args: &[&str]) -> String {
         "{bin} is missing: `cargo build` (make test does)"
     );
     let results = tempfile::tempdir().expect("temp dir");
-    let out = Command::new(env!("CARGO_BIN_EXE_hourglass-loadtest"))
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hourglass-loadtest"));
+    if let Some(uri) = standin_uri() {
+        cmd.env("MONGODB_URI", uri);
+    }
+    let out = cmd
         .args(["--quiet", "--json", "--results-dir"])
         .arg(results.path())
         .args(["--hourglass-bin", &bin])
@@ -36,6 +40,20 @@ fn loadtest(args: &[&str]) -> String {
         .expect("entry");
     assert!(name.path().join("report.md").exists() && name.path().join("report.json").exists());
     report.to_string()
+}
+
+/// One of the stand-ins `make test` starts (`MONGODB_URIS`), by this
+/// test's nextest slot as the service's tests choose theirs
+/// (tests/api/helpers.rs); none without that list (`MONGODB_URI` then).
+fn standin_uri() -> Option<String> {
+    let list = std::env::var("MONGODB_URIS").unwrap_or_default();
+    let uris: Vec<&str> = list.split_whitespace().collect();
+    let slot = std::env::var("NEXTEST_TEST_GLOBAL_SLOT")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(std::process::id() as usize);
+    uris.get(slot % uris.len().max(1))
+        .map(|uri| (*uri).to_owned())
 }
 
 const SMALL: &[&str] = &["--sensors", "2", "--metrics", "2", "--seconds", "120"];
@@ -288,7 +306,11 @@ fn promql_answers_like_prometheus_next_to_victoria_metrics() {
 
 #[test]
 fn verify_finds_a_dataset_that_was_never_sent() {
-    let out = Command::new(env!("CARGO_BIN_EXE_hourglass-loadtest"))
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hourglass-loadtest"));
+    if let Some(uri) = standin_uri() {
+        cmd.env("MONGODB_URI", uri);
+    }
+    let out = cmd
         .args([
             "--quiet",
             "--no-files",

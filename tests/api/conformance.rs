@@ -435,7 +435,16 @@ async fn check_entry_count(db: &mongodb::Database, s: &Sent) -> Option<String> {
         doc! { "_id": -1_i64, "e": { "a|m": { "g0": { "w": 1_i64 } }, "b|m": { "g1": { "w": 2_i64 } } } },
         doc! { "_id": -2_i64, "at": 0_i64 },
     ];
-    collection.insert_many(planted).await.expect("planted");
+    // Replaced, not inserted: a retried insert (the driver retries a write
+    // whose reply was lost) met its own first attempt as a duplicate key.
+    for d in planted {
+        let id = d.get("_id").cloned().expect("an _id");
+        collection
+            .replace_one(doc! { "_id": id }, d)
+            .upsert(true)
+            .await
+            .expect("planted");
+    }
     let got: Vec<Document> = match collection.aggregate(pipeline).await {
         Ok(cursor) => match cursor.try_collect().await {
             Ok(docs) => docs,

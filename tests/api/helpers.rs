@@ -28,9 +28,13 @@ fn init_tracing() {
 
 /// The server this test process uses. `make test` starts several stand-ins
 /// (`MONGODB_URIS`, space-separated) because one is single-threaded and the
-/// suite mostly waits on it; nextest runs each test in its own process, so
-/// the process id spreads the tests over them. Without that list, or against
-/// a real MongoDB, it is `MONGODB_URI`.
+/// suite mostly waits on it. nextest numbers the tests running at once
+/// (slots); a test of the `heavy` group (`.config/nextest.toml`) takes the
+/// server of its slot in that group, any other test that of its slot in the
+/// run, so no server gets more than its share of the heavy tests (chosen by
+/// process id, three of them once landed on one server and timed out while
+/// the other idled). Without nextest the process id spreads them. Without
+/// that list, or against a real MongoDB, it is `MONGODB_URI`.
 pub fn mongo_uri() -> String {
     static URI: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     URI.get_or_init(|| {
@@ -41,10 +45,25 @@ pub fn mongo_uri() -> String {
                 "MONGODB_URI must point at a MongoDB-compatible server; `make test` starts one and sets it",
             )
         } else {
-            uris[std::process::id() as usize % uris.len()].to_owned()
+            uris[standin_slot() % uris.len()].to_owned()
         }
     })
     .clone()
+}
+
+/// Which of the stand-ins this test takes (see [`mongo_uri`]).
+fn standin_slot() -> usize {
+    let var = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+    };
+    let slot = if std::env::var("NEXTEST_TEST_GROUP").as_deref() == Ok("heavy") {
+        var("NEXTEST_TEST_GROUP_SLOT")
+    } else {
+        var("NEXTEST_TEST_GLOBAL_SLOT")
+    };
+    slot.unwrap_or(std::process::id() as usize)
 }
 
 /// Settings for one test: port 0, its own database, a short flush interval.
