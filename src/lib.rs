@@ -28,7 +28,9 @@
 //!   is the ingestors' way in.
 //! - `store`: the bucket document format, commands cut to the server's
 //!   limits (`store::command`), errors classed as outage or poison
-//!   (`store::errors`), and the MongoDB store with its dead-letter collection.
+//!   (`store::errors`), the rollups in one folder (`store::rollup`: compute,
+//!   encode, write, read, late marks, schedule), and the MongoDB store with
+//!   its dead-letter collection (its rollup side in `store::mongo::rollup`).
 //! - `query`: the pure planner over buckets and rollups, the engine that
 //!   reads through it (with the results cache), PromQL, and uptime's fold
 //!   of windows into coverage (`query::uptime`).
@@ -129,10 +131,10 @@ pub mod pure {
     pub use crate::runtime::WORKER_STACK_BYTES;
     pub use crate::store::command::{Chunk, Commands, Limits, Target};
     pub use crate::store::document::{Form, Versioning, update_statement};
-    pub use crate::store::roll::{ReadBack, roll_hours_of};
-    pub use crate::store::rollup_codec::{
+    pub use crate::store::rollup::codec::{
         decode as rollup_slot_decode, encode as rollup_slot_encode,
     };
+    pub use crate::store::rollup::compute::{ReadBack, roll_hours_of};
     pub use crate::transfer::import::formats::{
         Converter as ImportConverter, Format as ImportFormat,
     };

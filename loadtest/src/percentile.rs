@@ -70,7 +70,7 @@ pub struct RollupBytes {
     pub integrals: u64,
 }
 
-/// The first byte of a slot stored as its summary (`store::rollup_codec`).
+/// The first byte of a slot stored as its summary (`store::rollup::codec`).
 const SUMMARY: u8 = 0x30;
 
 /// [`RollupBytes`] of `(sensor, metric)` in the target's `database`.

@@ -304,7 +304,7 @@ pub struct Slot {
     pub sketch: Option<Sketch>,
     /// The readings themselves, where the roll-up that computed the slot
     /// kept them (see [`Slot::keeping`]): a slot of few readings is stored
-    /// as them, everything else following from them (`store::rollup_codec`).
+    /// as them, everything else following from them (`store::rollup::codec`).
     /// Empty otherwise.
     pub readings: Vec<Sample>,
 }

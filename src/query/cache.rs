@@ -11,7 +11,7 @@
 //! (less a day), so no TTL deletion can change them unseen.
 //!
 //! **Exact by construction**: every write that reaches a closed period
-//! leaves a late marker (`store::late`), and with it an entry in the shared
+//! leaves a late marker (`store::rollup::late`), and with it an entry in the shared
 //! change log (`store::changes`), as does every delete (which marks its
 //! hours) and every rebuild of the rollups. Before a query uses the cache it
 //! reads the log's counter and applies every entry since the last one it

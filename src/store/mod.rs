@@ -5,16 +5,11 @@ pub mod delete;
 pub mod document;
 pub mod errors;
 pub mod floor;
-pub mod late;
 pub mod mongo;
 pub mod raw_writer;
 pub mod registry;
-pub mod roll;
 pub mod rollup;
-pub mod rollup_codec;
-mod rollup_read;
 mod settings;
-pub mod upkeep;
 
 use std::future::Future;
 use std::time::Duration;
@@ -147,7 +142,7 @@ pub trait BucketStore: Sink {
 
     /// The bucket starts of each of `sensors` (for `metric`) in `[from, to)`
     /// whose rollup slots are stale until their hour is rolled up again
-    /// (`store::late`), sorted; and what reading them cost.
+    /// (`store::rollup::late`), sorted; and what reading them cost.
     fn late(
         &self,
         sensors: &[&str],

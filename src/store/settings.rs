@@ -22,7 +22,7 @@ pub struct BucketSettings {
     pub rollup_after: Duration,
     /// An hour written after it ended is marked late (queries read its
     /// buckets) and rolled up again once no write has marked it for this
-    /// long, a minute after its first mark at the latest (see `store::late`).
+    /// long, a minute after its first mark at the latest (see `store::rollup::late`).
     #[serde(with = "humantime_serde")]
     pub late_rollup_after: Duration,
     /// The relative accuracy of the percentile sketch each rollup slot

@@ -12,7 +12,7 @@ use tracing::info;
 
 use super::command::Limits;
 use super::errors::{self, Class};
-use super::upkeep::Upkeep;
+use super::rollup::schedule::Upkeep;
 use super::{
     BucketStore, BucketStream, Doc, Fetch, Labels, Read, SensorInfo, SensorQuery, StoreError,
 };
@@ -26,19 +26,14 @@ mod delete;
 mod driver_cpu;
 mod indexes;
 mod instances;
-mod late;
 mod metadata;
-mod outbox;
 mod read;
-mod rebuild;
 mod registry;
 mod replies;
-mod rollups;
+mod rollup;
 mod settings;
 mod shapes;
 mod sink;
-mod upkeep_reads;
-mod upkeep_task;
 mod write;
 
 pub use dead_letters::{MAX_LISTED as MAX_LISTED_DEAD_LETTERS, Redriven};
@@ -75,7 +70,7 @@ pub struct MongoStore {
     buckets: Collection<Document>,
     dead_letters: Collection<Document>,
     rollups: Collection<Document>,
-    /// Late markers (see `store::late`).
+    /// Late markers (see `store::rollup::late`).
     late: Collection<Document>,
     sensors: Collection<Document>,
     /// The metadata document (see `metadata`).
@@ -95,7 +90,7 @@ pub struct MongoStore {
     limits: Limits,
     /// The URI's write concern, encoded once for every command.
     write_concern: Option<RawDocumentBuf>,
-    /// Open hours written, rolled up once they end (see `store::upkeep`).
+    /// Open hours written, rolled up once they end (see `store::rollup::schedule`).
     upkeep: Arc<Mutex<Upkeep>>,
     /// Seconds after an hour ends before the upkeep rolls it up anyway.
     close_after: i64,

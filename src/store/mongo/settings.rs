@@ -36,7 +36,7 @@ pub struct Settings {
     /// Hour and day summaries of the buckets (see `store::rollup`).
     pub rollup_collection: String,
     /// Late markers: hours written after they ended, to roll up again (see
-    /// `store::late`).
+    /// `store::rollup::late`).
     pub late_collection: String,
     /// The sensor registry: metrics, labels, last seen.
     pub sensor_collection: String,

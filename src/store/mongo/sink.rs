@@ -13,7 +13,7 @@ use crate::domain::BucketUpdate;
 use crate::store::StoreError;
 use crate::store::document::dead_letter_document;
 use crate::store::errors::{self, Class};
-use crate::store::upkeep::HOUR;
+use crate::store::rollup::schedule::HOUR;
 
 /// Whether every error of an unordered insert is a duplicate key.
 fn only_duplicates(e: &mongodb::error::Error) -> bool {
@@ -163,7 +163,7 @@ impl MongoStore {
         // ended ones written into are marked late (after their buckets,
         // before the batch counts as stored: queries read the marked buckets
         // instead of their stale slots) and rolled up once their writes
-        // pause (see `store::late`).
+        // pause (see `store::rollup::late`).
         let now = unix_now();
         self.upkeep().stored(stored.iter().copied(), now);
         match self.mark_late(&stored, now).await {

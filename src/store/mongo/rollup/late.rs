@@ -1,4 +1,4 @@
-//! Late markers on MongoDB (see `store::late`): written by a flush into
+//! Late markers on MongoDB (see `store::rollup::late`): written by a flush into
 //! ended hours, read by queries, rolled up and removed by the upkeep.
 
 use std::collections::BTreeSet;
@@ -7,24 +7,24 @@ use std::time::Duration;
 use futures_util::TryStreamExt;
 use mongodb::bson::{Bson, Document, RawDocumentBuf, doc, oid::ObjectId};
 
-use super::upkeep_reads::Written;
-use super::{MongoStore, classify, classify_read, unix_now};
+use super::reads::Written;
 use crate::domain::{BucketUpdate, Granularity};
-use crate::store::late::{self, Entry};
+use crate::store::mongo::{MongoStore, classify, classify_read, unix_now};
 use crate::store::raw_writer::{Open, Writer, index_key};
-use crate::store::upkeep::Job;
+use crate::store::rollup::late::{self, Entry};
+use crate::store::rollup::schedule::Job;
 use crate::store::{Read, StoreError};
 
 /// Entries the upkeep rolls up in one pass.
-pub(super) const ENTRIES_PER_PASS: usize = 20_000;
+pub(in crate::store::mongo) const ENTRIES_PER_PASS: usize = 20_000;
 /// Entries rolled up, then cleared, together: a backfill's hours are read
 /// from their rollups step by step as the upkeep catches up, not once the
 /// whole pass is done. (About a second of the stand-in's work; a real
 /// MongoDB takes a fraction of it.)
-pub(super) const ENTRIES_PER_STEP: usize = 500;
+pub(in crate::store::mongo) const ENTRIES_PER_STEP: usize = 500;
 /// A marked hour is rolled up this long after its first mark at the
 /// latest, however often it is marked again (a backfill that goes on).
-pub(super) const LATEST_AFTER: i64 = 60;
+pub(in crate::store::mongo) const LATEST_AFTER: i64 = 60;
 /// Bytes of one entry in a statement, above its key: field names, token,
 /// minutes and BSON framing (generous).
 const ENTRY_BYTES: usize = 64;
@@ -100,7 +100,7 @@ impl MongoStore {
     /// Marks the ended hours `stored` wrote into, as of `now` (epoch
     /// seconds): after their buckets, before the flush counts as stored.
     /// Answers the round trips it took.
-    pub(super) async fn mark_late(
+    pub(in crate::store::mongo) async fn mark_late(
         &self,
         stored: &[&BucketUpdate],
         now: i64,
@@ -115,7 +115,8 @@ impl MongoStore {
         let ordering = std::sync::atomic::Ordering::AcqRel;
         self.last_mark.fetch_max(now, ordering);
         let written = self.write_marks(&marks, now).await;
-        self.last_mark.fetch_max(super::unix_now(), ordering);
+        self.last_mark
+            .fetch_max(crate::store::mongo::unix_now(), ordering);
         let written = written?;
         // What the query caches of every instance drop (see `changes`).
         let ended: Vec<&BucketUpdate> = stored
@@ -181,7 +182,7 @@ impl MongoStore {
 
     /// The bucket starts of each of `sensors` (for `metric`) marked late in
     /// `[from, to)`, sorted.
-    pub(super) async fn late_starts(
+    pub(in crate::store::mongo) async fn late_starts(
         &self,
         sensors: &[&str],
         metric: &str,
@@ -405,7 +406,7 @@ impl MongoStore {
 
     /// Series-hours marked late, over every instance: the hours whose reads
     /// go to their buckets until the upkeep rolls them up.
-    pub(super) async fn count_late(&self) -> Result<u64, StoreError> {
+    pub(in crate::store::mongo) async fn count_late(&self) -> Result<u64, StoreError> {
         let pipeline = [
             doc! { "$project": { "n": { "$size": { "$objectToArray": { "$ifNull": ["$e", {}] } } } } },
             doc! { "$group": { "_id": Bson::Null, "n": { "$sum": "$n" } } },

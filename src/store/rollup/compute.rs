@@ -1,14 +1,14 @@
 //! Rolling up (pure): buckets read back per series, and the slots of an
-//! hour, a day and thirty days computed from them (`rollup` encodes them
-//! and builds the statements; `mongo::rollups` reads and writes).
+//! hour, a day and thirty days computed from them (`write` encodes them
+//! and builds the statements; `mongo::rollup` reads and writes).
 
 use mongodb::bson::RawDocument;
 
-use super::StoreError;
-use super::document::read_bucket;
-use super::rollup::all_slots;
-use super::upkeep::HOUR;
+use super::schedule::HOUR;
+use super::write::all_slots;
 use crate::domain::{BucketRead, Granularity, Period, RollupRead, Sample, Slot};
+use crate::store::StoreError;
+use crate::store::document::read_bucket;
 
 /// A bucket's readings as samples, in time order.
 pub fn samples(b: &BucketRead) -> Vec<Sample> {

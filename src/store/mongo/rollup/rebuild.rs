@@ -8,11 +8,11 @@ use futures_util::TryStreamExt;
 use mongodb::bson::{Document, doc};
 use tracing::info;
 
-use super::{MongoStore, classify};
 use crate::domain::Period;
 use crate::store::StoreError;
 use crate::store::document::start_date;
-use crate::store::upkeep::{HOUR, Job};
+use crate::store::mongo::{MongoStore, classify};
+use crate::store::rollup::schedule::{HOUR, Job};
 
 const DAY: i64 = 86_400;
 

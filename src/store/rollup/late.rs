@@ -41,9 +41,9 @@
 
 use mongodb::bson::{Bson, Document, doc, oid::ObjectId};
 
+use super::schedule::HOUR;
 use crate::domain::{BucketUpdate, Granularity};
 use crate::store::raw_writer::Writer;
-use crate::store::upkeep::HOUR;
 
 /// Partitions of an hour's markers.
 pub const PARTITIONS: i64 = 16;
@@ -347,7 +347,7 @@ pub fn starts(hour: i64, minutes: u64, granularity: Granularity) -> Vec<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::upkeep::tests::update;
+    use crate::store::rollup::schedule::tests::update;
     use proptest::prelude::*;
 
     /// The statement [`write_mark_statement`] writes, as a `Document`.

@@ -1,8 +1,8 @@
 //! When each hour of each series is rolled up: the pure core of the rollup
-//! upkeep (see `rollup`), with the clock passed in.
+//! upkeep (see the folder's page), with the clock passed in.
 //!
 //! A flush reports what it stored. Each `(series, hour)` whose hour has
-//! ended is handed back: the flush marks it late (`store::late`), before it
+//! ended is handed back: the flush marks it late (`store::rollup::late`), before it
 //! counts as stored, and it is rolled up once writes into it pause. An hour
 //! still open is remembered, with a sequence number of its last write, and
 //! is due `close_after` after it ends, unless a roll-up of the hours marked

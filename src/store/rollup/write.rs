@@ -1,50 +1,17 @@
-//! Rollups, MongoDB's computed pattern: one document per (sensor, metric,
-//! period) for hours (minute buckets only), days and thirty days, each
-//! holding a [`Slot`] per sub-period that has readings (minutes of an hour,
-//! hours of a day, days of thirty), so a range of any length is answered
-//! from a few documents.
-//!
-//! **Upkeep follows the work.** An hour is rolled up once it has ended: its
-//! buckets are read, every level's slots computed here from their values
-//! (`domain::Summary`), and each touched document updated by one pipeline
-//! statement. A flush that stores a bucket of an hour that has ended marks
-//! that hour late before the batch counts as stored (late readings, a
-//! backfill, the held buckets written just after their window), and the
-//! hour is rolled up once writes into it pause ([`super::late`]); the hours
-//! still open are remembered ([`super::upkeep`]) and rolled up once they
-//! end. So a live series costs one hour document and one day document a
-//! hour, plus a 30-day document a day, and a flush of `k` buckets does
-//! `O(k)` upkeep work whatever the fleet's size.
-//!
-//! **Completeness.** Each document's `complete` is a bitmask of the slots
-//! that hold every reading of their span (or none, if the slot has no
-//! entry): a slot becomes complete when its span is rolled up after it
-//! ended, and every later write into it is marked late before it counts as
-//! stored. Queries use only complete slots over buckets not marked late and
-//! read one level down for the rest (`query::plan`), so an answer is exact
-//! whatever the upkeep has done so far; the upkeep only decides how few
-//! documents it takes.
-//!
-//! **Many writers.** Every slot carries `w`, the write count of the sources
-//! it was computed from (buckets count their writes in `n`), and a slot is
-//! replaced only by one computed from at least as many writes. A rollup
-//! computed from an older read never overwrites a newer one, whichever
-//! instance (or rebuild) lands last.
-//!
-//! Pure: this encodes slots and builds statements; `mongo::rollups` reads
-//! and writes.
+//! A rollup document's update statement (see the folder's page): each
+//! slot encoded (`codec`) under `s.<k>` with its write count, replaced only
+//! by one computed from at least as many writes.
 
 use std::sync::LazyLock;
 
 use mongodb::bson::{RawDocumentBuf, rawdoc};
 
-use super::raw_writer::{Writer, index_key};
-use super::rollup_codec;
-pub use super::rollup_read::read_rollup;
+use super::codec;
 use crate::domain::{Period, Slot};
+use crate::store::raw_writer::{Writer, index_key};
 
 /// The rollup document layout: each slot one binary value (its readings
-/// or its summary: `rollup_codec`) under `s.<k>`, its write count under
+/// or its summary: `codec`) under `s.<k>`, its write count under
 /// `w.<k>`, and the completeness bitmask. Versions 1 and 2 (slots as
 /// documents of named fields, several times the bytes) are read as holding
 /// nothing complete: the planner reads below them until the upkeep or
@@ -130,7 +97,7 @@ fn statement_fields(
             continue;
         }
         let at = bytes.len();
-        rollup_codec::encode(slot, &mut bytes);
+        codec::encode(slot, &mut bytes);
         encoded.push((k as usize, forced, slot.n, at..bytes.len()));
     }
     // `s` before `w`: each guard reads the stored `w` (a stage's fields
@@ -261,6 +228,7 @@ mod tests {
     use super::*;
     use crate::domain::Sample;
     use crate::store::document::start_date;
+    use crate::store::rollup::read_rollup;
     use mongodb::bson::{Bson, doc};
     use mongodb::bson::{RawArrayBuf, RawBson};
     use proptest::prelude::*;
@@ -325,7 +293,7 @@ mod tests {
                 continue;
             }
             let mut bytes = Vec::new();
-            rollup_codec::encode(slot, &mut bytes);
+            codec::encode(slot, &mut bytes);
             let encoded = RawBson::Binary(mongodb::bson::Binary {
                 subtype: mongodb::bson::spec::BinarySubtype::Generic,
                 bytes,

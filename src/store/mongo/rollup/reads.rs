@@ -6,25 +6,25 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use mongodb::bson::{Bson, Document, RawDocument, doc};
 
-use super::MongoStore;
-use super::shapes::Series;
 use crate::domain::{BucketRead, Granularity, Period, RollupRead, Slot};
 use crate::store::StoreError;
 use crate::store::document::start_date;
-use crate::store::roll::{Hour, ReadBack, roll_hour, roll_hours_of};
+use crate::store::mongo::MongoStore;
+use crate::store::mongo::shapes::Series;
+use crate::store::rollup::compute::{Hour, ReadBack, roll_hour, roll_hours_of};
+use crate::store::rollup::schedule::HOUR;
 use crate::store::rollup::{all_slots, read_rollup};
-use crate::store::upkeep::HOUR;
 
 /// Sensors in one `$in` of the upkeep's reads.
-pub(super) const SENSORS_PER_READ: usize = 200;
+pub(in crate::store::mongo) const SENSORS_PER_READ: usize = 200;
 
 /// What a roll-up reads of a bucket.
-pub(super) fn bucket_fields() -> Document {
+pub(in crate::store::mongo) fn bucket_fields() -> Document {
     doc! { "_id": 0, "sensor": 1, "metric": 1, "start": 1, "v": 1, "n": 1, "count": 1, "sum": 1, "min": 1, "max": 1, "schema_version": 1 }
 }
 
 /// The series of a bucket or rollup document read.
-pub(super) fn series_of(d: &RawDocument) -> Series {
+pub(in crate::store::mongo) fn series_of(d: &RawDocument) -> Series {
     (
         d.get_str("sensor").unwrap_or_default().to_owned(),
         d.get_str("metric").unwrap_or_default().to_owned(),
@@ -59,7 +59,7 @@ impl std::ops::AddAssign for Upkept {
 impl MongoStore {
     /// Reads the buckets of the hours asked, per series, and rolls each hour
     /// up (an hour with no bucket rolls up to an empty slot).
-    pub(super) async fn roll_hours(
+    pub(in crate::store::mongo) async fn roll_hours(
         &self,
         hours: &BTreeMap<Series, BTreeSet<i64>>,
         written: Option<&Written>,
@@ -251,7 +251,7 @@ impl MongoStore {
     }
 
     /// The rollup documents of `period` asked for, per series and start.
-    pub(super) async fn read_rollups(
+    pub(in crate::store::mongo) async fn read_rollups(
         &self,
         period: Period,
         asked: &BTreeMap<Series, BTreeSet<i64>>,

@@ -1,13 +1,13 @@
-//! Reading rollup documents back (`rollup` writes them): each slot's bytes
-//! decoded (`rollup_codec`) with its write count, its sketch at the
+//! Reading rollup documents back (`write` writes them): each slot's bytes
+//! decoded (`codec`) with its write count, its sketch at the
 //! accuracy asked.
 
 use mongodb::bson::{RawBsonRef, RawDocument};
 
-use super::StoreError;
-use super::document::{elements, raw_number, raw_seconds};
-use super::rollup_codec;
+use super::codec;
 use crate::domain::{Period, RollupRead};
+use crate::store::StoreError;
+use crate::store::document::{elements, raw_number, raw_seconds};
 
 /// Parses a rollup document of `period`, with its slots' sketches at the
 /// accuracy `sketches` if given. A version-1 document holds nothing
@@ -91,7 +91,7 @@ pub fn read_rollup(
             // A count of 1 is not stored (see `rollup::write_statement`).
             let writes = n[index as usize].unwrap_or(1);
             slots.push(
-                rollup_codec::decode(
+                codec::decode(
                     bytes.bytes,
                     start + index * period.slot_seconds(),
                     writes,

@@ -5,9 +5,10 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 
-use super::{MongoStore, late, unix_now, upkeep_reads};
+use super::{late, reads};
 use crate::store::StoreError;
-use crate::store::upkeep::Job;
+use crate::store::mongo::{MongoStore, unix_now};
+use crate::store::rollup::schedule::Job;
 
 /// How long until the wall clock reaches `due` (epoch seconds), a little
 /// past it; a long time when it has already passed (nothing of ours falls
@@ -30,7 +31,7 @@ impl MongoStore {
         &self,
         jobs: &[Job],
         now: i64,
-        written: Option<&upkeep_reads::Written>,
+        written: Option<&reads::Written>,
         replace: bool,
     ) -> Result<usize, StoreError> {
         let cost = self.roll_up(jobs, now, written, replace).await?;
@@ -44,8 +45,8 @@ impl MongoStore {
     }
 
     /// Rolls up the hours this instance wrote into while they were open,
-    /// once they are due (see `store::upkeep`), and the hours any instance
-    /// marked late once their writes pause (see `store::late`), until `stop`
+    /// once they are due (see `store::rollup::schedule`), and the hours any instance
+    /// marked late once their writes pause (see `store::rollup::late`), until `stop`
     /// resolves; then the ones that ended (this instance writes nothing
     /// more) and every late marker.
     pub async fn run_upkeep(self: Arc<Self>, stop: impl std::future::Future<Output = ()>) {

@@ -1,4 +1,4 @@
-//! Runs the rollup upkeep (`store::rollup`, `store::upkeep`): reads the
+//! Runs the rollup upkeep (`store::rollup`): reads the
 //! buckets of the hours to roll up, computes every level, writes the slots.
 //! `hourglass rebuild-rollups` drives it over whole periods (`rebuild`).
 
@@ -6,16 +6,16 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use mongodb::bson::{Bson, RawDocumentBuf};
 
-use super::MongoStore;
 use super::outbox::Outbox;
-use super::shapes::Series;
-use super::upkeep_reads::{SENSORS_PER_READ, Upkept, Written};
+use super::reads::{SENSORS_PER_READ, Upkept, Written};
 use crate::domain::{Granularity, Period, RollupRead, Slot};
 use crate::store::StoreError;
+use crate::store::mongo::MongoStore;
+use crate::store::mongo::shapes::Series;
 use crate::store::raw_writer::Writer;
-use crate::store::roll::roll_day;
+use crate::store::rollup::compute::roll_day;
+use crate::store::rollup::schedule::{HOUR, Job};
 use crate::store::rollup::write_statement;
-use crate::store::upkeep::{HOUR, Job};
 
 const DAY: i64 = 86_400;
 

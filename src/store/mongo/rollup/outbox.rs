@@ -12,7 +12,7 @@ use crate::store::raw_writer::{self, Writer, index_key};
 /// series holds one command at a time (an hour document's statement is some
 /// 25 KB; a backfill's 1 200 series-hours were 30 MB at once), and each
 /// statement is written once, where it had been built alone and copied in.
-pub(super) struct Outbox {
+pub(in crate::store::mongo) struct Outbox {
     collection: String,
     limits: Limits,
     open: Option<Open>,
@@ -29,7 +29,7 @@ struct Open {
 }
 
 impl Outbox {
-    pub(super) fn new(collection: &str, limits: Limits) -> Self {
+    pub(in crate::store::mongo) fn new(collection: &str, limits: Limits) -> Self {
         Self {
             collection: collection.to_owned(),
             limits,
@@ -42,7 +42,7 @@ impl Outbox {
     /// with its statement count, when the statement would take its
     /// statements past half the command budget or the command holds the
     /// most a write batch may: to be sent now.
-    pub(super) fn push(
+    pub(in crate::store::mongo) fn push(
         &mut self,
         write: impl Fn(&mut Writer, &str),
     ) -> Result<Option<(RawDocumentBuf, usize)>, StoreError> {
@@ -73,7 +73,9 @@ impl Outbox {
     }
 
     /// The command written so far, if any, closed.
-    pub(super) fn take(&mut self) -> Result<Option<(RawDocumentBuf, usize)>, StoreError> {
+    pub(in crate::store::mongo) fn take(
+        &mut self,
+    ) -> Result<Option<(RawDocumentBuf, usize)>, StoreError> {
         let Some(Open {
             mut w,
             root,
