@@ -108,7 +108,7 @@ ensure_secantus() {
 # Exports SECANTUSD either way: fault tests run private servers they can stop.
 # HOURGLASS_STANDINS=N (in-memory only) starts N servers and lists them all in
 # MONGODB_URIS: one stand-in is a single Python thread, and the test suite
-# spreads its tests over several (tests/api/helpers.rs, `mongo_uri`).
+# spreads its tests over several (tests/api/support/helpers.rs, `mongo_uri`).
 start_mongo() {
   ensure_secantus
   export SECANTUSD="$VENV/bin/secantusd-py"

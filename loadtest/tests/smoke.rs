@@ -44,7 +44,7 @@ fn loadtest(args: &[&str]) -> String {
 
 /// One of the stand-ins `make test` starts (`MONGODB_URIS`), by this
 /// test's nextest slot as the service's tests choose theirs
-/// (tests/api/helpers.rs); none without that list (`MONGODB_URI` then).
+/// (tests/api/support/helpers.rs); none without that list (`MONGODB_URI` then).
 fn standin_uri() -> Option<String> {
     let list = std::env::var("MONGODB_URIS").unwrap_or_default();
     let uris: Vec<&str> = list.split_whitespace().collect();

@@ -3,18 +3,15 @@
 
 mod alerts;
 mod auth;
-mod broker;
 mod buckets;
 mod cache;
 mod conformance;
 mod console;
-mod database;
 mod deployment;
 mod docs;
 mod engine;
 mod faults;
 mod fleet;
-mod helpers;
 mod hostile;
 mod hostile_edges;
 mod hostile_surfaces;
@@ -24,13 +21,15 @@ mod journal;
 mod lifecycle;
 mod mqtt;
 mod operations;
-mod plans;
 mod prom;
-mod python;
 mod quantiles;
 mod query;
 mod scale;
 mod silence;
 mod sparkplug;
+mod support;
 mod weighting;
 mod write_path;
+
+// The suites name the support modules from the crate's root.
+use support::{broker, database, helpers, plans, python};

@@ -1,0 +1,311 @@
+//! The one-sensor routes: a sensor's average, series and newest reading.
+
+use axum::Json;
+use axum::extract::{Extension, Path, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+use crate::api::ApiError;
+use crate::api::AppState;
+use crate::api::params::Params;
+use crate::auth::Principal;
+use crate::domain::{Labels, SensorId};
+use crate::query::{Cost, Grid, Series};
+use crate::store::BucketStore;
+
+use super::{AverageResponse, LatestResponse, Point, SeriesResponse, groups, quantiles, weighting};
+use super::{
+    admit, coarse, coarse_header, csv_point, csv_response, evaluate_figures, format_ms,
+    format_start, metric, parse_tz, point_columns, points_of, range, series_grid, store_error,
+    wants_csv,
+};
+
+pub(super) fn sensor_param(principal: &Principal, sensor: &str) -> Result<(), ApiError> {
+    principal.check_sensors(std::iter::once(sensor))?;
+    SensorId::parse(sensor).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    Ok(())
+}
+
+/// Count, sum, mean, min and max of one sensor's metric over a range, exact.
+#[utoipa::path(get, path = "/api/v1/sensors/{sensor}/average",
+    params(("sensor" = String, Path), ("metric" = Option<String>, Query), ("from" = String, Query), ("to" = String, Query),
+        ("weighting" = Option<String>, Query), ("staleness" = Option<String>, Query),
+        ("quantiles" = Option<String>, Query, description = "e.g. 0.5,0.95,0.99: percentiles from rollups' sketches")),
+    responses((status = 200, body = AverageResponse)))]
+pub async fn average<S: BucketStore>(
+    State(state): State<AppState<S>>,
+    Extension(principal): Extension<Principal>,
+    Path(sensor): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<AverageResponse>, ApiError> {
+    sensor_param(&principal, &sensor)?;
+    let params = Params::parse(
+        raw.as_deref(),
+        &[
+            "metric",
+            "from",
+            "to",
+            "weighting",
+            "staleness",
+            "quantiles",
+        ],
+        false,
+    )?;
+    let metric = metric(&params)?;
+    let weighing = weighting::weighing(&state, &params)?;
+    let asked = quantiles::quantiles(&params)?;
+    let mut r = range(&state, &params)?;
+    let coarse = coarse(&state, &mut r, None)?;
+    let series = [(Series::of(&sensor), 0)];
+    let grid = Grid::whole(r.from, r.to);
+    let limit = match weighing {
+        Some(how) => Some(one_limit(&state, "average", &sensor, &how).await?),
+        None => None,
+    };
+    let (mut aggregates, sketches) = match weighing.zip(limit) {
+        Some((how, limit)) => {
+            let one = [(series[0].0, 0, limit)];
+            let figures = weighting::weighted_points(
+                &state,
+                "average",
+                &metric,
+                &r,
+                &grid,
+                &one,
+                1,
+                how.weighting,
+            )
+            .await?;
+            let (w, agg) = figures
+                .first()
+                .and_then(|g| g.first())
+                .copied()
+                .unwrap_or_default();
+            let mut point = Point::new(None, &agg);
+            point.avg = w.average();
+            point.held_seconds = Some(w.held);
+            let sketches = quantiles::sketches(
+                &state,
+                "average",
+                &metric,
+                &r,
+                &grid,
+                &series,
+                1,
+                asked.as_ref(),
+            )
+            .await?;
+            (point, sketches)
+        }
+        None => {
+            let f = evaluate_figures(
+                &state,
+                "average",
+                &metric,
+                &r,
+                grid,
+                &series,
+                1,
+                asked.is_some(),
+            )
+            .await?;
+            (Point::new(None, &f.aggs[0][0]), f.sketches)
+        }
+    };
+    if let Some(q) = &asked {
+        q.annotate(
+            std::slice::from_mut(&mut aggregates),
+            sketches.first().map_or(&[][..], Vec::as_slice),
+        );
+    }
+    Ok(Json(AverageResponse {
+        sensor,
+        metric: metric.to_string(),
+        from: format_ms(r.from_ms),
+        to: format_ms(r.to_ms),
+        aggregates,
+        weighting: weighing.map(|w| w.name()),
+        staleness_seconds: limit,
+        coarse,
+    }))
+}
+
+/// One sensor's staleness limit: the request's, else its label's (one
+/// registry read), else the fleet's.
+async fn one_limit<S: BucketStore>(
+    state: &AppState<S>,
+    endpoint: &str,
+    sensor: &str,
+    how: &weighting::Weighing,
+) -> Result<i64, ApiError> {
+    let labels = if how.asked() {
+        Labels::default()
+    } else {
+        groups::labels_of(state, endpoint, sensor).await?
+    };
+    Ok(how.limit(&labels))
+}
+
+/// One sensor's metric as a step series (JSON or CSV).
+#[utoipa::path(get, path = "/api/v1/sensors/{sensor}/series",
+    params(("sensor" = String, Path), ("metric" = Option<String>, Query), ("from" = String, Query), ("to" = String, Query),
+        ("step" = String, Query), ("tz" = Option<String>, Query), ("format" = Option<String>, Query),
+        ("weighting" = Option<String>, Query), ("staleness" = Option<String>, Query),
+        ("quantiles" = Option<String>, Query, description = "e.g. 0.5,0.95,0.99: percentiles from rollups' sketches")),
+    responses((status = 200, body = SeriesResponse), (status = 200, content_type = "text/csv", body = String)))]
+pub async fn series<S: BucketStore>(
+    State(state): State<AppState<S>>,
+    Extension(principal): Extension<Principal>,
+    Path(sensor): Path<String>,
+    headers: HeaderMap,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    sensor_param(&principal, &sensor)?;
+    let params = Params::parse(
+        raw.as_deref(),
+        &[
+            "metric",
+            "from",
+            "to",
+            "step",
+            "tz",
+            "format",
+            "weighting",
+            "staleness",
+            "quantiles",
+        ],
+        false,
+    )?;
+    let csv = wants_csv(&headers, &params)?;
+    let metric = metric(&params)?;
+    let weighing = weighting::weighing(&state, &params)?;
+    let asked = quantiles::quantiles(&params)?;
+    let tz = parse_tz(&params)?;
+    let mut r = range(&state, &params)?;
+    let grid = series_grid(&state, &params, &r, tz.as_ref().map(|t| &t.1))?;
+    let coarse = coarse(&state, &mut r, Some(&grid))?;
+    let series = [(Series::of(&sensor), 0)];
+    let zone = tz.as_ref().map(|t| &t.1);
+    let limit = match weighing {
+        Some(how) => Some(one_limit(&state, "series", &sensor, &how).await?),
+        None => None,
+    };
+    let (mut points, sketches) = match weighing.zip(limit) {
+        Some((how, limit)) => {
+            let one = [(series[0].0, 0, limit)];
+            let figures = weighting::weighted_points(
+                &state,
+                "series",
+                &metric,
+                &r,
+                &grid,
+                &one,
+                1,
+                how.weighting,
+            )
+            .await?;
+            let none = Vec::new();
+            let points =
+                weighting::weighted_points_of(&grid, figures.first().unwrap_or(&none), zone)?;
+            let sketches = quantiles::sketches(
+                &state,
+                "series",
+                &metric,
+                &r,
+                &grid,
+                &series,
+                1,
+                asked.as_ref(),
+            )
+            .await?;
+            (points, sketches)
+        }
+        None => {
+            let f = evaluate_figures(
+                &state,
+                "series",
+                &metric,
+                &r,
+                grid.clone(),
+                &series,
+                1,
+                asked.is_some(),
+            )
+            .await?;
+            (points_of(&grid, &f.aggs[0], zone)?, f.sketches)
+        }
+    };
+    if let Some(q) = &asked {
+        q.annotate(&mut points, sketches.first().map_or(&[][..], Vec::as_slice));
+    }
+    if csv {
+        let mut response = csv_response(|w| {
+            w.write_record(point_columns(weighing.is_some(), asked.as_ref()))?;
+            for p in &points {
+                w.write_record(csv_point(&[], p))?;
+            }
+            Ok(())
+        });
+        coarse_header(&mut response, coarse.as_ref());
+        return Ok(response);
+    }
+    Ok(Json(SeriesResponse {
+        sensor,
+        metric: metric.to_string(),
+        from: format_ms(r.from_ms),
+        to: format_ms(r.to_ms),
+        step: params.get("step").unwrap_or_default().to_owned(),
+        tz: tz.map_or_else(|| "UTC".to_owned(), |t| t.0),
+        weighting: weighing.map(|w| w.name()),
+        staleness_seconds: limit,
+        points,
+        coarse,
+    })
+    .into_response())
+}
+
+/// A sensor's latest reading of a metric, stored or still held in memory.
+#[utoipa::path(get, path = "/api/v1/sensors/{sensor}/latest",
+    params(("sensor" = String, Path), ("metric" = Option<String>, Query)),
+    responses((status = 200, body = LatestResponse), (status = 404, description = "No readings")))]
+pub async fn latest<S: BucketStore>(
+    State(state): State<AppState<S>>,
+    Extension(principal): Extension<Principal>,
+    Path(sensor): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<LatestResponse>, ApiError> {
+    sensor_param(&principal, &sensor)?;
+    let params = Params::parse(raw.as_deref(), &["metric"], false)?;
+    let metric = metric(&params)?;
+    let admitted = admit(&state).await?;
+    let work = crate::query::latest(
+        state.store.as_ref(),
+        &state.batcher,
+        (&sensor, metric.as_str()),
+        None,
+        admitted.max_time(),
+    );
+    let found = admitted
+        .within(async { work.await.map_err(store_error) })
+        .await?;
+    admitted.done(
+        &state,
+        "latest",
+        Cost {
+            documents: 1,
+            round_trips: 1,
+        },
+    );
+    let (ts, value) = found.ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("sensor {sensor} has no readings of metric {metric}"),
+        )
+    })?;
+    Ok(Json(LatestResponse {
+        sensor,
+        metric: metric.to_string(),
+        ts: format_start(ts, None)?,
+        value,
+    }))
+}
