@@ -172,6 +172,8 @@ impl TestApp {
             if r.status() != 503 || attempts == 5 {
                 return r;
             }
+            // As the answer's Retry-After asks.
+            tokio::time::sleep(Duration::from_secs(1)).await;
         }
     }
 
