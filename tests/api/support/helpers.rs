@@ -81,9 +81,10 @@ pub fn test_settings() -> Settings {
     s.http.write_timeout = Duration::from_secs(120);
     s.http.request_timeout = Duration::from_secs(150);
     // Likewise a read: the console's fleet listing answered 503 after the
-    // shipped 10 s in CI while the stand-in served other tests' work. The
-    // tests of the query timeout set their own.
-    s.query.timeout = Duration::from_secs(60);
+    // shipped 10 s in CI while the stand-in served other tests' work, and a
+    // PromQL range after 60 s while the heavy tests ran. The tests of the
+    // query timeout set their own.
+    s.query.timeout = Duration::from_secs(120);
     s.mqtt.enabled = false;
     // Most tests check what is stored when the answer comes, which is what
     // the service does with the journal off; the journal tests turn it on.
