@@ -18,12 +18,18 @@
 //! applied, dropping what each touched, on every instance alike. An entry
 //! not readable yet (its counter taken, its document not written) stops
 //! the cache for that query; a log that no longer reaches back (its entries
-//! expire after a day) empties it.
+//! expire after a day) empties it. A query keeps what it read only if no
+//! change applied since its own look at the log touched it: a write landing
+//! between its read and its keeping is dropped before it is kept, not after.
+//!
+//! A cell of an hour marked late is kept too: it was read from the buckets
+//! (the truth, not the stale rollup), and any later write to that hour
+//! leaves its own change entry, as every write into an ended hour does.
 //!
 //! **Bounded**: `query.cache_bytes`; the series used least recently go first.
 //! The state is behind one mutex, held only for map operations.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 
 use lru::LruCache;
@@ -51,7 +57,15 @@ struct Inner {
     applied: i64,
     /// Since when (epoch seconds) the next entry has been missing.
     missing_since: Option<i64>,
+    /// The last changes applied, consecutive, up to `applied`: what a query
+    /// that looked at the log earlier drops from what it keeps.
+    recent: VecDeque<Change>,
 }
+
+/// Changes remembered for queries that looked at the log before them.
+const RECENT: usize = 256;
+/// A remembered change naming more series counts as one of every series.
+const RECENT_SERIES: usize = 64;
 
 /// Counters for the metrics.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -101,6 +115,7 @@ impl ResultCache {
                 bytes: 0,
                 applied: -1,
                 missing_since: None,
+                recent: VecDeque::new(),
             }),
             max_bytes,
             stats: Mutex::new(Stats::default()),
@@ -151,6 +166,16 @@ impl ResultCache {
             invalidate(&mut inner, c);
             inner.applied = c.seq;
             inner.missing_since = None;
+            if inner.recent.len() == RECENT {
+                inner.recent.pop_front();
+            }
+            // Remembered in short: a change of many series as one of all.
+            inner.recent.push_back(Change {
+                seq: c.seq,
+                series: c.series.as_ref().filter(|s| s.len() <= RECENT_SERIES).cloned(),
+                from: c.from,
+                to: c.to,
+            });
         }
         if inner.applied >= now {
             inner.missing_since = None;
@@ -201,8 +226,17 @@ impl ResultCache {
         out
     }
 
-    /// Keeps `cells` (each with its stored seconds) of a series.
-    pub fn put(&self, sensor: &str, metric: &str, need: Need, cells: &[((i64, i64), &Cell)]) {
+    /// Keeps `cells` (each with its stored seconds) of a series, read by a
+    /// query that had applied the log up to `seen` ([`ResultCache::applied`]
+    /// after its sync): cells a change applied since touched are not kept.
+    pub fn put(
+        &self,
+        sensor: &str,
+        metric: &str,
+        need: Need,
+        cells: &[((i64, i64), &Cell)],
+        seen: i64,
+    ) {
         let Some(code) = need_code(need) else {
             return;
         };
@@ -212,6 +246,19 @@ impl ResultCache {
         let key = (sensor.to_owned(), metric.to_owned());
         let each = cell_bytes(&key);
         let mut inner = self.inner();
+        let Some(since) = changes_since(&inner, seen) else {
+            return;
+        };
+        let cells: Vec<&((i64, i64), &Cell)> = cells
+            .iter()
+            .filter(|((from, to), _)| {
+                !since.iter().any(|c| {
+                    c.series.as_ref().is_none_or(|s| s.contains(&key))
+                        && *from < c.to
+                        && *to > c.from
+                })
+            })
+            .collect();
         let mut added = 0;
         if !inner.series.contains(&key) {
             added += SERIES_BYTES;
@@ -221,7 +268,7 @@ impl ResultCache {
                 by_range: BTreeMap::new(),
                 bytes: SERIES_BYTES,
             });
-            for &((from, to), cell) in cells {
+            for &&((from, to), cell) in &cells {
                 let kept = Cell {
                     samples: Vec::new(),
                     ..cell.clone()
@@ -242,6 +289,29 @@ impl ResultCache {
     }
 }
 
+/// The changes applied after `seen`, or `None` when they are not all
+/// remembered (or the log was reset since): then nothing may be kept.
+fn changes_since(inner: &Inner, seen: i64) -> Option<Vec<Change>> {
+    if seen == inner.applied {
+        return Some(Vec::new());
+    }
+    if seen > inner.applied || seen < 0 {
+        return None;
+    }
+    let first = inner.recent.front()?.seq;
+    if first > seen + 1 {
+        return None;
+    }
+    Some(
+        inner
+            .recent
+            .iter()
+            .filter(|c| c.seq > seen)
+            .cloned()
+            .collect(),
+    )
+}
+
 fn clear(inner: &mut Inner) {
     inner.series.clear();
     inner.bytes = 0;
@@ -249,6 +319,7 @@ fn clear(inner: &mut Inner) {
 
 fn reset(inner: &mut Inner, applied: i64) {
     clear(inner);
+    inner.recent.clear();
     inner.applied = applied;
     inner.missing_since = None;
 }
@@ -318,7 +389,7 @@ mod tests {
         let cells = [cell(1.0), cell(2.0), cell(3.0)];
         let ranges = [(0, 3600), (3600, 7200), (7200, 10_800)];
         let kept: Vec<((i64, i64), &Cell)> = ranges.iter().copied().zip(cells.iter()).collect();
-        c.put("s", "m", Need::Aggregates, &kept);
+        c.put("s", "m", Need::Aggregates, &kept, c.applied());
         c
     }
 
@@ -398,6 +469,44 @@ mod tests {
     }
 
     #[test]
+    fn what_a_query_read_before_a_change_it_did_not_see_is_not_kept() {
+        let c = filled();
+        let seen = c.applied();
+        // Another query applies a change to the second hour of `s` while
+        // this one still holds what it read before that write.
+        assert!(c.sync(6, &[change(6, Some(&[("s", "m")]), 3600, 3660)], 0));
+        let (one, two) = (cell(10.0), cell(20.0));
+        let kept = [((10_800, 14_400), &one), ((3600, 7200), &two)];
+        c.put("s", "m", Need::Aggregates, &kept, seen);
+        assert_eq!(
+            c.prefix("s", "m", Need::Aggregates, &[(10_800, 14_400)])[0]
+                .agg
+                .sum,
+            10.0,
+            "untouched by the change: kept"
+        );
+        assert!(
+            c.prefix("s", "m", Need::Aggregates, &[(3600, 7200)])
+                .is_empty(),
+            "touched by a change this query did not see: not kept"
+        );
+        // A look older than the changes remembered keeps nothing.
+        let many: Vec<Change> = (7..7 + RECENT as i64)
+            .map(|n| change(n, Some(&[("x", "m")]), 0, 1))
+            .collect();
+        assert!(c.sync(6 + RECENT as i64, &many, 0));
+        c.put("s", "m", Need::Aggregates, &[((0, 60), &one)], seen);
+        assert!(c.prefix("s", "m", Need::Aggregates, &[(0, 60)]).is_empty());
+        // A change of every series touches every series.
+        let now = c.applied();
+        assert!(c.sync(now + 1, &[change(now + 1, None, 0, 60)], 0));
+        c.put("y", "m", Need::Aggregates, &[((0, 60), &one), ((60, 120), &two)], now);
+        let got = c.prefix("y", "m", Need::Aggregates, &[(60, 120)]);
+        assert_eq!(got.len(), 1);
+        assert!(c.prefix("y", "m", Need::Aggregates, &[(0, 60)]).is_empty());
+    }
+
+    #[test]
     fn memory_stays_within_its_bound() {
         let c = ResultCache::new(10_000);
         assert!(c.sync(0, &[], 0));
@@ -405,7 +514,7 @@ mod tests {
         for s in 0..100 {
             let cells: Vec<((i64, i64), &Cell)> =
                 (0..10).map(|i| ((i * 60, i * 60 + 60), &one)).collect();
-            c.put(&format!("s{s}"), "m", Need::Aggregates, &cells);
+            c.put(&format!("s{s}"), "m", Need::Aggregates, &cells, 0);
         }
         assert!(c.stats().bytes <= 10_000, "{:?}", c.stats());
         // The series put last are kept.

@@ -86,6 +86,8 @@ struct Cached<'a> {
     horizon: i64,
     /// Cells ending at or before this are closed.
     closed: i64,
+    /// The last change applied when this evaluation looked at the log.
+    seen: i64,
 }
 
 /// Points held in memory at once, over the series of a batch: bounds a
@@ -134,6 +136,7 @@ pub async fn evaluate<S: BucketStore>(
                 read: c.read && current,
                 horizon: c.horizon,
                 closed: closed_before(c.now),
+                seen: c.cache.applied(),
             })
         }
         _ => None,
@@ -161,6 +164,12 @@ async fn run_batch<S: BucketStore>(
     // is then in both (the newer values win), never in neither.
     let mut unstored: Vec<Unstored> = batcher.unstored_values_of(&sensors, q.metric, q.from, q.to);
     store.drop_deleted(&sensors, q.metric, &mut unstored).await;
+    // The buckets holding readings this instance has not stored: their cells
+    // are not kept (a write not stored yet leaves no change entry).
+    let held: Vec<Vec<i64>> = unstored
+        .iter()
+        .map(|u| u.iter().map(|(s, _)| *s).collect())
+        .collect();
     // Then the buckets written into hours after they were rolled up, not
     // rolled up again yet: read like buckets with unstored readings (none
     // to lay over them), so no stale slot answers.
@@ -177,8 +186,9 @@ async fn run_batch<S: BucketStore>(
         }
     }
     // Per series: the cells the cache may hold (closed, after the horizon,
-    // nothing unstored or late in them), from the first, and those of them
-    // it answers.
+    // nothing unstored in them), from the first, and those of them it
+    // answers. A late hour's cell is read from its buckets here, and any
+    // write after that read leaves a change entry (see `query::cache`).
     let dirty: Vec<Vec<i64>> = unstored
         .iter()
         .map(|u| u.iter().map(|(s, _)| *s).collect())
@@ -190,7 +200,7 @@ async fn run_batch<S: BucketStore>(
             for k in 0..plan.grid().points() {
                 match plan.cell_range(k) {
                     Some((a, b))
-                        if a >= c.horizon && b <= c.closed && !plan.any_dirty(&dirty[i], a, b) =>
+                        if a >= c.horizon && b <= c.closed && !plan.any_dirty(&held[i], a, b) =>
                     {
                         keepable[i].push((a, b))
                     }
@@ -249,7 +259,8 @@ async fn run_batch<S: BucketStore>(
                 .skip(from_cache)
                 .map(|(k, &range)| (range, &cells[k]))
                 .collect();
-            c.cache.put(batch[i].sensor, q.metric, q.need, &fresh);
+            c.cache
+                .put(batch[i].sensor, q.metric, q.need, &fresh, c.seen);
         }
         out.push(cells);
     }

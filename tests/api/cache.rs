@@ -153,8 +153,8 @@ fn sums(truth: &Truth, from: i64) -> BTreeMap<String, Vec<f64>> {
 }
 
 /// Asks the JSON API and PromQL twice and compares both with the truth;
-/// answers the cache hits the second asking counted.
-async fn exact_twice(app: &TestApp, truth: &Truth, from: i64, when: &str) -> f64 {
+/// answers the cache hits and misses the second asking counted.
+async fn exact_twice(app: &TestApp, truth: &Truth, from: i64, when: &str) -> (f64, f64) {
     let want = hourly(truth, from);
     assert_eq!(answered(app, from, false).await, want, "{when}: cold");
     assert_eq!(
@@ -162,14 +162,18 @@ async fn exact_twice(app: &TestApp, truth: &Truth, from: i64, when: &str) -> f64
         sums(truth, from),
         "{when}: PromQL, cold"
     );
-    let before = app.metric("hourglass_query_cache_hits_total").await;
+    let hits = app.metric("hourglass_query_cache_hits_total").await;
+    let misses = app.metric("hourglass_query_cache_misses_total").await;
     assert_eq!(answered(app, from, false).await, want, "{when}: warm");
     assert_eq!(
         promql_sums(app, from).await,
         sums(truth, from),
         "{when}: PromQL, warm"
     );
-    app.metric("hourglass_query_cache_hits_total").await - before
+    (
+        app.metric("hourglass_query_cache_hits_total").await - hits,
+        app.metric("hourglass_query_cache_misses_total").await - misses,
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -203,18 +207,29 @@ async fn cached_answers_stay_exact_through_corrections_elsewhere_late_writes_del
         .collect();
     post(&a, &readings, &mut truth).await;
     a.late_rolled_up().await;
-    let hits = exact_twice(&a, &truth, from, "written").await;
+    let (hits, _) = exact_twice(&a, &truth, from, "written").await;
     assert!(hits > 0.0, "the second asking was answered from the cache");
 
     // A correction and a new reading through another instance, into a
-    // cached hour.
+    // cached hour: its cell is read again once (from the buckets while the
+    // hour is marked late) and then kept; a second write into it drops it
+    // again.
     let (s0, t) = (readings[40].0.clone(), readings[40].1);
-    post(&b, &[(s0.clone(), t, 99.5), (s0, t + 1, -3.0)], &mut truth).await;
-    exact_twice(
+    post(&b, &[(s0.clone(), t, 99.5), (s0.clone(), t + 1, -3.0)], &mut truth).await;
+    let (_, misses) = exact_twice(
         &a,
         &truth,
         from,
         "after a correction through another instance",
+    )
+    .await;
+    assert_eq!(misses, 0.0, "the hour written late was kept once read");
+    post(&b, &[(s0, t + 2, 7.25)], &mut truth).await;
+    exact_twice(
+        &a,
+        &truth,
+        from,
+        "after a second write into the hour marked late",
     )
     .await;
     a.late_rolled_up().await;

@@ -971,6 +971,22 @@ async fn a_backfills_hours_count_as_late_until_rolled_up_and_are_then_read_from_
         assert_eq!(read, 144.0, "every marked bucket is read: {marked}");
     }
     assert_eq!(marked["count"], 144, "{marked}");
+    // Asked again through the results cache while still marked: the answer
+    // read from the buckets was kept (any later write leaves a change entry).
+    let before = app.metric(buckets_read).await;
+    let r = app
+        .client
+        .get(format!("{}{path}", app.address))
+        .send()
+        .await
+        .expect("the request is sent");
+    assert_eq!(r.status(), 200);
+    let warm: Value = r.json().await.expect("json");
+    let warm_read = app.metric(buckets_read).await - before;
+    if checked && markers().await > 0 {
+        assert_eq!(warm_read, 0.0, "answered from the cache: {warm}");
+    }
+    assert_eq!(warm, marked);
     eventually(
         Duration::from_secs(120),
         "the hours are rolled up, their markers gone and the gauge at zero",
