@@ -303,6 +303,146 @@ mod layering {
         assert!(!edges.is_empty(), "the scan found sibling imports");
     }
 
+    /// The code of a file up to its unit tests, comments left out.
+    fn code_of(text: &str) -> String {
+        let mut out = String::new();
+        for line in text.lines() {
+            if line.trim_start().starts_with("mod tests") {
+                break;
+            }
+            out.push_str(line.split("//").next().unwrap_or_default());
+            out.push('\n');
+        }
+        out
+    }
+
+    /// The items `code` (a `mod.rs`) defines itself at its top level, not
+    /// those it re-exports.
+    fn defined_items(code: &str) -> std::collections::BTreeSet<String> {
+        let item = regex::Regex::new(
+            r"(?m)^(?:pub(?:\([^)]*\))?\s+)?(?:async\s+|const\s+(?:fn)|unsafe\s+)*(?:fn|struct|enum|const|static|type|trait)\s+([A-Za-z_][A-Za-z0-9_]*)",
+        )
+        .expect("a valid pattern");
+        item.captures_iter(code)
+            .filter_map(|c| c.get(1))
+            .map(|m| m.as_str().to_owned())
+            .collect()
+    }
+
+    /// The first names of every path `code` takes from `prefix` (`super` or
+    /// `crate::a::b`), groups over several lines included.
+    fn names_from(code: &str, prefix: &str) -> Vec<String> {
+        let ident = |s: &str| -> String {
+            s.trim_start()
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect()
+        };
+        let mut found = Vec::new();
+        let needle = format!("{prefix}::");
+        for (i, _) in code.match_indices(&needle) {
+            let before = code[..i].chars().next_back();
+            if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':') {
+                continue;
+            }
+            let rest = &code[i + needle.len()..];
+            let Some(group) = rest.strip_prefix('{') else {
+                found.push(ident(rest));
+                continue;
+            };
+            // The group's top-level parts: `a::{b, c}` names `a`.
+            let (mut depth, mut part) = (0usize, String::new());
+            for c in group.chars() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        found.push(ident(&part));
+                        part.clear();
+                        continue;
+                    }
+                    _ => {}
+                }
+                part.push(c);
+            }
+            found.push(ident(&part));
+        }
+        found.retain(|n| !n.is_empty());
+        found
+    }
+
+    #[test]
+    fn no_file_takes_from_its_folders_mod_rs_anything_but_a_re_export() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut all = Vec::new();
+        files(&src, &mut all);
+        let mut taken = Vec::new();
+        let mut folders = 0;
+        for hub in all.iter().filter(|f| f.ends_with("mod.rs")) {
+            let Some(dir) = hub.parent() else { continue };
+            let defined = defined_items(&code_of(&std::fs::read_to_string(hub).expect("readable")));
+            let path = dir
+                .strip_prefix(&src)
+                .expect("under src")
+                .components()
+                .filter_map(|c| c.as_os_str().to_str())
+                .collect::<Vec<_>>()
+                .join("::");
+            let own = format!("crate::{path}");
+            // The folder's files, and its sub-folders' `mod.rs`.
+            let members = all.iter().filter(|f| {
+                (f.parent() == Some(dir) && !f.ends_with("mod.rs"))
+                    || (f.ends_with("mod.rs") && f.parent().and_then(Path::parent) == Some(dir))
+            });
+            folders += 1;
+            for file in members {
+                let code = code_of(&std::fs::read_to_string(file).expect("readable"));
+                for name in names_from(&code, "super")
+                    .into_iter()
+                    .chain(names_from(&code, &own))
+                {
+                    if defined.contains(&name) {
+                        taken.push(format!(
+                            "{} takes {name} from {}",
+                            file.display(),
+                            hub.display()
+                        ));
+                    }
+                }
+            }
+        }
+        taken.sort();
+        taken.dedup();
+        assert!(
+            taken.is_empty(),
+            "a mod.rs holds its modules and re-exports; move these into a file of their own: {taken:#?}"
+        );
+        assert!(folders > 10, "the scan found the folders");
+    }
+
+    #[test]
+    fn the_hub_scan_sees_definitions_and_imports_over_several_lines() {
+        let hub = "pub use a::B;\npub(crate) struct Shared {\n    x: u8,\n}\nfn helper() {}\npub async fn run() {}\n";
+        let defined = defined_items(hub);
+        assert_eq!(
+            defined.into_iter().collect::<Vec<_>>(),
+            vec!["Shared", "helper", "run"]
+        );
+        let file = "use super::{\n    Shared, helper,\n    a::{B, C},\n};\nuse crate::x::y::Z;\nlet v = super::super::w;\n";
+        assert_eq!(
+            names_from(file, "super"),
+            vec!["Shared", "helper", "a", "super"]
+        );
+        assert_eq!(names_from(file, "crate::x::y"), vec!["Z"]);
+        assert!(
+            code_of("use super::A;\n// super::B\nmod tests {\n use super::C;\n}").contains("A")
+        );
+        assert!(
+            !code_of("use super::A;\n// super::B\nmod tests {\n use super::C;\n}").contains('B')
+        );
+    }
+
     #[test]
     fn the_sibling_scan_sees_single_and_grouped_imports() {
         let text = "use super::acks::Pending;\nuse super::{Shared, intake::offer};\n// super::x\n";

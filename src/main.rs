@@ -185,6 +185,9 @@ fn pair(s: &str) -> Result<(String, String), String> {
 }
 
 /// Adds the parameters given and the `label.<name>` filters to `query`.
+/// `NAME=VALUE` label selections, as the command line takes them.
+type Labels = Vec<(String, String)>;
+
 fn selection<const N: usize>(
     query: &mut Vec<(String, String)>,
     optional: [(&str, Option<String>); N],
@@ -232,23 +235,10 @@ fn main() -> anyhow::Result<()> {
 
 /// Everything but `hash-token`, on the runtime `[runtime]` sizes.
 async fn run(args: Args, settings: Settings) -> anyhow::Result<()> {
-    // Import and export print their own lines; standard output may be the
-    // exported file itself, so no log subscriber writes there.
-    if let Some(Command::Import {
-        files,
-        format,
-        columns,
-        ignore,
-        ts_unit,
-        precision,
-        batch,
-        in_flight,
-        state_dir,
-        restart,
-        quiet,
-    }) = args.command
-    {
-        let options = hourglass::ImportOptions {
+    // Import, export and delete print their own lines; standard output may
+    // be the exported file itself, so no log subscriber writes there.
+    match args.command {
+        Some(Command::Import {
             files,
             format,
             columns,
@@ -259,172 +249,234 @@ async fn run(args: Args, settings: Settings) -> anyhow::Result<()> {
             in_flight,
             state_dir,
             restart,
-            progress: !quiet,
-        };
-        let s = hourglass::import(&settings, options).await?;
-        let secs = s.elapsed.as_secs_f64().max(1e-3);
-        println!(
-            "Imported {} file{} ({} already imported): {} readings stored, {} lines refused, in {:.1} s ({:.0} readings/s){}.",
-            s.files,
-            if s.files == 1 { "" } else { "s" },
-            s.skipped_files,
-            s.readings,
-            s.rejected,
-            secs,
-            s.readings as f64 / secs,
-            if s.resumed > 0 {
-                format!("; resumed after {} records", s.resumed)
-            } else {
-                String::new()
-            }
-        );
-        if s.retries > 0 {
-            println!(
-                "{} requests were sent again (the service was busy or unreachable).",
-                s.retries
-            );
-        }
-        for f in &s.rejects_files {
-            println!("Refused lines, with file and line number: {}", f.display());
-        }
-        return Ok(());
-    }
-    if let Some(Command::Delete {
-        sensor,
-        labels,
-        metric,
-        from,
-        to,
-        dry_run,
-    }) = args.command
-    {
-        let mut query = vec![
-            ("from".to_owned(), from),
-            ("to".to_owned(), to),
-            ("dry_run".to_owned(), dry_run.to_string()),
-        ];
-        selection(&mut query, [("sensor", sensor), ("metric", metric)], labels);
-        let answer = hourglass::delete(&settings, &query).await?;
-        let n = |k: &str| answer[k].as_u64().unwrap_or(0);
-        println!(
-            "{} {} readings of {} sensors: {} buckets edited, {} deleted, {} series emptied.",
-            if dry_run { "Would delete" } else { "Deleted" },
-            n("readings"),
-            n("sensors"),
-            n("buckets_edited"),
-            n("buckets_deleted"),
-            n("series_emptied")
-        );
-        return Ok(());
-    }
-    if let Some(Command::Export {
-        from,
-        to,
-        sensor,
-        metric,
-        labels,
-        step,
-        format,
-        gzip,
-        output,
-    }) = args.command
-    {
-        let mut query = vec![
-            ("from".to_owned(), from),
-            ("to".to_owned(), to),
-            ("format".to_owned(), format),
-        ];
-        selection(
-            &mut query,
-            [("sensor", sensor), ("metric", metric), ("step", step)],
-            labels,
-        );
-        let s = hourglass::export(
-            &settings,
-            hourglass::ExportOptions {
-                query,
-                output,
-                gzip,
-            },
-        )
-        .await?;
-        if let Some(path) = s.output {
-            eprintln!("Exported {} bytes into {}.", s.bytes, path.display());
-        }
-        return Ok(());
-    }
-    hourglass::init_logging(&settings.log).context("installing the log subscriber")?;
-    if let Some(Command::RebuildRollups { sensor, from, to }) = args.command {
-        let instant = |name: &str, s: Option<String>| -> anyhow::Result<Option<i64>> {
-            s.map(|s| {
-                hourglass::pure::parse_instant(name, &s)
-                    .map(|ms| ms.div_euclid(1000))
-                    .map_err(|e| anyhow::anyhow!("--{name}: {}", e.message))
-            })
-            .transpose()
-        };
-        let (from, to) = (instant("from", from)?, instant("to", to)?);
-        let days = hourglass::rebuild_rollups(&settings, sensor.as_deref(), from, to).await?;
-        println!("Rebuilt the rollups of {days} days.");
-        return Ok(());
-    }
-    if let Some(Command::Instances { forget }) = args.command {
-        if let Some(id) = forget {
-            hourglass::forget_instance(&settings, &id).await?;
-            println!(
-                "Forgot instance {id}; versions older than the other floors are pruned within a minute."
-            );
-            return Ok(());
-        }
-        let now = time::OffsetDateTime::now_utc();
-        let at = |ms: Option<i64>| {
-            ms.and_then(|ms| {
-                time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000).ok()
-            })
-        };
-        println!(
-            "{:<38} {:<8} {:<32} last published",
-            "instance", "journal", "floor"
-        );
-        for i in hourglass::instances(&settings).await? {
-            let floor = match i.floor {
-                Some(i64::MIN) => "owes readings (replay pending)".to_owned(),
-                f => at(f)
-                    .and_then(|t| {
-                        t.format(&time::format_description::well_known::Rfc3339)
-                            .ok()
-                    })
-                    .unwrap_or_else(|| "-".to_owned()),
+            quiet,
+        }) => {
+            let options = hourglass::ImportOptions {
+                files,
+                format,
+                columns,
+                ignore,
+                ts_unit,
+                precision,
+                batch,
+                in_flight,
+                state_dir,
+                restart,
+                progress: !quiet,
             };
-            let seen = at(i.at).map_or_else(
-                || "-".to_owned(),
-                |t| format!("{} s ago", (now - t).whole_seconds()),
-            );
-            println!(
-                "{:<38} {:<8} {:<32} {seen}",
-                i.id,
-                if i.durable { "yes" } else { "no" },
-                floor
-            );
+            import(&settings, options).await
         }
-        return Ok(());
+        Some(Command::Delete {
+            sensor,
+            labels,
+            metric,
+            from,
+            to,
+            dry_run,
+        }) => delete(&settings, (sensor, labels, metric), (from, to), dry_run).await,
+        Some(Command::Export {
+            from,
+            to,
+            sensor,
+            metric,
+            labels,
+            step,
+            format,
+            gzip,
+            output,
+        }) => {
+            let selected = (sensor, labels, metric, step);
+            export(&settings, selected, (from, to), format, gzip, output).await
+        }
+        command => {
+            hourglass::init_logging(&settings.log).context("installing the log subscriber")?;
+            match command {
+                Some(Command::RebuildRollups { sensor, from, to }) => {
+                    rebuild_rollups(&settings, sensor, from, to).await
+                }
+                Some(Command::Instances { forget }) => instances(&settings, forget).await,
+                Some(Command::Redrive { sensor, dry_run }) => {
+                    redrive(&settings, sensor, dry_run).await
+                }
+                _ => {
+                    let app = Application::build(settings).await?;
+                    app.run_until_stopped(hourglass::signal()).await
+                }
+            }
+        }
     }
-    if let Some(Command::Redrive { sensor, dry_run }) = args.command {
-        let r = hourglass::redrive(&settings, sensor.as_deref(), dry_run).await?;
+}
+
+/// `hourglass import`, and its summary.
+async fn import(settings: &Settings, options: hourglass::ImportOptions) -> anyhow::Result<()> {
+    let s = hourglass::import(settings, options).await?;
+    let secs = s.elapsed.as_secs_f64().max(1e-3);
+    println!(
+        "Imported {} file{} ({} already imported): {} readings stored, {} lines refused, in {:.1} s ({:.0} readings/s){}.",
+        s.files,
+        if s.files == 1 { "" } else { "s" },
+        s.skipped_files,
+        s.readings,
+        s.rejected,
+        secs,
+        s.readings as f64 / secs,
+        if s.resumed > 0 {
+            format!("; resumed after {} records", s.resumed)
+        } else {
+            String::new()
+        }
+    );
+    if s.retries > 0 {
         println!(
-            "{} {} dead letters ({} readings); {} refused again, {} unreadable (kept).",
-            if dry_run {
-                "Would re-drive"
-            } else {
-                "Re-drove"
-            },
-            r.letters,
-            r.readings,
-            r.refused,
-            r.unreadable
+            "{} requests were sent again (the service was busy or unreachable).",
+            s.retries
+        );
+    }
+    for f in &s.rejects_files {
+        println!("Refused lines, with file and line number: {}", f.display());
+    }
+    Ok(())
+}
+
+/// `hourglass delete`, and what it did.
+async fn delete(
+    settings: &Settings,
+    (sensor, labels, metric): (Option<String>, Labels, Option<String>),
+    (from, to): (String, String),
+    dry_run: bool,
+) -> anyhow::Result<()> {
+    let mut query = vec![
+        ("from".to_owned(), from),
+        ("to".to_owned(), to),
+        ("dry_run".to_owned(), dry_run.to_string()),
+    ];
+    selection(&mut query, [("sensor", sensor), ("metric", metric)], labels);
+    let answer = hourglass::delete(settings, &query).await?;
+    let n = |k: &str| answer[k].as_u64().unwrap_or(0);
+    println!(
+        "{} {} readings of {} sensors: {} buckets edited, {} deleted, {} series emptied.",
+        if dry_run { "Would delete" } else { "Deleted" },
+        n("readings"),
+        n("sensors"),
+        n("buckets_edited"),
+        n("buckets_deleted"),
+        n("series_emptied")
+    );
+    Ok(())
+}
+
+/// `hourglass export`; the file it wrote, if not standard output.
+async fn export(
+    settings: &Settings,
+    (sensor, labels, metric, step): (Option<String>, Labels, Option<String>, Option<String>),
+    (from, to): (String, String),
+    format: String,
+    gzip: bool,
+    output: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    let mut query = vec![
+        ("from".to_owned(), from),
+        ("to".to_owned(), to),
+        ("format".to_owned(), format),
+    ];
+    selection(
+        &mut query,
+        [("sensor", sensor), ("metric", metric), ("step", step)],
+        labels,
+    );
+    let s = hourglass::export(
+        settings,
+        hourglass::ExportOptions {
+            query,
+            output,
+            gzip,
+        },
+    )
+    .await?;
+    if let Some(path) = s.output {
+        eprintln!("Exported {} bytes into {}.", s.bytes, path.display());
+    }
+    Ok(())
+}
+
+/// `hourglass rebuild-rollups`.
+async fn rebuild_rollups(
+    settings: &Settings,
+    sensor: Option<String>,
+    from: Option<String>,
+    to: Option<String>,
+) -> anyhow::Result<()> {
+    let instant = |name: &str, s: Option<String>| -> anyhow::Result<Option<i64>> {
+        s.map(|s| {
+            hourglass::pure::parse_instant(name, &s)
+                .map(|ms| ms.div_euclid(1000))
+                .map_err(|e| anyhow::anyhow!("--{name}: {}", e.message))
+        })
+        .transpose()
+    };
+    let (from, to) = (instant("from", from)?, instant("to", to)?);
+    let days = hourglass::rebuild_rollups(settings, sensor.as_deref(), from, to).await?;
+    println!("Rebuilt the rollups of {days} days.");
+    Ok(())
+}
+
+/// `hourglass instances`: the list, or one forgotten.
+async fn instances(settings: &Settings, forget: Option<String>) -> anyhow::Result<()> {
+    if let Some(id) = forget {
+        hourglass::forget_instance(settings, &id).await?;
+        println!(
+            "Forgot instance {id}; versions older than the other floors are pruned within a minute."
         );
         return Ok(());
     }
-    let app = Application::build(settings).await?;
-    app.run_until_stopped(hourglass::signal()).await
+    let now = time::OffsetDateTime::now_utc();
+    let at = |ms: Option<i64>| {
+        ms.and_then(|ms| {
+            time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000).ok()
+        })
+    };
+    println!(
+        "{:<38} {:<8} {:<32} last published",
+        "instance", "journal", "floor"
+    );
+    for i in hourglass::instances(settings).await? {
+        let floor = match i.floor {
+            Some(i64::MIN) => "owes readings (replay pending)".to_owned(),
+            f => at(f)
+                .and_then(|t| {
+                    t.format(&time::format_description::well_known::Rfc3339)
+                        .ok()
+                })
+                .unwrap_or_else(|| "-".to_owned()),
+        };
+        let seen = at(i.at).map_or_else(
+            || "-".to_owned(),
+            |t| format!("{} s ago", (now - t).whole_seconds()),
+        );
+        println!(
+            "{:<38} {:<8} {:<32} {seen}",
+            i.id,
+            if i.durable { "yes" } else { "no" },
+            floor
+        );
+    }
+    Ok(())
+}
+
+/// `hourglass redrive`.
+async fn redrive(settings: &Settings, sensor: Option<String>, dry_run: bool) -> anyhow::Result<()> {
+    let r = hourglass::redrive(settings, sensor.as_deref(), dry_run).await?;
+    println!(
+        "{} {} dead letters ({} readings); {} refused again, {} unreadable (kept).",
+        if dry_run {
+            "Would re-drive"
+        } else {
+            "Re-drove"
+        },
+        r.letters,
+        r.readings,
+        r.refused,
+        r.unreadable
+    );
+    Ok(())
 }

@@ -309,152 +309,253 @@ impl Application {
         let upkeep = tokio::spawn(store.clone().run_upkeep(async move {
             let _ = upkeep_ends.await;
         }));
-        let mqtt = if let Some(stats) = mqtt_stats.clone() {
-            let mqtt = MqttIngest::start(
-                &settings.mqtt,
-                &settings.ingest,
-                LineProtocol {
-                    settings: settings.line_protocol.clone(),
-                    labels: labels.clone(),
-                },
-                intake.clone(),
-                Some(Arc::new(StoredBirths::new(store.clone()))),
-                stats,
-                metrics.clone(),
-                shutdown.clone(),
-            )
-            .context("starting MQTT ingestion")?;
-            info!(
-                url = %settings.mqtt.url,
-                client_id = %settings.mqtt.client_id,
-                dead_letters = settings.mqtt.dead_letters().unwrap_or("none (mqtt.dead_letter_topic is empty)"),
-                "Consuming MQTT; unusable messages are republished on the dead-letter topic."
-            );
-            Some(mqtt)
-        } else {
-            None
-        };
+        let mqtt = start_mqtt(
+            &settings,
+            mqtt_stats.clone(),
+            LineProtocol {
+                settings: settings.line_protocol.clone(),
+                labels: labels.clone(),
+            },
+            intake.clone(),
+            &store,
+            (&metrics, &shutdown),
+        )?;
 
-        let state = AppState {
+        let state = app_state(
+            &settings,
             labels,
             store,
-            batcher: batcher.clone(),
+            batcher.clone(),
             intake,
-            settings: Arc::new(api::Config {
-                http: settings.http.clone(),
-                ingest: settings.ingest.clone(),
-                line_protocol: settings.line_protocol.clone(),
-                query: settings.query.clone(),
-                granularity: settings.buckets.granularity,
-                max_buffered_readings: settings.batcher.max_buffered_readings,
-                retention: settings.retention(),
-            }),
             metrics,
-            mqtt: mqtt_stats,
+            mqtt_stats,
             auth,
-            query_permits: Arc::new(tokio::sync::Semaphore::new(settings.query.max_concurrency)),
-            cache: Arc::new(crate::query::cache::ResultCache::new(
-                settings.query.cache_bytes,
-            )),
-            ping: Arc::default(),
-        };
+        );
         tokio::spawn(api::query::count_silent(state.clone(), shutdown.clone()));
         let app = api::router(state);
         info!(%address, granularity = ?settings.buckets.granularity, "Hourglass is listening.");
 
-        // One trigger for every stage: HTTP stops accepting, the batcher
-        // refuses input and drains, MQTT stops reading; one deadline for all.
-        let trigger = shutdown.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = signal => {
-                    info!("Shutting down: no new input; storing what was accepted.");
-                    trigger.trigger();
-                }
-                _ = trigger.triggered() => {}
-            }
-        });
-        let stopping = shutdown.clone();
-        // On a worker: the binary awaits this function on its main thread,
-        // and the accept loop (and every wake of it) would run there, one
-        // more thread woken beside the workers.
-        let http = settings.http.clone();
-        let mut serve = tokio::spawn(async move {
-            api::serve(
-                listener,
-                app,
-                &http,
-                async move { stopping.triggered().await },
-            )
-            .await;
-        });
+        serve_until(signal, listener, app, &settings, &shutdown).await?;
+        stop(Stopping {
+            shutdown,
+            batcher,
+            driver: driver_task,
+            upkeep: (end_upkeep, upkeep),
+            floor: (end_floor, floor_task),
+            mqtt,
+            journal,
+        })
+        .await
+    }
+}
+
+/// MQTT ingestion, when it is on.
+fn start_mqtt(
+    settings: &Settings,
+    stats: Option<Arc<MqttStats>>,
+    line_protocol: LineProtocol,
+    intake: Intake,
+    store: &Arc<MongoStore>,
+    (metrics, shutdown): (&Arc<Metrics>, &Shutdown),
+) -> anyhow::Result<Option<MqttIngest>> {
+    let Some(stats) = stats else {
+        return Ok(None);
+    };
+    let mqtt = MqttIngest::start(
+        &settings.mqtt,
+        &settings.ingest,
+        line_protocol,
+        intake,
+        Some(Arc::new(StoredBirths::new(store.clone()))),
+        stats,
+        metrics.clone(),
+        shutdown.clone(),
+    )
+    .context("starting MQTT ingestion")?;
+    info!(
+        url = %settings.mqtt.url,
+        client_id = %settings.mqtt.client_id,
+        dead_letters = settings.mqtt.dead_letters().unwrap_or("none (mqtt.dead_letter_topic is empty)"),
+        "Consuming MQTT; unusable messages are republished on the dead-letter topic."
+    );
+    Ok(Some(mqtt))
+}
+
+/// What every handler shares.
+// Each argument is a part the state holds; a struct of them would only
+// rename the list.
+#[allow(clippy::too_many_arguments)]
+fn app_state(
+    settings: &Settings,
+    labels: Arc<LabelSync>,
+    store: Arc<MongoStore>,
+    batcher: BatcherHandle,
+    intake: Intake,
+    metrics: Arc<Metrics>,
+    mqtt_stats: Option<Arc<MqttStats>>,
+    auth: Arc<Authenticator>,
+) -> AppState<MongoStore> {
+    AppState {
+        labels,
+        store,
+        batcher,
+        intake,
+        settings: Arc::new(api::Config {
+            http: settings.http.clone(),
+            ingest: settings.ingest.clone(),
+            line_protocol: settings.line_protocol.clone(),
+            query: settings.query.clone(),
+            granularity: settings.buckets.granularity,
+            max_buffered_readings: settings.batcher.max_buffered_readings,
+            retention: settings.retention(),
+        }),
+        metrics,
+        mqtt: mqtt_stats,
+        auth,
+        query_permits: Arc::new(tokio::sync::Semaphore::new(settings.query.max_concurrency)),
+        cache: Arc::new(crate::query::cache::ResultCache::new(
+            settings.query.cache_bytes,
+        )),
+        ping: Arc::default(),
+    }
+}
+
+/// Serves HTTP until `signal` (or a failure) triggers the shutdown, and
+/// requests still in progress at its deadline are cut off.
+async fn serve_until(
+    signal: impl Future<Output = ()> + Send + 'static,
+    listener: TcpListener,
+    app: axum::Router,
+    settings: &Settings,
+    shutdown: &Shutdown,
+) -> anyhow::Result<()> {
+    // One trigger for every stage: HTTP stops accepting, the batcher
+    // refuses input and drains, MQTT stops reading; one deadline for all.
+    let trigger = shutdown.clone();
+    tokio::spawn(async move {
         tokio::select! {
-            served = &mut serve => served.context("the HTTP server panicked")?,
-            // In-flight requests (a stuck upload, say) get until the deadline.
-            _ = shutdown.deadline_passed() => {
-                serve.abort();
-                warn!("HTTP requests still in progress at the shutdown deadline were cut off.");
+            _ = signal => {
+                info!("Shutting down: no new input; storing what was accepted.");
+                trigger.trigger();
             }
+            _ = trigger.triggered() => {}
         }
-        // Serving can end without a signal only by failing; either way, stop.
-        shutdown.trigger();
-        let grace = async {
+    });
+    let stopping = shutdown.clone();
+    // On a worker: the binary awaits this function on its main thread,
+    // and the accept loop (and every wake of it) would run there, one
+    // more thread woken beside the workers.
+    let http = settings.http.clone();
+    let mut serve = tokio::spawn(async move {
+        api::serve(
+            listener,
+            app,
+            &http,
+            async move { stopping.triggered().await },
+        )
+        .await;
+    });
+    tokio::select! {
+        served = &mut serve => served.context("the HTTP server panicked")?,
+        // In-flight requests (a stuck upload, say) get until the deadline.
+        _ = shutdown.deadline_passed() => {
+            serve.abort();
+            warn!("HTTP requests still in progress at the shutdown deadline were cut off.");
+        }
+    }
+    Ok(())
+}
+
+/// What is left to stop once HTTP is done.
+struct Stopping {
+    shutdown: Shutdown,
+    batcher: BatcherHandle,
+    driver: tokio::task::JoinHandle<driver::Drained>,
+    upkeep: (
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<()>,
+    ),
+    floor: (
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<()>,
+    ),
+    mqtt: Option<MqttIngest>,
+    journal: Option<(Journal, tokio::task::JoinHandle<JournalTask>)>,
+}
+
+/// The batcher drained, the upkeep's last roll-up, MQTT's outstanding
+/// acknowledgements, the floor's farewell and the journal's last commit,
+/// all within the shutdown's deadline. Fails if accepted readings were not
+/// stored.
+async fn stop(stopping: Stopping) -> anyhow::Result<()> {
+    let Stopping {
+        shutdown,
+        batcher,
+        driver,
+        upkeep,
+        floor,
+        mqtt,
+        journal,
+    } = stopping;
+    // Serving can end without a signal only by failing; either way, stop.
+    shutdown.trigger();
+    let grace = async {
+        shutdown.deadline_passed().await;
+        tokio::time::sleep(DEADLINE_GRACE).await;
+    };
+    let unstored = tokio::select! {
+        drained = driver => drained.context("the batcher driver panicked")?.unstored_readings,
+        // A write still under way at the deadline: what it holds counts as unstored.
+        _ = grace => batcher.buffered(),
+    };
+    let (end_upkeep, upkeep) = upkeep;
+    let (end_floor, mut floor_task) = floor;
+    let _ = end_upkeep.send(());
+    let _ = end_floor.send(());
+    tokio::select! {
+        _ = upkeep => {}
+        _ = shutdown.deadline_passed() => {
+            info!("The rollup upkeep was still running at the shutdown deadline; queries read the buckets of what it did not roll up.");
+        }
+    }
+    if let Some(mqtt) = mqtt {
+        // Everything stored has its acknowledgement sent before we disconnect.
+        mqtt.finish().await;
+    }
+    // Its last write says whether this instance still owes readings;
+    // bounded, since the database may be gone. Cut short, the floor it
+    // published last stays: never later than what it owes.
+    let left = tokio::select! {
+        done = tokio::time::timeout(FLOOR_FAREWELL, &mut floor_task) => done.is_ok(),
+        _ = async {
             shutdown.deadline_passed().await;
             tokio::time::sleep(DEADLINE_GRACE).await;
-        };
-        let unstored = tokio::select! {
-            drained = driver_task => drained.context("the batcher driver panicked")?.unstored_readings,
-            // A write still under way at the deadline: what it holds counts as unstored.
-            _ = grace => batcher.buffered(),
-        };
-        let _ = end_upkeep.send(());
-        let _ = end_floor.send(());
-        tokio::select! {
-            _ = upkeep => {}
-            _ = shutdown.deadline_passed() => {
-                info!("The rollup upkeep was still running at the shutdown deadline; queries read the buckets of what it did not roll up.");
-            }
-        }
-        if let Some(mqtt) = mqtt {
-            // Everything stored has its acknowledgement sent before we disconnect.
-            mqtt.finish().await;
-        }
-        // Its last write says whether this instance still owes readings;
-        // bounded, since the database may be gone. Cut short, the floor it
-        // published last stays: never later than what it owes.
-        let mut floor_task = floor_task;
-        let left = tokio::select! {
-            done = tokio::time::timeout(FLOOR_FAREWELL, &mut floor_task) => done.is_ok(),
-            _ = async {
-                shutdown.deadline_passed().await;
-                tokio::time::sleep(DEADLINE_GRACE).await;
-            } => false,
-        };
-        if !left {
-            floor_task.abort();
-            warn!(
-                "Could not update this instance's floor on the way out; the last one published stands."
-            );
-        }
-        if let Some((_, task)) = journal {
-            // Appends already queued are committed; stored segments deleted.
-            match task.await {
-                Ok(task) => task.finish().await,
-                Err(e) => {
-                    error!(error = %e, "The journal task failed; the next start replays what it holds.")
-                }
-            }
-        }
-        if unstored > 0 {
-            error!(
-                readings = unstored,
-                "Stopped with accepted readings that were not stored."
-            );
-            anyhow::bail!("{unstored} accepted readings were not stored");
-        }
-        info!("Hourglass stopped; every accepted reading was stored.");
-        Ok(())
+        } => false,
+    };
+    if !left {
+        floor_task.abort();
+        warn!(
+            "Could not update this instance's floor on the way out; the last one published stands."
+        );
     }
+    if let Some((_, task)) = journal {
+        // Appends already queued are committed; stored segments deleted.
+        match task.await {
+            Ok(task) => task.finish().await,
+            Err(e) => {
+                error!(error = %e, "The journal task failed; the next start replays what it holds.")
+            }
+        }
+    }
+    if unstored > 0 {
+        error!(
+            readings = unstored,
+            "Stopped with accepted readings that were not stored."
+        );
+        anyhow::bail!("{unstored} accepted readings were not stored");
+    }
+    info!("Hourglass stopped; every accepted reading was stored.");
+    Ok(())
 }
 
 /// `sensor` as the operator commands take it: an id, or a prefix ending in

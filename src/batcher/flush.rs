@@ -4,7 +4,8 @@
 
 use tokio::time::Instant;
 
-use super::{Batch, Batcher, FlushResult, Item, NotStored, Open, Settled};
+use super::batch::{Batch, FlushResult, Item, NotStored, Settled};
+use super::coalesce::{Batcher, Open};
 use crate::domain::{BucketKey, BucketUpdate};
 
 impl<W> Batcher<W> {

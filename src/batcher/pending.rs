@@ -3,7 +3,8 @@
 
 use hashbrown::HashMap;
 
-use super::{Batcher, Unstored};
+use super::batch::Unstored;
+use super::coalesce::Batcher;
 use crate::domain::BucketKeyRef;
 
 impl<W> Batcher<W> {

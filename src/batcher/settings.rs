@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{BatcherLimits, Hold};
+use super::limits::{BatcherLimits, Hold};
 use crate::settings::{Invalid, at_least_one, invalid, longer_than_zero};
 
 pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_secs(1);

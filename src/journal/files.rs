@@ -1,7 +1,25 @@
 //! The journal directory's own files: the instance id its floor is
 //! published under, and the target its readings were acknowledged for.
 
-use super::OpenError;
+/// Opening the journal failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("opening the journal in {dir}: {source}")]
+    Io { dir: String, source: std::io::Error },
+    /// The journal holds readings acknowledged for another target: they
+    /// must be stored there, never replayed into this one.
+    #[error(
+        "the journal in {dir} holds {readings} readings acknowledged for {found}, but this \
+         instance writes to {configured}; start once with the old setting to store them (a \
+         clean stop empties the journal), or give this configuration its own journal.dir"
+    )]
+    OtherTarget {
+        dir: String,
+        readings: u64,
+        found: String,
+        configured: String,
+    },
+}
 
 /// The file in the journal directory naming the target its readings were
 /// acknowledged for: `database/collection (granularity)`.

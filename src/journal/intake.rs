@@ -5,34 +5,12 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-use super::{Journal, JournalError, QUEUE};
-use crate::batcher::driver::{BatcherHandle, SubmitError};
+use super::errors::IntakeError;
+use super::handle::Journal;
+use super::task::JournalError;
+use crate::batcher::driver::BatcherHandle;
 use crate::batcher::{FlushResult, NotStored};
 use crate::domain::{BucketKey, Reading};
-
-/// Why readings were refused before anything was done with them.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum IntakeError {
-    #[error("the journal is full ({bytes} of {max} bytes)")]
-    JournalFull { bytes: u64, max: u64 },
-    #[error("the journal has {QUEUE} appends waiting")]
-    Busy,
-    #[error(transparent)]
-    Full(#[from] crate::batcher::Full),
-    #[error("the service is shutting down")]
-    Closed,
-    #[error(transparent)]
-    NewSeries(#[from] crate::cardinality::Refused),
-}
-
-impl From<SubmitError> for IntakeError {
-    fn from(e: SubmitError) -> Self {
-        match e {
-            SubmitError::Full(full) => Self::Full(full),
-            SubmitError::Closed => Self::Closed,
-        }
-    }
-}
 
 /// How long a writer waits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -19,6 +19,9 @@ use crate::batcher::driver::BatcherHandle;
 use crate::shutdown::Shutdown;
 use crate::telemetry::metrics::Metrics;
 
+/// Appends waiting for the journal task; beyond it writers get "busy".
+pub(super) const QUEUE: usize = 4096;
+
 /// One commit takes at most about this much.
 const MAX_GROUP_BYTES: usize = 16 << 20;
 /// The backlog is read back in chunks of about this much.

@@ -172,7 +172,11 @@ impl ResultCache {
             // Remembered in short: a change of many series as one of all.
             inner.recent.push_back(Change {
                 seq: c.seq,
-                series: c.series.as_ref().filter(|s| s.len() <= RECENT_SERIES).cloned(),
+                series: c
+                    .series
+                    .as_ref()
+                    .filter(|s| s.len() <= RECENT_SERIES)
+                    .cloned(),
                 from: c.from,
                 to: c.to,
             });
@@ -500,7 +504,13 @@ mod tests {
         // A change of every series touches every series.
         let now = c.applied();
         assert!(c.sync(now + 1, &[change(now + 1, None, 0, 60)], 0));
-        c.put("y", "m", Need::Aggregates, &[((0, 60), &one), ((60, 120), &two)], now);
+        c.put(
+            "y",
+            "m",
+            Need::Aggregates,
+            &[((0, 60), &one), ((60, 120), &two)],
+            now,
+        );
         let got = c.prefix("y", "m", Need::Aggregates, &[(60, 120)]);
         assert_eq!(got.len(), 1);
         assert!(c.prefix("y", "m", Need::Aggregates, &[(0, 60)]).is_empty());

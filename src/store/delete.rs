@@ -21,7 +21,7 @@ use std::borrow::Cow;
 use mongodb::bson::{Bson, Document, doc};
 
 use crate::domain::BucketUpdate;
-use crate::store::StoreError;
+use crate::store::errors::StoreError;
 
 /// The `_id` prefix of tombstones in the metadata collection.
 pub const PREFIX: &str = "delete:";

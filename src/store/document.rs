@@ -6,9 +6,17 @@ use std::sync::LazyLock;
 
 use mongodb::bson::{DateTime, RawBson, RawDocumentBuf, rawdoc};
 
-use super::StoreError;
+use super::errors::StoreError;
 use super::raw_writer::Writer;
 use crate::domain::{BucketUpdate, Granularity, SECOND_FIELDS, field_name};
+
+/// The current bucket document layout, recorded in the database's metadata
+/// (an older instance refuses to start on a newer one). 2: values may carry
+/// versions (`a`, `amax`) that every writer must respect, so an instance
+/// that writes 1 must not write beside it. 3: buckets no longer carry the
+/// version themselves (20 bytes each, a tenth of a minute bucket of six
+/// readings); those written before keep theirs.
+pub const SCHEMA_VERSION: i32 = 3;
 
 mod dead_letter;
 mod read;

@@ -1,4 +1,4 @@
-//! How MongoDB errors are classed, the way its drivers class them: error
+//! The store's error ([`StoreError`]), and how MongoDB errors are classed, the way its drivers class them: error
 //! labels first, then the driver's error kinds, then named server codes.
 //!
 //! Two classes, and every error lands in one of them:
@@ -19,6 +19,28 @@
 //! statement that causes it.
 
 use mongodb::error::{Error as MongoError, ErrorKind, WriteFailure};
+
+/// A failed storage operation, in the two classes below (plus reads
+/// of buckets this version cannot parse).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    /// The server, network, authorization or topology is in the way: retry.
+    #[error("storage is unavailable: {0}")]
+    Outage(String),
+    /// The operation itself can never succeed as it is.
+    #[error("storage refused the operation: {0}")]
+    Poison(String),
+    /// A stored bucket does not have a layout this version can read.
+    #[error("a stored bucket could not be read: {0}")]
+    Unreadable(String),
+    /// A whole command failed with an error no list classes
+    /// (`errors::is_unclassed`): sent again, a bounded number of times.
+    #[error("storage refused the operation with an unclassed error: {0}")]
+    Unclassed(String),
+    /// The server stopped a read at the time it was given (`maxTimeMS`).
+    #[error("the server stopped the read at its time limit: {0}")]
+    Timeout(String),
+}
 
 /// What a failed write means for the statement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 
 use mongodb::bson::{Bson, Document, doc};
 
-use super::StoreError;
 use super::document::start_date;
+use super::errors::StoreError;
 use crate::domain::{BucketUpdate, Granularity, Labels, MAX_LABELS};
 
 /// A registered sensor.

@@ -6,7 +6,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use super::{Client, TransferError};
+use super::client::{Client, TransferError};
 use crate::config::Settings;
 
 /// What `hourglass export` was asked to do.

@@ -215,7 +215,12 @@ async fn cached_answers_stay_exact_through_corrections_elsewhere_late_writes_del
     // hour is marked late) and then kept; a second write into it drops it
     // again.
     let (s0, t) = (readings[40].0.clone(), readings[40].1);
-    post(&b, &[(s0.clone(), t, 99.5), (s0.clone(), t + 1, -3.0)], &mut truth).await;
+    post(
+        &b,
+        &[(s0.clone(), t, 99.5), (s0.clone(), t + 1, -3.0)],
+        &mut truth,
+    )
+    .await;
     let (_, misses) = exact_twice(
         &a,
         &truth,

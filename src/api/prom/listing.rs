@@ -12,9 +12,10 @@ use promql_parser::label::Matcher;
 use promql_parser::parser::Expr;
 use serde::Serialize;
 
+use super::admission::admitted;
 use super::answer::Success;
+use super::failure::Failure;
 use super::params::{Form, parse_time};
-use super::{Failure, admitted};
 use crate::api::AppState;
 use crate::auth::Principal;
 use crate::query::promql::{self, LabelSet, Limits, PromError};

@@ -7,31 +7,30 @@
 //! strings, timestamps as seconds) and its error classes: `bad_data` 400,
 //! `execution` 422, `timeout` and `unavailable` 503.
 
+mod admission;
 mod answer;
+mod failure;
 mod listing;
 mod params;
-
-use std::time::Duration;
 
 use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Extension, RawQuery, State};
-use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde::Serialize;
-use tracing::warn;
 
+use self::admission::admitted;
 use self::answer::{Success, query_data};
+use self::failure::Failure;
 use self::listing::{label_values, labels, series};
 use self::params::Form;
 pub use self::params::{parse_duration, parse_time};
 use super::AppState;
-use super::query::{Admitted, admit};
 use crate::auth::Principal;
-use crate::query::promql::{self, Context, LabelSet, Outcome, PromError, Steps, Value};
-use crate::store::{BucketStore, StoreError};
+use crate::query::promql::{self, Context, LabelSet, Outcome, Steps, Value};
+use crate::store::BucketStore;
 
 /// The routes, relative to the data source URL `…/prometheus`.
 pub fn routes<S: BucketStore>() -> Router<AppState<S>> {
@@ -62,100 +61,6 @@ pub fn routes<S: BucketStore>() -> Router<AppState<S>> {
             "/prometheus/api/v1/query_exemplars",
             get(exemplars).post(exemplars),
         )
-}
-
-/// A Prometheus error answer.
-#[derive(Debug)]
-pub struct Failure {
-    status: StatusCode,
-    kind: &'static str,
-    message: String,
-}
-
-impl Failure {
-    fn bad_data(message: impl Into<String>) -> Self {
-        Self {
-            status: StatusCode::BAD_REQUEST,
-            kind: "bad_data",
-            message: message.into(),
-        }
-    }
-
-    fn timeout() -> Self {
-        Self {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            kind: "timeout",
-            message: "the query took longer than its timeout (query.timeout or timeout=)".into(),
-        }
-    }
-
-    fn unavailable(message: impl Into<String>) -> Self {
-        Self {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            kind: "unavailable",
-            message: message.into(),
-        }
-    }
-}
-
-impl From<PromError> for Failure {
-    fn from(e: PromError) -> Self {
-        match e {
-            PromError::BadData(m) => Failure::bad_data(m),
-            PromError::Timeout => Failure::timeout(),
-            PromError::Execution(m) => Self {
-                status: StatusCode::UNPROCESSABLE_ENTITY,
-                kind: "execution",
-                message: m,
-            },
-            PromError::Storage(e) => {
-                match &e {
-                    StoreError::Timeout(_) => return Failure::timeout(),
-                    StoreError::Outage(_) | StoreError::Unclassed(_) => {
-                        return Failure::unavailable("storage is unavailable; retry later");
-                    }
-                    _ => {}
-                }
-                warn!(error = %e, "A PromQL query could not read its documents.");
-                Self {
-                    status: StatusCode::UNPROCESSABLE_ENTITY,
-                    kind: "execution",
-                    message: "the query failed reading its documents".into(),
-                }
-            }
-        }
-    }
-}
-
-impl IntoResponse for Failure {
-    fn into_response(self) -> Response {
-        let body = answer::Error {
-            status: "error",
-            kind: self.kind,
-            error: &self.message,
-        };
-        let mut r = (self.status, Json(body)).into_response();
-        if self.status == StatusCode::SERVICE_UNAVAILABLE {
-            r.headers_mut()
-                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
-        }
-        r
-    }
-}
-
-async fn admitted<'a, S>(state: &'a AppState<S>, form: &Form) -> Result<Admitted<'a>, Failure> {
-    let timeout = form
-        .get("timeout")
-        .filter(|t| !t.is_empty())
-        .map(|t| parse_duration("timeout", t))
-        .transpose()?;
-    let mut a = admit(state)
-        .await
-        .map_err(|e| Failure::unavailable(e.message))?;
-    if let Some(t) = timeout {
-        a.shorten(Duration::from_millis(t.max(1).unsigned_abs()));
-    }
-    Ok(a)
 }
 
 async fn evaluate<S: BucketStore>(

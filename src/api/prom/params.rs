@@ -2,7 +2,7 @@
 //! form body (Grafana sends both kinds); times and durations as
 //! Prometheus takes them.
 
-use super::Failure;
+use super::failure::Failure;
 
 /// Parameters from the query string and, for POST, the form body (Grafana
 /// sends both kinds).

@@ -9,12 +9,11 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use wildmatch::WildMatch;
 
-use super::admission::{admit, evaluate_figures, store_error};
+use super::admission::{admit, store_error};
 use super::csv::{csv_point, csv_response, point_columns, wants_csv};
-use super::range::{
-    coarse, coarse_header, format_ms, metric, parse_tz, points_of, range, series_grid,
-};
-use super::{Group, GroupResponse, Point};
+use super::points::{Ask, group_points};
+use super::range::{coarse, coarse_header, format_ms, metric, parse_tz, range, series_grid};
+use super::{Group, GroupResponse};
 use crate::api::params::Params;
 use crate::api::{ApiError, AppState};
 use crate::auth::Principal;
@@ -257,68 +256,22 @@ pub(crate) async fn group_query<S: BucketStore>(
     } else {
         "group_average"
     };
-    let grouped: Vec<(Series<'_>, usize)> = series.iter().map(|(s, g, _)| (*s, *g)).collect();
-    let (each_group, sketches): (Vec<Vec<Point>>, _) = match weighing {
-        Some(how) => {
-            let limited: Vec<(Series<'_>, usize, i64)> = series
-                .iter()
-                .map(|(s, g, m)| (*s, *g, how.limit(&m.labels)))
-                .collect();
-            let figures = super::weighting::weighted_points(
-                &state,
-                endpoint,
-                &metric,
-                &r,
-                &grid,
-                &limited,
-                keys.len(),
-                how.weighting,
-            )
-            .await?;
-            let points = figures
-                .iter()
-                .map(|f| super::weighting::weighted_points_of(&grid, f, zone))
-                .collect::<Result<_, _>>()?;
-            let sketches = super::quantiles::sketches(
-                &state,
-                endpoint,
-                &metric,
-                &r,
-                &grid,
-                &grouped,
-                keys.len(),
-                asked.as_ref(),
-            )
-            .await?;
-            (points, sketches)
-        }
-        None => {
-            let f = evaluate_figures(
-                &state,
-                endpoint,
-                &metric,
-                &r,
-                grid.clone(),
-                &grouped,
-                keys.len(),
-                asked.is_some(),
-            )
-            .await?;
-            let points = f
-                .aggs
-                .iter()
-                .map(|a| points_of(&grid, a, zone))
-                .collect::<Result<_, _>>()?;
-            (points, f.sketches)
-        }
+    let limited: Vec<(Series<'_>, usize, i64)> = series
+        .iter()
+        .map(|(s, g, m)| (*s, *g, weighing.map_or(0, |how| how.limit(&m.labels))))
+        .collect();
+    let ask = Ask {
+        endpoint,
+        metric: &metric,
+        range: &r,
+        grid: &grid,
+        zone,
+        weighing,
+        quantiles: asked.as_ref(),
     };
+    let each_group = group_points(&state, &ask, &limited, keys.len()).await?;
     let mut groups = Vec::with_capacity(keys.len());
-    for (g, ((group, sensors), mut points)) in
-        keys.into_iter().zip(sizes).zip(each_group).enumerate()
-    {
-        if let (Some(q), Some(k)) = (&asked, sketches.get(g)) {
-            q.annotate(&mut points, k);
-        }
+    for ((group, sensors), mut points) in keys.into_iter().zip(sizes).zip(each_group) {
         groups.push(if with_step {
             Group {
                 group,

@@ -9,15 +9,15 @@ use crate::api::ApiError;
 use crate::api::AppState;
 use crate::api::params::Params;
 use crate::auth::Principal;
-use crate::domain::{Labels, SensorId};
+use crate::domain::{Agg, Labels, SensorId};
 use crate::query::{Cost, Grid, Series};
 use crate::store::BucketStore;
 
+use super::points::{Ask, group_points};
 use super::{AverageResponse, LatestResponse, Point, SeriesResponse, groups, quantiles, weighting};
 use super::{
-    admit, coarse, coarse_header, csv_point, csv_response, evaluate_figures, format_ms,
-    format_start, metric, parse_tz, point_columns, points_of, range, series_grid, store_error,
-    wants_csv,
+    admit, coarse, coarse_header, csv_point, csv_response, format_ms, format_start, metric,
+    parse_tz, point_columns, range, series_grid, store_error, wants_csv,
 };
 
 pub(super) fn sensor_param(principal: &Principal, sensor: &str) -> Result<(), ApiError> {
@@ -56,68 +56,28 @@ pub async fn average<S: BucketStore>(
     let asked = quantiles::quantiles(&params)?;
     let mut r = range(&state, &params)?;
     let coarse = coarse(&state, &mut r, None)?;
-    let series = [(Series::of(&sensor), 0)];
     let grid = Grid::whole(r.from, r.to);
     let limit = match weighing {
         Some(how) => Some(one_limit(&state, "average", &sensor, &how).await?),
         None => None,
     };
-    let (mut aggregates, sketches) = match weighing.zip(limit) {
-        Some((how, limit)) => {
-            let one = [(series[0].0, 0, limit)];
-            let figures = weighting::weighted_points(
-                &state,
-                "average",
-                &metric,
-                &r,
-                &grid,
-                &one,
-                1,
-                how.weighting,
-            )
-            .await?;
-            let (w, agg) = figures
-                .first()
-                .and_then(|g| g.first())
-                .copied()
-                .unwrap_or_default();
-            let mut point = Point::new(None, &agg);
-            point.avg = w.average();
-            point.held_seconds = Some(w.held);
-            let sketches = quantiles::sketches(
-                &state,
-                "average",
-                &metric,
-                &r,
-                &grid,
-                &series,
-                1,
-                asked.as_ref(),
-            )
-            .await?;
-            (point, sketches)
-        }
-        None => {
-            let f = evaluate_figures(
-                &state,
-                "average",
-                &metric,
-                &r,
-                grid,
-                &series,
-                1,
-                asked.is_some(),
-            )
-            .await?;
-            (Point::new(None, &f.aggs[0][0]), f.sketches)
-        }
+    let ask = Ask {
+        endpoint: "average",
+        metric: &metric,
+        range: &r,
+        grid: &grid,
+        zone: None,
+        weighing,
+        quantiles: asked.as_ref(),
     };
-    if let Some(q) = &asked {
-        q.annotate(
-            std::slice::from_mut(&mut aggregates),
-            sketches.first().map_or(&[][..], Vec::as_slice),
-        );
-    }
+    let one = [(Series::of(&sensor), 0, limit.unwrap_or(0))];
+    let mut points = group_points(&state, &ask, &one, 1).await?;
+    // The whole range is one point, without a start.
+    let mut aggregates = points
+        .pop()
+        .and_then(|mut p| p.pop())
+        .unwrap_or_else(|| Point::new(None, &Agg::default()));
+    aggregates.start = None;
     Ok(Json(AverageResponse {
         sensor,
         metric: metric.to_string(),
@@ -184,60 +144,25 @@ pub async fn series<S: BucketStore>(
     let mut r = range(&state, &params)?;
     let grid = series_grid(&state, &params, &r, tz.as_ref().map(|t| &t.1))?;
     let coarse = coarse(&state, &mut r, Some(&grid))?;
-    let series = [(Series::of(&sensor), 0)];
     let zone = tz.as_ref().map(|t| &t.1);
     let limit = match weighing {
         Some(how) => Some(one_limit(&state, "series", &sensor, &how).await?),
         None => None,
     };
-    let (mut points, sketches) = match weighing.zip(limit) {
-        Some((how, limit)) => {
-            let one = [(series[0].0, 0, limit)];
-            let figures = weighting::weighted_points(
-                &state,
-                "series",
-                &metric,
-                &r,
-                &grid,
-                &one,
-                1,
-                how.weighting,
-            )
-            .await?;
-            let none = Vec::new();
-            let points =
-                weighting::weighted_points_of(&grid, figures.first().unwrap_or(&none), zone)?;
-            let sketches = quantiles::sketches(
-                &state,
-                "series",
-                &metric,
-                &r,
-                &grid,
-                &series,
-                1,
-                asked.as_ref(),
-            )
-            .await?;
-            (points, sketches)
-        }
-        None => {
-            let f = evaluate_figures(
-                &state,
-                "series",
-                &metric,
-                &r,
-                grid.clone(),
-                &series,
-                1,
-                asked.is_some(),
-            )
-            .await?;
-            (points_of(&grid, &f.aggs[0], zone)?, f.sketches)
-        }
+    let ask = Ask {
+        endpoint: "series",
+        metric: &metric,
+        range: &r,
+        grid: &grid,
+        zone,
+        weighing,
+        quantiles: asked.as_ref(),
     };
-    if let Some(q) = &asked {
-        q.annotate(&mut points, sketches.first().map_or(&[][..], Vec::as_slice));
-    }
+    let one = [(Series::of(&sensor), 0, limit.unwrap_or(0))];
+    let points = group_points(&state, &ask, &one, 1)
+        .await?
+        .pop()
+        .unwrap_or_default();
     if csv {
         let mut response = csv_response(|w| {
             w.write_record(point_columns(weighing.is_some(), asked.as_ref()))?;

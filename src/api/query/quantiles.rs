@@ -6,7 +6,7 @@
 use serde::ser::{Serialize, SerializeMap, Serializer};
 
 use super::Point;
-use super::admission::evaluate_figures;
+use super::evaluation::evaluate_figures;
 use super::range::Range;
 use crate::api::params::Params;
 use crate::api::{ApiError, AppState};

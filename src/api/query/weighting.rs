@@ -2,7 +2,8 @@
 //! sensor or of groups (`query::weighted`).
 
 use super::Point;
-use super::admission::{admit, beyond_a_double, check_finite, store_error};
+use super::admission::{admit, store_error};
+use super::evaluation::{beyond_a_double, check_finite};
 use super::range::{Range, points_of};
 use crate::api::ApiError;
 use crate::api::AppState;

@@ -18,7 +18,7 @@
 
 use serde::Deserialize;
 
-use super::{Collector, DecodeContext, DecodeError};
+use super::outcome::{Collector, DecodeContext, DecodeError};
 use crate::domain::{MetricName, Reading, SensorId};
 
 /// How integer timestamps count.

@@ -3,196 +3,22 @@
 //! A request is all or nothing: one invalid reading refuses all of them, with
 //! the index and reason of each (up to [`MAX_DETAILS`]).
 
-use std::borrow::Cow;
 use std::fmt;
 
 use serde::de::{self, Deserializer, Visitor};
-use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::domain::{
-    InvalidReading, MetricName, Reading, SensorId, TimeWindow, parse_timestamp_ms,
-    parse_timestamp_str,
-};
-use crate::telemetry::metrics::Rejection;
+use crate::domain::Reading;
 
 pub mod csv;
+mod fields;
+mod outcome;
 mod plain;
 
-/// How many per-reading errors a response lists at most.
-pub const MAX_DETAILS: usize = 100;
-
-/// The context a batch of readings is validated in.
-#[derive(Debug, Clone, Copy)]
-pub struct DecodeContext {
-    /// Time of receipt, epoch seconds: the timestamp of readings without one.
-    pub now: i64,
-    pub window: TimeWindow,
-    pub max_readings: usize,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Detail {
-    pub index: usize,
-    pub reason: String,
-}
-
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum DecodeError {
-    #[error("the body is not valid JSON: {0}")]
-    Malformed(String),
-    #[error("the body must be a reading object or an array of them")]
-    NotReadings,
-    /// A CSV body's header, or its text.
-    #[error("{0}")]
-    Csv(String),
-    #[error("{count} readings in one request; the limit is {max}")]
-    TooMany { count: usize, max: usize },
-    #[error("{invalid} of {total} readings are invalid; nothing was stored")]
-    Invalid {
-        invalid: usize,
-        total: usize,
-        details: Vec<Detail>,
-    },
-}
-
-impl DecodeError {
-    /// How it counts in `hourglass_readings_rejected_total`: the reason and
-    /// how many readings it refused (1 when they could not be counted).
-    pub fn rejection(&self) -> (Rejection, usize) {
-        match self {
-            DecodeError::Malformed(_) | DecodeError::NotReadings | DecodeError::Csv(_) => {
-                (Rejection::Malformed, 1)
-            }
-            DecodeError::TooMany { count, .. } => (Rejection::TooLarge, *count),
-            DecodeError::Invalid { total, .. } => (Rejection::Invalid, *total),
-        }
-    }
-}
-
-/// A timestamp as sent: RFC 3339 text or integer epoch milliseconds.
-struct Ts(Result<i64, InvalidReading>);
-
-impl<'de> Deserialize<'de> for Ts {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct TsVisitor;
-        impl Visitor<'_> for TsVisitor {
-            type Value = Ts;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an RFC 3339 string or integer epoch milliseconds")
-            }
-            fn visit_i64<E: de::Error>(self, ms: i64) -> Result<Ts, E> {
-                Ok(Ts(Ok(parse_timestamp_ms(ms))))
-            }
-            fn visit_u64<E: de::Error>(self, ms: u64) -> Result<Ts, E> {
-                Ok(Ts(i64::try_from(ms)
-                    .map(parse_timestamp_ms)
-                    .map_err(|_| InvalidReading::TimestampFormat)))
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Ts, E> {
-                Ok(Ts(Err(InvalidReading::TimestampFormat)))
-            }
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<Ts, E> {
-                Ok(Ts(parse_timestamp_str(s)))
-            }
-        }
-        d.deserialize_any(TsVisitor)
-    }
-}
-
-/// A string borrowed from the body unless it holds escapes. serde borrows a
-/// bare `Cow<str>` field but not one inside an `Option`: without this, every
-/// reading would allocate its sensor and metric names.
-struct Text<'a>(Cow<'a, str>);
-
-impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct TextVisitor;
-        impl<'de> Visitor<'de> for TextVisitor {
-            type Value = Text<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Text<'de>, E> {
-                Ok(Text(Cow::Borrowed(s)))
-            }
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<Text<'de>, E> {
-                Ok(Text(Cow::Owned(s.to_owned())))
-            }
-            fn visit_string<E: de::Error>(self, s: String) -> Result<Text<'de>, E> {
-                Ok(Text(Cow::Owned(s)))
-            }
-        }
-        d.deserialize_str(TextVisitor)
-    }
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawReading<'a> {
-    #[serde(borrow, default)]
-    sensor: Option<Text<'a>>,
-    #[serde(borrow, default)]
-    metric: Option<Text<'a>>,
-    #[serde(default)]
-    ts: Option<Ts>,
-    value: f64,
-}
-
-/// serde_json appends " at line L column C"; inside one array element that
-/// position misleads more than it helps.
-fn reason(e: &serde_json::Error) -> String {
-    let s = e.to_string();
-    match s.rfind(" at line ") {
-        Some(i) => s[..i].to_owned(),
-        None => s,
-    }
-}
-
-/// The parts of a reading that its channel supplies, such as an MQTT topic.
-/// A payload may repeat them but not contradict them.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Implied<'a> {
-    pub sensor: Option<&'a str>,
-    pub metric: Option<&'a str>,
-}
-
-fn pick<'a>(
-    given: Option<Cow<'a, str>>,
-    implied: Option<&'a str>,
-    what: &'static str,
-) -> Result<Option<Cow<'a, str>>, InvalidReading> {
-    match (given, implied) {
-        (Some(g), Some(i)) if g != i => Err(InvalidReading::TopicMismatch(what)),
-        (_, Some(i)) => Ok(Some(Cow::Borrowed(i))),
-        (given, None) => Ok(given),
-    }
-}
-
-fn validate<'a>(
-    raw: RawReading<'a>,
-    implied: Implied<'a>,
-    ctx: &DecodeContext,
-) -> Result<Reading<'a>, InvalidReading> {
-    let sensor = pick(raw.sensor.map(|t| t.0), implied.sensor, "sensor")?
-        .ok_or(InvalidReading::MissingSensor)
-        .and_then(SensorId::parse)?;
-    let metric = match pick(raw.metric.map(|t| t.0), implied.metric, "metric")? {
-        Some(m) => MetricName::parse(m)?,
-        None => MetricName::default_metric(),
-    };
-    let value = Reading::check_value(raw.value)?;
-    let ts = match raw.ts {
-        Some(Ts(ts)) => ctx.window.check(ts?, ctx.now)?,
-        None => ctx.now,
-    };
-    Ok(Reading {
-        sensor,
-        metric,
-        ts,
-        value,
-    })
-}
+pub use fields::Implied;
+use fields::{RawReading, reason, validate};
+use outcome::Collector;
+pub use outcome::{DecodeContext, DecodeError, Detail, MAX_DETAILS};
 
 fn decode_one<'a>(
     json: &'a str,
@@ -451,55 +277,12 @@ fn collect<'a>(
     out.finish()
 }
 
-/// A request's readings as they are decoded: all of them, or the details
-/// of the invalid ones.
-struct Collector<'a> {
-    readings: Vec<Reading<'a>>,
-    details: Vec<Detail>,
-    total: usize,
-    invalid: usize,
-}
-
-impl<'a> Collector<'a> {
-    fn new(capacity: usize) -> Self {
-        Self {
-            readings: Vec::with_capacity(capacity),
-            details: Vec::new(),
-            total: 0,
-            invalid: 0,
-        }
-    }
-
-    fn push(&mut self, index: usize, result: Result<Reading<'a>, String>) {
-        self.total += 1;
-        match result {
-            Ok(r) if self.invalid == 0 => self.readings.push(r),
-            Ok(_) => {}
-            Err(reason) => {
-                self.invalid += 1;
-                if self.details.len() < MAX_DETAILS {
-                    self.details.push(Detail { index, reason });
-                }
-            }
-        }
-    }
-
-    fn finish(self) -> Result<Vec<Reading<'a>>, DecodeError> {
-        if self.invalid > 0 {
-            return Err(DecodeError::Invalid {
-                invalid: self.invalid,
-                total: self.total,
-                details: self.details,
-            });
-        }
-        Ok(self.readings)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    use crate::domain::{SensorId, TimeWindow};
 
     pub(super) const NOW: i64 = 1_381_961_300; // 2013-10-16T22:08:20Z
 

@@ -10,7 +10,8 @@
 
 use std::borrow::Cow;
 
-use super::{DecodeContext, Implied, RawReading, Text, Ts, validate};
+use super::fields::{Implied, RawReading, Text, Ts, validate};
+use super::outcome::DecodeContext;
 use crate::domain::{Reading, parse_timestamp_ms, parse_timestamp_str};
 
 /// Every reading of `text` (a JSON array), if they are all plain and valid.

@@ -2,10 +2,24 @@
 //! the series they belong to, and what was refused; the readings built
 //! grouped by series for whoever takes them.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 
-use super::{LineError, SensorLabels};
 use crate::domain::{MetricName, Reading, SensorId};
+
+/// A refused line: its number (from 1) and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LineError {
+    pub line: usize,
+    pub reason: String,
+}
+
+/// The labels one sensor's lines carry (each distinct tag set once per body).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SensorLabels<'a> {
+    pub sensor: &'a str,
+    pub labels: Vec<(Cow<'a, str>, Cow<'a, str>)>,
+}
 
 /// A reading as decoded: its series by number (see [`Decoded::series`]).
 /// A third of a [`Reading`]'s size, so a body's readings are written and

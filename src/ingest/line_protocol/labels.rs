@@ -9,7 +9,7 @@ use hashbrown::HashMap;
 use tokio::sync::mpsc;
 use tracing::warn;
 
-use super::SensorLabels;
+use super::decoded::SensorLabels;
 use crate::shutdown::Shutdown;
 use crate::store::BucketStore;
 

@@ -15,13 +15,11 @@ mod labels;
 pub mod parse;
 mod settings;
 
-use std::borrow::Cow;
-
 use bumpalo::Bump;
 use hashbrown::HashMap;
 
-pub use self::decoded::Decoded;
 use self::decoded::Row;
+pub use self::decoded::{Decoded, LineError, SensorLabels};
 pub use self::labels::LabelSync;
 use self::parse::{
     FieldValue, Kind, Line, Lines, ParseError, Text, parse_fields, parse_line, parse_series,
@@ -87,20 +85,6 @@ impl Precision {
             Self::Hours => ts.checked_mul(3600),
         }
     }
-}
-
-/// A refused line: its number (from 1) and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LineError {
-    pub line: usize,
-    pub reason: String,
-}
-
-/// The labels one sensor's lines carry (each distinct tag set once per body).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SensorLabels<'a> {
-    pub sensor: &'a str,
-    pub labels: Vec<(Cow<'a, str>, Cow<'a, str>)>,
 }
 
 /// More readings than a request may hold: nothing is taken.

@@ -18,7 +18,7 @@ use rumqttc::{Publish, QoS};
 use tokio::sync::mpsc;
 use tracing::warn;
 
-use super::Shared;
+use super::shared::Shared;
 use crate::journal::{Ack, NotSafe};
 
 /// What to do with a settled message.

@@ -16,9 +16,11 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
+use super::error::MqttError;
 use super::settings::PACKET_OVERHEAD;
+use super::settings::Settings;
+use super::shared::Shared;
 use super::topics::{shared_filter, subscription};
-use super::{MqttError, Settings, Shared};
 use crate::batcher::driver::retry_policy;
 
 /// Requests rumqttc may queue from the client handles (acks, subscribes).

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use rumqttc::Publish;
 
-use super::{Shared, Unusable};
+use super::shared::{Shared, Unusable};
 use crate::domain::Reading;
 use crate::journal::{Ack, IntakeError, Wait};
 use crate::telemetry::metrics::{Rejection, Source};

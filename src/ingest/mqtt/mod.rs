@@ -18,98 +18,35 @@
 
 mod acks;
 mod connection;
+mod error;
 mod intake;
 mod processor;
 mod settings;
+mod shared;
 mod sparkplug;
 mod topics;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicU64, AtomicUsize};
 
 use rumqttc::AsyncClient;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+pub use error::MqttError;
 pub use settings::Settings;
+use shared::Shared;
+pub use shared::{LineProtocol, MqttStats};
 pub use topics::parse_topic;
 
-use crate::ingest::line_protocol::LabelSync;
 use crate::journal::Intake;
-use crate::settings::Invalid;
 use crate::shutdown::Shutdown;
-use crate::telemetry::metrics::{Metrics, Rejection};
+use crate::telemetry::metrics::Metrics;
 
 /// Publishes between the event loop and the processor. The broker's in-flight
 /// window bounds how many can be outstanding, so this rarely fills.
 const PUBLISH_QUEUE: usize = 16_384;
-
-#[derive(Debug, thiserror::Error)]
-pub enum MqttError {
-    #[error("invalid configuration: {0}")]
-    Config(#[from] Invalid),
-    #[error("reading {what} {path}: {source}")]
-    File {
-        what: &'static str,
-        path: std::path::PathBuf,
-        source: std::io::Error,
-    },
-}
-
-/// Counters an operator (and the tests) can read.
-#[derive(Debug, Default)]
-pub struct MqttStats {
-    pub connected: AtomicBool,
-    /// The broker holds our subscription (acknowledged, or kept in the session).
-    pub subscribed: AtomicBool,
-    pub connections: AtomicU64,
-    pub received: AtomicU64,
-    pub acked: AtomicU64,
-    pub unusable: AtomicU64,
-}
-
-/// What line-protocol messages (on `mqtt.line_protocol_topic`) need.
-pub struct LineProtocol {
-    pub settings: crate::ingest::line_protocol::Settings,
-    pub labels: Arc<LabelSync>,
-}
-
-/// Why a message could not be used, and how it counts.
-#[derive(Debug, Clone)]
-pub struct Unusable {
-    pub(super) reason: String,
-    pub(super) kind: Rejection,
-    pub(super) readings: usize,
-}
-
-impl Unusable {
-    fn new(kind: Rejection, reason: impl Into<String>) -> Self {
-        Unusable {
-            reason: reason.into(),
-            kind,
-            readings: 1,
-        }
-    }
-}
-
-struct Shared {
-    settings: Settings,
-    ingest: crate::ingest::Settings,
-    line_protocol: LineProtocol,
-    intake: Intake,
-    client: AsyncClient,
-    stats: Arc<MqttStats>,
-    metrics: Arc<Metrics>,
-    shutdown: Shutdown,
-    /// The acker has sent everything it will: the connection may close.
-    acker_done: CancellationToken,
-    epoch: AtomicU64,
-    unacked: AtomicUsize,
-    /// The Sparkplug STATE timestamp of this run (Will and birth share it).
-    state_ms: u64,
-    births: Option<Arc<dyn crate::ingest::sparkplug::BirthBook>>,
-}
 
 /// The running ingestor.
 pub struct MqttIngest {

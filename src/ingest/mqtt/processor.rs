@@ -16,9 +16,9 @@ use tracing::warn;
 
 use super::acks::Pending;
 use super::intake::{FULL_RETRY, Submit, Submitted, check_size};
+use super::shared::{Shared, Unusable};
 use super::sparkplug;
 use super::topics::parse_topic;
-use super::{Shared, Unusable};
 use bumpalo::Bump;
 
 use crate::domain::Reading;

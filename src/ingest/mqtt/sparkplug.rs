@@ -9,7 +9,7 @@ use rumqttc::{Publish, QoS};
 use tracing::{info, warn};
 
 use super::intake::{Submit, Submitted, check_size, offer};
-use super::{Shared, Unusable};
+use super::shared::{Shared, Unusable};
 use crate::domain::{MetricName, Reading, SensorId, TimeWindow};
 use crate::ingest::line_protocol::SensorLabels;
 use crate::ingest::sparkplug::payload::{self, Parsed};

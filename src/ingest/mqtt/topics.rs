@@ -1,6 +1,6 @@
 //! Topics: which sensor (and metric) a message is about, and what we subscribe to.
 
-use super::Unusable;
+use super::shared::Unusable;
 use crate::domain::{MetricName, SensorId};
 use crate::ingest::decode::Implied;
 use crate::telemetry::metrics::Rejection;

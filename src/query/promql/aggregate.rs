@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use super::PromError;
 use super::ast::{AggOp, Grouping};
+use super::error::PromError;
 use super::functions::quantile;
 use super::value::{KahanSum, LabelSet, NAME, Series, format_value};
 

@@ -6,8 +6,8 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use super::PromError;
 use super::ast::{ArithOp, BinOp, Card, CmpOp, Matching, SetOp};
+use super::error::PromError;
 use super::value::{LabelSet, NAME, Series, Value, vector};
 
 /// `lhs op rhs` over `n` steps.

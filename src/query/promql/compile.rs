@@ -8,11 +8,11 @@ use promql_parser::parser::{
     self, AtModifier, Expr, LabelModifier, Offset, VectorMatchCardinality,
 };
 
-use super::PromError;
 use super::ast::{
     AggOp, ArithOp, At, BinOp, Card, CmpOp, DEFAULT_SUBQUERY_STEP_MS, Func, Grouping, Matching,
     Node, RangeArg, RangeFunc, SUPPORTED, Selector, SetOp,
 };
+use super::error::PromError;
 use super::limits::{self, Limits};
 
 fn unsupported(what: impl std::fmt::Display) -> PromError {
@@ -134,7 +134,7 @@ fn range_arg(arg: &Expr, name: &str) -> Result<RangeArg, PromError> {
 }
 
 fn walk(expr: &Expr) -> Result<Node, PromError> {
-    super::deep(|| walk_level(expr))
+    super::limits::deep(|| walk_level(expr))
 }
 
 fn walk_level(expr: &Expr) -> Result<Node, PromError> {

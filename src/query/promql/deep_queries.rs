@@ -2,9 +2,11 @@
 //! path (limits, parse, compile, reads, evaluation, drop) on a thread with a
 //! worker's stack: what stays recursive, the parser included, is safe there.
 
+use super::error::PromError;
 use super::limits::{DEPTH_CEILING, Limits, measure};
 use super::memory::{Budget, Memory};
-use super::{LabelSet, NAME, PromError, Steps};
+use super::value::{LabelSet, NAME};
+use super::window::Steps;
 use crate::domain::Sample;
 use crate::runtime::WORKER_STACK_BYTES;
 

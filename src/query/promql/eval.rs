@@ -6,10 +6,10 @@
 
 use regex::Regex;
 
-use super::PromError;
 use super::aggregate::{Param, aggregate, valid_label_name};
 use super::ast::{At, Func, LOOKBACK_MS, Node, RangeArg, RangeFunc, Selector};
 use super::binary::binary;
+use super::error::PromError;
 use super::functions::{
     Window, calendar, go_log2, go_log10, go_max, go_min, range_value, round, sgn,
 };
@@ -168,7 +168,7 @@ pub fn leaves(node: &Node, q: &Query, steps: &Steps) -> Result<Vec<Leaf>, PromEr
 }
 
 fn collect(node: &Node, q: &Query, steps: &Steps, out: &mut Vec<Leaf>) -> Result<(), PromError> {
-    super::deep(|| collect_level(node, q, steps, out))
+    super::limits::deep(|| collect_level(node, q, steps, out))
 }
 
 fn collect_level(
@@ -268,7 +268,7 @@ pub fn run(
     steps: &Steps,
     reads: &mut std::vec::IntoIter<Vec<Series>>,
 ) -> Result<Value, PromError> {
-    super::deep(|| run_level(node, q, steps, reads))
+    super::limits::deep(|| run_level(node, q, steps, reads))
 }
 
 fn run_level(
@@ -637,84 +637,11 @@ fn call(
         Func::Sort | Func::SortDesc => Value::Vector(instant_vector(arg(0)?, "sort")?),
         Func::LabelReplace => {
             let v = instant_vector(arg(0)?, "label_replace")?;
-            let dst = string(args.get(1), "label_replace's destination label")?;
-            let replacement = string(args.get(2), "label_replace's replacement")?;
-            let src = string(args.get(3), "label_replace's source label")?;
-            let regex = string(args.get(4), "label_replace's regular expression")?;
-            let re = Regex::new(&format!("^(?s:{regex})$")).map_err(|_| {
-                PromError::Execution(format!(
-                    "invalid regular expression in label_replace(): {regex}"
-                ))
-            })?;
-            if !valid_label_name(&dst) {
-                return Err(PromError::Execution(format!(
-                    "invalid destination label name in label_replace(): {dst}"
-                )));
-            }
-            let mut out = Vec::with_capacity(v.len());
-            for mut s in v {
-                q.in_time()?;
-                let value = s.labels.get(&src).cloned().unwrap_or_default();
-                if let Some(caps) = re.captures(&value) {
-                    // Each `$` reference (a byte at least) expands to at
-                    // most the longest group: a bound before it is built.
-                    let longest = caps.iter().flatten().map(|m| m.len()).max().unwrap_or(0);
-                    let refs = replacement.bytes().filter(|&b| b == b'$').count();
-                    let most = refs
-                        .saturating_mul(longest)
-                        .saturating_add(replacement.len() - refs);
-                    check_label_bytes(&s.labels, &dst, most, q.max_label_bytes, "label_replace")?;
-                    let mut res = String::new();
-                    caps.expand(&replacement, &mut res);
-                    s.labels.remove(&dst);
-                    if !res.is_empty() {
-                        s.labels.insert(dst.clone(), res);
-                    }
-                }
-                out.push(s);
-            }
-            vector(out)?
+            vector(label_replace(v, args, q)?)?
         }
         Func::LabelJoin => {
             let v = instant_vector(arg(0)?, "label_join")?;
-            let dst = string(args.get(1), "label_join's destination label")?;
-            let sep = string(args.get(2), "label_join's separator")?;
-            let srcs: Vec<String> = args
-                .iter()
-                .skip(3)
-                .map(|a| string(Some(a), "label_join's source labels"))
-                .collect::<Result<_, _>>()?;
-            if let Some(bad) = srcs.iter().find(|s| !valid_label_name(s)) {
-                return Err(PromError::Execution(format!(
-                    "invalid source label name in label_join(): {bad}"
-                )));
-            }
-            if !valid_label_name(&dst) {
-                return Err(PromError::Execution(format!(
-                    "invalid destination label name in label_join(): {dst}"
-                )));
-            }
-            let mut out = Vec::with_capacity(v.len());
-            for mut s in v {
-                q.in_time()?;
-                let parts: Vec<&str> = srcs
-                    .iter()
-                    .map(|l| s.labels.get(l).map_or("", String::as_str))
-                    .collect();
-                let length = parts
-                    .iter()
-                    .map(|p| p.len())
-                    .sum::<usize>()
-                    .saturating_add(sep.len().saturating_mul(parts.len().saturating_sub(1)));
-                check_label_bytes(&s.labels, &dst, length, q.max_label_bytes, "label_join")?;
-                let joined = parts.join(&sep);
-                s.labels.remove(&dst);
-                if !joined.is_empty() {
-                    s.labels.insert(dst.clone(), joined);
-                }
-                out.push(s);
-            }
-            vector(out)?
+            vector(label_join(v, args, q)?)?
         }
         Func::DayOfWeek
         | Func::DayOfMonth
@@ -735,6 +662,89 @@ fn call(
             }
         }
     })
+}
+
+/// `label_replace(v, dst, replacement, src, regex)` over `v`.
+fn label_replace(v: Vec<Series>, args: &[Node], q: &Query) -> Result<Vec<Series>, PromError> {
+    let dst = string(args.get(1), "label_replace's destination label")?;
+    let replacement = string(args.get(2), "label_replace's replacement")?;
+    let src = string(args.get(3), "label_replace's source label")?;
+    let regex = string(args.get(4), "label_replace's regular expression")?;
+    let re = Regex::new(&format!("^(?s:{regex})$")).map_err(|_| {
+        PromError::Execution(format!(
+            "invalid regular expression in label_replace(): {regex}"
+        ))
+    })?;
+    if !valid_label_name(&dst) {
+        return Err(PromError::Execution(format!(
+            "invalid destination label name in label_replace(): {dst}"
+        )));
+    }
+    let mut out = Vec::with_capacity(v.len());
+    for mut s in v {
+        q.in_time()?;
+        let value = s.labels.get(&src).cloned().unwrap_or_default();
+        if let Some(caps) = re.captures(&value) {
+            // Each `$` reference (a byte at least) expands to at
+            // most the longest group: a bound before it is built.
+            let longest = caps.iter().flatten().map(|m| m.len()).max().unwrap_or(0);
+            let refs = replacement.bytes().filter(|&b| b == b'$').count();
+            let most = refs
+                .saturating_mul(longest)
+                .saturating_add(replacement.len() - refs);
+            check_label_bytes(&s.labels, &dst, most, q.max_label_bytes, "label_replace")?;
+            let mut res = String::new();
+            caps.expand(&replacement, &mut res);
+            s.labels.remove(&dst);
+            if !res.is_empty() {
+                s.labels.insert(dst.clone(), res);
+            }
+        }
+        out.push(s);
+    }
+    Ok(out)
+}
+
+/// `label_join(v, dst, separator, src...)` over `v`.
+fn label_join(v: Vec<Series>, args: &[Node], q: &Query) -> Result<Vec<Series>, PromError> {
+    let dst = string(args.get(1), "label_join's destination label")?;
+    let sep = string(args.get(2), "label_join's separator")?;
+    let srcs: Vec<String> = args
+        .iter()
+        .skip(3)
+        .map(|a| string(Some(a), "label_join's source labels"))
+        .collect::<Result<_, _>>()?;
+    if let Some(bad) = srcs.iter().find(|s| !valid_label_name(s)) {
+        return Err(PromError::Execution(format!(
+            "invalid source label name in label_join(): {bad}"
+        )));
+    }
+    if !valid_label_name(&dst) {
+        return Err(PromError::Execution(format!(
+            "invalid destination label name in label_join(): {dst}"
+        )));
+    }
+    let mut out = Vec::with_capacity(v.len());
+    for mut s in v {
+        q.in_time()?;
+        let parts: Vec<&str> = srcs
+            .iter()
+            .map(|l| s.labels.get(l).map_or("", String::as_str))
+            .collect();
+        let length = parts
+            .iter()
+            .map(|p| p.len())
+            .sum::<usize>()
+            .saturating_add(sep.len().saturating_mul(parts.len().saturating_sub(1)));
+        check_label_bytes(&s.labels, &dst, length, q.max_label_bytes, "label_join")?;
+        let joined = parts.join(&sep);
+        s.labels.remove(&dst);
+        if !joined.is_empty() {
+            s.labels.insert(dst.clone(), joined);
+        }
+        out.push(s);
+    }
+    Ok(out)
 }
 
 /// Each value replaced by `f(step, value)` (none drops it), `__name__`

@@ -16,7 +16,7 @@
 //!   subquery counts as one) over operands at most `d` deep is at most
 //!   `k + d` deep, and brackets add one level to what they hold.
 
-use super::PromError;
+use super::error::PromError;
 
 /// `[query]`'s limits on a PromQL text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -321,6 +321,19 @@ fn string_end(bytes: &[u8], start: usize) -> usize {
         }
     }
     bytes.len()
+}
+
+/// Runs one level of a recursive walk over a tree, on a fresh stack
+/// segment when the current stack is nearly used up (as rustc does). The
+/// limits keep trees small enough for any worker's stack, but a debug
+/// build's frames are many times a release build's; this keeps both safe.
+pub(crate) fn deep<R>(f: impl FnOnce() -> R) -> R {
+    const RED_ZONE: usize = if cfg!(debug_assertions) {
+        256 * 1024
+    } else {
+        64 * 1024
+    };
+    stacker::maybe_grow(RED_ZONE, 1024 * 1024, f)
 }
 
 #[cfg(test)]

@@ -3,11 +3,14 @@
 //! without a store, for the fuzz target and the tests that prove deep
 //! queries safe on a worker's stack. Pure.
 
-use super::{
-    Cost, LabelSet, LeafFunc, Limits, NAME, Outcome, Prepared, PromError, Series, Steps, Windows,
-    matches, window_values,
-};
+use super::error::PromError;
+use super::eval::LeafFunc;
+use super::limits::Limits;
+use super::read::{Outcome, Prepared, matches, window_values};
+use super::value::{LabelSet, NAME, Series};
+use super::window::{Steps, Windows};
 use crate::domain::{Agg, Sample, Summary};
+use crate::query::engine::Cost;
 use crate::query::plan::{Cell, Need};
 
 /// Series and their readings (epoch seconds, in time order), with their

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use super::PromError;
+use super::error::PromError;
 
 /// Label name to value, sorted (Prometheus' order), `__name__` included.
 pub type LabelSet = BTreeMap<String, String>;

@@ -15,7 +15,8 @@ use mongodb::IndexModel;
 use mongodb::bson::{Bson, DateTime, Document, doc};
 use mongodb::options::{IndexOptions, ReturnDocument};
 
-use super::{MongoStore, classify, classify_read};
+use super::classify::{classify, classify_read};
+use super::connection::MongoStore;
 use crate::domain::BucketUpdate;
 use crate::store::{Change, Read, StoreError};
 

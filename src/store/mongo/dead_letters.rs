@@ -7,7 +7,8 @@ use futures_util::TryStreamExt;
 use mongodb::bson::{Bson, Document, doc};
 use tracing::{info, warn};
 
-use super::{MongoStore, classify};
+use super::classify::{classify, classify_read};
+use super::connection::MongoStore;
 use crate::batcher::{Outcome, Sink};
 use crate::domain::{BucketKey, BucketUpdate, MetricName, SensorId};
 use crate::store::StoreError;
@@ -212,7 +213,7 @@ impl MongoStore {
             .dead_letters
             .estimated_document_count()
             .await
-            .map_err(super::classify_read)?;
+            .map_err(classify_read)?;
         let mut cursor = self
             .dead_letters
             .find(doc! {})
@@ -220,7 +221,7 @@ impl MongoStore {
             .projection(doc! { "sensor": 1, "metric": 1, "bucket_start": 1, "readings.ts": 1, "reason": 1, "at": 1 })
             .limit(MAX_LISTED as i64)
             .await
-            .map_err(super::classify_read)?;
+            .map_err(classify_read)?;
         let seconds = |d: &Document, k: &str| {
             d.get_datetime(k)
                 .map(|t| t.timestamp_millis().div_euclid(1000))
@@ -228,7 +229,7 @@ impl MongoStore {
         };
         let mut out = Vec::new();
         while out.len() < limit.min(MAX_LISTED) {
-            let Some(d) = cursor.try_next().await.map_err(super::classify_read)? else {
+            let Some(d) = cursor.try_next().await.map_err(classify_read)? else {
                 break;
             };
             let sensor = d.get_str("sensor").unwrap_or_default();

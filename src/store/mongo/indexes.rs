@@ -10,12 +10,24 @@ use mongodb::bson::doc;
 use mongodb::options::IndexOptions;
 use tracing::info;
 
-use super::{
-    BUCKET_INDEX, DEAD_LETTER_RETENTION_INDEX, MongoStore, RETENTION_INDEX, ROLLUP_INDEX, classify,
-};
+use super::classify::classify;
+use super::connection::MongoStore;
 use crate::domain::Period;
 use crate::store::StoreError;
 use crate::store::errors;
+
+/// The unique index on a bucket's identity. Its prefix `(sensor, metric)` plus
+/// the range on `start` also serves every query, so it is the only index.
+const BUCKET_INDEX: &str = "sensor_metric_start";
+
+/// The unique index on a rollup's identity; it also serves every rollup read.
+const ROLLUP_INDEX: &str = "sensor_metric_period_start";
+
+/// The TTL index that implements `buckets.retention`.
+const RETENTION_INDEX: &str = "start_ttl";
+
+/// The TTL index that implements `mongodb.dead_letter_retention`.
+const DEAD_LETTER_RETENTION_INDEX: &str = "at_ttl";
 
 /// The server's code for a `create` of a collection that exists.
 const NAMESPACE_EXISTS: i32 = 48;

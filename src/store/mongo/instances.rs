@@ -11,7 +11,8 @@
 use futures_util::TryStreamExt;
 use mongodb::bson::{Bson, DateTime, Document, doc};
 
-use super::{MongoStore, classify, classify_read};
+use super::classify::{classify, classify_read};
+use super::connection::MongoStore;
 use crate::store::StoreError;
 
 const PREFIX: &str = "instance:";

@@ -8,7 +8,8 @@
 use mongodb::bson::{Bson, Document, doc};
 use mongodb::error::{ErrorKind, WriteFailure};
 
-use super::{MongoStore, classify};
+use super::classify::{classify, classify_read};
+use super::connection::MongoStore;
 use crate::domain::Granularity;
 use crate::store::errors::DUPLICATE_KEY;
 use crate::store::rollup::ROLLUP_SCHEMA_VERSION;
@@ -230,10 +231,10 @@ impl MongoStore {
             .metadata
             .find(doc! { "_id": { "$regex": pattern } })
             .await
-            .map_err(super::classify_read)?
+            .map_err(classify_read)?
             .try_collect()
             .await
-            .map_err(super::classify_read)?;
+            .map_err(classify_read)?;
         self.count(|m| m.db_documents("read", "metadata", "sparkplug_birth", docs.len() as u64));
         docs.into_iter()
             .map(|d| {

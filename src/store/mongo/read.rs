@@ -7,7 +7,9 @@ use std::time::Duration;
 use mongodb::Collection;
 use mongodb::bson::{Bson, Document, RawDocumentBuf, doc};
 
-use super::{BATCH_DOCUMENTS, EXPORT_BATCH_DOCUMENTS, MongoStore, classify_read, shapes, unix_now};
+use super::classify::classify_read;
+use super::connection::{BATCH_DOCUMENTS, EXPORT_BATCH_DOCUMENTS, MongoStore, unix_now};
+use super::shapes;
 use crate::domain::{Level, Starts, Values, field_name};
 use crate::store::document::{read_bucket, start_date};
 use crate::store::rollup::read_rollup;

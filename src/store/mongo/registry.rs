@@ -6,7 +6,8 @@ use futures_util::TryStreamExt;
 use mongodb::bson::{Bson, Document, doc};
 use mongodb::options::ReturnDocument;
 
-use super::{MongoStore, classify, classify_read};
+use super::classify::{classify, classify_read};
+use super::connection::{MongoStore, Registering};
 use crate::domain::{BucketUpdate, Labels, Reading};
 use crate::journal::Registrar;
 use crate::store::StoreError;
@@ -159,9 +160,6 @@ impl MongoStore {
 
 /// Series registered ahead of storage, waiting for the registrar task.
 const REGISTER_QUEUE: usize = 1024;
-
-/// New series to register, and whom to tell once they are.
-pub type Registering = (Vec<(String, String)>, oneshot::Sender<()>);
 
 impl Registrar for MongoStore {
     fn unseen(&self, readings: &[Reading<'_>]) -> Vec<(String, String)> {

@@ -12,7 +12,8 @@ use futures_util::StreamExt;
 use mongodb::bson::RawDocument;
 use mongodb::raw_batch_cursor::RawBatchCursor;
 
-use super::{MongoStore, driver_cpu};
+use super::connection::MongoStore;
+use super::driver_cpu;
 use crate::store::StoreError;
 
 impl MongoStore {

@@ -17,12 +17,12 @@
 
 use std::collections::BTreeSet;
 
-use mongodb::bson::{Bson, DateTime, Document, RawDocument, RawDocumentBuf, doc, oid::ObjectId};
+use mongodb::bson::{Bson, DateTime, Document, doc, oid::ObjectId};
 use mongodb::options::IndexOptions;
 use mongodb::{Collection, Database, IndexModel};
 use tracing::{info, warn};
 
-use super::{MongoStore, classify};
+use super::classify::classify;
 use crate::store::StoreError;
 
 /// A series: sensor and metric.
@@ -256,7 +256,7 @@ pub async fn read_shape(db: &Database, scratch: &str) -> Result<ReadShape, Store
 /// series nobody asked for, which the reader skips. One value is an
 /// equality, not a `$in` of one: a server that scans for `$in` (see the
 /// module's doc) answers an equality from its index.
-fn series_filter<'a>(series: impl Iterator<Item = &'a Series>) -> Document {
+pub(super) fn series_filter<'a>(series: impl Iterator<Item = &'a Series>) -> Document {
     let mut sensors = BTreeSet::new();
     let mut metrics = BTreeSet::new();
     for (sensor, metric) in series {
@@ -268,63 +268,6 @@ fn series_filter<'a>(series: impl Iterator<Item = &'a Series>) -> Document {
         _ => Bson::Document(doc! { "$in": values.into_iter().collect::<Vec<_>>() }),
     };
     doc! { "sensor": one_or_in(sensors), "metric": one_or_in(metrics) }
-}
-
-impl MongoStore {
-    /// Hands `each` every document of `collection` that `rest` (the filter
-    /// beside the series) selects of `series`: one find of the series'
-    /// sensors and metrics in `$in`s (whose product may hold series nobody
-    /// asked for, which the caller skips), or, where the server would scan
-    /// for those (see `shapes`), one find per series, a few at once.
-    /// Answers the replies it took.
-    pub(super) async fn each_series_document(
-        &self,
-        collection: &Collection<Document>,
-        series: &[&Series],
-        rest: &Document,
-        projection: &Document,
-        mut each: impl FnMut(&RawDocument) -> Result<(), StoreError>,
-    ) -> Result<usize, StoreError> {
-        if self.read_shape != ReadShape::PerSeries || series.len() < 2 {
-            let mut filter = series_filter(series.iter().copied());
-            filter.extend(rest.clone());
-            let query = collection
-                .find(filter)
-                .projection(projection.clone())
-                .batch();
-            return self.each_document(query, true, classify, each).await;
-        }
-        use futures_util::StreamExt;
-        let mut finds = Vec::with_capacity(series.len());
-        for &(sensor, metric) in series {
-            let mut filter = doc! { "sensor": sensor.as_str(), "metric": metric.as_str() };
-            filter.extend(rest.clone());
-            let query = collection
-                .find(filter)
-                .projection(projection.clone())
-                .batch();
-            finds.push(async move {
-                let mut docs: Vec<RawDocumentBuf> = Vec::new();
-                let replies = self
-                    .each_document(query, true, classify, |d| {
-                        docs.push(d.to_raw_document_buf());
-                        Ok(())
-                    })
-                    .await?;
-                Ok::<_, StoreError>((docs, replies))
-            });
-        }
-        let mut finds = futures_util::stream::iter(finds).buffered(CONCURRENT_FINDS);
-        let mut replies = 0;
-        while let Some(found) = finds.next().await {
-            let (docs, r) = found?;
-            replies += r;
-            for d in &docs {
-                each(d)?;
-            }
-        }
-        Ok(replies)
-    }
 }
 
 #[cfg(test)]

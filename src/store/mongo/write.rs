@@ -4,7 +4,8 @@
 
 use mongodb::bson::{Bson, Document};
 
-use super::{MongoStore, unconfirmed};
+use super::classify::unconfirmed;
+use super::connection::MongoStore;
 use crate::batcher::{Outcome, Written};
 use crate::domain::BucketUpdate;
 use crate::store::command::{Chunk, Commands, Target};

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::Reject;
+use super::batch::Reject;
 use crate::transfer::TransferError;
 
 /// How often a running import writes its checkpoint.

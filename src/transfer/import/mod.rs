@@ -19,6 +19,7 @@
 //! (400) is checked line by line, then split until the lines it refuses
 //! are found.
 
+mod batch;
 pub mod checkpoint;
 pub mod formats;
 mod reader;
@@ -32,11 +33,13 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
+pub use self::batch::Reject;
+use self::batch::{Batch, Item};
 use self::checkpoint::{Checkpoint, Rejects};
 pub use self::formats::Format;
 use self::formats::{Checker, Converter};
 use self::reader::{Reader, Spares, open};
-use super::{Client, Posted, TransferError};
+use super::client::{Client, Posted, TransferError};
 use crate::config::Settings;
 use crate::ingest::decode::csv::CsvColumns;
 pub use crate::ingest::decode::csv::TsUnit;
@@ -84,35 +87,6 @@ pub struct ImportSummary {
     pub elapsed: Duration,
 }
 
-/// One line of a batch: where it came from, its bytes in the batch text.
-#[derive(Debug, Clone, Copy)]
-struct Item {
-    line: u64,
-    start: usize,
-    end: usize,
-    readings: usize,
-}
-
-/// A refused line.
-#[derive(Debug, Clone)]
-pub struct Reject {
-    pub line: u64,
-    pub reason: String,
-    pub text: String,
-}
-
-/// Records of one file, sent as one request (or split if refused).
-struct Batch {
-    file: usize,
-    /// Records consumed up to the end of this batch.
-    records: u64,
-    text: Vec<u8>,
-    items: Vec<Item>,
-    rejects: Vec<Reject>,
-    /// The file's last batch.
-    last: bool,
-}
-
 /// A file with what was settled before it is read.
 struct Plan {
     path: PathBuf,
@@ -127,31 +101,11 @@ pub async fn run(
     options: ImportOptions,
 ) -> Result<ImportSummary, TransferError> {
     let started = Instant::now();
-    let precision = Precision::v2(&options.precision).ok_or_else(|| {
-        TransferError::Usage(format!(
-            "--precision {:?} is not one of ns, us, ms, s",
-            options.precision
-        ))
-    })?;
-    if options.batch == 0 || options.in_flight == 0 {
-        return Err(TransferError::Usage(
-            "--batch and --in-flight must be at least 1".into(),
-        ));
-    }
+    let precision = checked(&options)?;
     let batch = options.batch.min(settings.ingest.max_readings_per_request);
     // Half the body limit: a JSON reading can grow on the server's side
     // of the count, and a batch is cut by bytes as well as readings.
     let max_bytes = settings.http.max_body_bytes / 2;
-    // A state directory named on the command line is made, as `mkdir -p`
-    // would: its checkpoints are the import's own.
-    if let Some(dir) = &options.state_dir {
-        std::fs::create_dir_all(dir).map_err(|e| {
-            TransferError::Usage(format!(
-                "--state-dir {}: cannot be made ({e})",
-                dir.display()
-            ))
-        })?;
-    }
     // Everything that can stop an import is checked before anything is sent.
     let mut plans = Vec::new();
     for path in &options.files {
@@ -168,18 +122,7 @@ pub async fn run(
         .filter(|p| !p.checkpoint.done)
         .map(|p| p.checkpoint.size)
         .sum();
-    let progress = if options.progress {
-        indicatif::ProgressBar::new(total)
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
-    progress.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{elapsed_precise} [{wide_bar}] {bytes}/{total_bytes} {msg} ETA {eta}",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-        .progress_chars("=> "),
-    );
+    let progress = progress_bar(total, options.progress);
     let read_bytes = Arc::new(AtomicU64::new(0));
     let spares = Spares::default();
     // Two batches ready beyond those in flight: the reader is many times
@@ -220,24 +163,7 @@ pub async fn run(
             }
         })
         .map_err(|e| TransferError::Io(format!("starting the reader thread: {e}")))?;
-    let senders: Vec<Sender> = plans
-        .iter()
-        .map(|p| Sender {
-            format: p.format,
-            precision: options.precision.clone(),
-            ts_unit: options.ts_unit,
-            head: bytes::Bytes::from(header_line(p)),
-            check: Checker::new(
-                p.format,
-                settings
-                    .ingest
-                    .decode_context(time::OffsetDateTime::now_utc().unix_timestamp()),
-                precision,
-                settings.line_protocol.sensor_tags.clone(),
-                p.columns.clone().map(|c| (c, options.ts_unit)),
-            ),
-        })
-        .collect();
+    let senders = senders(&plans, settings, &options, precision);
     let settled =
         futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) })
             .map(|batch| {
@@ -297,12 +223,7 @@ pub async fn run(
         batch.rejects.extend(refused);
         batch.rejects.sort_by_key(|r| r.line);
         let plan = &mut plans[batch.file];
-        plan.rejects.append(&plan.path, &batch.rejects)?;
-        plan.checkpoint.records = batch.records;
-        plan.checkpoint.readings += readings;
-        plan.checkpoint.rejected += batch.rejects.len() as u64;
-        plan.checkpoint.rejects_bytes = plan.rejects.len();
-        plan.checkpoint.done = batch.last;
+        settle(plan, &batch, readings)?;
         unsaved = Some(batch.file);
         if batch.last || saved.elapsed() >= checkpoint::SAVE_EVERY {
             save(plan)?;
@@ -329,6 +250,89 @@ pub async fn run(
     summary.retries = client.retries();
     summary.elapsed = started.elapsed();
     Ok(summary)
+}
+
+/// The options' own checks, before any file is looked at: the precision
+/// they name, and the state directory made, as `mkdir -p` would (its
+/// checkpoints are the import's own).
+fn checked(options: &ImportOptions) -> Result<Precision, TransferError> {
+    let precision = Precision::v2(&options.precision).ok_or_else(|| {
+        TransferError::Usage(format!(
+            "--precision {:?} is not one of ns, us, ms, s",
+            options.precision
+        ))
+    })?;
+    if options.batch == 0 || options.in_flight == 0 {
+        return Err(TransferError::Usage(
+            "--batch and --in-flight must be at least 1".into(),
+        ));
+    }
+    if let Some(dir) = &options.state_dir {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            TransferError::Usage(format!(
+                "--state-dir {}: cannot be made ({e})",
+                dir.display()
+            ))
+        })?;
+    }
+    Ok(precision)
+}
+
+/// The bar of bytes read out of `total`, hidden when not asked for.
+fn progress_bar(total: u64, shown: bool) -> indicatif::ProgressBar {
+    let progress = if shown {
+        indicatif::ProgressBar::new(total)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    progress.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{elapsed_precise} [{wide_bar}] {bytes}/{total_bytes} {msg} ETA {eta}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    progress
+}
+
+/// What sends each file's batches: its format, header and the checker of
+/// a batch the service refused.
+fn senders(
+    plans: &[Plan],
+    settings: &Settings,
+    options: &ImportOptions,
+    precision: Precision,
+) -> Vec<Sender> {
+    plans
+        .iter()
+        .map(|p| Sender {
+            format: p.format,
+            precision: options.precision.clone(),
+            ts_unit: options.ts_unit,
+            head: bytes::Bytes::from(header_line(p)),
+            check: Checker::new(
+                p.format,
+                settings
+                    .ingest
+                    .decode_context(time::OffsetDateTime::now_utc().unix_timestamp()),
+                precision,
+                settings.line_protocol.sensor_tags.clone(),
+                p.columns.clone().map(|c| (c, options.ts_unit)),
+            ),
+        })
+        .collect()
+}
+
+/// A settled batch into its file's rejects and checkpoint (saved by the
+/// caller): `readings` of it were stored.
+fn settle(plan: &mut Plan, batch: &Batch, readings: u64) -> Result<(), TransferError> {
+    plan.rejects.append(&plan.path, &batch.rejects)?;
+    plan.checkpoint.records = batch.records;
+    plan.checkpoint.readings += readings;
+    plan.checkpoint.rejected += batch.rejects.len() as u64;
+    plan.checkpoint.rejects_bytes = plan.rejects.len();
+    plan.checkpoint.done = batch.last;
+    Ok(())
 }
 
 /// What starts each of a file's batches: a CSV file's header, naming the

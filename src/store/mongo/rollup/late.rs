@@ -9,7 +9,9 @@ use mongodb::bson::{Bson, Document, RawDocumentBuf, doc, oid::ObjectId};
 
 use super::reads::Written;
 use crate::domain::{BucketUpdate, Granularity};
-use crate::store::mongo::{MongoStore, classify, classify_read, unix_now};
+use crate::store::mongo::MongoStore;
+use crate::store::mongo::classify::{classify, classify_read};
+use crate::store::mongo::connection::unix_now;
 use crate::store::raw_writer::{Open, Writer, index_key};
 use crate::store::rollup::late::{self, Entry};
 use crate::store::rollup::schedule::Job;
@@ -115,8 +117,7 @@ impl MongoStore {
         let ordering = std::sync::atomic::Ordering::AcqRel;
         self.last_mark.fetch_max(now, ordering);
         let written = self.write_marks(&marks, now).await;
-        self.last_mark
-            .fetch_max(crate::store::mongo::unix_now(), ordering);
+        self.last_mark.fetch_max(unix_now(), ordering);
         let written = written?;
         // What the query caches of every instance drop (see `changes`).
         let ended: Vec<&BucketUpdate> = stored

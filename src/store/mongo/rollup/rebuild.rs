@@ -11,7 +11,8 @@ use tracing::info;
 use crate::domain::Period;
 use crate::store::StoreError;
 use crate::store::document::start_date;
-use crate::store::mongo::{MongoStore, classify};
+use crate::store::mongo::MongoStore;
+use crate::store::mongo::classify::classify;
 use crate::store::rollup::schedule::{HOUR, Job};
 
 const DAY: i64 = 86_400;

@@ -7,7 +7,8 @@ use tracing::{info, warn};
 
 use super::{late, reads};
 use crate::store::StoreError;
-use crate::store::mongo::{MongoStore, unix_now};
+use crate::store::mongo::MongoStore;
+use crate::store::mongo::connection::unix_now;
 use crate::store::rollup::schedule::Job;
 
 /// How long until the wall clock reaches `due` (epoch seconds), a little

@@ -8,9 +8,10 @@ use std::rc::Rc;
 
 use tokio::sync::mpsc;
 
-use super::super::{Batch, Reject, TransferError};
-use super::{MAX_LINE_BYTES, Reader};
+use super::super::batch::{Batch, Reject};
+use super::job::{MAX_LINE_BYTES, Reader};
 use crate::ingest::decode::csv as csv_body;
+use crate::transfer::TransferError;
 
 /// The `csv` crate's input, failing once a record passes
 /// [`MAX_LINE_BYTES`] (an unclosed quote would read the rest of the file

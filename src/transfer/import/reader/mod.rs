@@ -2,19 +2,23 @@
 //! cut into batches, handed to the senders in file order.
 
 mod csv_rows;
+mod job;
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc;
 
 pub(super) use self::csv_rows::Bounded;
 use self::csv_rows::PlainCsv;
-use super::formats::{Converter, Format};
-use super::{Batch, Item, Reject, TransferError};
+use self::job::MAX_LINE_BYTES;
+pub(super) use self::job::{Reader, Spares};
+use super::batch::{Batch, Item, Reject};
+use super::formats::Format;
+use crate::transfer::TransferError;
 
 /// Counts the bytes read from the file (before decompression): the progress.
 struct Counting<R> {
@@ -49,18 +53,6 @@ pub(super) fn open(
     })
 }
 
-/// Batch buffers handed back once sent, for the next batches: their pages
-/// are faulted in once, not for every batch.
-#[derive(Debug, Clone, Default)]
-pub(super) struct Spares(Arc<Mutex<Vec<Spare>>>);
-
-/// A batch's text and items, emptied.
-type Spare = (Vec<u8>, Vec<Item>);
-
-/// The longest line (or CSV record) an import reads: a file with no line
-/// ends, or an unclosed quote, is refused instead of read into memory.
-pub(super) const MAX_LINE_BYTES: usize = 1024 * 1024;
-
 fn too_long(path: &Path, line: u64) -> TransferError {
     TransferError::Io(format!(
         "{}: line {line} is longer than {MAX_LINE_BYTES} bytes without ending; is the file newline-delimited (an unclosed quote, in CSV)?",
@@ -74,40 +66,6 @@ fn check_line(carry: &[u8], path: &Path, records: u64) -> Result<(), TransferErr
         return Err(too_long(path, records + 1));
     }
     Ok(())
-}
-
-impl Spares {
-    /// Enough for the batches in flight and queued; more are dropped.
-    const KEPT: usize = 32;
-
-    pub(super) fn give(&self, mut text: Vec<u8>, mut items: Vec<Item>) {
-        text.clear();
-        items.clear();
-        let mut spares = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if spares.len() < Self::KEPT {
-            spares.push((text, items));
-        }
-    }
-
-    fn take(&self) -> Option<Spare> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).pop()
-    }
-}
-
-/// Reads one file into batches on the reader thread.
-pub(super) struct Reader {
-    pub(super) file: usize,
-    pub(super) path: PathBuf,
-    pub(super) format: Format,
-    /// Records read before an interruption: skipped.
-    pub(super) skip: u64,
-    pub(super) converter: Converter,
-    /// What starts each batch: a CSV file's header line.
-    pub(super) head: Vec<u8>,
-    pub(super) batch: usize,
-    pub(super) max_bytes: usize,
-    pub(super) read: Arc<AtomicU64>,
-    pub(super) spares: Spares,
 }
 
 impl Reader {
@@ -494,6 +452,8 @@ mod tests {
     use super::*;
     use crate::ingest::decode::csv as csv_body;
     use crate::ingest::decode::csv::CsvColumns;
+    use crate::transfer::import::formats::Converter;
+    use std::path::PathBuf;
 
     /// The batches a reader makes of `text`, resumed past `skip` records:
     /// each line sent with its number, and the refused ones.
