@@ -115,6 +115,7 @@ async fn replay(journal: &Journal, batcher: &BatcherHandle) {
 
 impl Application {
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        // Long: wires the service in dependency order (metrics, store, journal, batcher, listener); each step a few lines.
         let metrics = Arc::new(Metrics::new());
         // The runtime this runs on: `[runtime]`'s in the binary, a test's own.
         metrics
@@ -261,6 +262,7 @@ impl Application {
         self,
         signal: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
+        // Long: starts the service's tasks in the order they depend on each other, then serves and stops.
         let Self {
             listener,
             address,

@@ -45,6 +45,7 @@ pub async fn delete_readings<S: BucketStore + 'static>(
     Extension(principal): Extension<Principal>,
     RawQuery(raw): RawQuery,
 ) -> Result<Json<DeleteResponse>, ApiError> {
+    // Long: the request's steps in order: parameters checked, sensors listed, the store's delete; each a few lines.
     let params = Params::parse(
         raw.as_deref(),
         &["sensor", "metric", "from", "to", "dry_run"],

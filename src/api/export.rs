@@ -239,6 +239,7 @@ pub async fn export<S: BucketStore + 'static>(
     Extension(principal): Extension<Principal>,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
+    // Long: the request's steps in order: parameters, selection, the streaming response.
     let params = Params::parse(raw.as_deref(), &PARAMS, true)?;
     let format = Format::parse(params.get("format"))?;
     let (prefix, glob) = sensor_glob(&params)?;
@@ -358,6 +359,7 @@ async fn produce<S: BucketStore>(
     sel: &Selection,
     tx: &mpsc::Sender<Result<Bytes, std::io::Error>>,
 ) -> Result<(), ApiError> {
+    // Long: the export's pages in order: header, each page of series read and written, with the client's pace checked between.
     let mut rows = Rows::new(sel.format);
     let page = match &sel.grid {
         None => RAW_PAGE,

@@ -129,6 +129,7 @@ async fn write<S: BucketStore>(
     params: &HashMap<String, String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    // Long: InfluxDB's write in order: parameters, body, decode, intake, answer in its format.
     let precision = match precision(api, params) {
         Ok(p) => p,
         Err(e) => return e.into_response(),

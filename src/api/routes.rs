@@ -31,6 +31,7 @@ use crate::store::BucketStore;
 use crate::telemetry::metrics::Metrics;
 
 pub fn router<S: BucketStore + 'static>(state: AppState<S>) -> Router {
+    // Long: the route table, and the layers every route goes through.
     let trace = TraceLayer::new_for_http()
         .make_span_with(|req: &Request| {
             let route = req

@@ -361,6 +361,7 @@ impl<W> Batcher<W> {
     /// Per second the value acknowledged last wins (the later offer on a tie):
     /// a journal replayed behind fresher readings never overwrites them.
     fn insert(&mut self, readings: &[Reading<'_>], kind: Kind, now: Instant, ack: i64) -> usize {
+        // Long: the insert path every reading takes; kept in one piece so it stays allocation-light.
         let (granularity, hold) = (self.granularity, self.limits.hold);
         let seconds = granularity.seconds();
         let (mut tied, mut added) = (0, 0);

@@ -331,6 +331,7 @@ impl<S: Sink> Driver<S> {
     }
 
     async fn write_with_retries(&self, batch: &Batch) -> usize {
+        // Long: the retry loop of one batch, outcome by outcome.
         let started = Instant::now();
         let shutdown = &self.shared.shutdown;
         let mut backoff = retry_policy(RETRY_MIN, RETRY_MAX).build();

@@ -84,6 +84,7 @@ impl Segments {
     /// torn tails, and starts a new segment for appends. Fails if another
     /// process holds the directory.
     pub fn open(dir: &Path, segment_bytes: u64) -> io::Result<(Self, Recovered)> {
+        // Long: recovery's steps in order: lock, list, check every segment, cut torn tails, start the next.
         fs::create_dir_all(dir)?;
         let lock = OpenOptions::new()
             .create(true)
@@ -221,6 +222,7 @@ impl Segments {
     /// Reads records of segment `id` from `offset`, about `max_bytes` of them
     /// (at least one whole record), up to the segment's known length.
     pub fn read(&self, id: u64, offset: u64, max_bytes: usize) -> io::Result<Vec<ReadRecord>> {
+        // Long: the records of one read, framed and checked in one pass.
         let Some(segment) = self.list.iter().find(|s| s.id == id) else {
             return Ok(Vec::new());
         };

@@ -260,6 +260,7 @@ impl JournalTask {
     /// Reads the backlog back from disk and offers it, in order, until the
     /// batcher is full or the backlog is gone.
     async fn feed(&mut self) {
+        // Long: the backlog loop: read, offer, stop when the batcher is full.
         loop {
             while let Some((segment, record)) = self.staged.front() {
                 let (segment, offset, end) = (*segment, record.offset, record.end);

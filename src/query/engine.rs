@@ -159,6 +159,7 @@ async fn run_batch<S: BucketStore>(
     cached: Option<Cached<'_>>,
     cost: &mut Cost,
 ) -> Result<Vec<Vec<Cell>>, StoreError> {
+    // Long: one batch's plan in order (memory, late marks, the cache, then each level); each step commented.
     let sensors: Vec<&str> = batch.iter().map(|s| s.sensor).collect();
     // Memory first, then storage: a bucket written between the two looks
     // is then in both (the newer values win), never in neither.
@@ -335,6 +336,7 @@ async fn read_group<S: BucketStore>(
     unstored: &[Unstored],
     cost: &mut Cost,
 ) -> Result<(), StoreError> {
+    // Long: one read of a level for a group of series: the command built, its documents handed to each series' plan.
     // The union of what they ask: starts, values, minute aggregates.
     let mut union = Ask {
         level,

@@ -234,6 +234,7 @@ async fn finer<S: BucketStore>(
     one: Series<'_>,
     pending: Vec<Pending>,
 ) -> Result<(Vec<(usize, Weighted)>, Cost), WeightedError> {
+    // Long: two reads (the windows' hours, then their readings) and the weighing of each window between them.
     let series = [one];
     let mut cost = Cost::default();
     // Every window's hours; cells between windows are read but not used.

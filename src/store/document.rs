@@ -293,6 +293,7 @@ fn statement_fields(
     granularity: Granularity,
     versioning: Versioning,
 ) {
+    // Long: the statement written field by field, in document order.
     // Exactly the fields of the unique index, so an upsert that loses a race
     // fails with a duplicate key and can be retried.
     let q = w.document("q");
@@ -428,6 +429,7 @@ fn guarded_values_stage(
     granularity: Granularity,
     keep_from: i64,
 ) {
+    // Long: the pipeline stage written expression by expression.
     let start = update.key.start;
     let hour = granularity == Granularity::Hour;
     let value_path = |offset: u16| -> &str {

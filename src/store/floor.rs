@@ -305,6 +305,7 @@ pub async fn run(
     journal: Option<Journal>,
     end: impl std::future::Future<Output = ()>,
 ) {
+    // Long: the floor task's loop: read the others' floors, publish this one's, leave at the end.
     let watermarks = store.watermarks();
     // The last tick's start: the next is the first due after it.
     let mut last_tick: Option<Instant> = None;

@@ -212,6 +212,7 @@ pub(crate) async fn group_query<S: BucketStore>(
     raw: Option<String>,
     with_step: bool,
 ) -> Result<Response, ApiError> {
+    // Long: the request's steps in order: parameters, members, their points, then JSON or CSV.
     let allowed: &[&str] = if with_step {
         &GROUP_PARAMS
     } else {

@@ -33,6 +33,7 @@ pub async fn list_sensors<S: BucketStore>(
     Extension(principal): Extension<Principal>,
     RawQuery(raw): RawQuery,
 ) -> Result<Json<SensorList>, ApiError> {
+    // Long: the request's steps in order: parameters, the listing page by page, the answer.
     let params = Params::parse(
         raw.as_deref(),
         &[

@@ -234,6 +234,7 @@ pub async fn uptime<S: BucketStore>(
     Path(sensor): Path<String>,
     RawQuery(raw): RawQuery,
 ) -> Result<Json<UptimeResponse>, ApiError> {
+    // Long: the request's steps in order: parameters, the interval, the coverage, the gaps.
     sensor_param(&principal, &sensor)?;
     let params = Params::parse(raw.as_deref(), &["metric", "from", "to", "interval"], false)?;
     let metric = metric(&params)?;

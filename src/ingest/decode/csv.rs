@@ -361,6 +361,7 @@ pub fn decode_csv<'a>(
     format: &CsvFormat,
     ctx: &DecodeContext,
 ) -> Result<Vec<Reading<'a>>, DecodeError> {
+    // Long: the header, then each row against it, in one pass.
     let mut columns: Option<CsvColumns> = None;
     let header = |names: &mut dyn Iterator<Item = &str>| {
         CsvColumns::from_header(names, &format.mapping, &format.ignore).map_err(DecodeError::Csv)

@@ -140,6 +140,7 @@ fn decode_with<'a>(
     implied: Implied<'a>,
     ctx: &DecodeContext,
 ) -> Result<Vec<Reading<'a>>, DecodeError> {
+    // Long: one arm per shape a body may have (array, object, NDJSON), each tried plain first, then by serde.
     let text = std::str::from_utf8(body)
         .map_err(|e| DecodeError::Malformed(format!("the body is not UTF-8: {e}")))?;
     match text.trim_start().as_bytes().first() {

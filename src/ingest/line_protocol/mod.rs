@@ -268,6 +268,7 @@ fn decode_line<'a>(
     seen: &mut Seen<'a>,
     out: &mut Decoded<'a>,
 ) -> Result<(), Refusal> {
+    // Long: one line in order: series, each field by its kind, the timestamp.
     let series = match source {
         Source::Text(text) => {
             let end = series_end(text.as_bytes());

@@ -150,6 +150,7 @@ pub(super) async fn event_loop(
     mut eventloop: EventLoop,
     publishes: mpsc::Sender<(u64, Publish)>,
 ) {
+    // Long: the connection's loop: one arm per event rumqttc reports.
     let settings = &shared.settings;
     let policy = || retry_policy(settings.reconnect_min, settings.reconnect_max).build();
     let mut reconnects = policy();

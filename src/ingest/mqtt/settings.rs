@@ -139,6 +139,7 @@ impl Settings {
     }
 
     pub fn validate(&self) -> Result<(), Invalid> {
+        // Long: one check per setting, each naming its key.
         if !self.enabled {
             return Ok(());
         }

@@ -136,6 +136,7 @@ impl Host {
 
     /// Handles one message received at `now_ms`.
     pub fn handle(&mut self, topic: &Topic<'_>, payload: &Payload, now_ms: u64) -> Effects {
+        // Long: the host's state machine: one arm per message kind, as the specification lists them.
         let mut fx = Effects::default();
         let key = (topic.group.to_owned(), topic.node.to_owned());
         match topic.kind {

@@ -57,6 +57,7 @@ fn check_template(
     allowed: &[&str],
     required: &[&str],
 ) -> Result<(), Invalid> {
+    // Long: one check per rule a template follows, each naming its key.
     let mut rest = template;
     while let Some(open) = rest.find('{') {
         let close = rest[open..]

@@ -130,6 +130,7 @@ fn matched(
     rhs: &[Series],
     n: usize,
 ) -> Result<Vec<Series>, PromError> {
+    // Long: vector matching in one pass: the sides' signatures, the matches, the cardinality checks.
     // The "one" side is the right one; group_right swaps the sides.
     let swapped = matches!(m.card, Card::OneToMany(_));
     let (many, one) = if swapped { (rhs, lhs) } else { (lhs, rhs) };

@@ -138,6 +138,7 @@ fn walk(expr: &Expr) -> Result<Node, PromError> {
 }
 
 fn walk_level(expr: &Expr) -> Result<Node, PromError> {
+    // Long: one arm per kind of node of the parsed tree.
     Ok(match expr {
         Expr::NumberLiteral(n) => Node::Number(n.val),
         Expr::StringLiteral(s) => Node::Str(s.val.clone()),

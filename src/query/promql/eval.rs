@@ -277,6 +277,7 @@ fn run_level(
     steps: &Steps,
     reads: &mut std::vec::IntoIter<Vec<Series>>,
 ) -> Result<Value, PromError> {
+    // Long: one arm per kind of node.
     q.in_time()?;
     let n = steps.n;
     Ok(match node {
@@ -546,6 +547,7 @@ fn call(
     steps: &Steps,
     reads: &mut std::vec::IntoIter<Vec<Series>>,
 ) -> Result<Value, PromError> {
+    // Long: one arm per PromQL function; the long ones are functions of their own.
     let n = steps.n;
     let time = |k: usize| steps.at(k) as f64 / 1000.0;
     let mut arg = |i: usize| -> Result<Value, PromError> {

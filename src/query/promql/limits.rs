@@ -171,6 +171,7 @@ pub fn check(text: &str, limits: &Limits) -> Result<Measure, PromError> {
 
 /// The measures of `text`, or the first to pass `max_depth` or `max_nodes`.
 pub fn measure(text: &str, max_depth: usize, max_nodes: usize) -> Measure {
+    // Long: the tokenizer's one pass over the text, a state machine over its bytes.
     let bytes = text.as_bytes();
     let mut stack: Vec<Frame> = vec![Frame {
         parens: true,

@@ -410,6 +410,7 @@ pub(super) fn window_values(
     need: Need,
     cells: &[Cell],
 ) -> Vec<Option<f64>> {
+    // Long: one arm per range function, each from the window's merged cells.
     let steps = &leaf.steps;
     let window = |k: usize, agg: &Agg, summary: Option<&Summary>, samples: &[Sample]| {
         let end = steps.at(k).saturating_sub(leaf.selector.offset_ms);

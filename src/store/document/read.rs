@@ -169,6 +169,7 @@ fn checked_seconds_into(
 /// hour back: no `Document` is built). Parts that were not projected come
 /// back empty.
 pub fn read_bucket(doc: &RawDocument, granularity: Granularity) -> Result<BucketRead, StoreError> {
+    // Long: the bucket document read field by field from its bytes.
     let mut version = None;
     let mut start = None;
     let mut figures = [None; 4];

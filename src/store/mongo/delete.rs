@@ -174,6 +174,7 @@ impl MongoStore {
         dry_run: bool,
         out: &mut Deleted,
     ) -> Result<(), StoreError> {
+        // Long: the edit loop: each command of edits sent, the buckets written meanwhile read again and retried.
         if dry_run {
             for e in &edits {
                 out.readings += e.removed.len() as u64;

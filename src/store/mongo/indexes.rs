@@ -79,6 +79,7 @@ impl MongoStore {
         &self,
         retention: &crate::store::Retention,
     ) -> Result<(), StoreError> {
+        // Long: each index created or brought in line with its setting, in turn.
         let index = IndexModel::builder()
             .keys(doc! { "sensor": 1, "metric": 1, "start": 1 })
             .options(

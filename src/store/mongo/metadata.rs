@@ -85,6 +85,7 @@ impl MongoStore {
     /// instance's. A database from before the document was recorded is
     /// judged by one of its buckets.
     pub async fn check_format(&self) -> Result<FormatCheck, FormatError> {
+        // Long: each recorded setting checked against this instance's, in turn, each refusal naming it.
         let database = self.db.name().to_owned();
         let filter = doc! { "_id": FORMAT_ID };
         let recorded = match self

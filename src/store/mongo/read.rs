@@ -85,6 +85,7 @@ impl MongoStore {
         fetch: Fetch<'_>,
         mut each: F,
     ) -> Result<Read, StoreError> {
+        // Long: one find per level: its filter, projection and cursor, each branch a few lines, built in the order the command is.
         let mut read = Read::default();
         if fetch.sensors.is_empty() {
             return Ok(read);

@@ -67,6 +67,7 @@ impl MongoStore {
         outcomes: &mut [Option<Outcome>],
         round_trips: &mut usize,
     ) -> Vec<usize> {
+        // Long: the command loop of a group: each command sent and every update's outcome recorded.
         let mut races = Vec::new();
         // Groups to send; a command refused as a whole for a poison error is
         // split in halves until the statement that causes it stands alone.

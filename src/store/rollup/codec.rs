@@ -347,6 +347,7 @@ fn decode_summary(
     n: u64,
     sketches: Option<f64>,
 ) -> Result<Slot, CodecError> {
+    // Long: the packed summary read field by field, in the order `encode` writes it.
     let c = r.varint()?;
     let first = Sample {
         v: r.double()?,

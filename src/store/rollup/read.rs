@@ -17,6 +17,7 @@ pub fn read_rollup(
     period: Period,
     sketches: Option<f64>,
 ) -> Result<RollupRead, StoreError> {
+    // Long: the rollup document read field by field.
     let (mut start, mut version, mut complete, mut stored, mut counts) =
         (None, None, None, None, None);
     for e in elements(d) {

@@ -68,6 +68,7 @@ fn statement_fields(
     slots: &[Slot],
     replaced: &[i64],
 ) {
+    // Long: the statement written field by field, in document order.
     let q = w.document("q");
     w.string("sensor", sensor);
     w.string("metric", metric);

@@ -100,6 +100,7 @@ pub async fn run(
     settings: &Settings,
     options: ImportOptions,
 ) -> Result<ImportSummary, TransferError> {
+    // Long: the import's pipeline: the reader thread, the senders and the loop settling batches in file order share the plans and the summary.
     let started = Instant::now();
     let precision = checked(&options)?;
     let batch = options.batch.min(settings.ingest.max_readings_per_request);

@@ -132,6 +132,7 @@ impl MongoStore {
         out: &mut BTreeMap<Series, BTreeMap<i64, Hour>>,
         cost: &mut Upkept,
     ) -> Result<(), StoreError> {
+        // Long: one pass over the hour documents and the buckets written: the slots kept, the minutes read again and the hours done share them.
         // Borrowed keys: a probe per hour asked must not build two strings.
         let was_written: HashSet<(&str, &str, i64)> = written
             .keys()

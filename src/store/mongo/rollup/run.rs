@@ -92,6 +92,7 @@ impl MongoStore {
         written: Option<&Written>,
         replace: bool,
     ) -> Result<Upkept, StoreError> {
+        // Long: one pass over the day and thirty-day documents it read: the plan of hours, days and periods and the three levels' writes share them; each step is commented.
         let mut cost = Upkept::default();
         if jobs.is_empty() {
             return Ok(cost);

@@ -51,6 +51,7 @@ impl MongoStore {
     /// resolves; then the ones that ended (this instance writes nothing
     /// more) and every late marker.
     pub async fn run_upkeep(self: Arc<Self>, stop: impl std::future::Future<Output = ()>) {
+        // Long: the upkeep task's loop: one arm per reason to wake.
         const MAX_JOBS: usize = 20_000;
         // Often enough that a marked hour waits about `late_after`.
         let tick = Duration::from_secs(self.late_after.clamp(1, 5).unsigned_abs());

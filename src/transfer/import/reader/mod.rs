@@ -103,6 +103,7 @@ impl Reader {
         &mut self,
         tx: &mpsc::Sender<Result<Batch, TransferError>>,
     ) -> Result<bool, TransferError> {
+        // Long: the cutter's hot loop over the read buffer: the carried line, the hand-off to the csv crate and the batch cuts share its state.
         let io =
             |e: &dyn std::fmt::Display| TransferError::Io(format!("{}: {e}", self.path.display()));
         let input = open(&self.path, self.read.clone())?;
