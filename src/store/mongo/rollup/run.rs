@@ -2,7 +2,7 @@
 //! buckets of the hours to roll up, computes every level, writes the slots.
 //! `hourglass rebuild-rollups` drives it over whole periods (`rebuild`).
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use mongodb::bson::{Bson, RawDocumentBuf};
 
@@ -13,7 +13,7 @@ use crate::store::StoreError;
 use crate::store::mongo::MongoStore;
 use crate::store::mongo::shapes::Series;
 use crate::store::raw_writer::Writer;
-use crate::store::rollup::compute::roll_day;
+use crate::store::rollup::compute::{Hour, roll_day};
 use crate::store::rollup::schedule::{HOUR, Job};
 use crate::store::rollup::write_statement;
 
@@ -42,6 +42,150 @@ fn series_parts(jobs: &[Job], series: usize) -> Vec<Vec<Job>> {
         }
     }
     parts
+}
+
+/// Each series' hours rolled up, by start.
+type Rolled = BTreeMap<Series, BTreeMap<i64, Hour>>;
+/// Stored rollup documents of one period, by series and start.
+type Documents = HashMap<(Series, i64), RollupRead>;
+
+/// The day and thirty-day documents a roll-up read.
+#[derive(Clone, Copy)]
+struct Stored<'a> {
+    days: &'a Documents,
+    months: &'a Documents,
+}
+
+/// The slots lifted days give their thirty-day documents, and the days
+/// with replaced hours, whose thirty-day slots are replaced too.
+#[derive(Default)]
+struct Thirty {
+    slots: BTreeMap<(Series, i64), Vec<Slot>>,
+    forced: BTreeMap<(Series, i64), Vec<i64>>,
+}
+
+impl Thirty {
+    /// `day`'s slot into its thirty days; `forced` when the day's hours were
+    /// replaced.
+    fn lift(&mut self, series: &Series, day: i64, slot: Slot, forced: bool) {
+        let p = day - day.rem_euclid(Period::Days30.seconds());
+        if forced {
+            self.forced
+                .entry((series.clone(), p))
+                .or_default()
+                .push(day);
+        }
+        self.slots
+            .entry((series.clone(), p))
+            .or_default()
+            .push(slot);
+    }
+}
+
+/// A day's document as stored with `slots` laid over it: replaced slots
+/// stand as computed, emptied ones are gone.
+fn merged_day(
+    stored: Option<&RollupRead>,
+    day: i64,
+    slots: &[Slot],
+    replaced: &[i64],
+) -> RollupRead {
+    let mut merged = with_slots(stored, day, slots);
+    merged.slots.retain(|s| !replaced.contains(&s.start));
+    for s in slots.iter().filter(|s| replaced.contains(&s.start)) {
+        if s.summary.is_some() {
+            merged.slots.push(s.clone());
+        }
+    }
+    merged.slots.sort_by_key(|s| s.start);
+    merged
+}
+
+/// Each series' job hours.
+fn job_hours(jobs: &[Job]) -> BTreeMap<Series, BTreeSet<i64>> {
+    let mut hours: BTreeMap<Series, BTreeSet<i64>> = BTreeMap::new();
+    for j in jobs {
+        hours
+            .entry((j.sensor.clone(), j.metric.clone()))
+            .or_default()
+            .insert(j.hour);
+    }
+    hours
+}
+
+/// The days of `hours` that ended by `now`.
+fn ended_days(
+    hours: &BTreeMap<Series, BTreeSet<i64>>,
+    now: i64,
+) -> BTreeMap<Series, BTreeSet<i64>> {
+    let mut ended: BTreeMap<Series, BTreeSet<i64>> = BTreeMap::new();
+    for (series, hs) in hours {
+        for &h in hs {
+            let day = h - h.rem_euclid(DAY);
+            if day + DAY <= now {
+                ended.entry(series.clone()).or_default().insert(day);
+            }
+        }
+    }
+    ended
+}
+
+/// The thirty-day periods of the `ended` days.
+fn thirty_day_periods(ended: &BTreeMap<Series, BTreeSet<i64>>) -> BTreeMap<Series, BTreeSet<i64>> {
+    let mut periods: BTreeMap<Series, BTreeSet<i64>> = BTreeMap::new();
+    for (series, ds) in ended {
+        let ps = periods.entry(series.clone()).or_default();
+        for &d in ds {
+            ps.insert(d - d.rem_euclid(Period::Days30.seconds()));
+        }
+    }
+    periods
+}
+
+/// Adds to `hours` the gap hours of the ended days and of the gap days of
+/// their thirty days (settled by `settled`, not complete in what is
+/// stored); answers the days lifted into their thirty days.
+fn fill_gaps(
+    hours: &mut BTreeMap<Series, BTreeSet<i64>>,
+    ended: &BTreeMap<Series, BTreeSet<i64>>,
+    periods: &BTreeMap<Series, BTreeSet<i64>>,
+    stored: Stored<'_>,
+    settled: i64,
+) -> BTreeMap<Series, BTreeSet<i64>> {
+    let mut lift: BTreeMap<Series, BTreeSet<i64>> = ended.clone();
+    for (series, ds) in ended {
+        let hs = hours.entry(series.clone()).or_default();
+        for &d in ds {
+            let doc = stored.days.get(&(series.clone(), d));
+            for h in (d..d + DAY).step_by(HOUR as usize) {
+                let k = ((h - d) / HOUR) as u16;
+                if h + HOUR <= settled && !doc.is_some_and(|r| r.is_complete(k)) {
+                    hs.insert(h);
+                }
+            }
+        }
+    }
+    for (series, ps) in periods {
+        for &p in ps {
+            let doc = stored.months.get(&(series.clone(), p));
+            for d in (p..p + Period::Days30.seconds()).step_by(DAY as usize) {
+                let k = ((d - p) / DAY) as u16;
+                let lifted = lift.get(series).is_some_and(|l| l.contains(&d));
+                if d + DAY <= settled && !lifted && !doc.is_some_and(|r| r.is_complete(k)) {
+                    lift.entry(series.clone()).or_default().insert(d);
+                    let known = stored.days.get(&(series.clone(), d));
+                    let hs = hours.entry(series.clone()).or_default();
+                    for h in (d..d + DAY).step_by(HOUR as usize) {
+                        let k = ((h - d) / HOUR) as u16;
+                        if !known.is_some_and(|r| r.is_complete(k)) {
+                            hs.insert(h);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    lift
 }
 
 impl MongoStore {
@@ -92,7 +236,6 @@ impl MongoStore {
         written: Option<&Written>,
         replace: bool,
     ) -> Result<Upkept, StoreError> {
-        // Long: one pass over the day and thirty-day documents it read: the plan of hours, days and periods and the three levels' writes share them; each step is commented.
         let mut cost = Upkept::default();
         if jobs.is_empty() {
             return Ok(cost);
@@ -110,113 +253,95 @@ impl MongoStore {
         let replaces = |series: &Series, hour: i64| {
             !replaced.is_empty() && replaced.contains(&(series.0.as_str(), series.1.as_str(), hour))
         };
-        let settled = now - self.close_after;
-        let mut hours: BTreeMap<Series, BTreeSet<i64>> = BTreeMap::new();
-        for j in jobs {
-            hours
-                .entry((j.sensor.clone(), j.metric.clone()))
-                .or_default()
-                .insert(j.hour);
-        }
-        // The ended days touched: their documents, to find what is missing.
-        let mut ended: BTreeMap<Series, BTreeSet<i64>> = BTreeMap::new();
-        for (series, hs) in &hours {
-            for &h in hs {
-                let day = h - h.rem_euclid(DAY);
-                if day + DAY <= now {
-                    ended.entry(series.clone()).or_default().insert(day);
-                }
-            }
-        }
+        let mut hours = job_hours(jobs);
+        // The ended days touched and their thirty days: their documents, to
+        // find what is missing.
+        let ended = ended_days(&hours, now);
         let days = self.read_rollups(Period::Day, &ended, &mut cost).await?;
-        let mut periods: BTreeMap<Series, BTreeSet<i64>> = BTreeMap::new();
-        for (series, ds) in &ended {
-            let ps = periods.entry(series.clone()).or_default();
-            for &d in ds {
-                ps.insert(d - d.rem_euclid(Period::Days30.seconds()));
-            }
-        }
+        let periods = thirty_day_periods(&ended);
         let months = self
             .read_rollups(Period::Days30, &periods, &mut cost)
             .await?;
-        // Gap hours of ended days, and gap days of their thirty days.
-        let mut lift: BTreeMap<Series, BTreeSet<i64>> = ended.clone();
-        for (series, ds) in &ended {
-            let hs = hours.entry(series.clone()).or_default();
-            for &d in ds {
-                let doc = days.get(&(series.clone(), d));
-                for h in (d..d + DAY).step_by(HOUR as usize) {
-                    let k = ((h - d) / HOUR) as u16;
-                    if h + HOUR <= settled && !doc.is_some_and(|r| r.is_complete(k)) {
-                        hs.insert(h);
-                    }
-                }
-            }
-        }
-        for (series, ps) in &periods {
-            for &p in ps {
-                let doc = months.get(&(series.clone(), p));
-                for d in (p..p + Period::Days30.seconds()).step_by(DAY as usize) {
-                    let k = ((d - p) / DAY) as u16;
-                    let lifted = lift.get(series).is_some_and(|l| l.contains(&d));
-                    if d + DAY <= settled && !lifted && !doc.is_some_and(|r| r.is_complete(k)) {
-                        lift.entry(series.clone()).or_default().insert(d);
-                        let known = days.get(&(series.clone(), d));
-                        let hs = hours.entry(series.clone()).or_default();
-                        for h in (d..d + DAY).step_by(HOUR as usize) {
-                            let k = ((h - d) / HOUR) as u16;
-                            if !known.is_some_and(|r| r.is_complete(k)) {
-                                hs.insert(h);
-                            }
-                        }
-                    }
-                }
-            }
-        }
+        let stored = Stored {
+            days: &days,
+            months: &months,
+        };
+        let lift = fill_gaps(&mut hours, &ended, &periods, stored, now - self.close_after);
         let rolled = self.roll_hours(&hours, written, &mut cost).await?;
-        // Hour documents (minute buckets), then the day documents' slots.
+        // Hour documents (minute buckets), then the day documents' slots,
+        // then the thirty-day documents'.
         let mut outbox = Outbox::new(self.rollups.name(), self.limits);
         if self.granularity == Granularity::Minute {
-            for (series, hs) in &rolled {
-                let (sensor, metric) = series;
-                for h in hs.values() {
-                    let replacing = replaces(series, h.start);
-                    if !replacing && h.minutes.is_empty() {
-                        continue;
-                    }
-                    let slots = every_slot(Period::Hour, h.start, &h.minutes);
-                    // Replaced: the minutes computed afresh, all of them or
-                    // those read again.
-                    let replaced: Vec<i64> = match (replacing, h.partial) {
-                        (false, _) => Vec::new(),
-                        (true, true) => h.minutes.iter().map(|s| s.start).collect(),
-                        (true, false) => slots.iter().map(|s| s.start).collect(),
-                    };
-                    let s = |w: &mut Writer, key: &str| {
-                        write_statement(
-                            w,
-                            key,
-                            sensor,
-                            metric,
-                            Period::Hour,
-                            h.start,
-                            &slots,
-                            &replaced,
-                        );
-                    };
-                    if let Some(ready) = outbox.push(s)? {
-                        self.write_rollups(ready, &mut cost).await?;
-                    }
+            self.write_hours(&rolled, &replaces, &mut outbox, &mut cost)
+                .await?;
+        }
+        let thirty = self
+            .write_days(&rolled, &replaces, &lift, &days, &mut outbox, &mut cost)
+            .await?;
+        self.write_thirty(&thirty, &mut outbox, &mut cost).await?;
+        Ok(cost)
+    }
+
+    /// The hour documents of `rolled` (minute buckets only: an hour bucket
+    /// is its own hour).
+    async fn write_hours(
+        &self,
+        rolled: &Rolled,
+        replaces: &(dyn Fn(&Series, i64) -> bool + Sync),
+        outbox: &mut Outbox,
+        cost: &mut Upkept,
+    ) -> Result<(), StoreError> {
+        for (series, hs) in rolled {
+            let (sensor, metric) = series;
+            for h in hs.values() {
+                let replacing = replaces(series, h.start);
+                if !replacing && h.minutes.is_empty() {
+                    continue;
+                }
+                let slots = every_slot(Period::Hour, h.start, &h.minutes);
+                // Replaced: the minutes computed afresh, all of them or
+                // those read again.
+                let replaced: Vec<i64> = match (replacing, h.partial) {
+                    (false, _) => Vec::new(),
+                    (true, true) => h.minutes.iter().map(|s| s.start).collect(),
+                    (true, false) => slots.iter().map(|s| s.start).collect(),
+                };
+                let s = |w: &mut Writer, key: &str| {
+                    write_statement(
+                        w,
+                        key,
+                        sensor,
+                        metric,
+                        Period::Hour,
+                        h.start,
+                        &slots,
+                        &replaced,
+                    );
+                };
+                if let Some(ready) = outbox.push(s)? {
+                    self.write_rollups(ready, cost).await?;
                 }
             }
         }
         if let Some(ready) = outbox.take()? {
-            self.write_rollups(ready, &mut cost).await?;
+            self.write_rollups(ready, cost).await?;
         }
-        let mut thirty: BTreeMap<(Series, i64), Vec<Slot>> = BTreeMap::new();
-        // Days with replaced hours: their 30-day slots are replaced too.
-        let mut forced: BTreeMap<(Series, i64), Vec<i64>> = BTreeMap::new();
-        for (series, hs) in &rolled {
+        Ok(())
+    }
+
+    /// The day documents' slots of `rolled`; answers the slots each lifted
+    /// day gives its thirty days.
+    async fn write_days(
+        &self,
+        rolled: &Rolled,
+        replaces: &(dyn Fn(&Series, i64) -> bool + Sync),
+        lift: &BTreeMap<Series, BTreeSet<i64>>,
+        days: &Documents,
+        outbox: &mut Outbox,
+        cost: &mut Upkept,
+    ) -> Result<Thirty, StoreError> {
+        let mut thirty = Thirty::default();
+        for (series, hs) in rolled {
             let mut by_day: BTreeMap<i64, Vec<Slot>> = BTreeMap::new();
             for h in hs.values() {
                 by_day
@@ -249,24 +374,11 @@ impl MongoStore {
                         );
                     };
                     if let Some(ready) = outbox.push(s)? {
-                        self.write_rollups(ready, &mut cost).await?;
+                        self.write_rollups(ready, cost).await?;
                     }
                 }
-                let mut merged = with_slots(stored, day, slots);
-                // Replaced slots stand as computed, emptied ones are gone.
-                merged.slots.retain(|s| !replaced.contains(&s.start));
-                for s in slots.iter().filter(|s| replaced.contains(&s.start)) {
-                    if s.summary.is_some() {
-                        merged.slots.push(s.clone());
-                    }
-                }
-                merged.slots.sort_by_key(|s| s.start);
-                if lifted && let Some(slot) = roll_day(&merged) {
-                    let p = day - day.rem_euclid(Period::Days30.seconds());
-                    if !replaced.is_empty() {
-                        forced.entry((series.clone(), p)).or_default().push(day);
-                    }
-                    thirty.entry((series.clone(), p)).or_default().push(slot);
+                if lifted && let Some(slot) = roll_day(&merged_day(stored, day, slots, &replaced)) {
+                    thirty.lift(series, day, slot, !replaced.is_empty());
                 }
             }
             // Ended days whose hours needed nothing: lift what is stored.
@@ -274,16 +386,26 @@ impl MongoStore {
                 if !by_day.contains_key(&day)
                     && let Some(slot) = days.get(&(series.clone(), day)).and_then(roll_day)
                 {
-                    let p = day - day.rem_euclid(Period::Days30.seconds());
-                    thirty.entry((series.clone(), p)).or_default().push(slot);
+                    thirty.lift(series, day, slot, false);
                 }
             }
         }
         if let Some(ready) = outbox.take()? {
-            self.write_rollups(ready, &mut cost).await?;
+            self.write_rollups(ready, cost).await?;
         }
-        for ((series, p), slots) in &thirty {
-            let replaced = forced
+        Ok(thirty)
+    }
+
+    /// The thirty-day documents' slots the days lifted.
+    async fn write_thirty(
+        &self,
+        thirty: &Thirty,
+        outbox: &mut Outbox,
+        cost: &mut Upkept,
+    ) -> Result<(), StoreError> {
+        for ((series, p), slots) in &thirty.slots {
+            let replaced = thirty
+                .forced
                 .get(&(series.clone(), *p))
                 .map_or(&[][..], Vec::as_slice);
             let s = |w: &mut Writer, key: &str| {
@@ -299,13 +421,13 @@ impl MongoStore {
                 );
             };
             if let Some(ready) = outbox.push(s)? {
-                self.write_rollups(ready, &mut cost).await?;
+                self.write_rollups(ready, cost).await?;
             }
         }
         if let Some(ready) = outbox.take()? {
-            self.write_rollups(ready, &mut cost).await?;
+            self.write_rollups(ready, cost).await?;
         }
-        Ok(cost)
+        Ok(())
     }
 
     /// Sends one rollup `update` command of [`Outbox`] (`statements`
