@@ -25,6 +25,26 @@ const LAYERS: &[&str] = &[
     "transfer",
 ];
 
+/// The crate's `src` folder and every source file below it.
+fn sources() -> (PathBuf, Vec<PathBuf>) {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut all = Vec::new();
+    files(&src, &mut all);
+    (src, all)
+}
+
+/// Fails with `rule` and every place that breaks it, if any does.
+fn none_found(found: &[String], rule: &str) {
+    assert!(found.is_empty(), "{rule}: {found:#?}");
+}
+
+/// The identifier `s` starts with.
+fn identifier(s: &str) -> String {
+    s.chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .collect()
+}
+
 fn files(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).expect("src is readable") {
         let path = entry.expect("an entry").path();
@@ -80,9 +100,7 @@ fn rank(module: &str) -> usize {
 
 #[test]
 fn no_module_uses_a_module_above_it() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut all = Vec::new();
-    files(&src, &mut all);
+    let (src, all) = sources();
     let mut upward = Vec::new();
     for file in &all {
         let Some(module) = module_of(&src, file) else {
@@ -103,11 +121,7 @@ fn no_module_uses_a_module_above_it() {
 /// module uses.
 fn sibling_uses(text: &str) -> Vec<String> {
     let mut found = Vec::new();
-    let ident = |s: &str| -> String {
-        s.chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-            .collect()
-    };
+    let ident = identifier;
     for line in text.lines() {
         let code = line.split("//").next().unwrap_or_default();
         for (i, _) in code.match_indices("super::") {
@@ -127,9 +141,7 @@ fn sibling_uses(text: &str) -> Vec<String> {
 
 #[test]
 fn no_two_files_of_a_module_import_each_other() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut all = Vec::new();
-    files(&src, &mut all);
+    let (src, all) = sources();
     let stem = |p: &Path| p.file_stem().and_then(|s| s.to_str()).map(str::to_owned);
     // (directory, file) -> the sibling files or folders it uses.
     let mut edges = std::collections::BTreeSet::new();
@@ -193,12 +205,7 @@ fn defined_items(code: &str) -> std::collections::BTreeSet<String> {
 /// The first names of every path `code` takes from `prefix` (`super` or
 /// `crate::a::b`), groups over several lines included.
 fn names_from(code: &str, prefix: &str) -> Vec<String> {
-    let ident = |s: &str| -> String {
-        s.trim_start()
-            .chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-            .collect()
-    };
+    let ident = |s: &str| identifier(s.trim_start());
     let mut found = Vec::new();
     let needle = format!("{prefix}::");
     for (i, _) in code.match_indices(&needle) {
@@ -235,9 +242,7 @@ fn names_from(code: &str, prefix: &str) -> Vec<String> {
 
 #[test]
 fn no_file_takes_from_its_folders_mod_rs_anything_but_a_re_export() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut all = Vec::new();
-    files(&src, &mut all);
+    let (src, all) = sources();
     let mut taken = Vec::new();
     let mut folders = 0;
     for hub in all.iter().filter(|f| f.ends_with("mod.rs")) {
@@ -275,9 +280,9 @@ fn no_file_takes_from_its_folders_mod_rs_anything_but_a_re_export() {
     }
     taken.sort();
     taken.dedup();
-    assert!(
-        taken.is_empty(),
-        "a mod.rs holds its modules and re-exports; move these into a file of their own: {taken:#?}"
+    none_found(
+        &taken,
+        "a mod.rs holds its modules and re-exports; move these into a file of their own",
     );
     assert!(folders > 10, "the scan found the folders");
 }
@@ -366,9 +371,7 @@ fn functions(code: &str) -> Vec<(usize, usize, String)> {
 
 #[test]
 fn no_function_runs_past_a_screen_without_saying_why() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut all = Vec::new();
-    files(&src, &mut all);
+    let (_, all) = sources();
     let mut unexplained = Vec::new();
     let mut long = 0;
     for file in all
@@ -389,9 +392,11 @@ fn no_function_runs_past_a_screen_without_saying_why() {
             }
         }
     }
-    assert!(
-        unexplained.is_empty(),
-        "functions over {LONG_FUNCTION_LINES} lines: split them, or say why in a `// Long:` line: {unexplained:#?}"
+    none_found(
+        &unexplained,
+        &format!(
+            "functions over {LONG_FUNCTION_LINES} lines: split them, or say why in a `// Long:` line"
+        ),
     );
     assert!(long > 0, "the scan measured functions");
 }

@@ -261,15 +261,7 @@ pub(crate) async fn group_query<S: BucketStore>(
         .iter()
         .map(|(s, g, m)| (*s, *g, weighing.map_or(0, |how| how.limit(&m.labels))))
         .collect();
-    let ask = Ask {
-        endpoint,
-        metric: &metric,
-        range: &r,
-        grid: &grid,
-        zone,
-        weighing,
-        quantiles: asked.as_ref(),
-    };
+    let ask = Ask::new(endpoint, &metric, &r, &grid, zone, weighing, asked.as_ref());
     let each_group = group_points(&state, &ask, &limited, keys.len()).await?;
     let mut groups = Vec::with_capacity(keys.len());
     for ((group, sensors), mut points) in keys.into_iter().zip(sizes).zip(each_group) {

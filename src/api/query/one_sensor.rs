@@ -61,15 +61,15 @@ pub async fn average<S: BucketStore>(
         Some(how) => Some(one_limit(&state, "average", &sensor, &how).await?),
         None => None,
     };
-    let ask = Ask {
-        endpoint: "average",
-        metric: &metric,
-        range: &r,
-        grid: &grid,
-        zone: None,
+    let ask = Ask::new(
+        "average",
+        &metric,
+        &r,
+        &grid,
+        None,
         weighing,
-        quantiles: asked.as_ref(),
-    };
+        asked.as_ref(),
+    );
     let one = [(Series::of(&sensor), 0, limit.unwrap_or(0))];
     let mut points = group_points(&state, &ask, &one, 1).await?;
     // The whole range is one point, without a start.
@@ -149,15 +149,7 @@ pub async fn series<S: BucketStore>(
         Some(how) => Some(one_limit(&state, "series", &sensor, &how).await?),
         None => None,
     };
-    let ask = Ask {
-        endpoint: "series",
-        metric: &metric,
-        range: &r,
-        grid: &grid,
-        zone,
-        weighing,
-        quantiles: asked.as_ref(),
-    };
+    let ask = Ask::new("series", &metric, &r, &grid, zone, weighing, asked.as_ref());
     let one = [(Series::of(&sensor), 0, limit.unwrap_or(0))];
     let points = group_points(&state, &ask, &one, 1)
         .await?

@@ -27,6 +27,28 @@ pub(super) struct Ask<'a> {
     pub quantiles: Option<&'a Quantiles>,
 }
 
+impl<'a> Ask<'a> {
+    pub(super) fn new(
+        endpoint: &'a str,
+        metric: &'a MetricName<'a>,
+        range: &'a Range,
+        grid: &'a Grid,
+        zone: Option<&'a TimeZone>,
+        weighing: Option<Weighing>,
+        quantiles: Option<&'a Quantiles>,
+    ) -> Self {
+        Self {
+            endpoint,
+            metric,
+            range,
+            grid,
+            zone,
+            weighing,
+            quantiles,
+        }
+    }
+}
+
 /// Each group's points on the grid: `series` are the members, each with
 /// its group and its staleness limit (used only when weighted).
 pub(super) async fn group_points<S: BucketStore>(

@@ -677,11 +677,7 @@ fn label_replace(v: Vec<Series>, args: &[Node], q: &Query) -> Result<Vec<Series>
             "invalid regular expression in label_replace(): {regex}"
         ))
     })?;
-    if !valid_label_name(&dst) {
-        return Err(PromError::Execution(format!(
-            "invalid destination label name in label_replace(): {dst}"
-        )));
-    }
+    check_destination(&dst, "label_replace")?;
     let mut out = Vec::with_capacity(v.len());
     for mut s in v {
         q.in_time()?;
@@ -697,14 +693,29 @@ fn label_replace(v: Vec<Series>, args: &[Node], q: &Query) -> Result<Vec<Series>
             check_label_bytes(&s.labels, &dst, most, q.max_label_bytes, "label_replace")?;
             let mut res = String::new();
             caps.expand(&replacement, &mut res);
-            s.labels.remove(&dst);
-            if !res.is_empty() {
-                s.labels.insert(dst.clone(), res);
-            }
+            set_label(&mut s.labels, &dst, res);
         }
         out.push(s);
     }
     Ok(out)
+}
+
+/// A label function's destination must be a label name.
+fn check_destination(dst: &str, func: &str) -> Result<(), PromError> {
+    if valid_label_name(dst) {
+        return Ok(());
+    }
+    Err(PromError::Execution(format!(
+        "invalid destination label name in {func}(): {dst}"
+    )))
+}
+
+/// `dst` set to `value`, or removed when `value` is empty (as Prometheus).
+fn set_label(labels: &mut LabelSet, dst: &str, value: String) {
+    labels.remove(dst);
+    if !value.is_empty() {
+        labels.insert(dst.to_owned(), value);
+    }
 }
 
 /// `label_join(v, dst, separator, src...)` over `v`.
@@ -721,11 +732,7 @@ fn label_join(v: Vec<Series>, args: &[Node], q: &Query) -> Result<Vec<Series>, P
             "invalid source label name in label_join(): {bad}"
         )));
     }
-    if !valid_label_name(&dst) {
-        return Err(PromError::Execution(format!(
-            "invalid destination label name in label_join(): {dst}"
-        )));
-    }
+    check_destination(&dst, "label_join")?;
     let mut out = Vec::with_capacity(v.len());
     for mut s in v {
         q.in_time()?;
@@ -740,10 +747,7 @@ fn label_join(v: Vec<Series>, args: &[Node], q: &Query) -> Result<Vec<Series>, P
             .saturating_add(sep.len().saturating_mul(parts.len().saturating_sub(1)));
         check_label_bytes(&s.labels, &dst, length, q.max_label_bytes, "label_join")?;
         let joined = parts.join(&sep);
-        s.labels.remove(&dst);
-        if !joined.is_empty() {
-            s.labels.insert(dst.clone(), joined);
-        }
+        set_label(&mut s.labels, &dst, joined);
         out.push(s);
     }
     Ok(out)

@@ -151,14 +151,14 @@ const MAX_VALUES_RANGE_MS: i64 = crate::query::MAX_VALUES_SECONDS * 1000;
 /// and the budgets its reads are counted against. The store's evaluation
 /// and the in-memory one ([`super::memory`]) share it.
 pub(super) struct Prepared {
-    pub(super) node: Node,
-    pub(super) q: eval::Query,
+    node: Node,
+    q: eval::Query,
     pub(super) leaves: Vec<Leaf>,
-    pub(super) earliest_ms: Option<i64>,
-    pub(super) max_series: usize,
-    pub(super) max_samples: usize,
-    pub(super) selected: usize,
-    pub(super) samples: usize,
+    earliest_ms: Option<i64>,
+    max_series: usize,
+    max_samples: usize,
+    selected: usize,
+    samples: usize,
 }
 
 impl Prepared {
