@@ -1,7 +1,5 @@
-//! Wires the parts together: [`Application::build`] connects storage, opens
-//! the journal and replays what it holds, and binds the listener;
-//! [`Application::run_until_stopped`] serves until the shutdown future
-//! resolves, then drains.
+//! [`Application`]: built (storage connected, the journal replayed, the
+//! listener bound), then serving until its shutdown.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -9,8 +7,10 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use tokio::net::TcpListener;
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
+use super::births::StoredBirths;
+use super::stop::{Stopping, stop};
 use crate::api::{self, AppState};
 use crate::auth::Authenticator;
 use crate::batcher::driver::{self, BatcherHandle};
@@ -39,21 +39,9 @@ pub struct Application {
     shutdown: Shutdown,
 }
 
-/// How long after the shutdown deadline a write still under way may take
-/// before the process gives up on it: the deadline plus this is the longest
-/// a shutdown lasts.
-const DEADLINE_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
-
-/// How long a stopping instance tries to leave its floor (see `store::floor`).
-const FLOOR_FAREWELL: std::time::Duration = std::time::Duration::from_secs(10);
-
 /// How often startup looks whether the replay is done.
 const REPLAY_POLL: std::time::Duration = std::time::Duration::from_millis(20);
 
-/// Waits until what the journal held at start is back in memory (so queries
-/// see it) and whatever of it was due is written, or storage turns out to be
-/// unreachable (then the replay goes on in the background, as after any
-/// outage).
 /// Teaches the cardinality guard the registry's series, so a restart does
 /// not count a fleet's series as new; until then it counts nothing.
 /// Retried while storage is down.
@@ -95,6 +83,10 @@ async fn seed_guard(
     }
 }
 
+/// Waits until what the journal held at start is back in memory (so queries
+/// see it) and whatever of it was due is written, or storage turns out to be
+/// unreachable (then the replay goes on in the background, as after any
+/// outage).
 async fn replay(journal: &Journal, batcher: &BatcherHandle) {
     let started = tokio::time::Instant::now();
     loop {
@@ -468,193 +460,6 @@ async fn serve_until(
     Ok(())
 }
 
-/// What is left to stop once HTTP is done.
-struct Stopping {
-    shutdown: Shutdown,
-    batcher: BatcherHandle,
-    driver: tokio::task::JoinHandle<driver::Drained>,
-    upkeep: (
-        tokio::sync::oneshot::Sender<()>,
-        tokio::task::JoinHandle<()>,
-    ),
-    floor: (
-        tokio::sync::oneshot::Sender<()>,
-        tokio::task::JoinHandle<()>,
-    ),
-    mqtt: Option<MqttIngest>,
-    journal: Option<(Journal, tokio::task::JoinHandle<JournalTask>)>,
-}
-
-/// The batcher drained, the upkeep's last roll-up, MQTT's outstanding
-/// acknowledgements, the floor's farewell and the journal's last commit,
-/// all within the shutdown's deadline. Fails if accepted readings were not
-/// stored.
-async fn stop(stopping: Stopping) -> anyhow::Result<()> {
-    let Stopping {
-        shutdown,
-        batcher,
-        driver,
-        upkeep,
-        floor,
-        mqtt,
-        journal,
-    } = stopping;
-    // Serving can end without a signal only by failing; either way, stop.
-    shutdown.trigger();
-    let grace = async {
-        shutdown.deadline_passed().await;
-        tokio::time::sleep(DEADLINE_GRACE).await;
-    };
-    let unstored = tokio::select! {
-        drained = driver => drained.context("the batcher driver panicked")?.unstored_readings,
-        // A write still under way at the deadline: what it holds counts as unstored.
-        _ = grace => batcher.buffered(),
-    };
-    let (end_upkeep, upkeep) = upkeep;
-    let (end_floor, mut floor_task) = floor;
-    let _ = end_upkeep.send(());
-    let _ = end_floor.send(());
-    tokio::select! {
-        _ = upkeep => {}
-        _ = shutdown.deadline_passed() => {
-            info!("The rollup upkeep was still running at the shutdown deadline; queries read the buckets of what it did not roll up.");
-        }
-    }
-    if let Some(mqtt) = mqtt {
-        // Everything stored has its acknowledgement sent before we disconnect.
-        mqtt.finish().await;
-    }
-    // Its last write says whether this instance still owes readings;
-    // bounded, since the database may be gone. Cut short, the floor it
-    // published last stays: never later than what it owes.
-    let left = tokio::select! {
-        done = tokio::time::timeout(FLOOR_FAREWELL, &mut floor_task) => done.is_ok(),
-        _ = async {
-            shutdown.deadline_passed().await;
-            tokio::time::sleep(DEADLINE_GRACE).await;
-        } => false,
-    };
-    if !left {
-        floor_task.abort();
-        warn!(
-            "Could not update this instance's floor on the way out; the last one published stands."
-        );
-    }
-    if let Some((_, task)) = journal {
-        // Appends already queued are committed; stored segments deleted.
-        match task.await {
-            Ok(task) => task.finish().await,
-            Err(e) => {
-                error!(error = %e, "The journal task failed; the next start replays what it holds.")
-            }
-        }
-    }
-    if unstored > 0 {
-        error!(
-            readings = unstored,
-            "Stopped with accepted readings that were not stored."
-        );
-        anyhow::bail!("{unstored} accepted readings were not stored");
-    }
-    info!("Hourglass stopped; every accepted reading was stored.");
-    Ok(())
-}
-
-/// `sensor` as the operator commands take it: an id, or a prefix ending in
-/// `*` (all sensors when absent). Answers the prefix and whether it is exact.
-fn sensor_selection(sensor: Option<&str>) -> (&str, bool) {
-    let sensor = sensor.unwrap_or("*");
-    match sensor.strip_suffix('*') {
-        Some(prefix) => (prefix, false),
-        None => (sensor, true),
-    }
-}
-
-/// The store for an operator command: connected, the database's format
-/// checked, the server's limits read.
-async fn operator_store(settings: &Settings) -> anyhow::Result<MongoStore> {
-    let mut store = MongoStore::connect(&settings.mongodb, &settings.buckets)
-        .await
-        .context("connecting to MongoDB")?;
-    store
-        .check_format()
-        .await
-        .context("checking the database's format")?;
-    store
-        .read_limits()
-        .await
-        .context("reading the storage server's limits")?;
-    Ok(store)
-}
-
-/// `hourglass instances`: every instance recorded on this database, as it
-/// last published its floor.
-pub async fn instances(settings: &Settings) -> anyhow::Result<Vec<crate::store::InstanceInfo>> {
-    operator_store(settings)
-        .await?
-        .instances()
-        .await
-        .context("reading the instances' floors")
-}
-
-/// `hourglass instances --forget ID`: removes the record of an instance
-/// that is gone for good (its journal lost), so that versions are pruned
-/// again. Refuses one that published within the last 30 s.
-pub async fn forget_instance(settings: &Settings, id: &str) -> anyhow::Result<()> {
-    operator_store(settings)
-        .await?
-        .forget_stopped_instance(id, crate::batcher::clock::unix_ms())
-        .await
-        .with_context(|| format!("forgetting instance {id:?}"))
-}
-
-/// `hourglass redrive`: writes the dead letters of `sensor` (an id, or a
-/// prefix ending in `*`; all when absent) into their buckets and deletes
-/// them, or (`dry_run`) counts them.
-pub async fn redrive(
-    settings: &Settings,
-    sensor: Option<&str>,
-    dry_run: bool,
-) -> anyhow::Result<crate::store::Redriven> {
-    let (prefix, exact) = sensor_selection(sensor);
-    operator_store(settings)
-        .await?
-        .redrive(prefix, exact, dry_run)
-        .await
-        .context("re-driving the dead letters")
-}
-
-/// `hourglass rebuild-rollups`: recomputes the rollups and registry entries
-/// of the buckets in `[from, to)` (epoch seconds; all when not given) for
-/// sensor `sensor` or, ending in `*`, the sensors with that id prefix. The
-/// migration for data written before rollups, and the repair after a rollup
-/// could not be written.
-pub async fn rebuild_rollups(
-    settings: &Settings,
-    sensor: Option<&str>,
-    from: Option<i64>,
-    to: Option<i64>,
-) -> anyhow::Result<i64> {
-    let (prefix, exact) = sensor_selection(sensor);
-    let store = operator_store(settings).await?;
-    store
-        .ensure_indexes(&settings.retention())
-        .await
-        .context("creating the indexes (is MongoDB reachable at mongodb.uri?)")?;
-    let days = store
-        .rebuild_rollups(prefix, exact, from, to, jiff::Timestamp::now().as_second())
-        .await
-        .context("rebuilding the rollups")?;
-    // All of them: now of this version's layout.
-    if sensor.is_none() && from.is_none() && to.is_none() {
-        store
-            .raise_rollup_version()
-            .await
-            .context("recording the rollups' layout")?;
-    }
-    Ok(days)
-}
-
 /// Rollups of an older layout (after an upgrade), rebuilt in the background
 /// by the upkeep's own roll-up: meanwhile queries read below them, exact and
 /// slower. Safe beside writes and beside another instance doing the same.
@@ -671,49 +476,5 @@ async fn rebuild_outdated_rollups(store: Arc<MongoStore>) {
         },
         Err(e) => warn!(error = %e,
             "Rebuilding the rollups of an older layout failed; queries stay exact but read the buckets until `hourglass rebuild-rollups` runs or the service starts again."),
-    }
-}
-
-/// Sparkplug birth certificates, kept in the metadata collection by one
-/// writer task (so a node's births are written in the order they came).
-struct StoredBirths {
-    store: Arc<MongoStore>,
-    queue: tokio::sync::mpsc::Sender<crate::ingest::sparkplug::Birth>,
-}
-
-impl StoredBirths {
-    fn new(store: Arc<MongoStore>) -> Self {
-        let (queue, mut births) =
-            tokio::sync::mpsc::channel::<crate::ingest::sparkplug::Birth>(1024);
-        let writer = store.clone();
-        tokio::spawn(async move {
-            while let Some(birth) = births.recv().await {
-                if let Err(e) = writer.put_metadata(&birth.id(), &birth).await {
-                    tracing::warn!(id = birth.id(), error = %e,
-                        "Could not keep a Sparkplug birth certificate; after a restart its node is asked to rebirth.");
-                }
-            }
-        });
-        Self { store, queue }
-    }
-}
-
-impl crate::ingest::sparkplug::BirthBook for StoredBirths {
-    fn save(&self, birth: crate::ingest::sparkplug::Birth) {
-        if self.queue.try_send(birth).is_err() {
-            tracing::warn!("Sparkplug births arrive faster than they are kept; one was not kept.");
-        }
-    }
-
-    fn load(
-        &self,
-    ) -> futures_util::future::BoxFuture<'_, Result<Vec<crate::ingest::sparkplug::Birth>, String>>
-    {
-        Box::pin(async move {
-            self.store
-                .metadata_under(crate::ingest::sparkplug::BIRTH_PREFIX)
-                .await
-                .map_err(|e| e.to_string())
-        })
     }
 }
