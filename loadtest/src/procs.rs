@@ -225,7 +225,10 @@ pub async fn spawn_hourglass(spec: &HourglassSpec) -> anyhow::Result<Proc> {
     } else {
         "/health/live"
     };
-    match http_url(pid, ready, Duration::from_secs(60)).await {
+    // Starting is a few dozen round trips to the storage server; a stand-in
+    // busy with another client's minute-long commands (CI runs several
+    // suites on each) answered them in over 60 s once.
+    match http_url(pid, ready, Duration::from_secs(180)).await {
         Ok(url) => proc.url = url,
         Err(e) => {
             let log = std::fs::read_to_string(

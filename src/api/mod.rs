@@ -20,6 +20,7 @@ mod routes;
 mod serve;
 mod settings;
 mod state;
+mod unread;
 
 pub(crate) use cache::cache_use;
 pub use error::{ApiError, RETRY_AFTER};

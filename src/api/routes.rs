@@ -24,7 +24,7 @@ use super::auth::{Forms, Require, authorize};
 use super::cache::cache_control;
 use super::{
     ApiError, AppState, RETRY_AFTER, console, delete, export, health, influx, ingest, openapi,
-    prom, query,
+    prom, query, unread,
 };
 use crate::auth::Scope;
 use crate::store::BucketStore;
@@ -149,6 +149,7 @@ pub fn router<S: BucketStore + 'static>(state: AppState<S>) -> Router {
             )
         })
         .route_layer(middleware::from_fn_with_state(state.metrics.clone(), track))
+        .layer(middleware::from_fn(unread::close_after_unread_body))
         .layer(trace)
         .with_state(state)
 }
