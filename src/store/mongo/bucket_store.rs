@@ -21,6 +21,7 @@ impl BucketStore for MongoStore {
         fetch: Fetch<'_>,
         each: F,
     ) -> Result<Read, StoreError> {
+        let _reading = self.traffic.reading();
         self.read_level(fetch, each).await
     }
 
@@ -28,6 +29,7 @@ impl BucketStore for MongoStore {
         &self,
         after: i64,
     ) -> Result<(i64, Vec<crate::store::Change>, Read), StoreError> {
+        let _reading = self.traffic.reading();
         self.read_changes(after).await
     }
 
@@ -39,6 +41,7 @@ impl BucketStore for MongoStore {
         to: i64,
         max_time: Duration,
     ) -> Result<(Vec<Vec<i64>>, Read), StoreError> {
+        let _reading = self.traffic.reading();
         self.late_starts(sensors, metric, from, to, max_time).await
     }
 
@@ -102,6 +105,7 @@ impl BucketStore for MongoStore {
         limit: usize,
         keep: F,
     ) -> Result<Vec<SensorInfo>, StoreError> {
+        let _reading = self.traffic.reading();
         self.list_sensors(query, limit, keep).await
     }
 
@@ -136,6 +140,7 @@ impl BucketStore for MongoStore {
         since: Option<i64>,
         max_time: Duration,
     ) -> Result<Option<(i64, f64, Option<i64>)>, StoreError> {
+        let _reading = self.traffic.reading();
         self.newest_value(sensor, metric, since, max_time).await
     }
 }

@@ -14,6 +14,7 @@ use tracing::info;
 
 use super::classify::{classify, unconfirmed};
 use super::driver_cpu;
+use super::give_way::Traffic;
 use super::in_flight::InFlight;
 use super::settings::{BlockCompressor, Settings, tls_options};
 use super::shapes;
@@ -80,6 +81,8 @@ pub struct MongoStore {
     /// Hours written by flushes of this instance under way: not rolled up
     /// for quiet while one is (it would mark them again when it ends).
     pub(super) in_flight: Arc<InFlight>,
+    /// Queries' reads, which the rollup upkeep gives way to (see `give_way`).
+    pub(super) traffic: Arc<Traffic>,
     pub(super) dead_letter_retention: Option<Duration>,
     /// How the collections this creates are compressed (`mongodb.block_compressor`).
     pub(super) block_compressor: BlockCompressor,
@@ -218,6 +221,7 @@ impl MongoStore {
             last_mark: Arc::new(std::sync::atomic::AtomicI64::new(i64::MIN)),
             late_roller: Arc::new(std::sync::atomic::AtomicBool::new(true)),
             in_flight: Arc::default(),
+            traffic: Arc::default(),
             dead_letter_retention: settings.dead_letter_retention,
             block_compressor: settings.block_compressor,
             metrics: None,

@@ -7,6 +7,7 @@ mod connection;
 mod dead_letters;
 mod delete;
 mod driver_cpu;
+mod give_way;
 mod in_flight;
 mod indexes;
 mod instances;

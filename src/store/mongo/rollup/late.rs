@@ -392,6 +392,7 @@ impl MongoStore {
                 "deletes": chunk.to_vec(),
                 "ordered": false,
             };
+            self.traffic.give_way().await;
             let reply = self
                 .run_write(command, "deleting rolled-up late markers")
                 .await?;

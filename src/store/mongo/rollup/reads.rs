@@ -99,6 +99,7 @@ impl MongoStore {
                     chunk.iter().map(|s| (s.0.as_str(), s.1.as_str())),
                 );
                 let rest = doc! { "start": { "$gte": start_date(*from), "$lt": start_date(*to) } };
+                self.traffic.give_way().await;
                 cost.round_trips += self
                     .each_series_document(&self.buckets, chunk, &rest, &bucket_fields(), |d| {
                         cost.buckets_read += 1;
@@ -185,6 +186,7 @@ impl MongoStore {
                 );
                 let rest = doc! { "start": { "$in": starts.clone() } };
                 let series: Vec<&Series> = chunk.iter().map(|&(s, _)| s).collect();
+                self.traffic.give_way().await;
                 cost.round_trips += self
                     .each_series_document(&self.buckets, &series, &rest, &bucket_fields(), |d| {
                         cost.buckets_read += 1;
@@ -268,6 +270,7 @@ impl MongoStore {
             };
             let series: Vec<&Series> = chunk.iter().map(|&(s, _)| s).collect();
             let projection = doc! { "_id": 0, "sensor": 1, "metric": 1, "start": 1, "s": 1, "w": 1, "complete": 1, "schema_version": 1 };
+            self.traffic.give_way().await;
             cost.round_trips += self
                 .each_series_document(&self.rollups, &series, &rest, &projection, |d| {
                     cost.rollups_read += 1;

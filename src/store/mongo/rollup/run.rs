@@ -440,6 +440,7 @@ impl MongoStore {
         (command, statements): (RawDocumentBuf, usize),
         cost: &mut Upkept,
     ) -> Result<(), StoreError> {
+        self.traffic.give_way().await;
         let reply = self.run_raw_write(command, "a rollup update").await?;
         cost.round_trips += 1;
         if let Ok(errors) = reply.get_array("writeErrors")

@@ -1,0 +1,133 @@
+//! Dashboards first: the rollup upkeep's commands wait for a pause in the
+//! queries' reads. After a backfill the upkeep rolls up thousands of late
+//! series-hours, each step a bucket read and a rollup update of thousands
+//! of documents; a panel's few round trips sent meanwhile queue behind them
+//! on a server that runs one command at a time (the stand-in) or share its
+//! disk and cores (MongoDB). Before each of its commands the upkeep waits
+//! until no query has read for [`QUIET`], at most [`MAX_WAIT`], so queries
+//! cannot stop it: under a ceaseless stream of them it still sends a
+//! command every [`MAX_WAIT`].
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// A query's round trips follow each other within milliseconds; a gap this
+/// long means it is done.
+pub(super) const QUIET: Duration = Duration::from_millis(50);
+/// The longest one upkeep command waits for queries.
+pub(super) const MAX_WAIT: Duration = Duration::from_secs(2);
+/// How often a waiting command looks again.
+const POLL: Duration = Duration::from_millis(10);
+
+/// The queries' reads in progress, and when the last one ended.
+#[derive(Debug)]
+pub(super) struct Traffic {
+    origin: Instant,
+    reading: AtomicUsize,
+    /// One more than the milliseconds from `origin` to the end of the last
+    /// read (0: none yet).
+    last_end: AtomicU64,
+}
+
+impl Default for Traffic {
+    fn default() -> Self {
+        Self {
+            origin: Instant::now(),
+            reading: AtomicUsize::new(0),
+            last_end: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Traffic {
+    /// Counts a query's read until the guard is dropped.
+    pub(super) fn reading(&self) -> Reading<'_> {
+        self.reading.fetch_add(1, Ordering::AcqRel);
+        Reading(self)
+    }
+
+    /// Whether no read is in progress and none ended within [`QUIET`] of `now`.
+    fn quiet(&self, now: Instant) -> bool {
+        if self.reading.load(Ordering::Acquire) > 0 {
+            return false;
+        }
+        match self.last_end.load(Ordering::Acquire) {
+            0 => true,
+            ended => {
+                now.saturating_duration_since(self.origin)
+                    >= Duration::from_millis(ended - 1) + QUIET
+            }
+        }
+    }
+
+    /// Waits until the queries pause, at most [`MAX_WAIT`]; returns how
+    /// long it waited.
+    pub(super) async fn give_way(&self) -> Duration {
+        let start = Instant::now();
+        loop {
+            let now = Instant::now();
+            if self.quiet(now) || now >= start + MAX_WAIT {
+                return now - start;
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+}
+
+/// A read in progress (see [`Traffic::reading`]).
+pub(super) struct Reading<'a>(&'a Traffic);
+
+impl Drop for Reading<'_> {
+    fn drop(&mut self) {
+        let ms = Instant::now()
+            .saturating_duration_since(self.0.origin)
+            .as_millis();
+        let ended = u64::try_from(ms).unwrap_or(u64::MAX - 1) + 1;
+        self.0.last_end.store(ended, Ordering::Release);
+        self.0.reading.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn with_no_query_reading_the_upkeep_goes_at_once() {
+        let traffic = Traffic::default();
+        assert_eq!(traffic.give_way().await, Duration::ZERO);
+        drop(traffic.reading());
+        tokio::time::advance(QUIET).await;
+        assert_eq!(traffic.give_way().await, Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_upkeep_waits_for_a_read_to_end_and_a_quiet_gap_after_it() {
+        let traffic = std::sync::Arc::new(Traffic::default());
+        let reader = traffic.clone();
+        let read = tokio::spawn(async move {
+            let _reading = reader.reading();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        });
+        tokio::task::yield_now().await;
+        let waited = traffic.give_way().await;
+        read.await.expect("the read ends");
+        assert!(
+            waited >= Duration::from_millis(300) + QUIET && waited < MAX_WAIT,
+            "{waited:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reads_without_end_hold_the_upkeep_back_no_longer_than_its_bound() {
+        let traffic = Traffic::default();
+        let _reading = traffic.reading();
+        let waited = traffic.give_way().await;
+        assert!(
+            waited >= MAX_WAIT && waited < MAX_WAIT + POLL * 2,
+            "{waited:?}"
+        );
+    }
+}
