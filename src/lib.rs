@@ -104,7 +104,8 @@ pub mod pure {
     };
     pub use crate::domain::{
         BucketKey, BucketUpdate, METRIC_MAX_LEN, MetricName, Reading, SENSOR_MAX_LEN, Sample,
-        SensorId, Sketch, SketchError, Slot, TimeWindow, parse_timestamp_ms, parse_timestamp_str,
+        SensorId, Sketch, SketchError, Slot, TimeWindow, format_ms, parse_timestamp_ms,
+        parse_timestamp_str,
     };
     pub use crate::ingest::decode::csv::{CsvFormat, decode_csv};
     pub use crate::ingest::decode::{

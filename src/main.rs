@@ -429,12 +429,7 @@ async fn instances(settings: &Settings, forget: Option<String>) -> anyhow::Resul
         );
         return Ok(());
     }
-    let now = time::OffsetDateTime::now_utc();
-    let at = |ms: Option<i64>| {
-        ms.and_then(|ms| {
-            time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000).ok()
-        })
-    };
+    let now_ms = jiff::Timestamp::now().as_millisecond();
     println!(
         "{:<38} {:<8} {:<32} last published",
         "instance", "journal", "floor"
@@ -442,16 +437,13 @@ async fn instances(settings: &Settings, forget: Option<String>) -> anyhow::Resul
     for i in hourglass::instances(settings).await? {
         let floor = match i.floor {
             Some(i64::MIN) => "owes readings (replay pending)".to_owned(),
-            f => at(f)
-                .and_then(|t| {
-                    t.format(&time::format_description::well_known::Rfc3339)
-                        .ok()
-                })
+            f => f
+                .and_then(hourglass::pure::format_ms)
                 .unwrap_or_else(|| "-".to_owned()),
         };
-        let seen = at(i.at).map_or_else(
+        let seen = i.at.map_or_else(
             || "-".to_owned(),
-            |t| format!("{} s ago", (now - t).whole_seconds()),
+            |ms| format!("{} s ago", (now_ms - ms) / 1000),
         );
         println!(
             "{:<38} {:<8} {:<32} {seen}",

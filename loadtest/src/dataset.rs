@@ -10,12 +10,8 @@ use serde::Serialize;
 
 /// RFC 3339 of epoch seconds, for query parameters.
 pub fn rfc3339(ts: i64) -> String {
-    time::OffsetDateTime::from_unix_timestamp(ts)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
+    jiff::Timestamp::from_second(ts)
+        .map(|t| t.to_string())
         .unwrap_or_default()
 }
 
@@ -62,7 +58,7 @@ impl Dataset {
 
     /// Ends `lag` seconds ago, starting on a whole hour when it can.
     pub fn recent(args: DatasetArgs, lag: i64) -> Self {
-        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        let now = jiff::Timestamp::now().as_second();
         let start = now - lag - i64::from(args.seconds);
         Self::new(args, start - start.rem_euclid(60))
     }

@@ -82,166 +82,39 @@ pub async fn run(
     let target = ctx
         .target(&format!("fleet_{label}"), granularity, mqtt, journal)
         .await?;
-    // History the same series wrote before (minute buckets, straight into
-    // the database): what every write and roll-up now runs beside.
-    let mut preloaded_s = 0.0;
-    if preload_days > 0 {
-        let mongo = mongodb::Client::with_uri_str(ctx.mongodb_uri()?).await?;
-        let db = mongo.database(&target.database);
-        let now = time::OffsetDateTime::now_utc().unix_timestamp();
-        let end = now - now.rem_euclid(3600) - 3600;
-        let t = Instant::now();
-        let bar = ctx.bar(u64::from(data.args.sensors * data.args.metrics), "preload");
-        for i in 0..data.args.sensors {
-            for j in 0..data.args.metrics {
-                crate::history::preload(
-                    &db,
-                    &Dataset::sensor(i),
-                    &Dataset::metric(j),
-                    i64::from(preload_days) * 1440,
-                    end,
-                )
-                .await?;
-                bar.inc(1);
-            }
-        }
-        bar.finish_and_clear();
-        preloaded_s = t.elapsed().as_secs_f64();
-    }
+    let preloaded_s = preload_history(ctx, &target.database, &data, preload_days).await?;
     // Live sensors: the data starts now, once the history is in (readings
     // stamped before a long preload would arrive late, and be written at once).
-    data.start = time::OffsetDateTime::now_utc().unix_timestamp();
+    data.start = jiff::Timestamp::now().as_second();
     let interval = Duration::from_secs(u64::from(data.args.interval.max(1)));
     let batch = if matches!(transport, Transport::HttpSingle) {
         1
     } else {
         batch.max(1)
     };
-    let latencies = Arc::new(Mutex::new(Vec::<f64>::new()));
-    let errors = Arc::new(AtomicU64::new(0));
-    let sent = Arc::new(AtomicU64::new(0));
-    let permits = Arc::new(Semaphore::new(concurrency.max(1)));
-    let http = reqwest::Client::new();
-    let url = format!("{}/api/v1/readings", target.url);
-
-    // MQTT: one client; PUBACK latency is the broker's acknowledgement.
-    let publisher = if mqtt {
-        let (host, port) = mqtt_host_port(ctx.global.mqtt_url.as_deref().unwrap_or_default())?;
-        let mut o = MqttOptions::new(format!("fleet-{}", ctx.run), host, port);
-        o.set_keep_alive(Duration::from_secs(30)).set_inflight(1000);
-        let (client, mut el) = AsyncClient::new(o, 10_000);
-        let acked = Arc::new(AtomicU64::new(0));
-        let a = acked.clone();
-        tokio::spawn(async move {
-            loop {
-                match el.poll().await {
-                    Ok(Event::Incoming(Packet::PubAck(_))) => {
-                        a.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Ok(_) => {}
-                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-                }
-            }
-        });
-        Some((client, acked))
-    } else {
-        None
+    let sender = Sender {
+        latencies: Arc::default(),
+        errors: Arc::default(),
+        sent: Arc::default(),
+        permits: Arc::new(Semaphore::new(concurrency.max(1))),
+        http: reqwest::Client::new(),
+        url: format!("{}/api/v1/readings", target.url),
+        batch,
+        publisher: if mqtt {
+            Some(connect_publisher(ctx)?)
+        } else {
+            None
+        },
     };
-
     let before = scrape(&target.url).await.unwrap_or_default();
     let writes_before = writes(&target.url).await;
     let cpu0 = target.cpu();
-    let bar = ctx.bar(u64::from(data.ticks()), "fleet");
-    let started = Instant::now();
-    let mut samples: Vec<(f64, f64)> = Vec::new();
-    // Readings held and not stored, once a tick: flat when storage keeps up.
-    let mut pending: Vec<f64> = Vec::new();
     let stored0 = before
         .get("hourglass_readings_stored_total")
         .copied()
         .unwrap_or(0.0);
-    let mut next = tokio::time::Instant::now();
-    // The steady state: writes between two marks an hour apart, each
-    // `STEADY_AFTER` past a clock hour, once the previous hour's last held
-    // buckets, roll-ups and late markers are done, so each window holds one
-    // whole hour's work and none of the start's one-off writes.
-    let mut marks: Vec<(f64, std::collections::HashMap<String, f64>)> = Vec::new();
-    let mut next_mark = {
-        let now = time::OffsetDateTime::now_utc().unix_timestamp();
-        now - now.rem_euclid(3600) + 3600 + STEADY_AFTER
-    };
-    for k in 0..data.ticks() {
-        let now = time::OffsetDateTime::now_utc().unix_timestamp();
-        if now >= next_mark {
-            next_mark += 3600;
-            marks.push((
-                f64::from(k) * data.series() as f64,
-                writes(&target.url).await.0,
-            ));
-        }
-        tokio::time::sleep_until(next).await;
-        next += interval;
-        let rows: Vec<Row> = data.tick(k).collect();
-        match &publisher {
-            Some((client, _)) => {
-                for (i, j, ts, v) in rows {
-                    let topic = format!("sensors/{}/{}", Dataset::sensor(i), Dataset::metric(j));
-                    let payload = format!(r#"{{"value":{v},"ts":{}}}"#, ts * 1000);
-                    client
-                        .publish(topic, QoS::AtLeastOnce, false, payload)
-                        .await?;
-                    sent.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            None => {
-                for chunk in rows.chunks(batch) {
-                    let body = Dataset::json(chunk);
-                    let n = chunk.len() as u64;
-                    let permit = permits.clone().acquire_owned().await?;
-                    let (http, url, latencies, errors, sent) = (
-                        http.clone(),
-                        url.clone(),
-                        latencies.clone(),
-                        errors.clone(),
-                        sent.clone(),
-                    );
-                    tokio::spawn(async move {
-                        let t = Instant::now();
-                        match http
-                            .post(&url)
-                            .header("content-type", "application/json")
-                            .body(body)
-                            .send()
-                            .await
-                        {
-                            Ok(r) if r.status() == 200 => {
-                                latencies
-                                    .lock()
-                                    .await
-                                    .push(t.elapsed().as_secs_f64() * 1000.0);
-                                sent.fetch_add(n, Ordering::Relaxed);
-                            }
-                            _ => {
-                                errors.fetch_add(1, Ordering::Relaxed);
-                            }
-                        }
-                        drop(permit);
-                    });
-                }
-            }
-        }
-        if let Ok(m) = scrape(&target.url).await {
-            let stored = m
-                .get("hourglass_readings_stored_total")
-                .copied()
-                .unwrap_or(0.0)
-                - stored0;
-            samples.push((started.elapsed().as_secs_f64(), stored));
-            pending.push(m.get("hourglass_pending_readings").copied().unwrap_or(0.0));
-        }
-        bar.inc(1);
-    }
-    bar.finish_and_clear();
+    let started = Instant::now();
+    let offering = offer(ctx, &data, &sender, &target.url, interval, stored0, started).await?;
     let offered_s = started.elapsed().as_secs_f64();
     let acked_early = scrape(&target.url)
         .await
@@ -251,68 +124,446 @@ pub async fn run(
         .unwrap_or(0.0)
         - stored0;
     // Let every in-flight request finish.
-    let _ = permits.acquire_many(concurrency.max(1) as u32).await?;
+    let _ = sender
+        .permits
+        .acquire_many(concurrency.max(1) as u32)
+        .await?;
     let offered = data.len();
-    // Wait (bounded) until everything offered is stored.
-    // With the journal, a bucket is written after its minute ends plus the
-    // grace: up to about 70 s after its last reading.
+    let errors = sender.errors.load(Ordering::Relaxed);
+    let Offering {
+        mut samples,
+        pending,
+        marks,
+    } = offering;
+    let stored = settle(
+        &target.url,
+        stored0,
+        offered as f64 - errors as f64 * batch as f64,
+        started,
+        &mut samples,
+    )
+    .await;
+    let all_s = started.elapsed().as_secs_f64();
+    let cpu = cpu0.zip(target.cpu()).map(|(a, b)| b - a);
+    let after = scrape(&target.url).await.unwrap_or_default();
+    let delta =
+        |k: &str| after.get(k).copied().unwrap_or(0.0) - before.get(k).copied().unwrap_or(0.0);
+    let writes_after = writes(&target.url).await;
+    let written = |kind: &str| {
+        writes_after.0.get(kind).copied().unwrap_or(0.0)
+            - writes_before.0.get(kind).copied().unwrap_or(0.0)
+    };
+    // Every kind the service counts, coordination included (late markers,
+    // the instance floor, version prunes, tombstones).
+    let kinds: std::collections::BTreeMap<String, f64> = writes_after
+        .0
+        .keys()
+        .chain(writes_before.0.keys())
+        .map(|k| (k.clone(), written(k)))
+        .collect();
+    let (p50, p99, max) = percentiles(sender.latencies.lock().await.clone());
+    let figures = Figures {
+        transport,
+        journal,
+        mqtt,
+        granularity,
+        preload_days,
+        preloaded_s,
+        offered,
+        offered_s,
+        stored,
+        all_s,
+        acked_early,
+        errors,
+        latency: (p50, p99, max),
+        peak_rss: target.peak_rss_mib(),
+        cpu,
+        updates: delta("hourglass_bucket_updates_total"),
+        journal_bytes: delta("hourglass_journal_appended_bytes_total"),
+        fsyncs: delta("hourglass_journal_fsyncs_total"),
+        data_written: DATA_KINDS.iter().map(|k| written(k)).sum(),
+        all_written: kinds.values().sum(),
+        kinds,
+        steady: steady_hour(&marks),
+        upkeep_read: writes_after.1 - writes_before.1,
+        pending_thirds: thirds(&pending),
+    };
+    let mut report = Report::new("Hourglass fleet");
+    report.sections.push(section(&figures, &data));
+    report.set(&format!("fleet_{label}"), figures.json());
+    report.set(
+        &format!("fleet_{label}_pending"),
+        serde_json::json!({ "thirds": figures.pending_thirds, "preload_days": preload_days, "preload_s": preloaded_s }),
+    );
+    report.plots.push(Plot::Lines {
+        file: format!("fleet-{label}-throughput.svg"),
+        title: format!("Fleet over {label}: readings stored over time"),
+        x: "seconds".into(),
+        y: "readings stored".into(),
+        series: vec![
+            (
+                "offered".into(),
+                (0..=data.ticks())
+                    .map(|k| {
+                        (
+                            f64::from(k) * interval.as_secs_f64(),
+                            (u64::from(k) * data.series()) as f64,
+                        )
+                    })
+                    .collect(),
+            ),
+            ("stored".into(), samples),
+        ],
+    });
+    let mut ok = errors == 0 && stored as u64 == offered;
+    if verify {
+        let (r, good) = crate::verify::run(ctx, &data, granularity, &target.database).await?;
+        report.merge(r);
+        ok &= good;
+    }
+    Ok((report, ok))
+}
+
+/// History the same series wrote before (minute buckets, straight into the
+/// database): what every write and roll-up then runs beside. Its seconds.
+async fn preload_history(
+    ctx: &Ctx,
+    database: &str,
+    data: &Dataset,
+    preload_days: u32,
+) -> anyhow::Result<f64> {
+    if preload_days == 0 {
+        return Ok(0.0);
+    }
+    let mongo = mongodb::Client::with_uri_str(ctx.mongodb_uri()?).await?;
+    let db = mongo.database(database);
+    let now = jiff::Timestamp::now().as_second();
+    let end = now - now.rem_euclid(3600) - 3600;
+    let t = Instant::now();
+    let bar = ctx.bar(u64::from(data.args.sensors * data.args.metrics), "preload");
+    for i in 0..data.args.sensors {
+        for j in 0..data.args.metrics {
+            crate::history::preload(
+                &db,
+                &Dataset::sensor(i),
+                &Dataset::metric(j),
+                i64::from(preload_days) * 1440,
+                end,
+            )
+            .await?;
+            bar.inc(1);
+        }
+    }
+    bar.finish_and_clear();
+    Ok(t.elapsed().as_secs_f64())
+}
+
+/// One MQTT client; PUBACK latency is the broker's acknowledgement. Counts
+/// the PUBACKs.
+fn connect_publisher(ctx: &Ctx) -> anyhow::Result<(AsyncClient, Arc<AtomicU64>)> {
+    let (host, port) = mqtt_host_port(ctx.global.mqtt_url.as_deref().unwrap_or_default())?;
+    let mut o = MqttOptions::new(format!("fleet-{}", ctx.run), host, port);
+    o.set_keep_alive(Duration::from_secs(30)).set_inflight(1000);
+    let (client, mut el) = AsyncClient::new(o, 10_000);
+    let acked = Arc::new(AtomicU64::new(0));
+    let a = acked.clone();
+    tokio::spawn(async move {
+        loop {
+            match el.poll().await {
+                Ok(Event::Incoming(Packet::PubAck(_))) => {
+                    a.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(_) => {}
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    });
+    Ok((client, acked))
+}
+
+/// How a tick's readings are sent: MQTT messages, or HTTP requests of
+/// `batch` readings, `permits` of them at once.
+struct Sender {
+    latencies: Arc<Mutex<Vec<f64>>>,
+    errors: Arc<AtomicU64>,
+    sent: Arc<AtomicU64>,
+    permits: Arc<Semaphore>,
+    http: reqwest::Client,
+    url: String,
+    batch: usize,
+    publisher: Option<(AsyncClient, Arc<AtomicU64>)>,
+}
+
+impl Sender {
+    async fn send(&self, rows: Vec<Row>) -> anyhow::Result<()> {
+        if let Some((client, _)) = &self.publisher {
+            for (i, j, ts, v) in rows {
+                let topic = format!("sensors/{}/{}", Dataset::sensor(i), Dataset::metric(j));
+                let payload = format!(r#"{{"value":{v},"ts":{}}}"#, ts * 1000);
+                client
+                    .publish(topic, QoS::AtLeastOnce, false, payload)
+                    .await?;
+                self.sent.fetch_add(1, Ordering::Relaxed);
+            }
+            return Ok(());
+        }
+        for chunk in rows.chunks(self.batch) {
+            let body = Dataset::json(chunk);
+            let n = chunk.len() as u64;
+            let permit = self.permits.clone().acquire_owned().await?;
+            let (http, url, latencies, errors, sent) = (
+                self.http.clone(),
+                self.url.clone(),
+                self.latencies.clone(),
+                self.errors.clone(),
+                self.sent.clone(),
+            );
+            tokio::spawn(async move {
+                let t = Instant::now();
+                match http
+                    .post(&url)
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await
+                {
+                    Ok(r) if r.status() == 200 => {
+                        latencies
+                            .lock()
+                            .await
+                            .push(t.elapsed().as_secs_f64() * 1000.0);
+                        sent.fetch_add(n, Ordering::Relaxed);
+                    }
+                    _ => {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                drop(permit);
+            });
+        }
+        Ok(())
+    }
+}
+
+/// What the offering saw: readings stored over time, readings pending once
+/// a tick, and the steady-state marks.
+struct Offering {
+    samples: Vec<(f64, f64)>,
+    /// Readings held and not stored, once a tick: flat when storage keeps up.
+    pending: Vec<f64>,
+    /// (readings offered, documents written by kind) at each mark.
+    marks: Vec<(f64, std::collections::HashMap<String, f64>)>,
+}
+
+/// Sends the data tick by tick, in real time.
+async fn offer(
+    ctx: &Ctx,
+    data: &Dataset,
+    sender: &Sender,
+    url: &str,
+    interval: Duration,
+    stored0: f64,
+    started: Instant,
+) -> anyhow::Result<Offering> {
+    let bar = ctx.bar(u64::from(data.ticks()), "fleet");
+    let mut out = Offering {
+        samples: Vec::new(),
+        pending: Vec::new(),
+        marks: Vec::new(),
+    };
+    let mut next = tokio::time::Instant::now();
+    // The steady state: writes between two marks an hour apart, each
+    // `STEADY_AFTER` past a clock hour, once the previous hour's last held
+    // buckets, roll-ups and late markers are done, so each window holds one
+    // whole hour's work and none of the start's one-off writes.
+    let mut next_mark = {
+        let now = jiff::Timestamp::now().as_second();
+        now - now.rem_euclid(3600) + 3600 + STEADY_AFTER
+    };
+    for k in 0..data.ticks() {
+        let now = jiff::Timestamp::now().as_second();
+        if now >= next_mark {
+            next_mark += 3600;
+            out.marks
+                .push((f64::from(k) * data.series() as f64, writes(url).await.0));
+        }
+        tokio::time::sleep_until(next).await;
+        next += interval;
+        sender.send(data.tick(k).collect()).await?;
+        if let Ok(m) = scrape(url).await {
+            let stored = m
+                .get("hourglass_readings_stored_total")
+                .copied()
+                .unwrap_or(0.0)
+                - stored0;
+            out.samples.push((started.elapsed().as_secs_f64(), stored));
+            out.pending
+                .push(m.get("hourglass_pending_readings").copied().unwrap_or(0.0));
+        }
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    Ok(out)
+}
+
+/// Waits (bounded) until `expected` readings are stored; what was stored.
+/// With the journal, a bucket is written after its minute ends plus the
+/// grace: up to about 70 s after its last reading.
+async fn settle(
+    url: &str,
+    stored0: f64,
+    expected: f64,
+    started: Instant,
+    samples: &mut Vec<(f64, f64)>,
+) -> f64 {
     let deadline = Instant::now() + Duration::from_secs(240);
     let mut stored = 0.0;
     while Instant::now() < deadline {
-        let m = scrape(&target.url).await.unwrap_or_default();
+        let m = scrape(url).await.unwrap_or_default();
         stored = m
             .get("hourglass_readings_stored_total")
             .copied()
             .unwrap_or(0.0)
             - stored0;
         samples.push((started.elapsed().as_secs_f64(), stored));
-        if stored >= offered as f64 - errors.load(Ordering::Relaxed) as f64 * batch as f64 {
+        if stored >= expected {
             break;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    let all_s = started.elapsed().as_secs_f64();
-    let cpu = cpu0.zip(target.cpu()).map(|(a, b)| b - a);
-    let peak_rss = target.peak_rss_mib();
-    let after = scrape(&target.url).await.unwrap_or_default();
-    let updates = after
-        .get("hourglass_bucket_updates_total")
-        .copied()
-        .unwrap_or(0.0)
-        - before
-            .get("hourglass_bucket_updates_total")
-            .copied()
-            .unwrap_or(0.0);
-    let delta =
-        |k: &str| after.get(k).copied().unwrap_or(0.0) - before.get(k).copied().unwrap_or(0.0);
-    let journal_bytes = delta("hourglass_journal_appended_bytes_total");
-    let writes_after = writes(&target.url).await;
-    let written = |kind: &str| {
-        writes_after.0.get(kind).copied().unwrap_or(0.0)
-            - writes_before.0.get(kind).copied().unwrap_or(0.0)
-    };
-    let data_written: f64 = DATA_KINDS.iter().map(|k| written(k)).sum();
-    // Every kind the service counts, coordination included (late markers,
-    // the instance floor, version prunes, tombstones).
-    let kinds: std::collections::BTreeMap<&str, f64> = writes_after
-        .0
-        .keys()
-        .chain(writes_before.0.keys())
-        .map(|k| (k.as_str(), written(k)))
-        .collect();
-    let all_written: f64 = kinds.values().sum();
-    // The last whole hour between two marks, if the run held one.
-    let steady = marks.windows(2).last().map(|w| {
+    stored
+}
+
+/// The last whole hour between two marks, if the run held one: readings
+/// offered, data and all document writes.
+fn steady_hour(marks: &[(f64, std::collections::HashMap<String, f64>)]) -> Option<(f64, f64, f64)> {
+    marks.windows(2).last().map(|w| {
         let (o0, w0) = &w[0];
         let (o1, w1) = &w[1];
         let d = |k: &str| w1.get(k).copied().unwrap_or(0.0) - w0.get(k).copied().unwrap_or(0.0);
         let data: f64 = DATA_KINDS.iter().map(|k| d(k)).sum();
         let all: f64 = w1.keys().map(|k| d(k)).sum();
         (o1 - o0, data, all)
-    });
-    let upkeep_read = writes_after.1 - writes_before.1;
-    let fsyncs = delta("hourglass_journal_fsyncs_total");
-    let (p50, p99, max) = percentiles(latencies.lock().await.clone());
+    })
+}
+
+/// Pending readings by thirds of the run: flat when storage keeps up.
+fn thirds(pending: &[f64]) -> [f64; 3] {
+    let third = |k: usize| {
+        let n = pending.len();
+        let part = &pending[n * k / 3..n * (k + 1) / 3];
+        part.iter().sum::<f64>() / part.len().max(1) as f64
+    };
+    [third(0), third(1), third(2)]
+}
+
+/// A fleet run's figures, as the report shows them.
+struct Figures {
+    transport: Transport,
+    journal: bool,
+    mqtt: bool,
+    granularity: &'static str,
+    preload_days: u32,
+    preloaded_s: f64,
+    offered: u64,
+    offered_s: f64,
+    stored: f64,
+    all_s: f64,
+    acked_early: f64,
+    errors: u64,
+    /// Acknowledgement latency p50, p99, max (ms).
+    latency: (f64, f64, f64),
+    peak_rss: Option<f64>,
+    cpu: Option<f64>,
+    updates: f64,
+    journal_bytes: f64,
+    fsyncs: f64,
+    /// Document writes by kind.
+    kinds: std::collections::BTreeMap<String, f64>,
+    data_written: f64,
+    all_written: f64,
+    steady: Option<(f64, f64, f64)>,
+    upkeep_read: f64,
+    pending_thirds: [f64; 3],
+}
+
+impl Figures {
+    fn written(&self, kind: &str) -> f64 {
+        self.kinds.get(kind).copied().unwrap_or(0.0)
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let Figures {
+            offered,
+            offered_s,
+            stored,
+            all_s,
+            errors,
+            cpu,
+            updates,
+            ref kinds,
+            data_written,
+            all_written,
+            upkeep_read,
+            granularity,
+            peak_rss,
+            journal,
+            journal_bytes,
+            fsyncs,
+            steady,
+            latency: (p50, p99, max),
+            ..
+        } = *self;
+        let offered = offered as f64;
+        serde_json::json!({
+            "offered": offered, "stored": stored, "offered_per_s": offered / offered_s, "stored_per_s": stored / all_s,
+            "latency_ms": { "p50": p50, "p99": p99, "max": max }, "errors": errors,
+            "service_cpu_s": cpu, "service_cpu_us_per_reading": cpu.map(|c| c / offered * 1e6),
+            "bucket_updates": updates, "writes_per_reading": updates / offered,
+            "documents_written": kinds, "data_writes_per_reading": data_written / offered,
+            "all_writes_per_reading": all_written / offered, "rollup_upkeep_read": upkeep_read,
+            "granularity": granularity, "peak_rss_mib": peak_rss,
+            "journal": journal, "journal_bytes_per_reading": journal_bytes / offered,
+            "journal_fsyncs": fsyncs, "seconds_to_all_stored": all_s - offered_s,
+            "steady_hour": steady.map(|(readings, data, all)| serde_json::json!({
+                "readings": readings, "data_writes": data, "all_writes": all,
+                "data_writes_per_reading": data / readings.max(1.0),
+                "all_writes_per_reading": all / readings.max(1.0),
+            })),
+        })
+    }
+}
+
+/// The report's table of a fleet run.
+fn section(fig: &Figures, data: &Dataset) -> Section {
+    // Long: one row per figure, in the order the report reads.
+    let Figures {
+        transport,
+        journal,
+        mqtt,
+        preload_days,
+        preloaded_s,
+        offered,
+        offered_s,
+        stored,
+        all_s,
+        acked_early,
+        errors,
+        peak_rss,
+        cpu,
+        updates,
+        journal_bytes,
+        fsyncs,
+        ref kinds,
+        data_written,
+        all_written,
+        steady,
+        upkeep_read,
+        latency: (p50, p99, max),
+        ..
+    } = *fig;
+    let written = |kind: &str| fig.written(kind);
+    let third = |k: usize| fig.pending_thirds[k];
     let mut s = Section::new(
         &format!(
             "Fleet over {}, journal {}: {} sensors × {} metrics, every {} s, for {} s",
@@ -367,10 +618,7 @@ pub async fn run(
             format!("{} / {} / {}", f(p50), f(p99), f(max))
         },
     ]);
-    s.row(vec![
-        "errors".into(),
-        errors.load(Ordering::Relaxed).to_string(),
-    ]);
+    s.row(vec!["errors".into(), errors.to_string()]);
     if let Some(rss) = peak_rss {
         s.row(vec!["service peak RSS (MiB)".into(), f(rss)]);
     }
@@ -404,7 +652,7 @@ pub async fn run(
         .filter(|&(k, &w)| {
             w > 0.0
                 && !matches!(
-                    *k,
+                    k.as_str(),
                     "bucket_update" | "rollup_upkeep" | "registry_update" | "dead_letter"
                 )
         })
@@ -451,11 +699,6 @@ pub async fn run(
         ]);
     }
     // Pending readings by thirds of the run: flat when storage keeps up.
-    let third = |k: usize| {
-        let n = pending.len();
-        let part = &pending[n * k / 3..n * (k + 1) / 3];
-        part.iter().sum::<f64>() / part.len().max(1) as f64
-    };
     s.row(vec![
         "pending readings, mean of each third of the run".into(),
         format!("{} / {} / {}", f(third(0)), f(third(1)), f(third(2))),
@@ -466,53 +709,5 @@ pub async fn run(
             format!("{preload_days}; {}", f(preloaded_s)),
         ]);
     }
-    let mut report = Report::new("Hourglass fleet");
-    report.set(
-        &format!("fleet_{label}_pending"),
-        serde_json::json!({ "thirds": [third(0), third(1), third(2)], "preload_days": preload_days, "preload_s": preloaded_s }),
-    );
-    report.sections.push(s);
-    report.plots.push(Plot::Lines {
-        file: format!("fleet-{label}-throughput.svg"),
-        title: format!("Fleet over {label}: readings stored over time"),
-        x: "seconds".into(),
-        y: "readings stored".into(),
-        series: vec![
-            (
-                "offered".into(),
-                (0..=data.ticks())
-                    .map(|k| {
-                        (
-                            f64::from(k) * interval.as_secs_f64(),
-                            (u64::from(k) * data.series()) as f64,
-                        )
-                    })
-                    .collect(),
-            ),
-            ("stored".into(), samples),
-        ],
-    });
-    report.set(&format!("fleet_{label}"), serde_json::json!({
-        "offered": offered, "stored": stored, "offered_per_s": offered as f64 / offered_s, "stored_per_s": stored / all_s,
-        "latency_ms": { "p50": p50, "p99": p99, "max": max }, "errors": errors.load(Ordering::Relaxed),
-        "service_cpu_s": cpu, "service_cpu_us_per_reading": cpu.map(|c| c / offered as f64 * 1e6),
-        "bucket_updates": updates, "writes_per_reading": updates / offered as f64,
-        "documents_written": kinds, "data_writes_per_reading": data_written / offered as f64,
-        "all_writes_per_reading": all_written / offered as f64, "rollup_upkeep_read": upkeep_read,
-        "granularity": granularity, "peak_rss_mib": peak_rss,
-        "journal": journal, "journal_bytes_per_reading": journal_bytes / offered as f64,
-        "journal_fsyncs": fsyncs, "seconds_to_all_stored": all_s - offered_s,
-        "steady_hour": steady.map(|(readings, data, all)| serde_json::json!({
-            "readings": readings, "data_writes": data, "all_writes": all,
-            "data_writes_per_reading": data / readings.max(1.0),
-            "all_writes_per_reading": all / readings.max(1.0),
-        })),
-    }));
-    let mut ok = errors.load(Ordering::Relaxed) == 0 && stored as u64 == offered;
-    if verify {
-        let (r, good) = crate::verify::run(ctx, &data, granularity, &target.database).await?;
-        report.merge(r);
-        ok &= good;
-    }
-    Ok((report, ok))
+    s
 }

@@ -154,7 +154,7 @@ fn panels() -> Vec<(&'static str, String, String, i64)> {
 /// to its present, whose last hours the results cache does not keep yet
 /// (a load of over an hour would otherwise leave refreshes nothing to read).
 fn panel_window() -> (i64, i64) {
-    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let now = jiff::Timestamp::now().as_second();
     let end = now - now.rem_euclid(3600);
     (end - 8 * 86_400, end)
 }
@@ -197,18 +197,104 @@ pub async fn run(
     // Targets missed are reported, not failures: the answers' equality
     // (cold against refresh) is what fails the run.
     let mut missed: Vec<String> = Vec::new();
+    write_costs(&db, long_history, &mut report, &mut missed).await?;
+    // Fleet panels: 8 days, a reading every 15 minutes.
+    let panel = Dataset::recent(
+        DatasetArgs {
+            sensors: panel_sensors,
+            metrics: 1,
+            seconds: 8 * 86_400,
+            interval: 900,
+            seed: 11,
+        },
+        1800,
+    );
+    let (early, catch_up) = right_after_backfill(ctx, &target, &panel).await?;
+    let group = Dataset::recent(
+        DatasetArgs {
+            sensors: group_sensors,
+            metrics: 1,
+            seconds: 2 * 86_400,
+            interval: 300,
+            seed: 12,
+        },
+        9 * 86_400,
+    );
+    crate::backfill::send_all(ctx, &target, &group, 5000, 2).await?;
+    crate::waits::rolled_up(ctx, &target.database, Duration::from_secs(4 * 3600)).await?;
+    let vm = start_victoria(&[]).await?;
+    send_lines(
+        ctx,
+        &format!("{}/write?precision=s", vm.url),
+        &panel,
+        5000,
+        4,
+    )
+    .await?;
+    let http = reqwest::Client::new();
+    let _ = http
+        .get(format!("{}/internal/force_flush", vm.url))
+        .send()
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut json = serde_json::Map::new();
+    let s = settled_panels(
+        &target.url,
+        &vm.url,
+        panel_sensors,
+        repeats,
+        early,
+        &mut missed,
+        &mut json,
+    )
+    .await?;
+    report.sections.push(s);
+    report.sections.push(catch_up.section(&format!(
+        "Catch-up after the panels' backfill ({} readings)",
+        panel.len()
+    )));
+    json.insert("catch_up".into(), catch_up.json());
+    let s = group_average(
+        &target.url,
+        &group,
+        group_sensors,
+        repeats,
+        &mut missed,
+        &mut json,
+    )
+    .await?;
+    report.sections.push(s);
+    report.set("history", json);
+    report.notes.push(
+        "The default server is SecantusDB, MongoDB's wire protocol in Python: its cost per document dominates the latency. Documents read and round trips are what a real MongoDB would do too; cold figures bypass the results cache (Cache-Control: no-cache), refresh figures are a dashboard's next refresh. Targets: each panel 2 s cold and 0.3 s on refresh, the group average 1 s, the write cost within 2x.".into(),
+    );
+    report.notes.push(if missed.is_empty() {
+        "Every target met.".to_owned()
+    } else {
+        format!("Targets missed: {}.", missed.join("; "))
+    });
+    vm.stop();
+    Ok((report, true))
+}
 
-    // Write cost, flat in history.
-    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+/// Write cost, flat in history: one bucket statement into a series of 200
+/// buckets and into one of `long_history`.
+async fn write_costs(
+    db: &mongodb::Database,
+    long_history: i64,
+    report: &mut Report,
+    missed: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    let now = jiff::Timestamp::now().as_second();
     let end = now - now.rem_euclid(60) - 40 * 86_400;
     let loaded = Instant::now();
-    preload(&db, "wc-short", "m0", 200, end).await?;
-    preload(&db, "wc-long", "m0", long_history, end).await?;
+    preload(db, "wc-short", "m0", 200, end).await?;
+    preload(db, "wc-long", "m0", long_history, end).await?;
     let load_s = loaded.elapsed().as_secs_f64();
     let start = end - 100 * 60;
-    let (short_ms, short_ex) = write_cost(&db, "wc-short", start, 30, false).await?;
-    let (long_ms, long_ex) = write_cost(&db, "wc-long", start, 30, false).await?;
-    let (old_ms, old_ex) = write_cost(&db, "wc-long", start, 3, true).await?;
+    let (short_ms, short_ex) = write_cost(db, "wc-short", start, 30, false).await?;
+    let (long_ms, long_ex) = write_cost(db, "wc-long", start, 30, false).await?;
+    let (old_ms, old_ex) = write_cost(db, "wc-long", start, 3, true).await?;
     let ratio = long_ms / short_ms.max(1e-9);
     if ratio > 2.0 {
         missed.push(format!("write cost {ratio:.2}x over 2x"));
@@ -258,20 +344,21 @@ pub async fn run(
             "before_ms": old_ms, "before_examined": old_ex, "long_history": long_history }),
     );
 
-    // Fleet panels: 8 days, a reading every 15 minutes.
-    let panel = Dataset::recent(
-        DatasetArgs {
-            sensors: panel_sensors,
-            metrics: 1,
-            seconds: 8 * 86_400,
-            interval: 900,
-            seed: 11,
-        },
-        1800,
-    );
+    Ok(())
+}
+
+/// The panels five seconds after the last reading of `panel`'s backfill is
+/// stored (the answer to its request: the journal is off), before the
+/// upkeep may have caught up: what a user who opens the dashboard right
+/// after a backfill sees. Then the catch-up, measured to its end.
+async fn right_after_backfill(
+    ctx: &Ctx,
+    target: &crate::ctx::Target,
+    panel: &Dataset,
+) -> anyhow::Result<(Vec<Timed>, crate::waits::CatchUp)> {
     let rolled_before = scrape(&target.url).await?;
     let sent_at = Instant::now();
-    crate::backfill::send_all(ctx, &target, &panel, 5000, 2).await?;
+    crate::backfill::send_all(ctx, target, panel, 5000, 2).await?;
     // Five seconds after the last reading is stored (the answer to its
     // request: the journal is off), before the upkeep may have caught up:
     // what a user who opens the dashboard right after a backfill sees.
@@ -290,34 +377,23 @@ pub async fn run(
     early.push(cold_and_refresh(&target.url, &series_path(begin, end), 1).await?);
     let catch_up =
         crate::waits::caught_up(&target.url, &rolled_before, sent_at, stored_at, marked).await?;
-    let group = Dataset::recent(
-        DatasetArgs {
-            sensors: group_sensors,
-            metrics: 1,
-            seconds: 2 * 86_400,
-            interval: 300,
-            seed: 12,
-        },
-        9 * 86_400,
-    );
-    crate::backfill::send_all(ctx, &target, &group, 5000, 2).await?;
-    crate::waits::rolled_up(ctx, &target.database, Duration::from_secs(4 * 3600)).await?;
-    let vm = start_victoria(&[]).await?;
-    send_lines(
-        ctx,
-        &format!("{}/write?precision=s", vm.url),
-        &panel,
-        5000,
-        4,
-    )
-    .await?;
-    let http = reqwest::Client::new();
-    let _ = http
-        .get(format!("{}/internal/force_flush", vm.url))
-        .send()
-        .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    Ok((early, catch_up))
+}
 
+/// The panels once every hour is rolled up, cold and on refresh, beside
+/// VictoriaMetrics on the same samples and the figures `early` took right
+/// after the backfill.
+async fn settled_panels(
+    url: &str,
+    vm_url: &str,
+    panel_sensors: u32,
+    repeats: usize,
+    early: Vec<Timed>,
+    missed: &mut Vec<String>,
+    json: &mut serde_json::Map<String, serde_json::Value>,
+) -> anyhow::Result<Section> {
+    // Long: one row per panel, each beside its VictoriaMetrics figure and its early one.
+    let http = reqwest::Client::new();
     // The settled figures' window ends at the hour begun now, too.
     let (begin, end) = panel_window();
     let mut s = Section::new(
@@ -335,7 +411,6 @@ pub async fn run(
             "documents (cold) 5 s after stored",
         ],
     );
-    let mut json = serde_json::Map::new();
     let mut early = early.into_iter();
     let mut early_cells = |name: &str, missed: &mut Vec<String>| {
         let Some(t) = early.next() else {
@@ -361,7 +436,7 @@ pub async fn run(
     for (name, hq, vq, step) in &panels() {
         let args = |q: &str| range_args(q, begin, end, *step);
         let t = cold_and_refresh(
-            &target.url,
+            url,
             &format!("/prometheus/api/v1/query_range?{}", args(hq)),
             repeats,
         )
@@ -369,7 +444,7 @@ pub async fn run(
         let (cold, refresh) = (t.cold_ms, t.refresh_ms);
         let (vm_ms, _) = timed_or_nan(
             &http,
-            &format!("{}/api/v1/query_range?{}", vm.url, args(vq)),
+            &format!("{}/api/v1/query_range?{}", vm_url, args(vq)),
             repeats,
         )
         .await;
@@ -378,7 +453,7 @@ pub async fn run(
                 "{name}: {cold:.0} ms cold, {refresh:.0} ms on refresh"
             ));
         }
-        let (cells, early_json) = early_cells(name, &mut missed);
+        let (cells, early_json) = early_cells(name, missed);
         let mut row = vec![(*name).to_owned()];
         row.extend(t.cells());
         row.push(f(vm_ms));
@@ -389,14 +464,14 @@ pub async fn run(
         j["after_stored"] = early_json;
         json.insert((*name).into(), j);
     }
-    let t = cold_and_refresh(&target.url, &series_path(begin, end), repeats).await?;
+    let t = cold_and_refresh(url, &series_path(begin, end), repeats).await?;
     let (cold, refresh) = (t.cold_ms, t.refresh_ms);
     if cold > 2000.0 || refresh > 300.0 {
         missed.push(format!(
             "the JSON hourly series: {cold:.0} ms cold, {refresh:.0} ms on refresh"
         ));
     }
-    let (cells, early_json) = early_cells("the JSON hourly series", &mut missed);
+    let (cells, early_json) = early_cells("the JSON hourly series", missed);
     let mut row = vec!["JSON API: hourly series of every sensor".to_owned()];
     row.extend(t.cells());
     row.push("-".into());
@@ -405,21 +480,25 @@ pub async fn run(
     let mut j = t.json();
     j["after_stored"] = early_json;
     json.insert("json_hourly_series".into(), j);
-    report.sections.push(s);
-    report.sections.push(catch_up.section(&format!(
-        "Catch-up after the panels' backfill ({} readings)",
-        panel.len()
-    )));
-    json.insert("catch_up".into(), catch_up.json());
+    Ok(s)
+}
 
-    // The group average over four days around the group's two.
+/// The group average over four days around the group's two.
+async fn group_average(
+    url: &str,
+    group: &Dataset,
+    group_sensors: u32,
+    repeats: usize,
+    missed: &mut Vec<String>,
+    json: &mut serde_json::Map<String, serde_json::Value>,
+) -> anyhow::Result<Section> {
     let g_end = group.start + 3 * 86_400;
     let g_path = format!(
         "/api/v1/average?metric=m0&sensor=lt-*&from={}&to={}",
         crate::dataset::rfc3339(g_end - 4 * 86_400),
         crate::dataset::rfc3339(g_end)
     );
-    let t = cold_and_refresh(&target.url, &g_path, repeats).await?;
+    let t = cold_and_refresh(url, &g_path, repeats).await?;
     let cold = t.cold_ms;
     if cold > 1000.0 {
         missed.push(format!("the group average: {cold:.0} ms cold"));
@@ -440,16 +519,5 @@ pub async fn run(
     row.extend(t.cells());
     s.row(row);
     json.insert("group_average".into(), t.json());
-    report.sections.push(s);
-    report.set("history", json);
-    report.notes.push(
-        "The default server is SecantusDB, MongoDB's wire protocol in Python: its cost per document dominates the latency. Documents read and round trips are what a real MongoDB would do too; cold figures bypass the results cache (Cache-Control: no-cache), refresh figures are a dashboard's next refresh. Targets: each panel 2 s cold and 0.3 s on refresh, the group average 1 s, the write cost within 2x.".into(),
-    );
-    report.notes.push(if missed.is_empty() {
-        "Every target met.".to_owned()
-    } else {
-        format!("Targets missed: {}.", missed.join("; "))
-    });
-    vm.stop();
-    Ok((report, true))
+    Ok(s)
 }

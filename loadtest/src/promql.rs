@@ -112,7 +112,7 @@ pub async fn run(
 ) -> anyhow::Result<(Report, bool)> {
     let (sparse_interval, dense_interval) = intervals;
     let days = days.max(2);
-    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let now = jiff::Timestamp::now().as_second();
     let end = now - now.rem_euclid(3600) - 3600;
     // Readings seven seconds past the minute: Grafana's aligned windows
     // (t − step, t] never have one on an end, where Prometheus 2.42 (left-

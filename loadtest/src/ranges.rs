@@ -95,18 +95,98 @@ pub async fn run(
             "exact",
         ],
     );
-    let mut ok = true;
+    let r = Series {
+        url: &target.url,
+        sensor: &sensor,
+        metric: &metric,
+        truth: &truth,
+        end,
+        days,
+        repeats,
+    };
     let mut json = serde_json::Map::new();
+    let mut asked = Vec::new();
+    let mut ok = averages(&r, &mut s, &mut json, &mut asked).await?;
+    // Percentiles from the rollups' sketches, over the same data.
+    let quantile_spans: Vec<u32> = [1u32, 30, 400].into_iter().filter(|&d| d <= days).collect();
+    ok &= crate::percentile::measure(
+        &target.url,
+        (&sensor, &metric),
+        &truth,
+        (&quantile_spans, end),
+        repeats,
+        ("p50, p95, p99", "quantiles"),
+        &mut s,
+        &mut json,
+    )
+    .await?;
+    // A sensor reporting by exception over the same span.
+    ok &= crate::exception::measure_all(
+        ctx,
+        &target,
+        (long.start, long.end()),
+        days,
+        repeats,
+        &mut s,
+        &mut json,
+    )
+    .await?;
+    ok &= day_panel(&r, &mut s, &mut json).await?;
+    ok &= group_queries(&r, &fleet, &all, &mut s, &mut json, &mut asked).await?;
+    let bytes = rollup_bytes(ctx, &target.database, &r, &long, &mut json).await?;
+    drop(target);
+    let rows: Vec<Row> = all.iter().map(|(&(i, ts), &v)| (i, 0, ts, v)).collect();
+    let (peers, peers_ok) = peers(ctx, &rows, &all, &asked, repeats).await?;
+    json.insert("peers".into(), peers.1);
+    let mut report = Report::new("Hourglass query cost by range");
+    report.sections.push(s);
+    report.sections.push(bytes);
+    report.sections.push(peers.0);
+    report.set("ranges", json);
+    Ok((report, ok && peers_ok))
+}
+
+/// The long series and its truth: what each step's queries ask and check.
+struct Series<'a> {
+    url: &'a str,
+    sensor: &'a str,
+    metric: &'a str,
+    /// Every stored reading of the series, by second.
+    truth: &'a BTreeMap<i64, f64>,
+    /// Where the queries' windows end.
+    end: i64,
+    days: u32,
+    repeats: usize,
+}
+
+/// Averages over 1, 7, 60 and 400 days (those within the data), plain and
+/// weighted by time, against the truth. Whether all were exact.
+async fn averages(
+    r: &Series<'_>,
+    s: &mut Section,
+    json: &mut serde_json::Map<String, serde_json::Value>,
+    asked: &mut Vec<Asked>,
+) -> anyhow::Result<bool> {
+    // Long: two loops over the spans, plain then time-weighted, each a query, its truth and its row.
+    let Series {
+        url,
+        sensor,
+        metric,
+        truth,
+        end,
+        days,
+        repeats,
+    } = *r;
+    let mut ok = true;
     let mut base = None;
     let spans: Vec<u32> = [1u32, 7, 60, 400]
         .into_iter()
         .filter(|&d| d <= days)
         .collect();
-    let mut asked = Vec::new();
     for &span in &spans {
         let from = span_from(end, span);
-        let path = average_path(&sensor, &metric, from, end, "");
-        let (ms, docs, got) = measure(&target.url, &path, repeats).await?;
+        let path = average_path(sensor, metric, from, end, "");
+        let (ms, docs, got) = measure(url, &path, repeats).await?;
         // The truth (values are multiples of 1/8: sums are exact): the
         // long series over the fleet's sensor 0 where both have a second.
         let (mut want_count, mut want_sum) = (0u64, 0.0);
@@ -151,9 +231,9 @@ pub async fn run(
     // The same spans weighted by time, against the held time of the truth.
     for &span in &spans {
         let from = span_from(end, span);
-        let path = average_path(&sensor, &metric, from, end, "&weighting=time");
-        let (ms, docs, got) = measure(&target.url, &path, repeats).await?;
-        let (held, integral) = held_time(&truth, from, end, 86_400);
+        let path = average_path(sensor, metric, from, end, "&weighting=time");
+        let (ms, docs, got) = measure(url, &path, repeats).await?;
+        let (held, integral) = held_time(truth, from, end, 86_400);
         let want = integral / held.max(1) as f64;
         let exact = got["held_seconds"].as_i64() == Some(held)
             && got["avg"]
@@ -175,76 +255,89 @@ pub async fn run(
             serde_json::json!({ "p50_ms": p50, "p99_ms": p99, "documents": docs, "exact": exact }),
         );
     }
-    // Percentiles from the rollups' sketches, over the same data.
-    let quantile_spans: Vec<u32> = [1u32, 30, 400].into_iter().filter(|&d| d <= days).collect();
-    ok &= crate::percentile::measure(
-        &target.url,
-        (&sensor, &metric),
-        &truth,
-        (&quantile_spans, end),
-        repeats,
-        ("p50, p95, p99", "quantiles"),
-        &mut s,
-        &mut json,
-    )
-    .await?;
-    // A sensor reporting by exception over the same span.
-    ok &= crate::exception::measure_all(
-        ctx,
-        &target,
-        (long.start, long.end()),
+    Ok(ok)
+}
+
+/// A Grafana panel over the whole span at a 1 d step, aligned to days:
+/// each window (t − 1d, t] the rest of a day slot and the first second of
+/// the next, from the 30-day documents alone (the issue's bound: 1.5 per
+/// thirty days plus two).
+async fn day_panel(
+    r: &Series<'_>,
+    s: &mut Section,
+    json: &mut serde_json::Map<String, serde_json::Value>,
+) -> anyhow::Result<bool> {
+    let Series {
+        url,
+        sensor,
+        metric,
+        truth,
+        end,
         days,
         repeats,
-        &mut s,
-        &mut json,
-    )
-    .await?;
-    // A Grafana panel over the whole span at a 1 d step, aligned to days:
-    // each window (t − 1d, t] the rest of a day slot and the first second of
-    // the next, from the 30-day documents alone (the issue's bound: 1.5 per
-    // thirty days plus two).
-    {
-        let last = end - end.rem_euclid(86_400);
-        let first = last - i64::from(days.saturating_sub(1)) * 86_400;
-        let q = format!(r#"sum_over_time({{__name__="{metric}",sensor="{sensor}"}}[1d])"#);
-        let q: String = url::form_urlencoded::byte_serialize(q.as_bytes()).collect();
-        let path =
-            format!("/prometheus/api/v1/query_range?query={q}&start={first}&end={last}&step=86400");
-        let (ms, docs, got) = measure(&target.url, &path, repeats).await?;
-        let values: BTreeMap<i64, f64> = got["data"]["result"][0]["values"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|p| Some((p[0].as_i64()?, p[1].as_str()?.parse().ok()?)))
-            .collect();
-        let want: BTreeMap<i64, f64> = (first..=last)
-            .step_by(86_400)
-            .filter_map(|t| {
-                let inside: Vec<f64> = truth
-                    .range(t - 86_400 + 1..t + 1)
-                    .map(|(_, v)| *v)
-                    .collect();
-                (!inside.is_empty()).then(|| (t, inside.iter().sum()))
-            })
-            .collect();
-        let exact = values == want;
-        let bound = 1.5 * (f64::from(days) / 30.0 + 2.0);
-        ok &= exact && docs <= bound;
-        let (p50, p99, _) = percentiles(ms.clone());
-        let name = format!("PromQL {days}d / 1d panel");
-        s.row(timing_row(
-            name.clone(),
-            &ms,
-            (p50, p99),
-            "-".into(),
-            format!("{} (bound {})", f(docs), f(bound)),
-            exact.to_string(),
-        ));
-        json.insert(
-            name,
-            serde_json::json!({ "p50_ms": p50, "p99_ms": p99, "documents": docs, "documents_bound": bound, "exact": exact }),
-        );
-    }
+    } = *r;
+    let mut ok = true;
+    let last = end - end.rem_euclid(86_400);
+    let first = last - i64::from(days.saturating_sub(1)) * 86_400;
+    let q = format!(r#"sum_over_time({{__name__="{metric}",sensor="{sensor}"}}[1d])"#);
+    let q: String = url::form_urlencoded::byte_serialize(q.as_bytes()).collect();
+    let path =
+        format!("/prometheus/api/v1/query_range?query={q}&start={first}&end={last}&step=86400");
+    let (ms, docs, got) = measure(url, &path, repeats).await?;
+    let values: BTreeMap<i64, f64> = got["data"]["result"][0]["values"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| Some((p[0].as_i64()?, p[1].as_str()?.parse().ok()?)))
+        .collect();
+    let want: BTreeMap<i64, f64> = (first..=last)
+        .step_by(86_400)
+        .filter_map(|t| {
+            let inside: Vec<f64> = truth
+                .range(t - 86_400 + 1..t + 1)
+                .map(|(_, v)| *v)
+                .collect();
+            (!inside.is_empty()).then(|| (t, inside.iter().sum()))
+        })
+        .collect();
+    let exact = values == want;
+    let bound = 1.5 * (f64::from(days) / 30.0 + 2.0);
+    ok &= exact && docs <= bound;
+    let (p50, p99, _) = percentiles(ms.clone());
+    let name = format!("PromQL {days}d / 1d panel");
+    s.row(timing_row(
+        name.clone(),
+        &ms,
+        (p50, p99),
+        "-".into(),
+        format!("{} (bound {})", f(docs), f(bound)),
+        exact.to_string(),
+    ));
+    json.insert(
+        name,
+        serde_json::json!({ "p50_ms": p50, "p99_ms": p99, "documents": docs, "documents_bound": bound, "exact": exact }),
+    );
+    Ok(ok)
+}
+
+/// The group average and series over the fleet's `lt-000*` sensors; the
+/// average against the truth. Whether it was exact.
+async fn group_queries(
+    r: &Series<'_>,
+    fleet: &Dataset,
+    all: &BTreeMap<(u32, i64), f64>,
+    s: &mut Section,
+    json: &mut serde_json::Map<String, serde_json::Value>,
+    asked: &mut Vec<Asked>,
+) -> anyhow::Result<bool> {
+    // Long: two queries in one loop, each timed, checked and offered to the peers.
+    let Series {
+        url,
+        metric,
+        repeats,
+        ..
+    } = *r;
+    let mut ok = true;
     let fend = fleet.end();
     let in_glob = |i: u32| Dataset::sensor(i).starts_with("lt-000");
     for (name, path) in [
@@ -265,12 +358,12 @@ pub async fn run(
             ),
         ),
     ] {
-        let (ms, docs, got) = measure(&target.url, &path, repeats).await?;
+        let (ms, docs, got) = measure(url, &path, repeats).await?;
         let (p50, p99, _) = percentiles(ms.clone());
         // The group average's one group against the truth; the series by
         // sensor is timed only.
         let exact = got["groups"][0].get("count").map(|count| {
-            let (n, sum) = totals(&all, &in_glob, fend - 6 * 3600, fend, false);
+            let (n, sum) = totals(all, &in_glob, fend - 6 * 3600, fend, false);
             count.as_u64() == Some(n) && got["groups"][0]["sum"].as_f64() == Some(sum)
         });
         ok &= exact.unwrap_or(true);
@@ -301,6 +394,24 @@ pub async fn run(
             });
         }
     }
+    Ok(ok)
+}
+
+/// What the sketches and time integrals add to the rollups, per reading:
+/// of the dense series and of the one reporting by exception.
+async fn rollup_bytes(
+    ctx: &Ctx,
+    database: &str,
+    r: &Series<'_>,
+    long: &Dataset,
+    json: &mut serde_json::Map<String, serde_json::Value>,
+) -> anyhow::Result<Section> {
+    let Series {
+        sensor,
+        metric,
+        truth,
+        ..
+    } = *r;
     // What the sketches and time integrals add to the rollups, per reading.
     let mut bytes = Section::new(
         "Rollup bytes per reading (sketches at the default 1 % accuracy)",
@@ -317,10 +428,14 @@ pub async fn run(
     let exception_sensor = Dataset::sensor(crate::exception::SENSOR);
     let exception_readings = crate::exception::readings(long.start, long.end(), 66).len();
     for (name, who, readings) in [
-        ("dense", &sensor, truth.len()),
-        ("by exception", &exception_sensor, exception_readings),
+        ("dense", sensor, truth.len()),
+        (
+            "by exception",
+            exception_sensor.as_str(),
+            exception_readings,
+        ),
     ] {
-        let b = crate::percentile::rollup_bytes(ctx, &target.database, (who, &metric)).await?;
+        let b = crate::percentile::rollup_bytes(ctx, database, (who, metric)).await?;
         bytes.row(crate::percentile::bytes_row(name, b, readings));
         let per = |x: u64| x as f64 / readings.max(1) as f64;
         json.insert(
@@ -332,16 +447,7 @@ pub async fn run(
             }),
         );
     }
-    drop(target);
-    let rows: Vec<Row> = all.iter().map(|(&(i, ts), &v)| (i, 0, ts, v)).collect();
-    let (peers, peers_ok) = peers(ctx, &rows, &all, &asked, repeats).await?;
-    json.insert("peers".into(), peers.1);
-    let mut report = Report::new("Hourglass query cost by range");
-    report.sections.push(s);
-    report.sections.push(bytes);
-    report.sections.push(peers.0);
-    report.set("ranges", json);
-    Ok((report, ok && peers_ok))
+    Ok(bytes)
 }
 
 /// One query asked of Hourglass and then of its peers: the mean of

@@ -121,11 +121,11 @@ fn command() -> String {
 
 impl Report {
     pub fn new(title: &str) -> Self {
-        let now = time::OffsetDateTime::now_utc();
+        let now = jiff::Timestamp::now();
         Self {
             title: title.into(),
             machine: machine(),
-            date: format!("{} {:02}:{:02} UTC", now.date(), now.hour(), now.minute()),
+            date: now.strftime("%Y-%m-%d %H:%M UTC").to_string(),
             commit: commit(),
             command: command(),
             ..Self::default()

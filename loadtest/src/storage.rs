@@ -291,7 +291,7 @@ async fn influx(ctx: &Ctx, rows: &[Row]) -> anyhow::Result<u64> {
 /// The start of the latest whole UTC day that ended an hour ago or more,
 /// minus `seconds` past a day.
 fn start_of(seconds: u32) -> i64 {
-    let now = time::OffsetDateTime::now_utc().unix_timestamp() - 3600;
+    let now = jiff::Timestamp::now().as_second() - 3600;
     let end = now - now.rem_euclid(86_400);
     end - i64::from(seconds)
 }

@@ -113,7 +113,7 @@ pub async fn run(
         .map(|p| format!("{}/api/v1/readings", p.url))
         .collect();
     let http = reqwest::Client::new();
-    data.start = time::OffsetDateTime::now_utc().unix_timestamp();
+    data.start = jiff::Timestamp::now().as_second();
     let interval = Duration::from_secs(u64::from(data.args.interval.max(1)));
     let bar = ctx.bar(u64::from(data.ticks()), "versions");
     let mut next = tokio::time::Instant::now();

@@ -15,7 +15,7 @@ tokio::task_local! {
 }
 
 /// How a query of this request may use the results cache.
-pub(crate) fn cache_use<S>(state: &AppState<S>) -> Option<crate::query::CacheUse<'_>> {
+pub(crate) fn cache_use(state: &AppState) -> Option<crate::query::CacheUse<'_>> {
     if state.settings.query.cache_bytes == 0 {
         return None;
     }

@@ -12,8 +12,8 @@ use super::query::{parse_instant, sensor_glob, store_error};
 use super::{ApiError, AppState};
 use crate::auth::Principal;
 use crate::domain::MetricName;
+use crate::store::SensorQuery;
 use crate::store::delete::{DeleteError, Deleted, Selection};
-use crate::store::{BucketStore, SensorQuery};
 
 /// Sensors one delete may cover: its record names each.
 pub const MAX_SENSORS: usize = 100_000;
@@ -40,8 +40,8 @@ pub struct DeleteResponse {
         ("from" = String, Query), ("to" = String, Query),
         ("dry_run" = Option<bool>, Query, description = "Count what would be deleted; change nothing")),
     responses((status = 200, body = DeleteResponse), (status = 400, description = "No selector or no range")))]
-pub async fn delete_readings<S: BucketStore + 'static>(
-    State(state): State<AppState<S>>,
+pub async fn delete_readings(
+    State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
     RawQuery(raw): RawQuery,
 ) -> Result<Json<DeleteResponse>, ApiError> {

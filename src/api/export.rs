@@ -16,8 +16,6 @@ use axum::extract::{Extension, RawQuery, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
-use time::OffsetDateTime;
-use time::format_description::well_known::Rfc3339;
 use tokio::sync::mpsc;
 use tracing::warn;
 
@@ -30,7 +28,7 @@ use super::{ApiError, AppState};
 use crate::auth::Principal;
 use crate::domain::{Agg, Weighted};
 use crate::query::{Grid, Series};
-use crate::store::{BucketStore, SensorQuery};
+use crate::store::SensorQuery;
 
 const PARAMS: [&str; 8] = [
     "sensor",
@@ -110,13 +108,11 @@ impl Rows {
     }
 
     fn instant(&mut self, secs: i64) {
-        match OffsetDateTime::from_unix_timestamp(secs) {
-            Ok(t) if t.format_into(&mut self.buf, &Rfc3339).is_ok() => {}
-            // Stored seconds are within the representable years.
-            _ => {
-                let _ = write!(self.buf, "{secs}");
-            }
-        }
+        // Stored seconds are within the representable years.
+        let _ = match crate::domain::format_secs(secs) {
+            Some(text) => write!(self.buf, "{text}"),
+            None => write!(self.buf, "{secs}"),
+        };
     }
 
     fn number(&mut self, x: f64) {
@@ -234,8 +230,8 @@ struct Selection {
         ("staleness" = Option<String>, Query)),
     responses((status = 200, content_type = "application/x-ndjson", body = String),
         (status = 200, content_type = "text/csv", body = String)))]
-pub async fn export<S: BucketStore + 'static>(
-    State(state): State<AppState<S>>,
+pub async fn export(
+    State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
@@ -330,8 +326,8 @@ pub async fn export<S: BucketStore + 'static>(
 /// the client is gone. A client that takes nothing for `query.timeout`
 /// stops the export: a raw page holds a query permit and a cursor while it
 /// waits, which a client that stopped reading must not keep.
-async fn flush<S>(
-    state: &AppState<S>,
+async fn flush(
+    state: &AppState,
     rows: &mut Rows,
     tx: &mpsc::Sender<Result<Bytes, std::io::Error>>,
     at_least: usize,
@@ -353,8 +349,8 @@ async fn flush<S>(
     }
 }
 
-async fn produce<S: BucketStore>(
-    state: &AppState<S>,
+async fn produce(
+    state: &AppState,
     principal: &Principal,
     sel: &Selection,
     tx: &mpsc::Sender<Result<Bytes, std::io::Error>>,

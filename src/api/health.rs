@@ -10,7 +10,7 @@ use axum::response::IntoResponse;
 use serde::Serialize;
 
 use super::AppState;
-use crate::store::BucketStore;
+use crate::store::MongoStore;
 
 /// How long readiness waits for the storage server to answer a ping.
 pub const STORAGE_PING_TIMEOUT: Duration = Duration::from_secs(2);
@@ -30,7 +30,7 @@ enum PingFailure {
 }
 
 impl PingCache {
-    async fn ping<S: BucketStore>(&self, store: &S) -> Result<(), PingFailure> {
+    async fn ping(&self, store: &MongoStore) -> Result<(), PingFailure> {
         let mut last = self.0.lock().await;
         if let Some((at, outcome)) = *last
             && at.elapsed() < STORAGE_PING_REUSE
@@ -102,7 +102,7 @@ pub async fn live() -> Json<serde_json::Value> {
 
 /// Readiness: 200 when storage, MQTT, capacity and the journal allow input; 503 naming the failing checks.
 #[utoipa::path(get, path = "/health/ready", responses((status = 200, description = "Ready"), (status = 503, description = "Not ready, with the failing checks")))]
-pub async fn ready<S: BucketStore>(State(state): State<AppState<S>>) -> impl IntoResponse {
+pub async fn ready(State(state): State<AppState>) -> impl IntoResponse {
     let storage = match state.ping.ping(state.store.as_ref()).await {
         // The server answers pings but refuses writes (authorization, a
         // stepdown, a write concern it cannot satisfy): still an outage.
@@ -176,7 +176,7 @@ pub async fn ready<S: BucketStore>(State(state): State<AppState<S>>) -> impl Int
 
 /// The service's metrics in Prometheus text format.
 #[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
-pub async fn metrics<S: BucketStore>(State(state): State<AppState<S>>) -> impl IntoResponse {
+pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     let m = &state.metrics;
     m.pending_readings.set(state.batcher.buffered() as i64);
     if let Some(journal) = state.intake.journal() {

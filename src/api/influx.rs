@@ -20,7 +20,6 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bumpalo::Bump;
 use serde_json::json;
-use time::OffsetDateTime;
 use tracing::warn;
 
 use super::AppState;
@@ -28,7 +27,6 @@ use super::ingest::{Outcome, submit};
 use crate::auth::Principal;
 use crate::ingest::line_protocol::{Precision, decode};
 use crate::journal::Wait;
-use crate::store::BucketStore;
 use crate::telemetry::metrics::{Rejection, Source};
 
 /// The version `/ping` reports: InfluxDB 1.8 has both write APIs.
@@ -83,8 +81,8 @@ impl IntoResponse for InfluxError {
 
 /// `POST /write?db=&rp=&precision=&u=&p=`: `db` and `rp` are accepted and
 /// ignored (Hourglass has one store); `u`/`p` were checked by the middleware.
-pub async fn write_v1<S: BucketStore>(
-    State(state): State<AppState<S>>,
+pub async fn write_v1(
+    State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
     Query(params): Query<HashMap<String, String>>,
     body: Result<Bytes, BytesRejection>,
@@ -94,8 +92,8 @@ pub async fn write_v1<S: BucketStore>(
 
 /// `POST /api/v2/write?org=&bucket=&precision=`: `org` and `bucket` are
 /// accepted and ignored.
-pub async fn write_v2<S: BucketStore>(
-    State(state): State<AppState<S>>,
+pub async fn write_v2(
+    State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
     Query(params): Query<HashMap<String, String>>,
     body: Result<Bytes, BytesRejection>,
@@ -122,8 +120,8 @@ fn precision(api: Api, params: &HashMap<String, String>) -> Result<Precision, In
     }
 }
 
-async fn write<S: BucketStore>(
-    state: &AppState<S>,
+async fn write(
+    state: &AppState,
     principal: &Principal,
     api: Api,
     params: &HashMap<String, String>,
@@ -157,7 +155,7 @@ async fn write<S: BucketStore>(
     let ctx = state
         .settings
         .ingest
-        .decode_context(OffsetDateTime::now_utc().unix_timestamp());
+        .decode_context(jiff::Timestamp::now().as_second());
     let arena = Bump::new();
     let mut decoded = match decode(
         &body,

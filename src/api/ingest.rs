@@ -6,7 +6,6 @@ use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Extension, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use serde::{Deserialize, Serialize};
-use time::OffsetDateTime;
 use tracing::warn;
 
 use super::{ApiError, AppState};
@@ -15,7 +14,6 @@ use crate::domain::{BucketKey, Granularity, Reading};
 use crate::ingest::decode::csv::{CsvFormat, TsUnit, decode_csv};
 use crate::ingest::decode::{DecodeContext, DecodeError, Detail, decode_ndjson, decode_readings};
 use crate::journal::{IntakeError, NotSafe, Wait};
-use crate::store::BucketStore;
 use crate::telemetry::metrics::{Rejection, Source};
 
 #[derive(Debug, Deserialize)]
@@ -171,8 +169,8 @@ impl From<IntakeError> for ApiError {
     request_body(content = Object, description = "A reading {sensor, metric?, ts, value} or an array of them (application/json); one reading with its ts per line (application/x-ndjson, the export's format); or a header row naming sensor, metric?, ts and value, then a reading per row (text/csv)", content_type = "application/json"),
     responses((status = 200, description = "Accepted (journaled, or stored)"), (status = 400, description = "A reading is invalid; nothing was taken"),
         (status = 503, description = "At a bound; retry after Retry-After")))]
-pub async fn post_readings<S: BucketStore>(
-    State(state): State<AppState<S>>,
+pub async fn post_readings(
+    State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
     params: Result<Query<IngestParams>, QueryRejection>,
     headers: HeaderMap,
@@ -217,7 +215,7 @@ pub async fn post_readings<S: BucketStore>(
     let ctx = state
         .settings
         .ingest
-        .decode_context(OffsetDateTime::now_utc().unix_timestamp());
+        .decode_context(jiff::Timestamp::now().as_second());
     let readings = body_format.decode(&body, &ctx).inspect_err(|e| {
         let (reason, n) = e.rejection();
         metrics.rejected(Source::Http, reason, n);
@@ -258,8 +256,8 @@ pub(super) enum Outcome {
 /// Hands decoded readings to the intake and waits as `wait` says, within
 /// `http.write_timeout`. Every refusal is a 503: storage problems are never
 /// the client's fault.
-pub(super) async fn submit<S: BucketStore>(
-    state: &AppState<S>,
+pub(super) async fn submit(
+    state: &AppState,
     readings: Vec<Reading<'_>>,
     wait: Wait,
     token: Option<&str>,

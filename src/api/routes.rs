@@ -27,10 +27,9 @@ use super::{
     prom, query, unread,
 };
 use crate::auth::Scope;
-use crate::store::BucketStore;
 use crate::telemetry::metrics::Metrics;
 
-pub fn router<S: BucketStore + 'static>(state: AppState<S>) -> Router {
+pub fn router(state: AppState) -> Router {
     // Long: the route table, and the layers every route goes through.
     let trace = TraceLayer::new_for_http()
         .make_span_with(|req: &Request| {
@@ -63,42 +62,39 @@ pub fn router<S: BucketStore + 'static>(state: AppState<S>) -> Router {
     };
     let require = |scope| require_from(scope, Forms::Bearer);
     let ingest = Router::new()
-        .route("/api/v1/readings", post(ingest::post_readings::<S>))
-        .route(
-            "/api/v1/sensors/{sensor}/labels",
-            put(query::put_labels::<S>),
-        )
+        .route("/api/v1/readings", post(ingest::post_readings))
+        .route("/api/v1/sensors/{sensor}/labels", put(query::put_labels))
         .route_layer(require(Scope::Ingest));
     // InfluxDB's write API. Its 1.x clients may send the token as `p`; bodies
     // may be gzipped, and the body limit counts decompressed bytes.
     let admin = Router::new()
         .route(
             "/api/v1/readings",
-            axum::routing::delete(delete::delete_readings::<S>),
+            axum::routing::delete(delete::delete_readings),
         )
         .route_layer(require(Scope::Admin));
     let influx_v1 = Router::new()
-        .route("/write", post(influx::write_v1::<S>))
+        .route("/write", post(influx::write_v1))
         .route("/query", get(influx::query).post(influx::query))
         .route_layer(require_from(Scope::Ingest, Forms::InfluxV1));
     let influx = Router::new()
-        .route("/api/v2/write", post(influx::write_v2::<S>))
+        .route("/api/v2/write", post(influx::write_v2))
         .route_layer(require_from(Scope::Ingest, Forms::Influx))
         .merge(influx_v1)
         .layer(RequestDecompressionLayer::new());
     let queries = Router::new()
-        .route("/api/v1/sensors", get(query::list_sensors::<S>))
-        .route("/api/v1/sensors/{sensor}/average", get(query::average::<S>))
-        .route("/api/v1/sensors/{sensor}/series", get(query::series::<S>))
-        .route("/api/v1/sensors/{sensor}/latest", get(query::latest::<S>))
-        .route("/api/v1/sensors/{sensor}/uptime", get(query::uptime::<S>))
-        .route("/api/v1/average", get(query::group_average::<S>))
-        .route("/api/v1/series", get(query::group_series::<S>))
-        .route("/api/v1/dead_letters", get(query::list_dead_letters::<S>))
-        .merge(prom::routes::<S>())
+        .route("/api/v1/sensors", get(query::list_sensors))
+        .route("/api/v1/sensors/{sensor}/average", get(query::average))
+        .route("/api/v1/sensors/{sensor}/series", get(query::series))
+        .route("/api/v1/sensors/{sensor}/latest", get(query::latest))
+        .route("/api/v1/sensors/{sensor}/uptime", get(query::uptime))
+        .route("/api/v1/average", get(query::group_average))
+        .route("/api/v1/series", get(query::group_series))
+        .route("/api/v1/dead_letters", get(query::list_dead_letters))
+        .merge(prom::routes())
         .route(
             "/api/v1/export",
-            get(export::export::<S>).layer(CompressionLayer::new()),
+            get(export::export).layer(CompressionLayer::new()),
         )
         .route_layer(require(Scope::Query))
         .route_layer(middleware::from_fn(cache_control));
@@ -139,9 +135,9 @@ pub fn router<S: BucketStore + 'static>(state: AppState<S>) -> Router {
         .route("/api/v1/openapi.json", get(openapi::document))
         .route("/ping", get(influx::ping))
         .route("/health/live", get(health::live))
-        .route("/health/ready", get(health::ready::<S>))
-        .route("/metrics", get(health::metrics::<S>))
-        .merge(console::routes::<S>())
+        .route("/health/ready", get(health::ready))
+        .route("/metrics", get(health::metrics))
+        .merge(console::routes())
         .fallback(|| async {
             ApiError::new(
                 StatusCode::NOT_FOUND,

@@ -10,6 +10,7 @@ use crate::domain::Granularity;
 use crate::ingest::line_protocol::LabelSync;
 use crate::ingest::mqtt::MqttStats;
 use crate::journal::Intake;
+use crate::store::MongoStore;
 use crate::telemetry::metrics::Metrics;
 
 /// What the HTTP surface needs of the configuration.
@@ -27,8 +28,8 @@ pub struct Config {
 }
 
 /// What every handler shares. Cheap to clone.
-pub struct AppState<S> {
-    pub store: Arc<S>,
+pub struct AppState {
+    pub store: Arc<MongoStore>,
     pub batcher: BatcherHandle,
     /// Where writes go: the journal, or the batcher when it is off.
     pub intake: Intake,
@@ -47,7 +48,7 @@ pub struct AppState<S> {
     pub ping: Arc<health::PingCache>,
 }
 
-impl<S> Clone for AppState<S> {
+impl Clone for AppState {
     fn clone(&self) -> Self {
         Self {
             store: self.store.clone(),

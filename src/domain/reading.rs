@@ -1,9 +1,6 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use time::OffsetDateTime;
-use time::format_description::well_known::Rfc3339;
-
 pub const SENSOR_MAX_LEN: usize = 128;
 pub const METRIC_MAX_LEN: usize = 64;
 pub const DEFAULT_METRIC: &str = "value";
@@ -180,9 +177,7 @@ impl Reading<'_> {
 
 /// Parses an RFC 3339 timestamp to whole epoch seconds, rounding down.
 pub fn parse_timestamp_str(s: &str) -> Result<i64, InvalidReading> {
-    OffsetDateTime::parse(s, &Rfc3339)
-        .map(|t| t.unix_timestamp())
-        .map_err(|_| InvalidReading::TimestampFormat)
+    super::rfc3339_secs(s).ok_or(InvalidReading::TimestampFormat)
 }
 
 /// Epoch milliseconds to whole epoch seconds, rounding down (also before 1970).

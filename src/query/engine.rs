@@ -13,7 +13,7 @@ use super::{Grid, Plan};
 use crate::batcher::driver::BatcherHandle;
 use crate::batcher::{Unstored, UnstoredValue};
 use crate::domain::{BucketRead, Granularity, Level, Values};
-use crate::store::{BucketStore, Doc, Fetch, Quiet, SensorInfo, StoreError};
+use crate::store::{Doc, Fetch, MongoStore, Quiet, SensorInfo, StoreError};
 
 /// One sensor of a query.
 #[derive(Debug, Clone, Copy)]
@@ -104,8 +104,8 @@ const BATCH_READINGS: usize = 2_000_000;
 
 /// Answers `q` on `grid` for every series, handing each series' points to
 /// `each` (with its index in `series`) as its batch finishes.
-pub async fn evaluate<S: BucketStore>(
-    store: &S,
+pub async fn evaluate(
+    store: &MongoStore,
     batcher: &BatcherHandle,
     q: Question<'_>,
     grid: Grid,
@@ -150,8 +150,8 @@ pub async fn evaluate<S: BucketStore>(
     Ok(cost)
 }
 
-async fn run_batch<S: BucketStore>(
-    store: &S,
+async fn run_batch(
+    store: &MongoStore,
     batcher: &BatcherHandle,
     q: &Question<'_>,
     plan: &Plan,
@@ -301,8 +301,8 @@ fn groups(level: Level, asks: &[Option<Ask>]) -> Vec<Vec<usize>> {
 /// One read of `level` for every series of the batch asking it: a read per
 /// group of series asking the same starts.
 #[allow(clippy::too_many_arguments)]
-async fn read_level<S: BucketStore>(
-    store: &S,
+async fn read_level(
+    store: &MongoStore,
     q: &Question<'_>,
     plan: &Plan,
     level: Level,
@@ -324,8 +324,8 @@ async fn read_level<S: BucketStore>(
 /// One read of `level` for the series `asking`, with the union of what
 /// they ask.
 #[allow(clippy::too_many_arguments)]
-async fn read_group<S: BucketStore>(
-    store: &S,
+async fn read_group(
+    store: &MongoStore,
     q: &Question<'_>,
     plan: &Plan,
     level: Level,
@@ -477,8 +477,8 @@ fn overlay(
 
 /// The newest reading of a series: the newest stored one, or a newer one
 /// not yet stored.
-pub async fn latest<S: BucketStore>(
-    store: &S,
+pub async fn latest(
+    store: &MongoStore,
     batcher: &BatcherHandle,
     (sensor, metric): (&str, &str),
     since: Option<i64>,

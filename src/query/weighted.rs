@@ -14,7 +14,7 @@
 
 use crate::batcher::driver::BatcherHandle;
 use crate::domain::{Agg, Sample, Summary, TimeFold, Weighted, Weighting};
-use crate::store::{BucketStore, StoreError};
+use crate::store::{MongoStore, StoreError};
 
 use super::engine::{Cost, Question, Series, evaluate};
 use super::plan::Cell;
@@ -57,8 +57,8 @@ struct Limit {
 /// seconds (`limits`, one per series). The first stage reads every series
 /// at once; a series with windows holding a gap over its limit goes on
 /// alone, its windows together.
-pub async fn time_weighted_windows<S: BucketStore>(
-    store: &S,
+pub async fn time_weighted_windows(
+    store: &MongoStore,
     batcher: &BatcherHandle,
     q: Question<'_>,
     (series, limits): (&[Series<'_>], &[i64]),
@@ -88,8 +88,8 @@ pub async fn time_weighted_windows<S: BucketStore>(
 }
 
 /// [`time_weighted_windows`] over strictly ascending bounds.
-async fn weigh<S: BucketStore>(
-    store: &S,
+async fn weigh(
+    store: &MongoStore,
     batcher: &BatcherHandle,
     q: Question<'_>,
     (series, limits): (&[Series<'_>], &[i64]),
@@ -227,8 +227,8 @@ fn first_stage(cells: &[Cell], windows: &[i64], how: Limit) -> Vec<(Window, Agg)
 /// One series' windows again, in hours: each is weighed whole where it can
 /// be, and reading by reading where not. Two reads whatever the number of
 /// windows.
-async fn finer<S: BucketStore>(
-    store: &S,
+async fn finer(
+    store: &MongoStore,
     batcher: &BatcherHandle,
     q: Question<'_>,
     one: Series<'_>,

@@ -50,7 +50,7 @@ async fn seed_guard(
     guard: Arc<crate::cardinality::Shared>,
     shutdown: Shutdown,
 ) {
-    use crate::store::{BucketStore, SensorQuery};
+    use crate::store::SensorQuery;
     let mut pause = std::time::Duration::from_secs(1);
     loop {
         let listed = store
@@ -388,7 +388,7 @@ fn app_state(
     metrics: Arc<Metrics>,
     mqtt_stats: Option<Arc<MqttStats>>,
     auth: Arc<Authenticator>,
-) -> AppState<MongoStore> {
+) -> AppState {
     AppState {
         labels,
         store,

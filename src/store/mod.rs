@@ -1,6 +1,6 @@
-//! Bucket storage: the [`BucketStore`] trait and its MongoDB implementation.
+//! Bucket storage on MongoDB: what is stored, how, and the reads of it.
 
-mod bucket_store;
+mod answers;
 pub mod command;
 pub mod delete;
 pub mod document;
@@ -12,9 +12,7 @@ pub mod registry;
 pub mod rollup;
 mod settings;
 
-pub use bucket_store::{
-    BucketStore, BucketStream, Change, DeadLetterInfo, Doc, Fetch, Read, StoredBucket,
-};
+pub use answers::{BucketStream, Change, DeadLetterInfo, Doc, Fetch, Read, StoredBucket};
 pub use document::SCHEMA_VERSION;
 pub use errors::StoreError;
 

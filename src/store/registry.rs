@@ -19,14 +19,14 @@ pub struct SensorInfo {
     pub labels: Labels,
     /// Epoch seconds of the start of the hour of its newest reading, if any.
     pub last_seen: Option<i64>,
-    /// [`super::BucketStore::registrations`] when it was listed.
+    /// [`super::MongoStore::registrations`] when it was listed.
     #[serde(skip)]
     pub registrations: u64,
 }
 
 /// What a listing vouches for: nothing of the sensor at or after `from`
 /// was stored when it was listed, and this instance has stored none since
-/// while its [`super::BucketStore::registrations`] still reads
+/// while its [`super::MongoStore::registrations`] still reads
 /// `registrations` (an hour is registered before its readings are stored).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Quiet {

@@ -16,7 +16,6 @@ use axum::routing::get;
 use serde::Serialize;
 
 use super::AppState;
-use crate::store::BucketStore;
 
 /// A static file: its content type and bytes.
 struct Asset(&'static str, &'static [u8]);
@@ -66,7 +65,7 @@ struct ConsoleConfig {
     version: &'static str,
 }
 
-async fn config<S: BucketStore>(State(state): State<AppState<S>>) -> Json<ConsoleConfig> {
+async fn config(State(state): State<AppState>) -> Json<ConsoleConfig> {
     Json(ConsoleConfig {
         auth: state.auth.enabled(),
         version: env!("CARGO_PKG_VERSION"),
@@ -74,7 +73,7 @@ async fn config<S: BucketStore>(State(state): State<AppState<S>>) -> Json<Consol
 }
 
 /// The console's routes, open like the health routes.
-pub fn routes<S: BucketStore>() -> Router<AppState<S>> {
+pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/", get(|| async { &INDEX }))
         .route("/console/app.js", get(|| async { &APP_JS }))
@@ -82,5 +81,5 @@ pub fn routes<S: BucketStore>() -> Router<AppState<S>> {
         .route("/console/uPlot.iife.min.js", get(|| async { &UPLOT_JS }))
         .route("/console/uPlot.min.css", get(|| async { &UPLOT_CSS }))
         .route("/console/LICENSE-uPlot", get(|| async { &UPLOT_LICENSE }))
-        .route("/console/config.json", get(config::<S>))
+        .route("/console/config.json", get(config))
 }

@@ -8,8 +8,8 @@ use super::params::{Form, parse_duration};
 use crate::api::AppState;
 use crate::api::query::{Admitted, admit};
 
-pub(super) async fn admitted<'a, S>(
-    state: &'a AppState<S>,
+pub(super) async fn admitted<'a>(
+    state: &'a AppState,
     form: &Form,
 ) -> Result<Admitted<'a>, Failure> {
     let timeout = form

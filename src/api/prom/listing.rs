@@ -19,7 +19,7 @@ use super::params::{Form, parse_time};
 use crate::api::AppState;
 use crate::auth::Principal;
 use crate::query::promql::{self, LabelSet, Limits, PromError};
-use crate::store::{BucketStore, SensorQuery};
+use crate::store::SensorQuery;
 
 /// The matchers of each `match[]`: each must be a plain selector.
 fn match_sets(form: &Form, limits: Limits) -> Result<Vec<Vec<Matcher>>, Failure> {
@@ -77,8 +77,8 @@ fn limit_of(form: &Form, max: usize) -> Result<usize, Failure> {
 
 /// Every label set the `match[]` sets select (all series without any), at
 /// most `limit`; whether more were left out.
-async fn listed<S: BucketStore>(
-    state: &AppState<S>,
+async fn listed(
+    state: &AppState,
     principal: &Principal,
     form: &Form,
     limit: usize,
@@ -136,13 +136,13 @@ fn with_warning<T: Serialize>(data: T, truncated: bool) -> Response {
     Json(answer).into_response()
 }
 
-fn listing_limit<S>(state: &AppState<S>) -> usize {
+fn listing_limit(state: &AppState) -> usize {
     state.settings.query.max_listed
 }
 
 /// A sorted list of names from every listed series, at most `limit=`.
-async fn names_of<S: BucketStore>(
-    state: &AppState<S>,
+async fn names_of(
+    state: &AppState,
     principal: &Principal,
     form: &Form,
     pick: impl Fn(&LabelSet) -> Vec<&str>,
@@ -156,8 +156,8 @@ async fn names_of<S: BucketStore>(
     Ok(with_warning(names, cut))
 }
 
-pub async fn labels<S: BucketStore>(
-    State(state): State<AppState<S>>,
+pub async fn labels(
+    State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
     RawQuery(raw): RawQuery,
     body: Bytes,
@@ -169,8 +169,8 @@ pub async fn labels<S: BucketStore>(
     .await
 }
 
-pub async fn label_values<S: BucketStore>(
-    State(state): State<AppState<S>>,
+pub async fn label_values(
+    State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
     Path(name): Path<String>,
     RawQuery(raw): RawQuery,
@@ -182,8 +182,8 @@ pub async fn label_values<S: BucketStore>(
     .await
 }
 
-pub async fn series<S: BucketStore>(
-    State(state): State<AppState<S>>,
+pub async fn series(
+    State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
     RawQuery(raw): RawQuery,
     body: Bytes,

@@ -30,31 +30,15 @@ pub use self::params::{parse_duration, parse_time};
 use super::AppState;
 use crate::auth::Principal;
 use crate::query::promql::{self, Context, LabelSet, Outcome, Steps, Value};
-use crate::store::BucketStore;
 
 /// The routes, relative to the data source URL `…/prometheus`.
-pub fn routes<S: BucketStore>() -> Router<AppState<S>> {
+pub fn routes() -> Router<AppState> {
     Router::new()
-        .route(
-            "/prometheus/api/v1/query",
-            get(instant::<S>).post(instant::<S>),
-        )
-        .route(
-            "/prometheus/api/v1/query_range",
-            get(range::<S>).post(range::<S>),
-        )
-        .route(
-            "/prometheus/api/v1/labels",
-            get(labels::<S>).post(labels::<S>),
-        )
-        .route(
-            "/prometheus/api/v1/label/{name}/values",
-            get(label_values::<S>),
-        )
-        .route(
-            "/prometheus/api/v1/series",
-            get(series::<S>).post(series::<S>),
-        )
+        .route("/prometheus/api/v1/query", get(instant).post(instant))
+        .route("/prometheus/api/v1/query_range", get(range).post(range))
+        .route("/prometheus/api/v1/labels", get(labels).post(labels))
+        .route("/prometheus/api/v1/label/{name}/values", get(label_values))
+        .route("/prometheus/api/v1/series", get(series).post(series))
         .route("/prometheus/api/v1/status/buildinfo", get(buildinfo))
         .route("/prometheus/api/v1/metadata", get(metadata))
         .route(
@@ -63,8 +47,8 @@ pub fn routes<S: BucketStore>() -> Router<AppState<S>> {
         )
 }
 
-async fn evaluate<S: BucketStore>(
-    state: &AppState<S>,
+async fn evaluate(
+    state: &AppState,
     principal: &Principal,
     form: &Form,
     steps: Steps,
@@ -118,8 +102,8 @@ fn now_ms() -> i64 {
     jiff::Timestamp::now().as_millisecond()
 }
 
-pub async fn instant<S: BucketStore>(
-    State(state): State<AppState<S>>,
+pub async fn instant(
+    State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
     RawQuery(raw): RawQuery,
     body: Bytes,
@@ -143,8 +127,8 @@ pub async fn instant<S: BucketStore>(
     ))
 }
 
-pub async fn range<S: BucketStore>(
-    State(state): State<AppState<S>>,
+pub async fn range(
+    State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
     RawQuery(raw): RawQuery,
     body: Bytes,
@@ -199,11 +183,7 @@ const COARSE_WARNING: &str = "the query reads readings older than retention.buck
 /// A query answer, with [`COARSE_WARNING`] when its earliest read (from the
 /// parsed query: steps, ranges, lookbacks, offsets) reaches past the
 /// buckets' retention.
-fn query_success<S, T: Serialize>(
-    state: &AppState<S>,
-    earliest_ms: Option<i64>,
-    data: T,
-) -> Response {
+fn query_success<T: Serialize>(state: &AppState, earliest_ms: Option<i64>, data: T) -> Response {
     let mut answer = Success::new(data);
     if let (Some(kept), Some(earliest)) = (state.settings.retention.buckets, earliest_ms) {
         let kept_s = i64::try_from(kept.as_secs()).unwrap_or(i64::MAX);

@@ -39,7 +39,7 @@ pub(crate) struct Admitted<'a> {
     pub(crate) deadline: Instant,
 }
 
-pub(crate) async fn admit<S>(state: &AppState<S>) -> Result<Admitted<'_>, ApiError> {
+pub(crate) async fn admit(state: &AppState) -> Result<Admitted<'_>, ApiError> {
     let started = Instant::now();
     let deadline = started + state.settings.query.timeout;
     let permit = tokio::time::timeout_at(deadline, state.query_permits.acquire())
@@ -81,7 +81,7 @@ impl Admitted<'_> {
     }
 
     /// Records the query's latency, the documents it read and its round trips.
-    pub(crate) fn done<S>(self, state: &AppState<S>, endpoint: &str, cost: Cost) {
+    pub(crate) fn done(self, state: &AppState, endpoint: &str, cost: Cost) {
         let m = &state.metrics;
         m.query_duration
             .with_label_values(&[endpoint])

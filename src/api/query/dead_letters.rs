@@ -11,7 +11,6 @@ use crate::api::params::Params;
 use crate::api::{ApiError, AppState};
 use crate::auth::Principal;
 use crate::query::Cost;
-use crate::store::BucketStore;
 use crate::store::mongo::MAX_LISTED_DEAD_LETTERS;
 
 const DEFAULT_LISTED: usize = 10;
@@ -44,8 +43,8 @@ pub struct DeadLetterList {
 #[utoipa::path(get, path = "/api/v1/dead_letters",
     params(("limit" = Option<usize>, Query, description = "At most 100; 10 when absent")),
     responses((status = 200, body = DeadLetterList)))]
-pub async fn list_dead_letters<S: BucketStore>(
-    State(state): State<AppState<S>>,
+pub async fn list_dead_letters(
+    State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
     RawQuery(raw): RawQuery,
 ) -> Result<Json<DeadLetterList>, ApiError> {

@@ -9,12 +9,11 @@ use super::range::Range;
 use crate::api::{ApiError, AppState};
 use crate::domain::{Agg, MetricName, Sketch};
 use crate::query::{Grid, Need, Question, Series};
-use crate::store::BucketStore;
 
 /// Each group's points: every member series answered, folded into its
 /// group's points as its batch finishes.
-pub(crate) async fn evaluate<S: BucketStore>(
-    state: &AppState<S>,
+pub(crate) async fn evaluate(
+    state: &AppState,
     endpoint: &str,
     metric: &MetricName<'_>,
     r: &Range,
@@ -39,8 +38,8 @@ const MAX_SKETCHED_POINTS: usize = 100_000;
 
 /// [`evaluate`], with each point's sketch when `sketches` is set.
 #[allow(clippy::too_many_arguments)]
-pub(crate) async fn evaluate_figures<S: BucketStore>(
-    state: &AppState<S>,
+pub(crate) async fn evaluate_figures(
+    state: &AppState,
     endpoint: &str,
     metric: &MetricName<'_>,
     r: &Range,

@@ -19,7 +19,7 @@ use crate::api::{ApiError, AppState};
 use crate::auth::Principal;
 use crate::domain::{Labels, MetricName};
 use crate::query::{Cost, Grid, Series};
-use crate::store::{BucketStore, SensorInfo, SensorQuery};
+use crate::store::{SensorInfo, SensorQuery};
 
 /// How a group query groups its sensors.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,8 +56,8 @@ impl GroupBy {
 /// The sensors a group query covers, from the registry: those matching the
 /// `sensor` glob and the label filters, that have the metric, and that the
 /// token may read; at most `query.max_series`.
-pub(crate) async fn members<S: BucketStore>(
-    state: &AppState<S>,
+pub(crate) async fn members(
+    state: &AppState,
     principal: &Principal,
     params: &Params,
     metric: &MetricName<'_>,
@@ -100,8 +100,8 @@ pub(crate) async fn members<S: BucketStore>(
 }
 
 /// One sensor's labels from the registry (none if it is not registered).
-pub(crate) async fn labels_of<S: BucketStore>(
-    state: &AppState<S>,
+pub(crate) async fn labels_of(
+    state: &AppState,
     endpoint: &str,
     sensor: &str,
 ) -> Result<Labels, ApiError> {
@@ -205,8 +205,8 @@ const AVERAGE_PARAMS: [&str; 8] = [
     "quantiles",
 ];
 
-pub(crate) async fn group_query<S: BucketStore>(
-    state: AppState<S>,
+pub(crate) async fn group_query(
+    state: AppState,
     principal: Principal,
     headers: HeaderMap,
     raw: Option<String>,
@@ -335,8 +335,8 @@ pub(crate) async fn group_query<S: BucketStore>(
         ("weighting" = Option<String>, Query), ("staleness" = Option<String>, Query),
         ("quantiles" = Option<String>, Query, description = "e.g. 0.5,0.95,0.99: percentiles from rollups' sketches")),
     responses((status = 200, body = GroupResponse)))]
-pub async fn group_average<S: BucketStore>(
-    State(state): State<AppState<S>>,
+pub async fn group_average(
+    State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
     headers: HeaderMap,
     RawQuery(raw): RawQuery,
@@ -352,8 +352,8 @@ pub async fn group_average<S: BucketStore>(
         ("weighting" = Option<String>, Query), ("staleness" = Option<String>, Query),
         ("quantiles" = Option<String>, Query, description = "e.g. 0.5,0.95,0.99: percentiles from rollups' sketches")),
     responses((status = 200, body = GroupResponse), (status = 200, content_type = "text/csv", body = String)))]
-pub async fn group_series<S: BucketStore>(
-    State(state): State<AppState<S>>,
+pub async fn group_series(
+    State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
     headers: HeaderMap,
     RawQuery(raw): RawQuery,

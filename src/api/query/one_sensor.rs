@@ -11,7 +11,6 @@ use crate::api::params::Params;
 use crate::auth::Principal;
 use crate::domain::{Agg, Labels, SensorId};
 use crate::query::{Cost, Grid, Series};
-use crate::store::BucketStore;
 
 use super::points::{Ask, group_points};
 use super::{AverageResponse, LatestResponse, Point, SeriesResponse, groups, quantiles, weighting};
@@ -32,8 +31,8 @@ pub(super) fn sensor_param(principal: &Principal, sensor: &str) -> Result<(), Ap
         ("weighting" = Option<String>, Query), ("staleness" = Option<String>, Query),
         ("quantiles" = Option<String>, Query, description = "e.g. 0.5,0.95,0.99: percentiles from rollups' sketches")),
     responses((status = 200, body = AverageResponse)))]
-pub async fn average<S: BucketStore>(
-    State(state): State<AppState<S>>,
+pub async fn average(
+    State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
     Path(sensor): Path<String>,
     RawQuery(raw): RawQuery,
@@ -92,8 +91,8 @@ pub async fn average<S: BucketStore>(
 
 /// One sensor's staleness limit: the request's, else its label's (one
 /// registry read), else the fleet's.
-async fn one_limit<S: BucketStore>(
-    state: &AppState<S>,
+async fn one_limit(
+    state: &AppState,
     endpoint: &str,
     sensor: &str,
     how: &weighting::Weighing,
@@ -113,8 +112,8 @@ async fn one_limit<S: BucketStore>(
         ("weighting" = Option<String>, Query), ("staleness" = Option<String>, Query),
         ("quantiles" = Option<String>, Query, description = "e.g. 0.5,0.95,0.99: percentiles from rollups' sketches")),
     responses((status = 200, body = SeriesResponse), (status = 200, content_type = "text/csv", body = String)))]
-pub async fn series<S: BucketStore>(
-    State(state): State<AppState<S>>,
+pub async fn series(
+    State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
     Path(sensor): Path<String>,
     headers: HeaderMap,
@@ -185,8 +184,8 @@ pub async fn series<S: BucketStore>(
 #[utoipa::path(get, path = "/api/v1/sensors/{sensor}/latest",
     params(("sensor" = String, Path), ("metric" = Option<String>, Query)),
     responses((status = 200, body = LatestResponse), (status = 404, description = "No readings")))]
-pub async fn latest<S: BucketStore>(
-    State(state): State<AppState<S>>,
+pub async fn latest(
+    State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
     Path(sensor): Path<String>,
     RawQuery(raw): RawQuery,

@@ -12,7 +12,6 @@ use super::weighting::{Weighing, weighted_points, weighted_points_of};
 use crate::api::{ApiError, AppState};
 use crate::domain::MetricName;
 use crate::query::{Grid, Series};
-use crate::store::BucketStore;
 
 /// What a point route asks, beyond its series.
 pub(super) struct Ask<'a> {
@@ -51,8 +50,8 @@ impl<'a> Ask<'a> {
 
 /// Each group's points on the grid: `series` are the members, each with
 /// its group and its staleness limit (used only when weighted).
-pub(super) async fn group_points<S: BucketStore>(
-    state: &AppState<S>,
+pub(super) async fn group_points(
+    state: &AppState,
     ask: &Ask<'_>,
     series: &[(Series<'_>, usize, i64)],
     groups: usize,

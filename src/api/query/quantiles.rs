@@ -12,7 +12,6 @@ use crate::api::params::Params;
 use crate::api::{ApiError, AppState};
 use crate::domain::{MetricName, Sketch};
 use crate::query::{Grid, Series};
-use crate::store::BucketStore;
 
 /// Quantiles one request may ask for.
 const MAX_QUANTILES: usize = 10;
@@ -75,8 +74,8 @@ impl Quantiles {
 /// Each group's points' sketches when quantiles are asked (none else): for
 /// a route whose other figures come from another evaluation (time weighting).
 #[allow(clippy::too_many_arguments)]
-pub(crate) async fn sketches<S: BucketStore>(
-    state: &AppState<S>,
+pub(crate) async fn sketches(
+    state: &AppState,
     endpoint: &str,
     metric: &MetricName<'_>,
     r: &Range,

@@ -2,8 +2,6 @@
 //! the range in whole stored seconds and the grid of its points.
 
 use jiff::tz::TimeZone;
-use time::OffsetDateTime;
-use time::format_description::well_known::Rfc3339;
 
 use super::Point;
 use crate::api::params::Params;
@@ -16,21 +14,15 @@ pub fn parse_instant(name: &str, s: &str) -> Result<i64, ApiError> {
     if let Ok(ms) = s.parse::<i64>() {
         return Ok(ms);
     }
-    OffsetDateTime::parse(s, &Rfc3339)
-        .ok()
-        .and_then(|t| i64::try_from(t.unix_timestamp_nanos().div_euclid(1_000_000)).ok())
-        .ok_or_else(|| {
-            ApiError::bad_request(format!(
-                "{name} must be an RFC 3339 timestamp or integer epoch milliseconds"
-            ))
-        })
+    crate::domain::rfc3339_ms(s).ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "{name} must be an RFC 3339 timestamp or integer epoch milliseconds"
+        ))
+    })
 }
 
 pub(crate) fn format_ms(ms: i64) -> String {
-    OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
-        .ok()
-        .and_then(|t| t.format(&Rfc3339).ok())
-        .unwrap_or_else(|| ms.to_string())
+    crate::domain::format_ms(ms).unwrap_or_else(|| ms.to_string())
 }
 
 /// A point's start: UTC as `…Z`, or with the offset of `tz` when asked for one.
@@ -103,7 +95,7 @@ pub(crate) struct Range {
     pub(crate) to: i64,
 }
 
-pub(crate) fn range<S>(state: &AppState<S>, params: &Params) -> Result<Range, ApiError> {
+pub(crate) fn range(state: &AppState, params: &Params) -> Result<Range, ApiError> {
     let from_ms = parse_instant("from", params.require("from")?)?;
     let to_ms = parse_instant("to", params.require("to")?)?;
     if from_ms >= to_ms {
@@ -152,8 +144,8 @@ fn resolution_name(res: i64) -> &'static str {
 /// so the range's ends move out to those slots' edges, and every point of
 /// `grid` over them must be whole slots too (else 400: never a silently
 /// partial figure). `None` when nothing moved.
-pub(crate) fn coarse<S>(
-    state: &AppState<S>,
+pub(crate) fn coarse(
+    state: &AppState,
     r: &mut Range,
     grid: Option<&Grid>,
 ) -> Result<Option<Coarse>, ApiError> {
@@ -162,7 +154,7 @@ pub(crate) fn coarse<S>(
         return Ok(None);
     }
     let g = state.settings.granularity;
-    let now = OffsetDateTime::now_utc().unix_timestamp();
+    let now = jiff::Timestamp::now().as_second();
     let at = |t: i64| retention.resolution_at(t, now, g);
     if at(r.from) == Some(1) {
         return Ok(None);
@@ -240,8 +232,8 @@ pub(crate) fn metric(params: &Params) -> Result<MetricName<'_>, ApiError> {
 }
 
 /// The grid of a series: its step's points over the range.
-pub(crate) fn series_grid<S>(
-    state: &AppState<S>,
+pub(crate) fn series_grid(
+    state: &AppState,
     params: &Params,
     r: &Range,
     tz: Option<&TimeZone>,

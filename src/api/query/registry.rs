@@ -16,7 +16,7 @@ use crate::api::{ApiError, AppState};
 use crate::auth::Principal;
 use crate::domain::{Labels, MetricName};
 use crate::query::Cost;
-use crate::store::{BucketStore, SensorQuery};
+use crate::store::SensorQuery;
 
 pub const MAX_PAGE: usize = 1000;
 pub(crate) const DEFAULT_PAGE: usize = 100;
@@ -28,8 +28,8 @@ pub(crate) const DEFAULT_PAGE: usize = 100;
         ("through" = Option<String>, Query, description = "Ids up to this one, included: a page's end"), ("metric" = Option<String>, Query),
         ("silent" = Option<bool>, Query, description = "Only sensors without a reading (of `metric`, or of any metric) within their expected interval, each with `last_reading`")),
     responses((status = 200, body = SensorList)))]
-pub async fn list_sensors<S: BucketStore>(
-    State(state): State<AppState<S>>,
+pub async fn list_sensors(
+    State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
     RawQuery(raw): RawQuery,
 ) -> Result<Json<SensorList>, ApiError> {
@@ -140,8 +140,8 @@ pub async fn list_sensors<S: BucketStore>(
     params(("sensor" = String, Path)),
     request_body(content = Object, description = "The sensor's labels, replacing the ones it had: {\"site\": \"berlin\"}"),
     responses((status = 204, description = "Stored")))]
-pub async fn put_labels<S: BucketStore>(
-    State(state): State<AppState<S>>,
+pub async fn put_labels(
+    State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
     Path(sensor): Path<String>,
     body: Result<Json<BTreeMap<String, String>>, axum::extract::rejection::JsonRejection>,

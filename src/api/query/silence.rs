@@ -25,7 +25,7 @@ use crate::auth::Principal;
 use crate::domain::Labels;
 use crate::query::uptime::{Coverage, step_for};
 use crate::query::{Cost, Grid, Need, Question, Series};
-use crate::store::{BucketStore, SensorInfo, SensorQuery};
+use crate::store::{SensorInfo, SensorQuery};
 
 /// The label that sets a sensor's expected interval.
 pub const INTERVAL_LABEL: &str = "expected_interval";
@@ -53,7 +53,7 @@ pub(crate) fn expected_interval(labels: &Labels, fleet: Duration) -> i64 {
 }
 
 fn now() -> i64 {
-    time::OffsetDateTime::now_utc().unix_timestamp()
+    jiff::Timestamp::now().as_second()
 }
 
 /// A silent sensor: its entry and the time of its newest reading of any
@@ -68,8 +68,8 @@ pub(crate) struct Silent {
 /// on from (none when the registry was read to its end). Each sensor looked
 /// at costs a newest-reading lookup per metric; the query's timeout bounds
 /// the scan.
-pub(crate) async fn silent_sensors<S: BucketStore>(
-    state: &AppState<S>,
+pub(crate) async fn silent_sensors(
+    state: &AppState,
     endpoint: &str,
     query: SensorQuery<'_>,
     (limit, scan): (usize, usize),
@@ -156,7 +156,7 @@ pub(crate) async fn silent_sensors<S: BucketStore>(
 /// is counted a page at a time, each page one query (admitted as any,
 /// under the endpoint `silence_count`), so a large fleet is counted within
 /// the query timeout page by page.
-pub async fn count_silent<S: BucketStore>(state: AppState<S>, shutdown: crate::shutdown::Shutdown) {
+pub async fn count_silent(state: AppState, shutdown: crate::shutdown::Shutdown) {
     let every = state
         .settings
         .query
@@ -180,7 +180,7 @@ pub async fn count_silent<S: BucketStore>(state: AppState<S>, shutdown: crate::s
     }
 }
 
-async fn count_pages<S: BucketStore>(state: &AppState<S>) -> Result<usize, ApiError> {
+async fn count_pages(state: &AppState) -> Result<usize, ApiError> {
     let mut count = 0;
     let mut after: Option<String> = None;
     loop {
@@ -228,8 +228,8 @@ pub struct GapEntry {
     params(("sensor" = String, Path), ("metric" = Option<String>, Query), ("from" = String, Query), ("to" = String, Query),
         ("interval" = Option<String>, Query, description = "The expected interval (30s, 5m); by default the sensor's expected_interval label, else query.expected_interval")),
     responses((status = 200, body = UptimeResponse)))]
-pub async fn uptime<S: BucketStore>(
-    State(state): State<AppState<S>>,
+pub async fn uptime(
+    State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
     Path(sensor): Path<String>,
     RawQuery(raw): RawQuery,

@@ -11,7 +11,6 @@ use crate::api::params::Params;
 use crate::domain::{Agg, Labels, MetricName, Weighted, Weighting};
 use crate::query::weighted::{Weigh, WeightedError, time_weighted_windows};
 use crate::query::{Cost, Grid, Need, Question, Series};
-use crate::store::BucketStore;
 
 /// Series' windows held in memory at once: a group series over many
 /// sensors is weighed a slice of sensors at a time, folded into its groups.
@@ -85,10 +84,7 @@ impl Weighing {
 /// no limit. `staleness=` is a duration such as `15m` or `2d`, at most
 /// `query.max_range`; without it each sensor's `staleness` label, else
 /// `query.staleness`, is its limit.
-pub(crate) fn weighing<S>(
-    state: &AppState<S>,
-    params: &Params,
-) -> Result<Option<Weighing>, ApiError> {
+pub(crate) fn weighing(state: &AppState, params: &Params) -> Result<Option<Weighing>, ApiError> {
     let w = weighting(params)?;
     if w == Weighting::Readings {
         if params.get("staleness").is_some() {
@@ -142,8 +138,8 @@ fn windows(grid: &Grid, r: &Range) -> Result<Vec<i64>, ApiError> {
 /// readings' aggregates. `series` are the sensors, their groups and their
 /// staleness limits ([`Weighing::limit`]).
 #[allow(clippy::too_many_arguments)]
-pub(crate) async fn weighted_points<S: BucketStore>(
-    state: &AppState<S>,
+pub(crate) async fn weighted_points(
+    state: &AppState,
     endpoint: &str,
     metric: &MetricName<'_>,
     r: &Range,
@@ -170,7 +166,7 @@ pub(crate) async fn weighted_points<S: BucketStore>(
     };
     let how = Weigh {
         weighting,
-        now: time::OffsetDateTime::now_utc().unix_timestamp(),
+        now: jiff::Timestamp::now().as_second(),
     };
     let work = async {
         let mut cost = Cost::default();

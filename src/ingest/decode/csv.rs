@@ -74,13 +74,7 @@ impl TsUnit {
         match self {
             TsUnit::Auto => match text.parse::<i64>() {
                 Ok(ms) => Ok(ms),
-                Err(_) => time::OffsetDateTime::parse(
-                    text,
-                    &time::format_description::well_known::Rfc3339,
-                )
-                .ok()
-                .and_then(|t| i64::try_from(t.unix_timestamp_nanos().div_euclid(1_000_000)).ok())
-                .ok_or_else(bad),
+                Err(_) => crate::domain::rfc3339_ms(text).ok_or_else(bad),
             },
             TsUnit::Seconds => int()?.checked_mul(1000).ok_or_else(bad),
             TsUnit::Milliseconds => int(),

@@ -519,10 +519,7 @@ mod tests {
                 .map(|(sensor, metric, age, value, as_text)| {
                     let ts = (NOW - age) * 1000;
                     let ts = if *as_text {
-                        serde_json::json!(time::OffsetDateTime::from_unix_timestamp(ts / 1000)
-                            .expect("in range")
-                            .format(&time::format_description::well_known::Rfc3339)
-                            .expect("formats"))
+                        serde_json::json!(crate::domain::format_secs(ts / 1000).expect("in range"))
                     } else {
                         serde_json::json!(ts)
                     };

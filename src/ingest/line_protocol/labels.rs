@@ -11,7 +11,7 @@ use tracing::warn;
 
 use super::decoded::SensorLabels;
 use crate::shutdown::Shutdown;
-use crate::store::BucketStore;
+use crate::store::MongoStore;
 
 /// Updates waiting for the registry; past this, offers are dropped and made
 /// again by the next line that carries the same tags.
@@ -83,7 +83,7 @@ impl LabelSync {
 
 impl LabelWriter {
     /// Writes queued tag sets until shutdown.
-    pub async fn run<S: BucketStore>(mut self, store: Arc<S>, shutdown: Shutdown) {
+    pub async fn run(mut self, store: Arc<MongoStore>, shutdown: Shutdown) {
         loop {
             let (sensor, labels) = tokio::select! {
                 _ = shutdown.triggered() => return,

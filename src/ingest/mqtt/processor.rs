@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use rumqttc::{Publish, QoS};
 use serde::Serialize;
-use time::OffsetDateTime;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::warn;
@@ -242,7 +241,7 @@ async fn submit(shared: &Shared, publish: &Publish) -> Result<Submitted, Submit>
     loop {
         let ctx = shared
             .ingest
-            .decode_context(OffsetDateTime::now_utc().unix_timestamp());
+            .decode_context(jiff::Timestamp::now().as_second());
         let arena = Bump::new();
         let (readings, refused) = match implied {
             Some(implied) => {

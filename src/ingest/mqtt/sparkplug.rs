@@ -152,9 +152,7 @@ fn apply(shared: &Shared, fx: &Effects) {
         }
     }
     // Registry: the Sparkplug ids as labels, and presence with its time.
-    let at = time::OffsetDateTime::now_utc()
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_default();
+    let at = jiff::Timestamp::now().to_string();
     let mut sets: Vec<SensorLabels<'_>> = fx
         .labels
         .iter()

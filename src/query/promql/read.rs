@@ -19,11 +19,11 @@ use crate::domain::{Agg, Granularity, Sample, Sketch, Summary};
 use crate::query::engine::{self, Cost, Question};
 use crate::query::plan::{Cell, Need};
 use crate::query::{Grid, Series as Member};
-use crate::store::{BucketStore, SensorInfo, SensorQuery};
+use crate::store::{MongoStore, SensorInfo, SensorQuery};
 
 /// What a query may touch and take.
-pub struct Context<'a, S> {
-    pub store: &'a S,
+pub struct Context<'a> {
+    pub store: &'a MongoStore,
     pub batcher: &'a BatcherHandle,
     pub granularity: Granularity,
     pub max_series: usize,
@@ -89,8 +89,8 @@ pub fn matches(matchers: &[Matcher], labels: &LabelSet) -> bool {
 /// The series `matchers` select, found through the registry with the
 /// equality matchers pushed down: at most `max + 1`, so the caller can tell
 /// when there are more than `max`.
-pub async fn select<S: BucketStore>(
-    store: &S,
+pub async fn select(
+    store: &MongoStore,
     matchers: &[Matcher],
     max: usize,
     may_access: &(dyn Fn(&str) -> bool + Sync),
@@ -296,11 +296,7 @@ fn from_sketches(leaf: &Leaf) -> bool {
 }
 
 /// Evaluates `query` at every step.
-pub async fn evaluate<S: BucketStore>(
-    ctx: &Context<'_, S>,
-    query: &str,
-    steps: Steps,
-) -> Result<Outcome, PromError> {
+pub async fn evaluate(ctx: &Context<'_>, query: &str, steps: Steps) -> Result<Outcome, PromError> {
     let mut prepared = Prepared::new(
         query,
         steps,
@@ -331,8 +327,8 @@ pub async fn evaluate<S: BucketStore>(
 /// Every found series' value at every evaluation time of the read: each
 /// metric's series read through the one engine, a level per round trip,
 /// each window the merge of its cells.
-async fn read_leaf<S: BucketStore>(
-    ctx: &Context<'_, S>,
+async fn read_leaf(
+    ctx: &Context<'_>,
     leaf: &Leaf,
     found: &[Found],
 ) -> Result<(Vec<Series>, Cost), PromError> {

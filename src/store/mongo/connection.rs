@@ -58,7 +58,7 @@ pub struct MongoStore {
     /// Series the registry knows, and the newest hour it was told of.
     pub(super) known: Arc<Mutex<hashbrown::HashMap<(String, String), i64>>>,
     /// Registry writes of newer hours this instance has made (see
-    /// [`crate::store::BucketStore::registrations`]).
+    /// [`crate::store::MongoStore::registrations`]).
     pub(super) registrations: Arc<std::sync::atomic::AtomicU64>,
     pub(super) granularity: Granularity,
     /// The relative accuracy of rollup slots' sketches (`buckets.sketch_accuracy`).

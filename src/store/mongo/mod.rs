@@ -1,6 +1,5 @@
-//! [`BucketStore`] on MongoDB (any server ≥ 7 speaking its wire protocol).
+//! Bucket storage on MongoDB (any server ≥ 7 speaking its wire protocol).
 
-mod bucket_store;
 mod changes;
 mod classify;
 mod connection;
@@ -20,6 +19,7 @@ mod series_finds;
 mod settings;
 mod shapes;
 mod sink;
+mod surface;
 mod tombstones;
 mod write;
 

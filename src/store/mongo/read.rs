@@ -79,7 +79,7 @@ impl MongoStore {
             <= (n as u64).saturating_mul(shapes::TIME_FIRST_SPARE)
     }
 
-    /// [`BucketStore::fetch`]: one level's documents of a fetch.
+    /// [`MongoStore::fetch`]: one level's documents of a fetch.
     pub(super) async fn read_level<F: FnMut(usize, Doc) + Send>(
         &self,
         fetch: Fetch<'_>,
@@ -251,7 +251,7 @@ impl MongoStore {
         Ok(read)
     }
 
-    /// [`BucketStore::stored`]: an export's buckets, in series order.
+    /// [`MongoStore::stored`]: an export's buckets, in series order.
     pub(super) async fn stored_buckets(
         &self,
         sensors: &[String],
@@ -330,7 +330,7 @@ impl MongoStore {
             .boxed())
     }
 
-    /// [`BucketStore::latest`]: a series' newest value.
+    /// [`MongoStore::latest`]: a series' newest value.
     pub(super) async fn newest_value(
         &self,
         sensor: &str,

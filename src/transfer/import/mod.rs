@@ -315,7 +315,7 @@ fn senders(
                 p.format,
                 settings
                     .ingest
-                    .decode_context(time::OffsetDateTime::now_utc().unix_timestamp()),
+                    .decode_context(jiff::Timestamp::now().as_second()),
                 precision,
                 settings.line_protocol.sensor_tags.clone(),
                 p.columns.clone().map(|c| (c, options.ts_unit)),

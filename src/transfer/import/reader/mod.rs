@@ -103,214 +103,225 @@ impl Reader {
         &mut self,
         tx: &mpsc::Sender<Result<Batch, TransferError>>,
     ) -> Result<bool, TransferError> {
-        // Long: the cutter's hot loop over the read buffer: the carried line, the hand-off to the csv crate and the batch cuts share its state.
-        let io =
-            |e: &dyn std::fmt::Display| TransferError::Io(format!("{}: {e}", self.path.display()));
         let input = open(&self.path, self.read.clone())?;
         let mut records: u64 = 0;
         let mut batch = self.fresh(0);
         let mut readings = 0;
-        match self.format {
-            Format::Csv => {
-                let mut input = input;
-                let mut plain = PlainCsv::default();
-                // A line that spans the reader's buffer is gathered here.
-                let mut carry = Vec::new();
-                // From the first line that needs quoting rules, that line and
-                // the rest of the file go to the `csv` crate.
-                let mut quoted: Option<Vec<u8>> = None;
-                'plain: loop {
-                    let buf = input.fill_buf().map_err(|e| io(&e))?;
-                    if buf.is_empty() {
-                        if !carry.is_empty() {
-                            let line = std::mem::take(&mut carry);
-                            match self.plain_csv_line(
-                                &line,
-                                &mut plain,
-                                &mut records,
-                                &mut batch,
-                                &mut readings,
-                                tx,
-                            ) {
-                                Some(true) => {}
-                                Some(false) => return Ok(false),
-                                None => quoted = Some(line),
-                            }
-                        }
-                        break;
-                    }
-                    let len = buf.len();
-                    let mut used = 0;
-                    // The line begun in the buffer before ends first.
-                    if !carry.is_empty()
-                        && let Some(i) = memchr::memchr(b'\n', buf)
-                    {
-                        carry.extend_from_slice(&buf[..=i]);
-                        check_line(&carry, &self.path, records)?;
-                        match self.plain_csv_line(
-                            &carry,
-                            &mut plain,
-                            &mut records,
-                            &mut batch,
-                            &mut readings,
-                            tx,
-                        ) {
-                            Some(true) => {}
-                            Some(false) => return Ok(false),
-                            None => {
-                                carry.extend_from_slice(&buf[i + 1..]);
-                                check_line(&carry, &self.path, records)?;
-                                input.consume(len);
-                                quoted = Some(std::mem::take(&mut carry));
-                                break 'plain;
-                            }
-                        }
-                        carry.clear();
-                        used = i + 1;
-                    }
-                    // The buffer's whole lines in one pass of `memchr`, which
-                    // stops at line ends and at what needs quoting rules.
-                    if carry.is_empty() {
-                        let mut at = used;
-                        // The line ends in a CRLF.
-                        let mut crlf = false;
-                        while let Some(i) = memchr::memchr3(b'\n', b'"', b'\r', &buf[at..]) {
-                            let i = at + i;
-                            match buf[i] {
-                                b'\n' => {
-                                    let line = &buf[used..i - usize::from(crlf)];
-                                    if !self.plain_csv_row(
-                                        line,
-                                        &mut plain,
-                                        &mut records,
-                                        &mut batch,
-                                        &mut readings,
-                                        tx,
-                                    ) {
-                                        return Ok(false);
-                                    }
-                                    used = i + 1;
-                                    crlf = false;
-                                }
-                                b'\r' if buf.get(i + 1) == Some(&b'\n') => crlf = true,
-                                // Its newline is in the next buffer: the line
-                                // is carried, and looked at whole there.
-                                b'\r' if i + 1 == len => break,
-                                _ => {
-                                    let rest = buf[used..].to_vec();
-                                    input.consume(len);
-                                    quoted = Some(rest);
-                                    break 'plain;
-                                }
-                            }
-                            at = i + 1;
-                        }
-                    }
-                    carry.extend_from_slice(&buf[used..]);
-                    check_line(&carry, &self.path, records)?;
-                    input.consume(len);
-                }
-                if let Some(rest) = quoted {
-                    let more = self.quoted_csv(
-                        std::io::Cursor::new(rest).chain(input),
-                        &plain,
-                        &mut records,
-                        &mut batch,
-                        &mut readings,
-                        tx,
-                    )?;
-                    if !more {
-                        return Ok(false);
-                    }
-                }
-            }
+        let more = match self.format {
+            Format::Csv => self.csv_batches(input, &mut records, &mut batch, &mut readings, tx)?,
             Format::Ndjson | Format::LineProtocol => {
-                let mut input = input;
-                // A line that spans the reader's buffer is gathered here;
-                // the others are read in place, not copied.
-                let mut carry = Vec::new();
-                loop {
-                    let buf = input.fill_buf().map_err(|e| io(&e))?;
-                    if buf.is_empty() {
-                        if !carry.is_empty() {
-                            records += 1;
-                            let raw = std::mem::take(&mut carry);
-                            if !self.text_line(&raw, records, &mut batch, &mut readings, tx) {
-                                return Ok(false);
-                            }
-                        }
-                        break;
-                    }
-                    let mut used = 0;
-                    // The line begun in the buffer before ends first.
-                    if !carry.is_empty()
-                        && let Some(i) = memchr::memchr(b'\n', buf)
-                    {
-                        carry.extend_from_slice(&buf[..=i]);
-                        check_line(&carry, &self.path, records)?;
-                        records += 1;
-                        if !self.text_line(&carry, records, &mut batch, &mut readings, tx) {
-                            return Ok(false);
-                        }
-                        carry.clear();
-                        used = i + 1;
-                    }
-                    // The buffer's whole lines checked as UTF-8 at once, then
-                    // sliced out (a line that is not UTF-8 makes the buffer
-                    // go line by line below, where it is refused alone).
-                    if carry.is_empty()
-                        && records >= self.skip
-                        && let Some(last) = memchr::memrchr(b'\n', &buf[used..]).map(|i| used + i)
-                        && let Ok(region) = std::str::from_utf8(&buf[used..last])
-                    {
-                        // `memchr`'s search, not `str::split`'s: `split`'s
-                        // newline search was a seventh of the command's CPU.
-                        let mut from = 0;
-                        for end in memchr::memchr_iter(b'\n', region.as_bytes())
-                            .chain(std::iter::once(region.len()))
-                        {
-                            records += 1;
-                            let text = &region[from..end];
-                            from = end + 1;
-                            if !self.text(text, records, &mut batch, &mut readings, tx) {
-                                return Ok(false);
-                            }
-                        }
-                        used = last + 1;
-                    }
-                    let mut more = true;
-                    while let Some(i) = memchr::memchr(b'\n', &buf[used..]) {
-                        let end = used + i + 1;
-                        records += 1;
-                        let raw = if carry.is_empty() {
-                            &buf[used..end]
-                        } else {
-                            carry.extend_from_slice(&buf[used..end]);
-                            check_line(&carry, &self.path, records)?;
-                            &carry[..]
-                        };
-                        more = self.text_line(raw, records, &mut batch, &mut readings, tx);
-                        carry.clear();
-                        used = end;
-                        if !more {
-                            break;
-                        }
-                    }
-                    if !more {
-                        return Ok(false);
-                    }
-                    let len = buf.len();
-                    if used < len {
-                        carry.extend_from_slice(&buf[used..]);
-                        check_line(&carry, &self.path, records)?;
-                    }
-                    input.consume(len);
-                }
+                self.text_batches(input, &mut records, &mut batch, &mut readings, tx)?
             }
+        };
+        if !more {
+            return Ok(false);
         }
         batch.records = records.max(self.skip);
         batch.last = true;
         Ok(tx.blocking_send(Ok(batch)).is_ok())
+    }
+
+    /// A CSV file's lines into batches: plain lines cut in place, and from
+    /// the first that needs quoting rules, the rest through the `csv` crate.
+    /// `false` when the import is over.
+    fn csv_batches(
+        &mut self,
+        mut input: Box<dyn BufRead + Send>,
+        records: &mut u64,
+        batch: &mut Batch,
+        readings: &mut usize,
+        tx: &mpsc::Sender<Result<Batch, TransferError>>,
+    ) -> Result<bool, TransferError> {
+        // Long: the cutter's hot loop over the read buffer: the carried line, the hand-off to the csv crate and the batch cuts share its state.
+        let io =
+            |e: &dyn std::fmt::Display| TransferError::Io(format!("{}: {e}", self.path.display()));
+        let mut plain = PlainCsv::default();
+        // A line that spans the reader's buffer is gathered here.
+        let mut carry = Vec::new();
+        // From the first line that needs quoting rules, that line and
+        // the rest of the file go to the `csv` crate.
+        let mut quoted: Option<Vec<u8>> = None;
+        'plain: loop {
+            let buf = input.fill_buf().map_err(|e| io(&e))?;
+            if buf.is_empty() {
+                if !carry.is_empty() {
+                    let line = std::mem::take(&mut carry);
+                    match self.plain_csv_line(&line, &mut plain, records, batch, readings, tx) {
+                        Some(true) => {}
+                        Some(false) => return Ok(false),
+                        None => quoted = Some(line),
+                    }
+                }
+                break;
+            }
+            let len = buf.len();
+            let mut used = 0;
+            // The line begun in the buffer before ends first.
+            if !carry.is_empty()
+                && let Some(i) = memchr::memchr(b'\n', buf)
+            {
+                carry.extend_from_slice(&buf[..=i]);
+                check_line(&carry, &self.path, *records)?;
+                match self.plain_csv_line(&carry, &mut plain, records, batch, readings, tx) {
+                    Some(true) => {}
+                    Some(false) => return Ok(false),
+                    None => {
+                        carry.extend_from_slice(&buf[i + 1..]);
+                        check_line(&carry, &self.path, *records)?;
+                        input.consume(len);
+                        quoted = Some(std::mem::take(&mut carry));
+                        break 'plain;
+                    }
+                }
+                carry.clear();
+                used = i + 1;
+            }
+            // The buffer's whole lines in one pass of `memchr`, which
+            // stops at line ends and at what needs quoting rules.
+            if carry.is_empty() {
+                let mut at = used;
+                // The line ends in a CRLF.
+                let mut crlf = false;
+                while let Some(i) = memchr::memchr3(b'\n', b'"', b'\r', &buf[at..]) {
+                    let i = at + i;
+                    match buf[i] {
+                        b'\n' => {
+                            let line = &buf[used..i - usize::from(crlf)];
+                            if !self.plain_csv_row(line, &mut plain, records, batch, readings, tx) {
+                                return Ok(false);
+                            }
+                            used = i + 1;
+                            crlf = false;
+                        }
+                        b'\r' if buf.get(i + 1) == Some(&b'\n') => crlf = true,
+                        // Its newline is in the next buffer: the line
+                        // is carried, and looked at whole there.
+                        b'\r' if i + 1 == len => break,
+                        _ => {
+                            let rest = buf[used..].to_vec();
+                            input.consume(len);
+                            quoted = Some(rest);
+                            break 'plain;
+                        }
+                    }
+                    at = i + 1;
+                }
+            }
+            carry.extend_from_slice(&buf[used..]);
+            check_line(&carry, &self.path, *records)?;
+            input.consume(len);
+        }
+        if let Some(rest) = quoted {
+            let more = self.quoted_csv(
+                std::io::Cursor::new(rest).chain(input),
+                &plain,
+                records,
+                batch,
+                readings,
+                tx,
+            )?;
+            if !more {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// An NDJSON or line-protocol file's lines into batches, read in place
+    /// (a line spanning two buffers is gathered). `false` when the import
+    /// is over.
+    fn text_batches(
+        &mut self,
+        mut input: Box<dyn BufRead + Send>,
+        records: &mut u64,
+        batch: &mut Batch,
+        readings: &mut usize,
+        tx: &mpsc::Sender<Result<Batch, TransferError>>,
+    ) -> Result<bool, TransferError> {
+        // Long: the cutter's hot loop over the read buffer: the carried line, whole-buffer UTF-8 checks and the batch cuts share its state.
+        let io =
+            |e: &dyn std::fmt::Display| TransferError::Io(format!("{}: {e}", self.path.display()));
+        // A line that spans the reader's buffer is gathered here;
+        // the others are read in place, not copied.
+        let mut carry = Vec::new();
+        loop {
+            let buf = input.fill_buf().map_err(|e| io(&e))?;
+            if buf.is_empty() {
+                if !carry.is_empty() {
+                    *records += 1;
+                    let raw = std::mem::take(&mut carry);
+                    if !self.text_line(&raw, *records, batch, readings, tx) {
+                        return Ok(false);
+                    }
+                }
+                break;
+            }
+            let mut used = 0;
+            // The line begun in the buffer before ends first.
+            if !carry.is_empty()
+                && let Some(i) = memchr::memchr(b'\n', buf)
+            {
+                carry.extend_from_slice(&buf[..=i]);
+                check_line(&carry, &self.path, *records)?;
+                *records += 1;
+                if !self.text_line(&carry, *records, batch, readings, tx) {
+                    return Ok(false);
+                }
+                carry.clear();
+                used = i + 1;
+            }
+            // The buffer's whole lines checked as UTF-8 at once, then
+            // sliced out (a line that is not UTF-8 makes the buffer
+            // go line by line below, where it is refused alone).
+            if carry.is_empty()
+                && *records >= self.skip
+                && let Some(last) = memchr::memrchr(b'\n', &buf[used..]).map(|i| used + i)
+                && let Ok(region) = std::str::from_utf8(&buf[used..last])
+            {
+                // `memchr`'s search, not `str::split`'s: `split`'s
+                // newline search was a seventh of the command's CPU.
+                let mut from = 0;
+                for end in memchr::memchr_iter(b'\n', region.as_bytes())
+                    .chain(std::iter::once(region.len()))
+                {
+                    *records += 1;
+                    let text = &region[from..end];
+                    from = end + 1;
+                    if !self.text(text, *records, batch, readings, tx) {
+                        return Ok(false);
+                    }
+                }
+                used = last + 1;
+            }
+            let mut more = true;
+            while let Some(i) = memchr::memchr(b'\n', &buf[used..]) {
+                let end = used + i + 1;
+                *records += 1;
+                let raw = if carry.is_empty() {
+                    &buf[used..end]
+                } else {
+                    carry.extend_from_slice(&buf[used..end]);
+                    check_line(&carry, &self.path, *records)?;
+                    &carry[..]
+                };
+                more = self.text_line(raw, *records, batch, readings, tx);
+                carry.clear();
+                used = end;
+                if !more {
+                    break;
+                }
+            }
+            if !more {
+                return Ok(false);
+            }
+            let len = buf.len();
+            if used < len {
+                carry.extend_from_slice(&buf[used..]);
+                check_line(&carry, &self.path, *records)?;
+            }
+            input.consume(len);
+        }
+        Ok(true)
     }
 
     /// Offers one record to the batch (converted, or refused with its
