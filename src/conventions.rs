@@ -371,7 +371,12 @@ fn functions(code: &str) -> Vec<(usize, usize, String)> {
 
 #[test]
 fn no_function_runs_past_a_screen_without_saying_why() {
-    let (_, all) = sources();
+    // The service's sources and the load test's scenarios.
+    let (_, mut all) = sources();
+    files(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("loadtest/src"),
+        &mut all,
+    );
     let mut unexplained = Vec::new();
     let mut long = 0;
     for file in all

@@ -178,6 +178,7 @@ pub async fn run(
     concurrency: usize,
     verify: bool,
 ) -> anyhow::Result<(Report, bool)> {
+    // Long: a scenario's steps in order (target, send, wait for storage, figures, report), each a few lines.
     // History older than the default `ingest.max_age` is taken too.
     let days = data.args.seconds / 86_400;
     let target = ctx

@@ -67,6 +67,7 @@ async fn raw_design(
     batch: usize,
     concurrency: usize,
 ) -> anyhow::Result<Design> {
+    // Long: one design's documents written and timed field by field, as the design lays them out.
     let client = mongodb::Client::with_uri_str(ctx.mongodb_uri()?).await?;
     let db = client.database(&ctx.database("raw"));
     let coll = db.collection::<Document>("readings");
@@ -305,6 +306,7 @@ pub async fn run(
     batch: usize,
     concurrency: usize,
 ) -> anyhow::Result<(Report, bool)> {
+    // Long: a scenario's steps in order, one per design compared, each a few lines.
     let raw = raw_design(ctx, data, batch, concurrency).await?;
     let (minute, ok_m) = bucket_design(ctx, data, "minute", batch, concurrency).await?;
     let (hour, ok_h) = bucket_design(ctx, data, "hour", batch, concurrency).await?;

@@ -54,6 +54,7 @@ pub async fn measure_all(
     s: &mut Section,
     json: &mut serde_json::Map<String, serde_json::Value>,
 ) -> anyhow::Result<bool> {
+    // Long: writes, then one query and its truth per row, in the order the report reads.
     let truth = readings(start, end, 66);
     let rows: Vec<Row> = truth.iter().map(|(&t, &v)| (SENSOR, 0, t, v)).collect();
     crate::backfill::send_rows(ctx, target, &rows, 5000, 2).await?;

@@ -72,6 +72,7 @@ pub async fn run(
     granularity: &'static str,
     preload_days: u32,
 ) -> anyhow::Result<(Report, bool)> {
+    // Long: the scenario's steps in order (target, preload, offer, settle), then its figures gathered one field each and reported.
     let mqtt = matches!(transport, Transport::Mqtt);
     let label = format!(
         "{}{}{}",

@@ -182,6 +182,7 @@ pub async fn run(
     group_sensors: u32,
     repeats: usize,
 ) -> anyhow::Result<(Report, bool)> {
+    // Long: the scenario's steps in order (write costs, a backfill read right after, the settled panels, the group average), each a call.
     let target = ctx
         .target_with(
             "history",

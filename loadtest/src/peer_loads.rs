@@ -142,6 +142,7 @@ pub(crate) async fn hourglass_peer(
     (from1, from24, end): (i64, i64, i64),
     idle_sample: Duration,
 ) -> anyhow::Result<Peer> {
+    // Long: one load as the peers' are measured: idle sample, load, settle, queries, sizes; each a few lines.
     let client = reqwest::Client::new();
     let (what, name, journal) = match format {
         Format::Json => ("peers", "Hourglass, JSON (service only)", false),

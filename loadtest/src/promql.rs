@@ -110,6 +110,7 @@ pub async fn run(
     repeats: usize,
     intervals: (u32, u32),
 ) -> anyhow::Result<(Report, bool)> {
+    // Long: one row per query, each asked of Hourglass cold and on refresh, of Prometheus and of VictoriaMetrics, and compared.
     let (sparse_interval, dense_interval) = intervals;
     let days = days.max(2);
     let now = jiff::Timestamp::now().as_second();

@@ -27,6 +27,7 @@ pub async fn run(
     fleet_sensors: u32,
     interval: u32,
 ) -> anyhow::Result<(Report, bool)> {
+    // Long: the scenario's steps in order (data and its truth, averages, percentiles, by exception, the day panel, groups, bytes, peers), each a call.
     let target = ctx
         .target_with(
             "ranges",
@@ -498,6 +499,7 @@ async fn peers(
     asked: &[Asked],
     repeats: usize,
 ) -> anyhow::Result<((Section, serde_json::Value), bool)> {
+    // Long: the peers' loads and then one row per query asked of each, against the truth.
     let client = reqwest::Client::new();
     let mean = |a: &Asked, left_open: bool| {
         let (n, sum) = totals(all, &a.sensors, a.from, a.to, left_open);

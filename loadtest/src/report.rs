@@ -218,6 +218,7 @@ impl Report {
 }
 
 fn draw(dir: &Path, plot: &Plot) -> anyhow::Result<()> {
+    // Long: one arm per kind of plot, each plotters' builder calls.
     let err = |e: &dyn std::fmt::Display| anyhow::anyhow!("plot: {e}");
     match plot {
         Plot::Lines {

@@ -297,6 +297,7 @@ fn start_of(seconds: u32) -> i64 {
 }
 
 pub async fn run(ctx: &Ctx, args: &StorageArgs) -> anyhow::Result<Report> {
+    // Long: one row per collection and per peer, in the order the report reads.
     let mut report = Report::new("Storage: bytes per reading");
     let start = start_of(args.seconds);
     let mut mine = Section::new(

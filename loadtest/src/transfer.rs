@@ -155,6 +155,8 @@ struct Run {
     storing_cpu: Option<f64>,
     /// The last round: until the last reading was stored.
     stored: Option<f64>,
+    /// An export: whether it wrote every reading.
+    exact: bool,
 }
 
 impl Run {
@@ -203,6 +205,7 @@ fn median(v: &[f64]) -> Option<f64> {
 }
 
 pub async fn run(ctx: &Ctx, data: &Dataset, rounds: usize) -> anyhow::Result<(Report, bool)> {
+    // Long: the rounds, each of the HTTP path and every import format, paused or stored and verified.
     let rounds = rounds.max(1);
     let n = data.len();
     let dir = tempfile::tempdir()?;
@@ -314,42 +317,73 @@ pub async fn run(ctx: &Ctx, data: &Dataset, rounds: usize) -> anyhow::Result<(Re
             imported = Some(target);
         }
     }
-    let mut export = None;
-    if let Some(target) = &imported {
-        let out = dir.path().join("export.ndjson");
-        let path = out.to_string_lossy().into_owned();
-        let (from, to) = (rfc3339(data.start), rfc3339(data.end()));
-        let cpu0 = target.cpu();
-        let rss_before = target.peak_rss_mib();
-        let (seconds, client) = cli(
-            ctx,
-            target,
-            &["export", "--from", &from, "--to", &to, "-o", &path],
-        )
-        .await?;
-        let cpu = cpu0.zip(target.cpu()).map(|(a, b)| b - a);
-        // Peak RSS is a high-water mark: the export's own peak shows only
-        // if it passes the import's.
-        let rss_after = target.peak_rss_mib();
-        report.set(
-            "export_peak_rss_mib",
-            serde_json::json!({ "before": rss_before, "after": rss_after }),
-        );
-        let lines = std::fs::read_to_string(&out)?.lines().count() as u64;
-        ok &= lines == n;
-        export = Some(Run {
-            what: format!(
-                "hourglass export, ndjson ({lines} lines of {n}; service peak RSS {} → {} MiB)",
-                rss_before.map_or_else(|| "-".into(), f),
-                rss_after.map_or_else(|| "-".into(), f)
-            ),
-            seconds: vec![seconds],
-            cpu: cpu.into_iter().collect(),
-            client_cpu: vec![client],
-            ..Run::default()
-        });
-    }
+    let export = match &imported {
+        Some(target) => {
+            let run = export_all(ctx, target, data, dir.path(), &mut report).await?;
+            ok &= run.exact;
+            Some(run)
+        }
+        None => None,
+    };
+    let (s, figures) = table(&runs, export.as_ref(), server.is_some(), rounds, n);
+    report.sections.push(s);
+    report.set("transfer", figures);
+    Ok((report, ok))
+}
 
+/// Exports every reading imported to NDJSON and counts its lines.
+async fn export_all(
+    ctx: &Ctx,
+    target: &crate::ctx::Target,
+    data: &Dataset,
+    dir: &std::path::Path,
+    report: &mut Report,
+) -> anyhow::Result<Run> {
+    let n = data.len();
+    let out = dir.join("export.ndjson");
+    let path = out.to_string_lossy().into_owned();
+    let (from, to) = (rfc3339(data.start), rfc3339(data.end()));
+    let cpu0 = target.cpu();
+    let rss_before = target.peak_rss_mib();
+    let (seconds, client) = cli(
+        ctx,
+        target,
+        &["export", "--from", &from, "--to", &to, "-o", &path],
+    )
+    .await?;
+    let cpu = cpu0.zip(target.cpu()).map(|(a, b)| b - a);
+    // Peak RSS is a high-water mark: the export's own peak shows only
+    // if it passes the import's.
+    let rss_after = target.peak_rss_mib();
+    report.set(
+        "export_peak_rss_mib",
+        serde_json::json!({ "before": rss_before, "after": rss_after }),
+    );
+    let lines = std::fs::read_to_string(&out)?.lines().count() as u64;
+    Ok(Run {
+        what: format!(
+            "hourglass export, ndjson ({lines} lines of {n}; service peak RSS {} → {} MiB)",
+            rss_before.map_or_else(|| "-".into(), f),
+            rss_after.map_or_else(|| "-".into(), f)
+        ),
+        seconds: vec![seconds],
+        cpu: cpu.into_iter().collect(),
+        client_cpu: vec![client],
+        exact: lines == n,
+        ..Run::default()
+    })
+}
+
+/// The report's table: each path's acknowledgement and storing times
+/// against the HTTP path's, and its CPU per reading.
+fn table(
+    runs: &[Run],
+    export: Option<&Run>,
+    paused_server: bool,
+    rounds: usize,
+    n: u64,
+) -> (Section, Vec<serde_json::Value>) {
+    // Long: one row per path, each with its rounds' ratios to the HTTP path.
     // Rounds paused for the acknowledgements, or the last one alone.
     let acked = |r: &Run| -> (Vec<f64>, Vec<f64>) {
         if r.seconds.is_empty() {
@@ -365,7 +399,7 @@ pub async fn run(ctx: &Ctx, data: &Dataset, rounds: usize) -> anyhow::Result<(Re
     let base = median(&base_rounds).unwrap_or(f64::NAN);
     let base_storing = runs[0].storing.unwrap_or(f64::NAN);
     let base_stored = runs[0].stored.unwrap_or(f64::NAN);
-    let paused = if server.is_some() {
+    let paused = if paused_server {
         "the stand-in paused"
     } else {
         "the database server storing meanwhile (not a local stand-in: not paused)"
@@ -395,7 +429,7 @@ pub async fn run(ctx: &Ctx, data: &Dataset, rounds: usize) -> anyhow::Result<(Re
     let mut figures = Vec::new();
     let per = |c: &[f64]| median(c).map_or_else(|| "-".into(), |c| f(c / n as f64 * 1e6));
     let opt = |x: Option<f64>| x.map_or_else(|| "-".into(), f);
-    for r in runs.iter().chain(&export) {
+    for r in runs.iter().chain(export) {
         let (rounds, cpu) = acked(r);
         let seconds = median(&rounds).unwrap_or(f64::NAN);
         let rate = n as f64 / seconds;
@@ -435,7 +469,5 @@ pub async fn run(ctx: &Ctx, data: &Dataset, rounds: usize) -> anyhow::Result<(Re
             "client_cpu_us_per_reading": median(&r.client_cpu).map(|c| c / n as f64 * 1e6),
         }));
     }
-    report.sections.push(s);
-    report.set("transfer", figures);
-    Ok((report, ok))
+    (s, figures)
 }

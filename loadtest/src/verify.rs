@@ -27,6 +27,7 @@ pub async fn run(
     granularity: &str,
     database: &str,
 ) -> anyhow::Result<(Report, bool)> {
+    // Long: reads every stored bucket of the range and compares it with the dataset's, field by field.
     let g = if granularity == "hour" {
         Granularity::Hour
     } else {

@@ -95,6 +95,7 @@ pub async fn run(
     granularity: &'static str,
     prune: bool,
 ) -> anyhow::Result<(Report, bool)> {
+    // Long: the scenario's steps in order: two instances, their writes, the checks of what each version kept.
     let database = ctx.database(&format!("versions_{granularity}"));
     let spec = HourglassSpec {
         bin: ctx.hourglass_bin(),

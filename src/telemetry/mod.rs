@@ -1,5 +1,6 @@
 //! Logging (`tracing`, JSON or human-readable) and Prometheus [`metrics`].
 
+mod labels;
 pub mod metrics;
 mod register;
 

@@ -3,10 +3,11 @@
 //! series-hours, each step a bucket read and a rollup update of thousands
 //! of documents; a panel's few round trips sent meanwhile queue behind them
 //! on a server that runs one command at a time (the stand-in) or share its
-//! disk and cores (MongoDB). Before each of its commands the upkeep waits
-//! until no query has read for [`QUIET`], at most [`MAX_WAIT`], so queries
-//! cannot stop it: under a ceaseless stream of them it still sends a
-//! command every [`MAX_WAIT`].
+//! disk and cores (MongoDB). So the upkeep's commands are kept short (reads
+//! of [`UPKEEP_BATCH_DOCUMENTS`] a reply, updates of [`UPKEEP_STATEMENTS`]),
+//! and before each (each `getMore` too) it waits until no query has read
+//! for [`QUIET`], at most [`MAX_WAIT`], so queries cannot stop it: under a
+//! ceaseless stream of them it still sends a command every [`MAX_WAIT`].
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -18,6 +19,14 @@ use tokio::time::Instant;
 pub(super) const QUIET: Duration = Duration::from_millis(50);
 /// The longest one upkeep command waits for queries.
 pub(super) const MAX_WAIT: Duration = Duration::from_secs(2);
+/// Documents per reply of the upkeep's reads: a read of thousands of
+/// buckets is several replies, each about a tenth of a second on the
+/// stand-in, and the upkeep gives way before each `getMore` (the server's
+/// default sends all after the first 101 in one reply, a second or more).
+pub(super) const UPKEEP_BATCH_DOCUMENTS: u32 = 500;
+/// Statements per rollup `update` of the upkeep, for the same reason: a
+/// backfill's step of 500 series-hours wrote some 1 500 in one command.
+pub(in crate::store::mongo) const UPKEEP_STATEMENTS: usize = 500;
 /// How often a waiting command looks again.
 const POLL: Duration = Duration::from_millis(10);
 

@@ -19,22 +19,30 @@ use crate::store::StoreError;
 impl MongoStore {
     /// Hands every document `query` answers to `each`, in order, and
     /// answers the replies it took (the query's and each `getMore`'s).
-    /// `timed`: the driver's CPU is counted (see `driver_cpu`).
+    /// `upkeep`: a read of the rollup upkeep, whose driver CPU is counted
+    /// (see `driver_cpu`) and which gives way to queries before each
+    /// `getMore` (see `give_way`).
     pub(super) async fn each_document(
         &self,
         query: impl IntoFuture<Output = mongodb::error::Result<RawBatchCursor>>,
-        timed: bool,
+        upkeep: bool,
         classify: fn(mongodb::error::Error) -> StoreError,
         mut each: impl FnMut(&RawDocument) -> Result<(), StoreError>,
     ) -> Result<usize, StoreError> {
         let counter = self
             .metrics
             .as_deref()
-            .filter(|_| timed)
+            .filter(|_| upkeep)
             .map(|m| &m.driver_cpu);
         let mut cursor = driver_cpu::timed(query, counter).await.map_err(classify)?;
         let mut replies = 0;
-        while let Some(batch) = driver_cpu::timed(cursor.next(), counter).await {
+        loop {
+            if upkeep && replies > 0 {
+                self.traffic.give_way().await;
+            }
+            let Some(batch) = driver_cpu::timed(cursor.next(), counter).await else {
+                break;
+            };
             replies += 1;
             let batch = batch.map_err(classify)?;
             for d in batch.doc_slices().map_err(classify)? {

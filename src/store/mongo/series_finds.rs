@@ -6,6 +6,7 @@ use mongodb::bson::{Document, RawDocument, RawDocumentBuf, doc};
 
 use super::classify::classify;
 use super::connection::MongoStore;
+use super::give_way::UPKEEP_BATCH_DOCUMENTS;
 use super::shapes::{CONCURRENT_FINDS, ReadShape, Series, series_filter};
 use crate::store::StoreError;
 
@@ -30,6 +31,7 @@ impl MongoStore {
             let query = collection
                 .find(filter)
                 .projection(projection.clone())
+                .batch_size(UPKEEP_BATCH_DOCUMENTS)
                 .batch();
             return self.each_document(query, true, classify, each).await;
         }
@@ -41,6 +43,7 @@ impl MongoStore {
             let query = collection
                 .find(filter)
                 .projection(projection.clone())
+                .batch_size(UPKEEP_BATCH_DOCUMENTS)
                 .batch();
             finds.push(async move {
                 let mut docs: Vec<RawDocumentBuf> = Vec::new();

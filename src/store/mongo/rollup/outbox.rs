@@ -5,6 +5,7 @@ use mongodb::bson::RawDocumentBuf;
 
 use crate::store::StoreError;
 use crate::store::command::Limits;
+use crate::store::mongo::give_way::UPKEEP_STATEMENTS;
 use crate::store::raw_writer::{self, Writer, index_key};
 
 /// Rollup statements written straight into their `update` command, which
@@ -41,13 +42,13 @@ impl Outbox {
     /// is given, and may be called twice. Answers the command before it,
     /// with its statement count, when the statement would take its
     /// statements past half the command budget or the command holds the
-    /// most a write batch may: to be sent now.
+    /// most a write batch may or [`UPKEEP_STATEMENTS`]: to be sent now.
     pub(in crate::store::mongo) fn push(
         &mut self,
         write: impl Fn(&mut Writer, &str),
     ) -> Result<Option<(RawDocumentBuf, usize)>, StoreError> {
         let budget = self.limits.command_budget() / 2;
-        let max = self.limits.max_write_batch_size.max(1);
+        let max = self.limits.max_write_batch_size.clamp(1, UPKEEP_STATEMENTS);
         let mut ready = None;
         if self.open.as_ref().is_some_and(|c| c.statements >= max) {
             ready = self.take()?;

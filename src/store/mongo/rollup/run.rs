@@ -512,6 +512,22 @@ mod tests {
     use crate::store::command::Limits;
     use proptest::prelude::*;
 
+    #[test]
+    fn an_upkeep_update_holds_no_more_statements_than_a_query_would_wait_for() {
+        use crate::store::mongo::give_way::UPKEEP_STATEMENTS;
+        let mut outbox = Outbox::new("rollups", Limits::default());
+        let statement = mongodb::bson::rawdoc! { "q": { "_id": 1 }, "u": { "$set": { "n": 1 } } };
+        let mut counts = Vec::new();
+        for _ in 0..(2 * UPKEEP_STATEMENTS + 7) {
+            let write = |w: &mut Writer, key: &str| w.raw_document(key, &statement);
+            if let Some((_, count)) = outbox.push(write).expect("closes") {
+                counts.push(count);
+            }
+        }
+        counts.extend(outbox.take().expect("closes").map(|(_, count)| count));
+        assert_eq!(counts, [UPKEEP_STATEMENTS, UPKEEP_STATEMENTS, 7]);
+    }
+
     proptest! {
         /// Every job lands in exactly one part, a part holds at most the
         /// series asked, a series is never split, and no part is empty.
