@@ -36,7 +36,7 @@ impl Default for BucketSettings {
             granularity: Granularity::Minute,
             retention: None,
             rollup_after: Duration::from_secs(60),
-            late_rollup_after: Duration::from_secs(5),
+            late_rollup_after: Duration::from_secs(1),
             sketch_accuracy: 0.01,
         }
     }

@@ -30,8 +30,8 @@ use hourglass::Granularity;
 use mongodb::bson::{Bson, Document, doc};
 use serde_json::{Value, json};
 
-use crate::engine::assert_rollups_match_buckets;
 use crate::helpers::*;
+use crate::rollup_checks::assert_rollups_match_buckets;
 
 // ---------------------------------------------------------------------------
 // Shapes

@@ -14,8 +14,8 @@ use std::time::Duration;
 use hourglass::Granularity;
 use serde_json::{Value, json};
 
-use crate::engine::assert_rollups_match_buckets;
 use crate::helpers::*;
+use crate::rollup_checks::assert_rollups_match_buckets;
 
 const SENSORS: usize = 200;
 const SITES: usize = 4;
@@ -365,7 +365,7 @@ async fn every_registry_write_is_counted_once_per_series_and_new_hour() {
         )
     };
     let before = labels().await;
-    let r = crate::engine::put_labels(&app, "reg-0", json!({ "site": "berlin" })).await;
+    let r = crate::rollup_checks::put_labels(&app, "reg-0", json!({ "site": "berlin" })).await;
     assert_eq!(r.status(), 204);
     assert_eq!(labels().await - before, 1.0, "a label write is counted");
     app.stop().await.expect("clean stop");
@@ -435,7 +435,7 @@ async fn a_backfill_in_time_order_rereads_only_what_each_flush_wrote() {
         read <= 3000.0 + 2000.0 * passes,
         "{read} buckets read by the upkeep in {passes} passes"
     );
-    crate::engine::assert_rollups_match_buckets(&app, Granularity::Minute).await;
+    crate::rollup_checks::assert_rollups_match_buckets(&app, Granularity::Minute).await;
     app.stop().await.expect("clean stop");
 }
 

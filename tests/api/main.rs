@@ -32,4 +32,4 @@ mod weighting;
 mod write_path;
 
 // The suites name the support modules from the crate's root.
-use support::{broker, database, helpers, plans, python};
+use support::{broker, database, helpers, plans, python, rollup_checks};

@@ -182,7 +182,7 @@ async fn outages_of_the_rollup_writes_send_the_batch_again_until_rollups_are_exa
         assert_eq!(values_of(&app, &sensor).await, model, "{what}: stored once");
         assert!(outages(&app).await > before, "{what}: counted as an outage");
     }
-    crate::engine::assert_rollups_match_buckets(&app, Granularity::Minute).await;
+    crate::rollup_checks::assert_rollups_match_buckets(&app, Granularity::Minute).await;
     assert!(dead_letters(&app).await.is_empty());
     app.stop().await.expect("clean stop");
 }
@@ -391,7 +391,7 @@ async fn dead_letters_are_written_once_and_redriven_into_their_buckets_once_fixe
             (("mend".to_owned(), "m".to_owned(), t + 3), 4.5),
         ])
     );
-    crate::engine::assert_rollups_match_buckets(&app, Granularity::Minute).await;
+    crate::rollup_checks::assert_rollups_match_buckets(&app, Granularity::Minute).await;
     let again = hourglass::redrive(&app.settings, None, false)
         .await
         .expect("redrives");

@@ -50,7 +50,7 @@ async fn deleting_partial_and_whole_buckets_keeps_every_rollup_slot_and_average_
         let t0 = base_time() - 4 * 3600;
         let mut data = fleet(t0, &["d1", "d2"], &["temp", "hum"]);
         post_all(&app, &data).await;
-        crate::engine::assert_rollups_match_buckets(&app, g).await;
+        crate::rollup_checks::assert_rollups_match_buckets(&app, g).await;
 
         // From the middle of one bucket to the middle of another, over
         // whole buckets (and, with hour buckets, a whole hour).
@@ -98,8 +98,10 @@ async fn deleting_partial_and_whole_buckets_keeps_every_rollup_slot_and_average_
                 (from - 61, to + 59),
                 (t0, t0 + 86_400),
             ] {
-                let got = app.get_json(&crate::engine::average_path(s, m, f, t)).await;
-                crate::engine::assert_aggregates(
+                let got = app
+                    .get_json(&crate::rollup_checks::average_path(s, m, f, t))
+                    .await;
+                crate::rollup_checks::assert_aggregates(
                     &got,
                     crate::helpers::expected(&model(s, m), f, t),
                     &format!("{g:?} {s} {m} {f}..{t}"),
@@ -114,7 +116,7 @@ async fn deleting_partial_and_whole_buckets_keeps_every_rollup_slot_and_average_
             "{g:?}: the buckets hold what is left"
         );
         // … and once rolled up again, every rollup slot equals its buckets.
-        crate::engine::assert_rollups_match_buckets(&app, g).await;
+        crate::rollup_checks::assert_rollups_match_buckets(&app, g).await;
 
         // Again: nothing left to delete.
         let again: Value = delete(&app, &query).await.json().await.expect("JSON");
@@ -132,7 +134,7 @@ async fn deleting_partial_and_whole_buckets_keeps_every_rollup_slot_and_average_
         assert_eq!(all_values(&app.buckets().await, g), data);
         let listed = app.get_json("/api/v1/sensors?prefix=d2").await;
         assert_eq!(listed["sensors"][0]["metrics"], json!(["temp"]), "{listed}");
-        crate::engine::assert_rollups_match_buckets(&app, g).await;
+        crate::rollup_checks::assert_rollups_match_buckets(&app, g).await;
         app.stop().await.expect("stops");
     }
 }
@@ -287,7 +289,7 @@ async fn a_delete_racing_writes_keeps_what_was_acknowledged_after_it_and_drops_w
     // Answers leave the held readings out at once (they are all ≥ 1000,
     // the writer's are its request numbers).
     let avg = app
-        .get_json(&crate::engine::average_path("r1", "temp", from, to))
+        .get_json(&crate::rollup_checks::average_path("r1", "temp", from, to))
         .await;
     assert!(avg["max"].as_f64().is_none_or(|m| m < 1000.0), "{avg}");
     assert!(avg["count"].as_u64() <= Some(log.len() as u64), "{avg}");

@@ -56,7 +56,7 @@ async fn retention_per_level_keeps_its_indexes_in_line_and_answers_old_ranges_co
         data.insert(("old-1".to_owned(), "temp".to_owned(), ts), v);
     }
     post_all(&a, &data).await;
-    crate::engine::assert_rollups_match_buckets(&a, g).await;
+    crate::rollup_checks::assert_rollups_match_buckets(&a, g).await;
     assert!(
         ttl_indexes(&a, &writer.mongodb.rollup_collection)
             .await
@@ -118,13 +118,15 @@ async fn retention_per_level_keeps_its_indexes_in_line_and_answers_old_ranges_co
     // An average over old readings: whole hours, flagged, exact over them.
     let (from, to) = (old + 1234, old + 2 * 3600 + 100);
     let got = c
-        .get_json(&crate::engine::average_path("old-1", "temp", from, to))
+        .get_json(&crate::rollup_checks::average_path(
+            "old-1", "temp", from, to,
+        ))
         .await;
     let (wide_from, wide_to) = (old, old + 3 * 3600);
     assert_eq!(got["coarse"]["from"], rfc3339(wide_from), "{got}");
     assert_eq!(got["coarse"]["to"], rfc3339(wide_to), "{got}");
     assert_eq!(got["coarse"]["resolution"], "1h", "{got}");
-    crate::engine::assert_aggregates(
+    crate::rollup_checks::assert_aggregates(
         &got,
         crate::helpers::expected(&model, wide_from, wide_to),
         "coarse average",
@@ -156,7 +158,7 @@ async fn retention_per_level_keeps_its_indexes_in_line_and_answers_old_ranges_co
     }
     // Recent ranges are exact and not flagged.
     let recent = c
-        .get_json(&crate::engine::average_path(
+        .get_json(&crate::rollup_checks::average_path(
             "old-1",
             "temp",
             now - 3600,

@@ -1,0 +1,352 @@
+//! Rollups kept exact by every flush, by rebuilds racing writers, across
+//! an upgrade of their layout, and read from as soon as a backfill's hours
+//! are rolled up.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use hourglass::Granularity;
+use mongodb::bson::{Document, doc};
+use serde_json::Value;
+
+use crate::helpers::*;
+
+use super::{long_settings, post_all};
+use crate::rollup_checks::*;
+
+#[tokio::test]
+async fn rollups_stay_exact_under_overwrites_late_readings_and_two_instances() {
+    let g = Granularity::Minute;
+    let one = spawn_app_with(long_settings(g)).await;
+    // A second instance on the same database, as a scaled-out deployment runs.
+    let mut s = one.settings.clone();
+    s.journal.dir = journal_dir();
+    let two = spawn_app_with(s).await;
+    let t = base_time() - 3 * 86_400;
+    let mut model: BTreeMap<i64, f64> = BTreeMap::new();
+    let mut writes = Vec::new();
+    for i in 0..600i64 {
+        let at = t + i * 397 % (3 * 86_400);
+        writes.push((at, (i % 23) as f64 - 5.0));
+    }
+    // Overwrites of earlier seconds and late readings for old hours, split
+    // between the instances, in rounds.
+    for round in 0..3 {
+        let app = if round % 2 == 0 { &one } else { &two };
+        let mut batch = Vec::new();
+        for (i, &(at, v)) in writes.iter().enumerate() {
+            if i % 3 == round {
+                let v = v + round as f64 * 0.25;
+                model.insert(at, v);
+                batch.push(reading("r1", "temp", at, v));
+            }
+        }
+        // Overwrite a few seconds written in the previous round.
+        for &(at, _) in writes.iter().step_by(7).take(40) {
+            if let Some(old) = model.get_mut(&at) {
+                let v = 1000.0 + round as f64;
+                *old = v;
+                batch.push(reading("r1", "temp", at, v));
+            }
+        }
+        post_all(app, &batch).await;
+    }
+    assert_rollups_match_buckets(&one, g).await;
+    for (from, to) in [
+        (t, t + 3 * 86_400),
+        (t + 4321, t + 2 * 86_400 + 777),
+        (t - 86_400, t + 86_400 + 59),
+    ] {
+        let got = one.get_json(&average_path("r1", "temp", from, to)).await;
+        assert_aggregates(&got, expected(&model, from, to), &format!("{from}..{to}"));
+        let got = two.get_json(&average_path("r1", "temp", from, to)).await;
+        assert_aggregates(&got, expected(&model, from, to), "second instance");
+    }
+    one.stop().await.expect("clean stop");
+    two.stop().await.expect("clean stop");
+}
+
+/// `hourglass rebuild-rollups` over and over while two instances write late
+/// readings and overwrites into the same ended hours: afterwards every
+/// rollup slot equals its buckets. A slot is written only if no figure from
+/// more writes is stored, so the rebuild's older reads never win.
+#[tokio::test]
+async fn rebuilds_racing_two_writing_instances_leave_every_rollup_slot_equal_to_its_buckets() {
+    let g = Granularity::Minute;
+    let one = spawn_app_with(long_settings(g)).await;
+    let mut s = one.settings.clone();
+    s.journal.dir = journal_dir();
+    let two = spawn_app_with(s).await;
+    let t = base_time() - 2 * 86_400;
+    let rebuilding = {
+        let settings = one.settings.clone();
+        tokio::spawn(async move {
+            for _ in 0..4 {
+                hourglass::rebuild_rollups(&settings, Some("race-*"), None, None)
+                    .await
+                    .expect("rebuilds");
+            }
+        })
+    };
+    for round in 0..8i64 {
+        let app = if round % 2 == 0 { &one } else { &two };
+        let batch: Vec<Value> = (0..300i64)
+            .map(|i| {
+                // Six series over two days, every round overwriting some
+                // seconds of the one before and adding late ones.
+                let at = t + (i * 577 + round * 13 * (i % 3)) % (2 * 86_400);
+                let sensor = format!("race-{}", i % 6);
+                reading(&sensor, "temp", at, (round * 10 + i % 7) as f64)
+            })
+            .collect();
+        post_all(app, &batch).await;
+    }
+    rebuilding.await.expect("the rebuilds end");
+    assert_rollups_match_buckets(&one, g).await;
+    one.stop().await.expect("clean stop");
+    two.stop().await.expect("clean stop");
+}
+
+/// An upgrade that changes the rollups' layout: the next start finds them
+/// older, rebuilds them in the background (answers exact meanwhile, from
+/// the buckets) and records the new layout.
+#[tokio::test]
+async fn rollups_of_an_older_layout_are_rebuilt_by_the_next_start_and_answers_stay_exact() {
+    let mut settings = long_settings(Granularity::Minute);
+    settings.query.cache_bytes = 0;
+    let app = spawn_app_with(settings).await;
+    let t = base_time() - 3 * 86_400;
+    let batch: Vec<Value> = (0..400i64)
+        .map(|i| {
+            reading(
+                "up-1",
+                "speed",
+                t + i * 617 % (3 * 86_400),
+                (i % 29) as f64 / 4.0,
+            )
+        })
+        .collect();
+    post_all(&app, &batch).await;
+    app.late_rolled_up().await;
+    let path = average_path("up-1", "speed", t, t + 3 * 86_400);
+    let before = app.get_json(&path).await;
+    // As the version before left them: its layout, recorded as such.
+    let rollups = app
+        .db
+        .collection::<Document>(&app.settings.mongodb.rollup_collection);
+    let metadata = app
+        .db
+        .collection::<Document>(&app.settings.mongodb.metadata_collection);
+    rollups
+        .update_many(doc! {}, doc! { "$set": { "schema_version": 2 } })
+        .await
+        .expect("downgraded");
+    metadata
+        .update_one(
+            doc! { "_id": "format" },
+            doc! { "$set": { "rollup_schema_version": 2 } },
+        )
+        .await
+        .expect("recorded");
+    let read_before = documents_read(&app, "average").await;
+    assert_eq!(app.get_json(&path).await, before, "exact from the buckets");
+    let older = documents_read(&app, "average").await - read_before;
+
+    let next = spawn_app_with(app.settings.clone()).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let format = metadata
+            .find_one(doc! { "_id": "format" })
+            .await
+            .expect("find")
+            .expect("the format document");
+        if format.get_i32("rollup_schema_version") == Ok(3) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not rebuilt in 2 minutes: {format}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for r in app
+        .documents(&app.settings.mongodb.rollup_collection, doc! {})
+        .await
+    {
+        assert_eq!(r.get_i32("schema_version"), Ok(3), "rebuilt: {r}");
+    }
+    let read_before = documents_read(&next, "average").await;
+    assert_eq!(next.get_json(&path).await, before, "exact from the rollups");
+    let rebuilt = documents_read(&next, "average").await - read_before;
+    assert!(
+        rebuilt < older,
+        "rebuilt rollups answer from {rebuilt} documents, the buckets from {older}"
+    );
+    assert_rollups_match_buckets(&next, Granularity::Minute).await;
+    next.stop().await.expect("clean stop");
+    app.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn rebuilding_rollups_of_data_written_without_them_restores_them_and_answers_stay_exact() {
+    for g in [Granularity::Minute, Granularity::Hour] {
+        // What is read from storage is the point: no results cache.
+        let mut settings = long_settings(g);
+        settings.query.cache_bytes = 0;
+        let app = spawn_app_with(settings).await;
+        let t = base_time() - 5 * 86_400;
+        let mut model = BTreeMap::new();
+        let mut batch = Vec::new();
+        for i in 0..800i64 {
+            let at = t + i * 541 % (5 * 86_400);
+            let v = (i % 31) as f64 / 4.0;
+            model.insert(at, v);
+            batch.push(reading(
+                if i % 2 == 0 { "old-1" } else { "old-2" },
+                "speed",
+                at,
+                v,
+            ));
+        }
+        post_all(&app, &batch).await;
+        app.late_rolled_up().await;
+        let ranges = [(t, t + 5 * 86_400), (t + 999, t + 4 * 86_400 + 3601)];
+        let mut before = Vec::new();
+        for &(from, to) in &ranges {
+            before.push(
+                app.get_json(&average_path("old-1", "speed", from, to))
+                    .await,
+            );
+        }
+        // As a database written by a version without rollups or registry.
+        for c in [
+            &app.settings.mongodb.rollup_collection,
+            &app.settings.mongodb.sensor_collection,
+        ] {
+            app.db
+                .collection::<Document>(c)
+                .delete_many(doc! {})
+                .await
+                .expect("delete");
+        }
+        // Without rollups the answers are still exact, read from the buckets.
+        let read_before = documents_read(&app, "average").await;
+        let missing = app
+            .get_json(&average_path("old-1", "speed", ranges[0].0, ranges[0].1))
+            .await;
+        assert_eq!(missing, before[0], "exact from the buckets alone");
+        let without = documents_read(&app, "average").await - read_before;
+        let days = hourglass::rebuild_rollups(&app.settings, None, None, None)
+            .await
+            .expect("rebuilds");
+        assert!(days >= 5, "{days} days");
+        let read_before = documents_read(&app, "average").await;
+        for (&(from, to), want) in ranges.iter().zip(&before) {
+            let got = app
+                .get_json(&average_path("old-1", "speed", from, to))
+                .await;
+            assert_eq!(&got, want, "{g:?} {from}..{to}");
+        }
+        let with = documents_read(&app, "average").await - read_before;
+        assert!(
+            with < without,
+            "{g:?}: rebuilt rollups answer two ranges from {with} documents, the buckets one from {without}"
+        );
+        assert_rollups_match_buckets(&app, g).await;
+        let listed = app.get_json("/api/v1/sensors?prefix=old-").await;
+        let names: Vec<&str> = listed["sensors"]
+            .as_array()
+            .expect("sensors")
+            .iter()
+            .filter_map(|s| s["sensor"].as_str())
+            .collect();
+        assert_eq!(names, ["old-1", "old-2"], "the registry is rebuilt too");
+        app.stop().await.expect("clean stop");
+    }
+}
+
+/// A backfill's hours are read from their buckets while they are marked
+/// late, the gauge counting them, and from their rollups as soon as the
+/// upkeep has rewritten them and removed their markers.
+#[tokio::test]
+async fn a_backfills_hours_count_as_late_until_rolled_up_and_are_then_read_from_rollups() {
+    let mut s = test_settings();
+    // Longer than the upkeep's five-second tick: the gauge is read while
+    // the hours wait for their writes to pause.
+    s.buckets.late_rollup_after = Duration::from_secs(10);
+    let app = spawn_app_with(s).await;
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let end = now - now.rem_euclid(3600) - 3600;
+    let start = end - 12 * 3600;
+    let body: Vec<Value> = (0..144)
+        .map(|i| reading("bf", "m", start + i * 300, (i % 7) as f64))
+        .collect();
+    assert_eq!(app.post_readings(&Value::Array(body)).await.status(), 200);
+    eventually(
+        Duration::from_secs(60),
+        "the gauge counts the twelve hours marked late",
+        || async { app.metric("hourglass_rollup_late_hours").await == 12.0 },
+    )
+    .await;
+    let path = format!(
+        "/api/v1/sensors/bf/average?metric=m&from={}&to={}",
+        rfc3339(start),
+        rfc3339(end)
+    );
+    let buckets_read = "hourglass_db_documents_read_total{collection=\"buckets\",kind=\"query\"}";
+    // Cold each time: the results cache would answer without reading.
+    let average = || async {
+        let before = app.metric(buckets_read).await;
+        let r = app
+            .client
+            .get(format!("{}{path}", app.address))
+            .header("cache-control", "no-cache")
+            .send()
+            .await
+            .expect("the request is sent");
+        assert_eq!(r.status(), 200);
+        let body: Value = r.json().await.expect("json");
+        (body, app.metric(buckets_read).await - before)
+    };
+    let markers = || async {
+        app.db
+            .collection::<Document>(&app.settings.mongodb.late_collection)
+            .count_documents(doc! {})
+            .await
+            .expect("count")
+    };
+    let (marked, read) = average().await;
+    // Markers left after the query were there during it (nothing marks
+    // them again); if the upkeep was quicker, the next check covers it.
+    let checked = markers().await > 0;
+    if checked {
+        assert_eq!(read, 144.0, "every marked bucket is read: {marked}");
+    }
+    assert_eq!(marked["count"], 144, "{marked}");
+    // Asked again through the results cache while still marked: the answer
+    // read from the buckets was kept (any later write leaves a change entry).
+    let before = app.metric(buckets_read).await;
+    let r = app
+        .client
+        .get(format!("{}{path}", app.address))
+        .send()
+        .await
+        .expect("the request is sent");
+    assert_eq!(r.status(), 200);
+    let warm: Value = r.json().await.expect("json");
+    let warm_read = app.metric(buckets_read).await - before;
+    if checked && markers().await > 0 {
+        assert_eq!(warm_read, 0.0, "answered from the cache: {warm}");
+    }
+    assert_eq!(warm, marked);
+    eventually(
+        Duration::from_secs(120),
+        "the hours are rolled up, their markers gone and the gauge at zero",
+        || async { app.metric("hourglass_rollup_late_hours").await == 0.0 && markers().await == 0 },
+    )
+    .await;
+    let (rolled, read) = average().await;
+    assert_eq!(read, 0.0, "whole hours come from their rollups: {rolled}");
+    assert_eq!(rolled, marked);
+    app.stop().await.expect("clean stop");
+}
