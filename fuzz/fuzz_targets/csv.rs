@@ -2,19 +2,12 @@
 //! a panic; whatever is accepted obeys every rule.
 #![no_main]
 
-use std::time::Duration;
-
-use hourglass::pure::{CsvFormat, DecodeContext, METRIC_MAX_LEN, SENSOR_MAX_LEN, TimeWindow, decode_csv};
+use hourglass::pure::{CsvFormat, decode_csv};
+use hourglass_fuzz::{MAX_READINGS, assert_accepted, context};
 use libfuzzer_sys::fuzz_target;
 
-const NOW: i64 = 1_700_000_000;
-
 fuzz_target!(|data: &[u8]| {
-    let ctx = DecodeContext {
-        now: NOW,
-        window: TimeWindow { max_age: Duration::from_secs(30 * 86_400), max_future: Duration::from_secs(300) },
-        max_readings: 1000,
-    };
+    let ctx = context();
     let formats = [
         CsvFormat::default(),
         CsvFormat {
@@ -25,13 +18,8 @@ fuzz_target!(|data: &[u8]| {
     ];
     for format in &formats {
         if let Ok(readings) = decode_csv(data, format, &ctx) {
-            assert!(readings.len() <= 1000);
-            for r in readings {
-                assert!(r.value.is_finite());
-                assert!(!r.sensor.as_str().is_empty() && r.sensor.as_str().len() <= SENSOR_MAX_LEN);
-                assert!(!r.metric.as_str().is_empty() && r.metric.as_str().len() <= METRIC_MAX_LEN);
-                assert!(r.ts >= NOW - 30 * 86_400 && r.ts <= NOW + 300);
-            }
+            assert!(readings.len() <= MAX_READINGS);
+            readings.iter().for_each(assert_accepted);
         }
     }
 });

@@ -1,9 +1,8 @@
 //! MQTT messages: the first line is the topic, the rest the payload.
 #![no_main]
 
-use std::time::Duration;
-
-use hourglass::pure::{DecodeContext, TimeWindow, decode_payload, parse_topic};
+use hourglass::pure::{decode_payload, parse_topic};
+use hourglass_fuzz::context;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -11,12 +10,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(topic) = std::str::from_utf8(&data[..split]) else { return };
     let payload = data.get(split + 1..).unwrap_or_default();
     let Ok(implied) = parse_topic("sensors", topic) else { return };
-    let ctx = DecodeContext {
-        now: 1_700_000_000,
-        window: TimeWindow { max_age: Duration::from_secs(86_400), max_future: Duration::from_secs(300) },
-        max_readings: 1000,
-    };
-    if let Ok(readings) = decode_payload(payload, implied, &ctx) {
+    if let Ok(readings) = decode_payload(payload, implied, &context()) {
         for r in readings {
             // The topic's sensor (and metric) always win or agree.
             assert_eq!(Some(r.sensor.as_str()), implied.sensor);
