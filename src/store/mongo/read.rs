@@ -251,8 +251,11 @@ impl MongoStore {
         Ok(read)
     }
 
-    /// [`MongoStore::stored`]: an export's buckets, in series order.
-    pub(super) async fn stored_buckets(
+    /// Streams the stored buckets of `sensors` (of `metric`, or of every
+    /// metric) that hold seconds of `[from, to)`, sorted by sensor, metric
+    /// and start, through one cursor: memory stays constant however many
+    /// there are. Without a time limit: an export may take long.
+    pub async fn stored(
         &self,
         sensors: &[String],
         metric: Option<&str>,
@@ -330,14 +333,18 @@ impl MongoStore {
             .boxed())
     }
 
-    /// [`MongoStore::latest`]: a series' newest value.
-    pub(super) async fn newest_value(
+    /// The newest stored reading of a series, found from its newest bucket:
+    /// `(ts, value, version)`, the version (acknowledgement, epoch ms) if
+    /// the value still keeps one. `since`: a time the newest bucket likely
+    /// starts at or after (the registry's `last_seen`), looked at first.
+    pub async fn latest(
         &self,
         sensor: &str,
         metric: &str,
         since: Option<i64>,
         max_time: Duration,
     ) -> Result<Option<(i64, f64, Option<i64>)>, StoreError> {
+        let _reading = self.traffic.reading();
         // The newest bucket within windows reaching further back: a range on
         // `start` is bounded by the unique index on every server, where a
         // sort over the whole series is not on one that scans a key prefix

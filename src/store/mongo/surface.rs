@@ -1,16 +1,16 @@
 //! What the layers above ask of [`MongoStore`] beside the batcher's
 //! [`crate::batcher::Sink`]: reads for queries, the registry's labels, dead
 //! letters, a ping. Each method is answered by the file that does that job;
-//! the queries' reads are counted so that the rollup upkeep gives way to
-//! them (see `give_way`).
-
-use std::time::Duration;
+//! the queries' reads are counted (`traffic.reading()`) so that the rollup
+//! upkeep gives way to them (see `give_way`). Three public reads live where
+//! they are answered, not forwarded from here: `latest` and `stored` in
+//! read.rs, `late` in rollup/late.rs.
 
 use mongodb::bson::doc;
 
 use super::classify::classify_read;
 use super::connection::MongoStore;
-use crate::store::{BucketStream, Doc, Fetch, Labels, Read, SensorInfo, SensorQuery, StoreError};
+use crate::store::{Doc, Fetch, Labels, Read, SensorInfo, SensorQuery, StoreError};
 
 impl MongoStore {
     /// The relative accuracy of the percentile sketches rollup slots keep.
@@ -38,35 +38,6 @@ impl MongoStore {
     ) -> Result<(i64, Vec<crate::store::Change>, Read), StoreError> {
         let _reading = self.traffic.reading();
         self.read_changes(after).await
-    }
-
-    /// The bucket starts of each of `sensors` (for `metric`) in `[from, to)`
-    /// whose rollup slots are stale until their hour is rolled up again
-    /// (`store::rollup::late`), sorted; and what reading them cost.
-    pub async fn late(
-        &self,
-        sensors: &[&str],
-        metric: &str,
-        from: i64,
-        to: i64,
-        max_time: Duration,
-    ) -> Result<(Vec<Vec<i64>>, Read), StoreError> {
-        let _reading = self.traffic.reading();
-        self.late_starts(sensors, metric, from, to, max_time).await
-    }
-
-    /// Streams the stored buckets of `sensors` (of `metric`, or of every
-    /// metric) that hold seconds of `[from, to)`, sorted by sensor, metric
-    /// and start, through one cursor: memory stays constant however many
-    /// there are. Without a time limit: an export may take long.
-    pub async fn stored(
-        &self,
-        sensors: &[String],
-        metric: Option<&str>,
-        from: i64,
-        to: i64,
-    ) -> Result<BucketStream, StoreError> {
-        self.stored_buckets(sensors, metric, from, to).await
     }
 
     /// Leaves out of `unstored` (per sensor of `sensors`, of `metric`) the
@@ -155,20 +126,5 @@ impl MongoStore {
         keep: F,
     ) -> Result<(Vec<crate::store::DeadLetterInfo>, u64), StoreError> {
         self.list_dead_letters(limit, keep).await
-    }
-
-    /// The newest stored reading of a series, found from its newest bucket:
-    /// `(ts, value, version)`, the version (acknowledgement, epoch ms) if
-    /// the value still keeps one. `since`: a time the newest bucket likely
-    /// starts at or after (the registry's `last_seen`), looked at first.
-    pub async fn latest(
-        &self,
-        sensor: &str,
-        metric: &str,
-        since: Option<i64>,
-        max_time: Duration,
-    ) -> Result<Option<(i64, f64, Option<i64>)>, StoreError> {
-        let _reading = self.traffic.reading();
-        self.newest_value(sensor, metric, since, max_time).await
     }
 }

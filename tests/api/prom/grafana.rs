@@ -8,13 +8,12 @@ use serde_json::{Value, json};
 
 use crate::helpers::*;
 
-use super::{hourglass_with, samples, url_encode};
+use super::{four_hours_ago, hourglass_with, samples, url_encode};
 
 /// Every query of the provisioned Grafana dashboard parses and is answered.
 #[tokio::test]
 async fn the_provisioned_dashboard_queries_are_answered() {
-    let now = jiff::Timestamp::now().as_second();
-    let base = now - now.rem_euclid(60) - 4 * 3600;
+    let base = four_hours_ago();
     let data = samples(base, 1800, 5);
     let app = hourglass_with(&data).await;
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/grafana/dashboards/sensors.json");

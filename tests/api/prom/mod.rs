@@ -28,6 +28,13 @@ pub(super) const SENSORS: [(&str, &str, &str); 3] =
 /// `energy` is a counter (with resets); the others are gauges.
 pub(super) const METRICS: [&str; 3] = ["temp", "hum", "energy"];
 
+/// The samples' start: a whole minute four hours back (windows start on
+/// whole minutes, samples never fall on one).
+pub(super) fn four_hours_ago() -> i64 {
+    let now = jiff::Timestamp::now().as_second();
+    now - now.rem_euclid(60) - 4 * 3600
+}
+
 /// `(sensor, metric, ts, value)`: every 20–60 s with a gap of some
 /// minutes, never on a whole or half minute, values multiples of 1/8 (sums
 /// are exact in any order). The counter climbs from over a thousand and

@@ -8,7 +8,9 @@ use serde_json::Value;
 
 use crate::helpers::*;
 
-use super::{binary, get, hourglass_with, prometheus_with, run_off_thread, samples};
+use super::{
+    binary, four_hours_ago, get, hourglass_with, prometheus_with, run_off_thread, samples,
+};
 
 /// Result type and, per label set, the points `(ts, value)`.
 type Normal = (String, BTreeMap<String, Vec<(f64, f64)>>);
@@ -286,8 +288,7 @@ fn generate(g: &mut Gen) -> String {
 
 #[tokio::test]
 async fn promql_answers_equal_prometheus_on_the_same_samples() {
-    let now = jiff::Timestamp::now().as_second();
-    let base = now - now.rem_euclid(60) - 4 * 3600;
+    let base = four_hours_ago();
     let data = samples(base, 3 * 3600, 42);
     let prom = prometheus_with(&data).await;
     let app = hourglass_with(&data).await;
@@ -367,8 +368,7 @@ async fn promql_answers_equal_prometheus_on_the_same_samples() {
 
 #[tokio::test]
 async fn promtool_queries_hourglass() {
-    let now = jiff::Timestamp::now().as_second();
-    let base = now - now.rem_euclid(60) - 4 * 3600;
+    let base = four_hours_ago();
     let data = samples(base, 1800, 3);
     let app = hourglass_with(&data).await;
     let url = format!("{}/prometheus", app.address);

@@ -110,8 +110,10 @@ pub(super) async fn outages(app: &TestApp) -> f64 {
     )
 }
 
-/// A bucket document that no update pipeline can merge into: `v` is not an object.
-pub(super) async fn plant_broken_bucket(app: &TestApp, sensor: &str, start: i64) {
+/// A bucket document that no update pipeline can merge into (`v` is not an
+/// object) for `sensor` at `base_time()`, which it answers.
+pub(super) async fn plant_broken_bucket(app: &TestApp, sensor: &str) -> i64 {
+    let start = base_time();
     app.db
         .collection::<Document>(&app.settings.mongodb.collection)
         .insert_one(doc! {
@@ -120,4 +122,5 @@ pub(super) async fn plant_broken_bucket(app: &TestApp, sensor: &str, start: i64)
         })
         .await
         .expect("insert");
+    start
 }

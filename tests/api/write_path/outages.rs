@@ -273,8 +273,7 @@ async fn mqtt_streams_through_an_outage_and_a_poison_bucket_end_exact() {
     s.mongodb.uri = db.uri().into();
     let app = spawn_app_with(s).await;
     subscribed(&app).await;
-    let t = base_time();
-    plant_broken_bucket(&app, "mq-broken", t).await;
+    let t = plant_broken_bucket(&app, "mq-broken").await;
     let mut publisher = Publisher::connect(&broker, "writer").await;
     let mut model = BTreeMap::new();
     let mut dead = BTreeMap::new();

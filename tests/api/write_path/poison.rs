@@ -20,8 +20,7 @@ use super::{
 #[tokio::test]
 async fn a_poison_bucket_dead_letters_its_readings_and_the_others_are_stored() {
     let app = spawn_app().await;
-    let t = base_time();
-    plant_broken_bucket(&app, "broken", t).await;
+    let t = plant_broken_bucket(&app, "broken").await;
     let body = json!([
         reading("fine", "m", t + 1, 1.5),
         reading("broken", "m", t + 2, 2.5),
@@ -69,8 +68,7 @@ async fn a_poison_bucket_dead_letters_its_readings_and_the_others_are_stored() {
 #[tokio::test]
 async fn dead_letters_are_written_once_and_redriven_into_their_buckets_once_fixed() {
     let app = spawn_app().await;
-    let t = base_time();
-    plant_broken_bucket(&app, "mend", t).await;
+    let t = plant_broken_bucket(&app, "mend").await;
     let body = json!([
         reading("mend", "m", t + 2, 2.5),
         reading("mend", "m", t + 3, 4.5)

@@ -181,9 +181,10 @@ impl MongoStore {
         }
     }
 
-    /// The bucket starts of each of `sensors` (for `metric`) marked late in
-    /// `[from, to)`, sorted.
-    pub(in crate::store::mongo) async fn late_starts(
+    /// The bucket starts of each of `sensors` (for `metric`) in `[from, to)`
+    /// whose rollup slots are stale until their hour is rolled up again
+    /// (`store::rollup::late`), sorted; and what reading them cost.
+    pub async fn late(
         &self,
         sensors: &[&str],
         metric: &str,
@@ -191,6 +192,7 @@ impl MongoStore {
         to: i64,
         max_time: Duration,
     ) -> Result<(Vec<Vec<i64>>, Read), StoreError> {
+        let _reading = self.traffic.reading();
         let mut out = vec![Vec::new(); sensors.len()];
         let mut read = Read::default();
         if sensors.is_empty() || from >= to {
