@@ -390,16 +390,7 @@ async fn input_beyond_the_memory_bound_gets_503_with_retry_after() {
     );
     let db = app.db.clone();
     app.stop().await.expect("clean stop");
-    let docs: Vec<mongodb::bson::Document> = {
-        use futures_util::TryStreamExt;
-        db.collection("buckets")
-            .find(doc! {})
-            .await
-            .expect("find")
-            .try_collect()
-            .await
-            .expect("docs")
-    };
+    let docs = all_documents(&db.collection("buckets")).await;
     assert_eq!(docs.len(), 1);
     assert_eq!(
         docs[0].get_i32("count"),

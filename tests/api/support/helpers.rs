@@ -370,6 +370,17 @@ pub fn all_values(docs: &[Document], g: Granularity) -> BTreeMap<(String, String
         .collect()
 }
 
+/// Every document of `collection`, by a plain scan.
+pub async fn all_documents(collection: &mongodb::Collection<Document>) -> Vec<Document> {
+    collection
+        .find(doc! {})
+        .await
+        .expect("a scan")
+        .try_collect()
+        .await
+        .expect("the scan's documents")
+}
+
 /// A time well inside the accepted window, aligned to an hour: 2 days ago.
 pub fn base_time() -> i64 {
     let now = time::OffsetDateTime::now_utc().unix_timestamp();

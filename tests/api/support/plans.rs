@@ -18,6 +18,7 @@ use mongodb::bson::{Bson, DateTime, Document, doc};
 use mongodb::{Database, IndexModel};
 
 use crate::conformance::{FRAMING, Sent};
+use crate::helpers::all_documents;
 
 /// Buckets added to one series, and sensors of the fleet beside it (with
 /// 100 buckets each), and rollups added to the series.
@@ -45,13 +46,7 @@ async fn copy(from: &Database, to: &Database) {
         }
         let source = from.collection::<Document>(&name);
         let target = to.collection::<Document>(&name);
-        let docs: Vec<Document> = source
-            .find(doc! {})
-            .await
-            .expect("read")
-            .try_collect()
-            .await
-            .expect("documents");
+        let docs = all_documents(&source).await;
         for chunk in docs.chunks(5000) {
             target.insert_many(chunk.to_vec()).await.expect("copied");
         }
