@@ -83,33 +83,62 @@ impl Shutdown {
     }
 }
 
-/// Resolves on the first SIGTERM or SIGINT (Ctrl-C).
-pub async fn signal() {
-    let ctrl_c = async {
+/// Resolves on the first SIGTERM or SIGINT (Ctrl-C). The handlers are
+/// installed when this is called, not when the future is first polled: the
+/// service logs its address before it polls it, and a SIGTERM sent in
+/// between took the default action (killed, nothing drained). Needs a
+/// tokio runtime; a handler that cannot be installed never resolves.
+pub fn signal() -> impl Future<Output = ()> + Send + 'static {
+    #[cfg(unix)]
+    let (interrupt, terminate) = {
+        use tokio::signal::unix::{SignalKind, signal};
+        (
+            signal(SignalKind::interrupt()).ok(),
+            signal(SignalKind::terminate()).ok(),
+        )
+    };
+    async move {
+        #[cfg(unix)]
+        {
+            let first = |s: Option<tokio::signal::unix::Signal>| async move {
+                match s {
+                    Some(mut s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = first(interrupt) => {}
+                _ = first(terminate) => {}
+            }
+        }
+        #[cfg(not(unix))]
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;
         }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = terminate => {}
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Before its fix the handlers were installed on the first poll, and
+    /// this SIGTERM killed the test process.
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_sigterm_that_comes_before_the_first_poll_is_caught() {
+        let stopped = signal();
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &std::process::id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(sent.success());
+        tokio::time::timeout(Duration::from_secs(60), stopped)
+            .await
+            .expect("the SIGTERM resolves it");
+    }
 
     #[tokio::test(start_paused = true)]
     async fn the_deadline_is_shared_and_counted_from_the_trigger() {
