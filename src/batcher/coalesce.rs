@@ -165,6 +165,18 @@ impl<W> Batcher<W> {
         self.pending_values
     }
 
+    /// Readings pending that are not in the journal (overwritten ones
+    /// included, as `readings` counts them).
+    pub fn pending_unjournaled(&self) -> usize {
+        self.pending
+            .values()
+            .map(|o| {
+                let journaled: usize = o.origins.iter().map(|&(_, n)| n as usize).sum();
+                o.readings.saturating_sub(journaled)
+            })
+            .sum()
+    }
+
     /// Buckets held: pending and in flight.
     pub fn buckets(&self) -> usize {
         self.pending.len() + self.in_flight_buckets

@@ -215,6 +215,26 @@ impl BatcherHandle {
         self.core().buffered()
     }
 
+    /// Readings held in memory, pending and in flight, that are not in the
+    /// journal: what stopping now would lose.
+    pub fn unjournaled(&self) -> usize {
+        let pending = self.core().pending_unjournaled();
+        let in_flight = self
+            .shared
+            .in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        pending
+            + in_flight.map_or(0, |batch| {
+                batch
+                    .items
+                    .iter()
+                    .map(|i| i.readings.saturating_sub(i.journaled()))
+                    .sum()
+            })
+    }
+
     pub fn is_closed(&self) -> bool {
         self.shared.shutdown.is_triggered()
     }
@@ -697,6 +717,25 @@ mod tests {
         );
         assert_eq!(task.await.expect("joined").unstored_readings, 0);
         assert_eq!(store.writes.lock().expect("lock")[0][0].values.len(), 7);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_readings_outside_the_journal_count_as_what_a_stop_would_lose() {
+        let store = Arc::new(Recorder::default());
+        store.failures.store(usize::MAX, Ordering::SeqCst);
+        let (handle, _shutdown, _task) = start(store.clone());
+        handle
+            .submit_held(readings_of("journaled", 3), 1, 0, 0)
+            .expect("room");
+        handle
+            .submit(readings_of("memory", 4), false)
+            .expect("room");
+        assert_eq!(handle.buffered(), 7, "both held in memory");
+        assert_eq!(handle.unjournaled(), 4, "pending");
+        // The prompt bucket goes out and stays in flight through the outage.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(handle.storage_outage());
+        assert_eq!(handle.unjournaled(), 4, "in flight and pending");
     }
 
     #[tokio::test(start_paused = true)]

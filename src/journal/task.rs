@@ -116,15 +116,16 @@ impl JournalTask {
         self
     }
 
-    /// After the batcher drained: deletes what is stored and says what is left.
-    pub async fn finish(mut self) {
+    /// After the batcher drained: deletes what is stored and says what is
+    /// left. Whether readings stay in the journal for the next start.
+    pub async fn finish(mut self) -> bool {
         if self.cursor.caught_up() && self.batcher.lowest_unsettled_origin().is_none() {
             // Everything journaled is stored: nothing for the next start.
             if let Err(e) = lock(&self.segments).clear() {
                 warn!(error = %e, "Could not empty the journal; the next start replays readings that are already stored, which changes nothing.");
             }
             self.publish();
-            return;
+            return false;
         }
         self.retire().await;
         let bytes = self.shared.disk.load(Ordering::Acquire);
@@ -133,6 +134,7 @@ impl JournalTask {
             bytes,
             segments, "Readings not yet stored stay in the journal; the next start writes them."
         );
+        true
     }
 
     async fn commit(&mut self, first: Append) {

@@ -57,8 +57,9 @@ pub(super) async fn stop(stopping: Stopping) -> anyhow::Result<()> {
     };
     let unstored = tokio::select! {
         drained = driver => drained.context("the batcher driver panicked")?.unstored_readings,
-        // A write still under way at the deadline: what it holds counts as unstored.
-        _ = grace => batcher.buffered(),
+        // A write still under way at the deadline: what it holds counts as
+        // unstored, but for readings the journal keeps for the next start.
+        _ = grace => batcher.unjournaled(),
     };
     let (end_upkeep, upkeep) = upkeep;
     let (end_floor, mut floor_task) = floor;
@@ -90,10 +91,12 @@ pub(super) async fn stop(stopping: Stopping) -> anyhow::Result<()> {
             "Could not update this instance's floor on the way out; the last one published stands."
         );
     }
+    // Whether the journal keeps readings for the next start.
+    let mut journal_keeps = false;
     if let Some((_, task)) = journal {
         // Appends already queued are committed; stored segments deleted.
         match task.await {
-            Ok(task) => task.finish().await,
+            Ok(task) => journal_keeps = task.finish().await,
             Err(e) => {
                 error!(error = %e, "The journal task failed; the next start replays what it holds.")
             }
@@ -106,6 +109,12 @@ pub(super) async fn stop(stopping: Stopping) -> anyhow::Result<()> {
         );
         anyhow::bail!("{unstored} accepted readings were not stored");
     }
-    info!("Hourglass stopped; every accepted reading was stored.");
+    if journal_keeps {
+        info!(
+            "Hourglass stopped; accepted readings not stored yet are in the journal for the next start."
+        );
+    } else {
+        info!("Hourglass stopped; every accepted reading was stored.");
+    }
     Ok(())
 }

@@ -614,3 +614,72 @@ async fn a_journal_is_never_replayed_into_another_database() {
     other_reader.stop().await.expect("clean stop");
     reader.stop().await.expect("clean stop");
 }
+
+/// A stop whose last write still waits for a database that went away: the
+/// readings it holds are in the journal, so nothing is lost. The stop says
+/// so, logs no ERROR and exits 0; the next start writes them.
+#[tokio::test]
+async fn a_stop_while_a_write_waits_on_a_vanished_database_keeps_its_readings_for_the_next_start() {
+    let mut db = Database::start().await;
+    let mut settings = db.settings();
+    // Server selection as shipped (the test URI cuts it to 1 s), longer
+    // than the shutdown deadline: the last write is still waiting at it.
+    settings.mongodb.uri = db
+        .uri()
+        .replace("&serverSelectionTimeoutMS=1000", "")
+        .into();
+    settings.journal.enabled = true;
+    settings.journal.dir = journal_dir();
+    let logs = tempfile::tempdir().expect("temp dir");
+    let log = logs.path().join("hourglass.log");
+    let extra = [
+        ("HOURGLASS__BATCHER__FLUSH_INTERVAL", "1h"),
+        ("HOURGLASS__BATCHER__MAX_HOLD", "1h"),
+        ("HOURGLASS__SHUTDOWN__TIMEOUT", "1s"),
+        ("HOURGLASS__MONGODB__SERVER_SELECTION_TIMEOUT", "30s"),
+    ];
+    let mut child = spawn_binary(&settings, &extra, &log);
+    let address = binary_address(&log).await;
+    let body: Vec<Value> = (0..40)
+        .map(|i| reading("kept", "m", base_time() + i, 1.0))
+        .collect();
+    let r = reqwest::Client::new()
+        .post(format!("{address}/api/v1/readings"))
+        .json(&body)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(r.status(), 200, "acknowledged once journaled");
+    db.stop();
+    let status = terminate(&mut child);
+    let text = std::fs::read_to_string(&log).expect("log");
+    assert!(status.success(), "nothing acknowledged was lost: {text}");
+    let errors: Vec<Value> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["level"] == "ERROR")
+        .collect();
+    assert!(errors.is_empty(), "no ERROR: nothing was lost: {errors:?}");
+    assert!(text.contains("in the journal for the next start"), "{text}");
+
+    db.restart().await;
+    let app = spawn_app_with(settings).await;
+    eventually(
+        Duration::from_secs(60),
+        "the journal's readings are stored",
+        || {
+            let app = &app;
+            async move {
+                let stored: i64 = app
+                    .buckets()
+                    .await
+                    .iter()
+                    .map(|d| i64::from(d.get_i32("count").unwrap_or(0)))
+                    .sum();
+                stored == 40
+            }
+        },
+    )
+    .await;
+    app.stop().await.expect("clean stop");
+}
