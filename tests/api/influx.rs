@@ -67,7 +67,10 @@ from datetime import datetime, timezone
 from influxdb_client import InfluxDBClient, Point, WritePrecision
 from influxdb_client.client.write_api import SYNCHRONOUS
 url, t = sys.argv[1], int(sys.argv[2])
-with InfluxDBClient(url=url, token="unused", org="acme", enable_gzip=True) as client:
+# The client gives a write 10 s by default; a write waits for its readings to
+# be stored, and a stand-in busy with the heavy suites took longer in CI.
+# 120 s, like the tests' own write timeout.
+with InfluxDBClient(url=url, token="unused", org="acme", enable_gzip=True, timeout=120_000) as client:
     assert client.ping()
     write = client.write_api(write_options=SYNCHRONOUS)
     for name, unit, scale in [("ns", WritePrecision.NS, 10**9), ("us", WritePrecision.US, 10**6),
