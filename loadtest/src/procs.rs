@@ -122,6 +122,9 @@ pub fn dir_bytes(path: &Path) -> u64 {
         .sum()
 }
 
+/// How long a process may take to stop after SIGTERM before it is killed.
+const STOP_WITHIN: Duration = Duration::from_secs(120);
+
 /// A child that is stopped with SIGTERM (and reaped) when dropped.
 pub struct Proc {
     pub child: Child,
@@ -149,6 +152,21 @@ impl Proc {
     fn terminate(&mut self) -> std::process::ExitStatus {
         if let Ok(pid) = i32::try_from(self.pid) {
             let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+        }
+        // Bounded: every process started here stops within seconds of
+        // SIGTERM; one that hangs is killed (its status then says so)
+        // rather than holding the run for ever.
+        let deadline = Instant::now() + STOP_WITHIN;
+        while let Ok(None) = self.child.try_wait() {
+            if Instant::now() >= deadline {
+                eprintln!(
+                    "Process {} did not stop within {STOP_WITHIN:?} of SIGTERM; killing it.",
+                    self.pid
+                );
+                let _ = self.child.kill();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
         self.child
             .wait()

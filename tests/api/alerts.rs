@@ -170,7 +170,7 @@ async fn vmalert_fires_silent_sensor_and_threshold_alerts_from_hourglass_data() 
 
     let (notifier, received) = alertmanager().await;
     let vmalert = start_vmalert(&format!("{}/prometheus", app.address), &notifier);
-    let client = reqwest::Client::new();
+    let client = crate::helpers::http_client();
     let want = vec![
         pair("FleetSensorSilent", "quiet"),
         pair("SensorSilent", "quiet"),

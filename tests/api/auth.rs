@@ -268,7 +268,7 @@ async fn tokens_never_reach_the_logs() {
         .spawn()
         .expect("starts");
     let address = binary_address(&log).await;
-    let http = reqwest::Client::new();
+    let http = crate::helpers::http_client();
     for token in [TRUCK, DASHBOARD, "wrong-token-5150"] {
         let _ = http
             .post(format!("{address}/api/v1/readings"))

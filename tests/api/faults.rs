@@ -92,7 +92,7 @@ async fn a_storage_outage_during_http_and_mqtt_streams_loses_nothing_acknowledge
     let http_stream = {
         let (sent, attempts) = (sent.clone(), attempts.clone());
         tokio::spawn(async move {
-            let client = reqwest::Client::new();
+            let client = crate::helpers::http_client();
             for b in &bodies {
                 post_until_stored(&client, &url, b, &attempts).await;
                 sent.fetch_add(1, Ordering::Relaxed);
@@ -255,7 +255,7 @@ async fn overload_is_refused_with_503_memory_stays_bounded_and_acknowledged_data
         .map(|task| {
             let (url, acked, refused) = (url.clone(), acked.clone(), refused.clone());
             tokio::spawn(async move {
-                let client = reqwest::Client::new();
+                let client = crate::helpers::http_client();
                 let mut seq = 0;
                 while tokio::time::Instant::now() < deadline {
                     let mut m = Model::new();

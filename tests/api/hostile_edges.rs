@@ -54,7 +54,7 @@ async fn queries_that_would_build_gigabytes_or_overflow_a_range_are_answered_und
         &log,
     );
     let address = binary_address(&log).await;
-    let client = reqwest::Client::new();
+    let client = crate::helpers::http_client();
     // The issue's 15 103 bytes: 5 000 x's, then two levels of 2 500 `$1`.
     let bomb = format!(
         r#"label_replace(label_replace(label_replace(vector(1),"a","{}","",""),"a","{}","a","(.*)"),"a","{}","a","(.*)")"#,
@@ -340,7 +340,7 @@ async fn slow_and_idle_connections_are_closed_and_capped_while_health_answers() 
     }
     // Every slot is taken by a trickler: health answers once they are cut.
     eventually(Duration::from_secs(60), "/health/live answers", || async {
-        reqwest::Client::new()
+        crate::helpers::http_client()
             .get(format!("{}/health/live", app.address))
             .timeout(Duration::from_secs(5))
             .send()

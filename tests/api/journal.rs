@@ -432,7 +432,7 @@ async fn damaged_journal(
     env.push(("HOURGLASS__JOURNAL__SEGMENT_BYTES", "4096"));
     let mut first = spawn_binary(&settings, &env, &log);
     let address = binary_address(&log).await;
-    let client = reqwest::Client::new();
+    let client = crate::helpers::http_client();
     let t = now() - 300;
     for sensor in SENSORS {
         let batch: Vec<Value> = (0..70).map(|k| reading(sensor, "m", t + k, 1.0)).collect();
@@ -568,7 +568,7 @@ async fn a_journal_is_never_replayed_into_another_database() {
     let mut first = spawn_binary(&settings, &[], &log);
     let address = binary_address(&log).await;
     let t = now() - 5;
-    let r = reqwest::Client::new()
+    let r = crate::helpers::http_client()
         .post(format!("{address}/api/v1/readings"))
         .json(&json!([
             reading("a", "m", t, 1.0),
@@ -643,7 +643,7 @@ async fn a_stop_while_a_write_waits_on_a_vanished_database_keeps_its_readings_fo
     let body: Vec<Value> = (0..40)
         .map(|i| reading("kept", "m", base_time() + i, 1.0))
         .collect();
-    let r = reqwest::Client::new()
+    let r = crate::helpers::http_client()
         .post(format!("{address}/api/v1/readings"))
         .json(&body)
         .send()

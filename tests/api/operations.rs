@@ -248,7 +248,7 @@ async fn sigterm_stores_every_accepted_reading_and_exits_zero() {
         &log,
     );
     let address = binary_address(&log).await;
-    let http = reqwest::Client::new();
+    let http = crate::helpers::http_client();
     let t = base_time();
     for k in 0..3 {
         let body: Vec<Value> = (0..50)
@@ -295,7 +295,7 @@ async fn shutdown_without_storage_logs_the_unstored_readings_and_exits_nonzero()
     let body: Vec<Value> = (0..40)
         .map(|i| reading("lost", "m", base_time() + i, 1.0))
         .collect();
-    let r = reqwest::Client::new()
+    let r = crate::helpers::http_client()
         .post(format!("{address}/api/v1/readings?async=true"))
         .json(&body)
         .send()

@@ -59,7 +59,7 @@ async fn three_instances_with_one_killed_mid_stream_store_every_acknowledged_rea
 
     // HTTP: readings of this minute and the next (held in the journals when
     // the kill comes) and of two days ago, round robin over the instances.
-    let client = reqwest::Client::new();
+    let client = crate::helpers::http_client();
     let (live, old) = (now() - 20, base_time());
     let mut model = Model::new();
     let urls: Vec<String> = instances.iter().map(|(_, _, url)| url.clone()).collect();
@@ -278,7 +278,7 @@ async fn a_journal_replayed_after_a_correction_elsewhere_never_overwrites_it() {
         &logs.path().join("a.log"),
     );
     let a_url = binary_address(&logs.path().join("a.log")).await;
-    let client = reqwest::Client::new();
+    let client = crate::helpers::http_client();
     let t = now() - 2;
     let r = client
         .post(format!("{a_url}/api/v1/readings"))

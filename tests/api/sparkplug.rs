@@ -246,7 +246,7 @@ async fn a_sigkilled_host_restarts_mid_stream_losing_nothing_and_asking_no_rebir
     let log = logs.path().join("first.log");
     let mut first = spawn_binary(&settings, &env, &log);
     let address = binary_address(&log).await;
-    let client = reqwest::Client::new();
+    let client = crate::helpers::http_client();
     let ready = |address: String| {
         let client = client.clone();
         async move {

@@ -139,7 +139,7 @@ async fn hostile_input_on_every_surface_is_refused_and_the_service_lives_on() {
     );
     let address = binary_address(&log).await;
     let pid = child.id();
-    let client = reqwest::Client::new();
+    let client = crate::helpers::http_client();
     let mut watcher =
         Publisher::connect_subscribed(&broker, "watcher", Some("hourglass/dead-letters")).await;
     let mut dead_letters = watcher.messages();

@@ -151,7 +151,7 @@ pub(super) async fn prometheus_with(samples: &[(&str, &str, i64, f64)]) -> Prome
         .spawn()
         .expect("prometheus starts; `make test` installs it");
     let url = format!("http://127.0.0.1:{port}");
-    let client = reqwest::Client::new();
+    let client = crate::helpers::http_client();
     eventually(Duration::from_secs(60), "Prometheus is ready", || {
         let r = client.get(format!("{url}/-/ready")).send();
         async move { r.await.is_ok_and(|r| r.status() == 200) }

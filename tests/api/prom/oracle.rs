@@ -292,7 +292,7 @@ async fn promql_answers_equal_prometheus_on_the_same_samples() {
     let data = samples(base, 3 * 3600, 42);
     let prom = prometheus_with(&data).await;
     let app = hourglass_with(&data).await;
-    let client = reqwest::Client::new();
+    let client = crate::helpers::http_client();
     let mut g = Gen(7);
     let mut with_samples = 0;
     const QUERIES: usize = 320;

@@ -86,7 +86,14 @@ impl Broker {
                 .arg("-TERM")
                 .arg(child.id().to_string())
                 .status();
-            let _ = child.wait();
+            // Bounded, as the stand-in's stop (see `Database`).
+            if crate::helpers::wait_at_most(&mut child, std::time::Duration::from_secs(60))
+                .is_none()
+            {
+                eprintln!("Mosquitto did not stop within 60 s of SIGTERM; killing it.");
+                let _ = child.kill();
+                let _ = child.wait();
+            }
         }
     }
 }

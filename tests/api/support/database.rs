@@ -2,7 +2,9 @@
 
 use std::process::{Child, Command, Stdio};
 
-use crate::helpers::{free_port, listening};
+use std::time::Duration;
+
+use crate::helpers::{free_port, listening, wait_at_most};
 
 fn secantusd() -> String {
     std::env::var("SECANTUSD").unwrap_or_else(|_| {
@@ -73,17 +75,13 @@ impl Database {
         let client = mongodb::Client::with_uri_str(&uri)
             .await
             .expect("a MongoDB client");
-        crate::helpers::eventually(
-            std::time::Duration::from_secs(60),
-            "the database answers",
-            || async {
-                client
-                    .database("admin")
-                    .run_command(mongodb::bson::doc! { "ping": 1 })
-                    .await
-                    .is_ok()
-            },
-        )
+        crate::helpers::eventually(Duration::from_secs(60), "the database answers", || async {
+            client
+                .database("admin")
+                .run_command(mongodb::bson::doc! { "ping": 1 })
+                .await
+                .is_ok()
+        })
         .await;
     }
 
@@ -91,11 +89,18 @@ impl Database {
     /// (a SIGKILL would test the stand-in's durability, not ours).
     pub fn stop_gracefully(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = Command::new("kill")
-                .arg("-TERM")
-                .arg(child.id().to_string())
-                .status();
-            let _ = child.wait();
+            sigterm_main_thread(child.id());
+            // Bounded: a stand-in whose stop hangs would hold the test
+            // until CI's limit. Killed, it may lose what it had not synced,
+            // which a test then reports.
+            if wait_at_most(&mut child, Duration::from_secs(60)).is_none() {
+                eprintln!(
+                    "The stand-in on port {} did not stop within 60 s of SIGTERM; killing it.",
+                    self.port
+                );
+                let _ = child.kill();
+                let _ = child.wait();
+            }
         }
     }
 
@@ -128,6 +133,24 @@ impl Database {
     pub async fn restart(&mut self) {
         self.stop();
         self.launch().await;
+    }
+}
+
+/// SIGTERM to the stand-in's main thread rather than to the process.
+/// Python runs signal handlers only on its main thread, which SecantusDB
+/// parks in an `Event.wait()` without timeout: a process-directed SIGTERM
+/// that the kernel hands to one of its connection threads sets the
+/// handler's flag and wakes nobody, and the server never stops (seen in
+/// CI: a test held 84 minutes in `wait`; a thread-directed SIGTERM then
+/// stopped that server at once).
+fn sigterm_main_thread(pid: u32) {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return;
+    };
+    // SAFETY: tgkill takes plain integers and touches no memory of ours;
+    // the main thread's id is the process id.
+    unsafe {
+        libc::syscall(libc::SYS_tgkill, pid, pid, libc::SIGTERM);
     }
 }
 

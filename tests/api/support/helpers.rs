@@ -141,7 +141,7 @@ pub async fn spawn_app_with(settings: Settings) -> TestApp {
     };
     TestApp {
         address,
-        client: reqwest::Client::new(),
+        client: http_client(),
         db: client.database(&settings.mongodb.database),
         settings,
         mqtt,
@@ -319,12 +319,54 @@ where
     Fut: std::future::Future<Output = bool>,
 {
     let deadline = tokio::time::Instant::now() + limit;
-    while !check().await {
+    loop {
+        // A check that never returns (a stand-in that took a command and
+        // went quiet) fails too, instead of hanging the test until CI's
+        // limit: it gets what is left, and at least a minute.
+        let left = deadline
+            .saturating_duration_since(tokio::time::Instant::now())
+            .max(CHECK_AT_LEAST);
+        match tokio::time::timeout(left, check()).await {
+            Ok(true) => return,
+            Ok(false) => {}
+            Err(_) => panic!("gave up waiting: {what} (a check did not return within {left:?})"),
+        }
         assert!(
             tokio::time::Instant::now() < deadline,
             "gave up waiting: {what}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The least time one check of [`eventually`] gets, however little of the
+/// limit is left: a slow answer is not a hang.
+const CHECK_AT_LEAST: Duration = Duration::from_secs(60);
+
+/// An HTTP client whose requests fail after five minutes: every request the
+/// tests send is bounded by the service's own timeouts (150 s at most), so
+/// one still unanswered then is a wedged service, a failure, not a hang.
+pub fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(300))
+        .build()
+        .expect("an HTTP client")
+}
+
+/// Waits for `child` to exit, at most `limit`; `None` if it did not.
+pub fn wait_at_most(
+    child: &mut std::process::Child,
+    limit: Duration,
+) -> Option<std::process::ExitStatus> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Some(status),
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            _ => return None,
+        }
     }
 }
 
@@ -632,7 +674,7 @@ pub async fn kill_mid_stream(
     at_least: usize,
     body: impl Fn(i64, &mut BTreeMap<(String, String, i64), f64>) -> Value,
 ) -> BTreeMap<(String, String, i64), f64> {
-    let client = reqwest::Client::new();
+    let client = crate::helpers::http_client();
     let mut acked = BTreeMap::new();
     for i in 0..requests {
         let mut m = BTreeMap::new();
@@ -656,7 +698,16 @@ pub fn terminate(child: &mut std::process::Child) -> std::process::ExitStatus {
         .arg("-TERM")
         .arg(child.id().to_string())
         .status();
-    child.wait().expect("the process exits")
+    // The service's stop is bounded by its deadline (seconds): two minutes
+    // without an exit is a stop that hangs, a failure.
+    match wait_at_most(child, Duration::from_secs(120)) {
+        Some(status) => status,
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the process did not exit within 120 s of SIGTERM");
+        }
+    }
 }
 
 /// A proxy in front of a service that lets the first `open` POSTs through
@@ -684,7 +735,7 @@ pub async fn gate(upstream: &str, open: usize) -> Gate {
     let posts = Arc::new(AtomicUsize::new(0));
     let held = Arc::new(AtomicUsize::new(0));
     let upstream = upstream.to_owned();
-    let client = reqwest::Client::new();
+    let client = crate::helpers::http_client();
     let handler = {
         let held = held.clone();
         move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
