@@ -214,8 +214,12 @@ ensure_sparkplug_clients() {
 
 stack_stop() {
   local pid
+  # SIGTERM to each main thread, not the process: SecantusDB (Python) runs
+  # its handler only on its main thread and misses a process-directed one
+  # the kernel hands another thread (tests/api/support/database.rs).
   for pid in "${STACK_PIDS[@]}"; do
-    kill "$pid" 2>/dev/null || true
+    python3 -c 'import ctypes, sys; p = int(sys.argv[1]); ctypes.CDLL(None).tgkill(p, p, 15)' "$pid" 2>/dev/null \
+      || kill "$pid" 2>/dev/null || true
   done
   for pid in "${STACK_PIDS[@]}"; do
     for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
