@@ -21,6 +21,13 @@ pub enum TransferError {
     Service(String),
 }
 
+impl TransferError {
+    /// A local file's error, naming the file.
+    pub fn file(path: &std::path::Path, e: impl std::fmt::Display) -> Self {
+        Self::Io(format!("{}: {e}", path.display()))
+    }
+}
+
 /// How long an import keeps retrying a service that does not answer, or
 /// answers 503, before it stops (its checkpoint keeps what was done).
 const RETRY_FOR: Duration = Duration::from_secs(600);

@@ -140,8 +140,7 @@ pub async fn run(
     }
     let bytes = out.finish().map_err(io)?;
     if let (Some(partial), Some(output)) = (&partial, &output) {
-        std::fs::rename(partial, output)
-            .map_err(|e| TransferError::Io(format!("{}: {e}", output.display())))?;
+        std::fs::rename(partial, output).map_err(|e| TransferError::file(output, e))?;
     }
     Ok(ExportSummary { bytes, output })
 }

@@ -55,14 +55,10 @@ fn beside(path: &Path, dir: Option<&Path>, suffix: &str) -> PathBuf {
     dir.join(format!("{name}{suffix}"))
 }
 
-fn io(path: &Path, e: impl std::fmt::Display) -> TransferError {
-    TransferError::Io(format!("{}: {e}", path.display()))
-}
-
 impl Checkpoint {
     /// The file's checkpoint, or a fresh one (`restart`, or none yet).
     pub fn load(file: &Path, dir: Option<&Path>, restart: bool) -> Result<Self, TransferError> {
-        let meta = std::fs::metadata(file).map_err(|e| io(file, e))?;
+        let meta = std::fs::metadata(file).map_err(|e| TransferError::file(file, e))?;
         let modified = meta
             .modified()
             .ok()
@@ -81,7 +77,7 @@ impl Checkpoint {
         let text = match std::fs::read_to_string(&at) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(fresh),
-            Err(e) => return Err(io(&at, e)),
+            Err(e) => return Err(TransferError::file(&at, e)),
         };
         let mut saved: Checkpoint = serde_json::from_str(&text).map_err(|e| {
             TransferError::Usage(format!(
@@ -102,11 +98,12 @@ impl Checkpoint {
 
     pub fn save(&self) -> Result<(), TransferError> {
         let tmp = self.at.with_extension("tmp");
-        let text = serde_json::to_vec(self).map_err(|e| io(&self.at, e))?;
-        let mut f = File::create(&tmp).map_err(|e| io(&tmp, e))?;
-        f.write_all(&text).map_err(|e| io(&tmp, e))?;
-        f.sync_data().map_err(|e| io(&tmp, e))?;
-        std::fs::rename(&tmp, &self.at).map_err(|e| io(&self.at, e))
+        let text = serde_json::to_vec(self).map_err(|e| TransferError::file(&self.at, e))?;
+        let mut f = File::create(&tmp).map_err(|e| TransferError::file(&tmp, e))?;
+        f.write_all(&text)
+            .map_err(|e| TransferError::file(&tmp, e))?;
+        f.sync_data().map_err(|e| TransferError::file(&tmp, e))?;
+        std::fs::rename(&tmp, &self.at).map_err(|e| TransferError::file(&self.at, e))
     }
 }
 
@@ -133,12 +130,13 @@ impl Rejects {
         };
         match OpenOptions::new().write(true).open(&rejects.at) {
             Ok(f) => {
-                f.set_len(len).map_err(|e| io(&rejects.at, e))?;
+                f.set_len(len)
+                    .map_err(|e| TransferError::file(&rejects.at, e))?;
                 rejects.len = len;
                 rejects.file = Some(f);
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io(&rejects.at, e)),
+            Err(e) => return Err(TransferError::file(&rejects.at, e)),
         }
         // The directory must take the checkpoint: found out before anything is sent.
         let probe = beside(file, dir, ".import-checkpoint.probe");
@@ -181,14 +179,15 @@ impl Rejects {
                 .create(true)
                 .append(true)
                 .open(&self.at)
-                .map_err(|e| io(&self.at, e))?;
+                .map_err(|e| TransferError::file(&self.at, e))?;
             self.file = Some(f);
         }
         if let Some(f) = &mut self.file {
             use std::io::{Seek, SeekFrom};
             f.seek(SeekFrom::Start(self.len))
-                .map_err(|e| io(&self.at, e))?;
-            f.write_all(&text).map_err(|e| io(&self.at, e))?;
+                .map_err(|e| TransferError::file(&self.at, e))?;
+            f.write_all(&text)
+                .map_err(|e| TransferError::file(&self.at, e))?;
         }
         self.len += text.len() as u64;
         self.unsynced = true;
@@ -198,7 +197,8 @@ impl Rejects {
     /// Makes what was appended durable: before a checkpoint counts it.
     pub fn sync(&mut self) -> Result<(), TransferError> {
         if let (true, Some(f)) = (self.unsynced, &self.file) {
-            f.sync_data().map_err(|e| io(&self.at, e))?;
+            f.sync_data()
+                .map_err(|e| TransferError::file(&self.at, e))?;
         }
         self.unsynced = false;
         Ok(())

@@ -378,7 +378,7 @@ fn plan(path: &Path, options: &ImportOptions) -> Result<Plan, TransferError> {
             let mut header = csv::StringRecord::new();
             let found = csv
                 .read_record(&mut header)
-                .map_err(|e| TransferError::Io(format!("{}: {e}", path.display())))?;
+                .map_err(|e| TransferError::file(path, e))?;
             if !found {
                 return Err(TransferError::Usage(format!(
                     "{}: the file is empty; a CSV file starts with its header row",

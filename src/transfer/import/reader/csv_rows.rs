@@ -129,8 +129,7 @@ impl Reader {
         readings: &mut usize,
         tx: &mpsc::Sender<Result<Batch, TransferError>>,
     ) -> Result<bool, TransferError> {
-        let io =
-            |e: &dyn std::fmt::Display| TransferError::Io(format!("{}: {e}", self.path.display()));
+        let io = |e: &dyn std::fmt::Display| TransferError::file(&self.path, e);
         let since = Rc::new(Cell::new(0));
         let mut csv = csv::ReaderBuilder::new()
             .has_headers(false)

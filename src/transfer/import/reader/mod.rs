@@ -39,7 +39,7 @@ pub(super) fn open(
     path: &Path,
     read: Arc<AtomicU64>,
 ) -> Result<Box<dyn BufRead + Send>, TransferError> {
-    let io = |e: std::io::Error| TransferError::Io(format!("{}: {e}", path.display()));
+    let io = |e: std::io::Error| TransferError::file(path, e);
     let file = File::open(path).map_err(io)?;
     let mut buffered = BufReader::with_capacity(1 << 16, Counting { inner: file, read });
     let gz = buffered.fill_buf().map_err(io)?.starts_with(&[0x1f, 0x8b]);
@@ -133,8 +133,7 @@ impl Reader {
         tx: &mpsc::Sender<Result<Batch, TransferError>>,
     ) -> Result<bool, TransferError> {
         // Long: the cutter's hot loop over the read buffer: the carried line, the hand-off to the csv crate and the batch cuts share its state.
-        let io =
-            |e: &dyn std::fmt::Display| TransferError::Io(format!("{}: {e}", self.path.display()));
+        let io = |e: &dyn std::fmt::Display| TransferError::file(&self.path, e);
         let mut plain = PlainCsv::default();
         // A line that spans the reader's buffer is gathered here.
         let mut carry = Vec::new();
@@ -239,8 +238,7 @@ impl Reader {
         tx: &mpsc::Sender<Result<Batch, TransferError>>,
     ) -> Result<bool, TransferError> {
         // Long: the cutter's hot loop over the read buffer: the carried line, whole-buffer UTF-8 checks and the batch cuts share its state.
-        let io =
-            |e: &dyn std::fmt::Display| TransferError::Io(format!("{}: {e}", self.path.display()));
+        let io = |e: &dyn std::fmt::Display| TransferError::file(&self.path, e);
         // A line that spans the reader's buffer is gathered here;
         // the others are read in place, not copied.
         let mut carry = Vec::new();
