@@ -69,6 +69,15 @@ impl BatcherHandle {
         lock(&self.shared)
     }
 
+    /// The batch being written now, if any.
+    fn in_flight(&self) -> Option<Arc<Batch>> {
+        self.shared
+            .in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// Queues all of `readings` or none. With `wait`, the receiver resolves once
     /// every bucket they touch is settled (stored, dead-lettered, or given up).
     pub fn submit<'a>(
@@ -156,12 +165,7 @@ impl BatcherHandle {
         let pending = core.pending_values_of_many(sensors, metric, from, to);
         // Buckets that start before `from` still hold seconds inside it.
         let first = core.granularity().bucket_start(from);
-        let in_flight = self
-            .shared
-            .in_flight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let in_flight = self.in_flight();
         drop(core);
         let Some(batch) = in_flight else {
             return pending;
@@ -219,12 +223,7 @@ impl BatcherHandle {
     /// journal: what stopping now would lose.
     pub fn unjournaled(&self) -> usize {
         let pending = self.core().pending_unjournaled();
-        let in_flight = self
-            .shared
-            .in_flight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let in_flight = self.in_flight();
         pending
             + in_flight.map_or(0, |batch| {
                 batch
