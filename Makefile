@@ -11,6 +11,7 @@ test:
 
 lint:
 	cargo fmt --all --check
+	cargo fmt --manifest-path fuzz/Cargo.toml --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 
 ci: lint test

@@ -11,7 +11,10 @@ fuzz_target!(|data: &[u8]| {
     let formats = [
         CsvFormat::default(),
         CsvFormat {
-            mapping: vec![("sensor".into(), "device".into()), ("value".into(), "v".into())],
+            mapping: vec![
+                ("sensor".into(), "device".into()),
+                ("value".into(), "v".into()),
+            ],
             ignore: vec!["note".into()],
             ..CsvFormat::default()
         },

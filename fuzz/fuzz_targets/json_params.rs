@@ -7,7 +7,14 @@
 use hourglass::pure::check_group_params;
 use libfuzzer_sys::fuzz_target;
 
-const IDS: [&str; 6] = ["s1", "hall-2.07", "a:b_c-d", "truck-17", "truck-17.gps", "x"];
+const IDS: [&str; 6] = [
+    "s1",
+    "hall-2.07",
+    "a:b_c-d",
+    "truck-17",
+    "truck-17.gps",
+    "x",
+];
 
 fuzz_target!(|raw: &str| {
     if let Ok(n) = check_group_params(raw, &IDS) {

@@ -31,7 +31,11 @@ fuzz_target!(|data: &[u8]| {
             assert!(!r.sensor.as_str().contains([' ', ',']));
         }
         for set in &d.labels {
-            assert!(set.labels.iter().all(|(k, v)| !k.is_empty() && !v.is_empty()));
+            assert!(
+                set.labels
+                    .iter()
+                    .all(|(k, v)| !k.is_empty() && !v.is_empty())
+            );
         }
     }
     // A line parses the same alone as within its body.
@@ -40,7 +44,8 @@ fuzz_target!(|data: &[u8]| {
         let alone = bytes.to_vec();
         let mut b = Line::default();
         let first = parse_line(bytes, &mut a).map(|()| (a.fields.len(), a.tags.len(), a.timestamp));
-        let second = parse_line(&alone, &mut b).map(|()| (b.fields.len(), b.tags.len(), b.timestamp));
+        let second =
+            parse_line(&alone, &mut b).map(|()| (b.fields.len(), b.tags.len(), b.timestamp));
         assert_eq!(first, second);
     }
 });

@@ -7,9 +7,13 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let split = data.iter().position(|&b| b == b'\n').unwrap_or(data.len());
-    let Ok(topic) = std::str::from_utf8(&data[..split]) else { return };
+    let Ok(topic) = std::str::from_utf8(&data[..split]) else {
+        return;
+    };
     let payload = data.get(split + 1..).unwrap_or_default();
-    let Ok(implied) = parse_topic("sensors", topic) else { return };
+    let Ok(implied) = parse_topic("sensors", topic) else {
+        return;
+    };
     if let Ok(readings) = decode_payload(payload, implied, &context()) {
         for r in readings {
             // The topic's sensor (and metric) always win or agree.

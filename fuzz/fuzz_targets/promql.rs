@@ -21,22 +21,25 @@ fn memory() -> &'static PromMemory {
     static MEMORY: OnceLock<PromMemory> = OnceLock::new();
     MEMORY.get_or_init(|| {
         let mut series = Vec::new();
-        for (k, (sensor, site)) in [("s-a", "x"), ("s-b", "x"), ("s-c", "y")].into_iter().enumerate() {
+        for (k, (sensor, site)) in [("s-a", "x"), ("s-b", "x"), ("s-c", "y")]
+            .into_iter()
+            .enumerate()
+        {
             for (m, metric) in ["temp", "hum", "energy"].into_iter().enumerate() {
-                let labels: PromLabels = [
-                    ("__name__", metric),
-                    ("sensor", sensor),
-                    ("site", site),
-                ]
-                .into_iter()
-                .map(|(a, b)| (a.to_owned(), b.to_owned()))
-                .collect();
+                let labels: PromLabels = [("__name__", metric), ("sensor", sensor), ("site", site)]
+                    .into_iter()
+                    .map(|(a, b)| (a.to_owned(), b.to_owned()))
+                    .collect();
                 let mut t = NOW_MS / 1000 - 7200;
                 let mut v = 100.0 * (k + 1) as f64;
                 let mut samples = Vec::new();
                 while t < NOW_MS / 1000 {
                     v = if metric == "energy" {
-                        if samples.len() == 100 { 3.0 } else { v + (t % 7) as f64 }
+                        if samples.len() == 100 {
+                            3.0
+                        } else {
+                            v + (t % 7) as f64
+                        }
                     } else {
                         ((t * 31 + m as i64) % 97) as f64 / 4.0
                     };
@@ -51,7 +54,9 @@ fn memory() -> &'static PromMemory {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(query) = std::str::from_utf8(data) else { return };
+    let Ok(query) = std::str::from_utf8(data) else {
+        return;
+    };
     let query = query.to_owned();
     let handle = std::thread::Builder::new()
         .stack_size(WORKER_STACK_BYTES)

@@ -7,7 +7,9 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: (&str, &str, &str, bool)| {
     let (from, to, step, hour) = data;
-    let (Ok(from_ms), Ok(to_ms)) = (parse_instant("from", from), parse_instant("to", to)) else { return };
+    let (Ok(from_ms), Ok(to_ms)) = (parse_instant("from", from), parse_instant("to", to)) else {
+        return;
+    };
     // The API's own limits: from before to, at most 400 days, at most 10 000 points.
     if from_ms >= to_ms || (i128::from(to_ms) - i128::from(from_ms)) > 400 * 86_400_000 {
         return;
@@ -16,7 +18,11 @@ fuzz_target!(|data: (&str, &str, &str, bool)| {
     if f >= t {
         return;
     }
-    let g = if hour { Granularity::Hour } else { Granularity::Minute };
+    let g = if hour {
+        Granularity::Hour
+    } else {
+        Granularity::Minute
+    };
     let grid = match parse_step(step) {
         Ok(Step::Fixed(step)) if step <= 400 * 86_400 => Grid::aligned(f, t, step),
         Ok(_) => return,

@@ -5,7 +5,9 @@
 use std::cell::RefCell;
 use std::time::Duration;
 
-use hourglass::pure::{SparkplugHost, SparkplugRules, TimeWindow, sparkplug_decode, sparkplug_topic};
+use hourglass::pure::{
+    SparkplugHost, SparkplugRules, TimeWindow, sparkplug_decode, sparkplug_topic,
+};
 use libfuzzer_sys::fuzz_target;
 
 thread_local! {
@@ -23,10 +25,16 @@ thread_local! {
 
 fuzz_target!(|data: &[u8]| {
     let split = data.iter().position(|&b| b == b'\n').unwrap_or(data.len());
-    let Ok(topic) = std::str::from_utf8(&data[..split]) else { return };
+    let Ok(topic) = std::str::from_utf8(&data[..split]) else {
+        return;
+    };
     let payload = data.get(split + 1..).unwrap_or_default();
-    let Ok(payload) = sparkplug_decode(payload) else { return };
-    let Ok(hourglass::pure::SparkplugParsed::Message(topic)) = sparkplug_topic(topic) else { return };
+    let Ok(payload) = sparkplug_decode(payload) else {
+        return;
+    };
+    let Ok(hourglass::pure::SparkplugParsed::Message(topic)) = sparkplug_topic(topic) else {
+        return;
+    };
     HOST.with(|h| {
         let mut h = h.borrow_mut();
         let fx = h.handle(&topic, &payload, 1_700_000_000_000);

@@ -9,8 +9,14 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: (&str, i64, i64, u64, u64)| {
     let (text, ms, now, age, future) = data;
-    let window = TimeWindow { max_age: Duration::from_secs(age), max_future: Duration::from_secs(future) };
-    for ts in [parse_timestamp_str(text).ok(), Some(parse_timestamp_ms(ms))].into_iter().flatten() {
+    let window = TimeWindow {
+        max_age: Duration::from_secs(age),
+        max_future: Duration::from_secs(future),
+    };
+    for ts in [parse_timestamp_str(text).ok(), Some(parse_timestamp_ms(ms))]
+        .into_iter()
+        .flatten()
+    {
         if let Ok(accepted) = window.check(ts, now) {
             assert_eq!(accepted, ts);
         }
