@@ -196,11 +196,9 @@ pub async fn run(
     // Stored (the journal is off: each answer came once its readings were);
     // five seconds later a user opens a dashboard over it.
     let stored_at = Instant::now();
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let marked = crate::waits::marked_late(&target.url).await?;
+    let first = crate::waits::first_five_seconds(&target.url, stored_at).await?;
     let early = averages(&target.url, data, 1).await?;
-    let catch_up =
-        crate::waits::caught_up(&target.url, &before, started, stored_at, marked).await?;
+    let catch_up = crate::waits::caught_up(&target.url, &before, started, stored_at, first).await?;
     // Ended hours are rolled up after the writes: stored is not done.
     crate::waits::rolled_up(ctx, &target.database, Duration::from_secs(4 * 3600)).await?;
     let rolled_up_s = started.elapsed().as_secs_f64();

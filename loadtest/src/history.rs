@@ -364,8 +364,7 @@ async fn right_after_backfill(
     // request: the journal is off), before the upkeep may have caught up:
     // what a user who opens the dashboard right after a backfill sees.
     let stored_at = Instant::now();
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let marked = crate::waits::marked_late(&target.url).await?;
+    let first = crate::waits::first_five_seconds(&target.url, stored_at).await?;
     let (begin, end) = panel_window();
     let mut early: Vec<Timed> = Vec::new();
     for (_, hq, _, step) in &panels() {
@@ -377,7 +376,7 @@ async fn right_after_backfill(
     }
     early.push(cold_and_refresh(&target.url, &series_path(begin, end), 1).await?);
     let catch_up =
-        crate::waits::caught_up(&target.url, &rolled_before, sent_at, stored_at, marked).await?;
+        crate::waits::caught_up(&target.url, &rolled_before, sent_at, stored_at, first).await?;
     Ok((early, catch_up))
 }
 
