@@ -116,6 +116,8 @@ pub async fn ready(State(state): State<AppState>) -> impl IntoResponse {
     let mqtt = state.mqtt.as_ref().map(|stats| {
         if !stats.connected.load(Ordering::Acquire) {
             Check::fail("not connected to the broker")
+        } else if stats.is_silent() {
+            Check::fail("no word from the broker for two keep-alive periods; reconnecting")
         } else if !stats.subscribed.load(Ordering::Acquire) {
             Check::fail("connected, not yet subscribed")
         } else {
@@ -193,9 +195,7 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         .inc_by(cache.misses.saturating_sub(m.query_cache_misses.get()));
     m.query_cache_bytes.set(cache.bytes as i64);
     if let Some(stats) = &state.mqtt {
-        let up =
-            stats.connected.load(Ordering::Acquire) && stats.subscribed.load(Ordering::Acquire);
-        m.mqtt_connected.set(i64::from(up));
+        m.mqtt_connected.set(i64::from(stats.is_up()));
     }
     (
         [(

@@ -41,6 +41,7 @@ pub struct Metrics {
     pub mqtt_connected: IntGauge,
     pub mqtt_connections: IntCounter,
     pub mqtt_acks: IntCounter,
+    mqtt_dropped: IntCounterVec,
     pub http_requests: IntCounterVec,
     pub http_duration: HistogramVec,
     pub query_duration: HistogramVec,
@@ -196,6 +197,12 @@ impl Metrics {
                 &r,
                 "hourglass_mqtt_acks_total",
                 "MQTT messages acknowledged after their readings were stored (or found unusable).",
+            ),
+            mqtt_dropped: counter_vec(
+                &r,
+                "hourglass_mqtt_dropped_total",
+                "QoS 0 MQTT messages dropped because mqtt.max_queued_bytes were waiting (reason: queue_full), and dead letters of QoS 0 messages dropped because the letters waiting to be published were at their bound (reason: dead_letter_backlog).",
+                &["reason"],
             ),
             http_requests: counter_vec(
                 &r,
@@ -376,6 +383,9 @@ impl Metrics {
                     .with_label_values(&[source.label(), reason.label()]);
             }
         }
+        for reason in ["queue_full", "dead_letter_backlog"] {
+            m.mqtt_dropped.with_label_values(&[reason]);
+        }
         for kind in ["outage", "poison", "unreadable"] {
             m.storage_errors.with_label_values(&[kind]);
         }
@@ -410,6 +420,11 @@ impl Metrics {
             &self.db_written
         };
         v.with_label_values(&[collection, kind]).inc_by(n);
+    }
+
+    /// An MQTT message (or its dead letter) dropped, for `reason`.
+    pub fn mqtt_dropped(&self, reason: &str) {
+        self.mqtt_dropped.with_label_values(&[reason]).inc();
     }
 
     pub fn received(&self, source: Source, readings: usize) {

@@ -14,6 +14,7 @@ mod faults;
 mod fleet;
 mod hostile;
 mod hostile_edges;
+mod hostile_families;
 mod hostile_surfaces;
 mod influx;
 mod ingest;

@@ -113,6 +113,9 @@ pub(super) struct Pending {
     /// Resolves when its readings are settled; `None` for a message that is
     /// acknowledged without storing anything (unusable, retained, empty).
     pub stored: Option<Ack>,
+    /// Not to be acknowledged whatever becomes of `stored` (its dead letter
+    /// found no room): the broker delivers it again.
+    pub leave: bool,
 }
 
 /// How soon the acker tries again when rumqttc's request queue is full.
@@ -138,6 +141,7 @@ pub(super) async fn acknowledge(shared: Arc<Shared>, mut pending: mpsc::Receiver
                 Some(p) => {
                     let seq = acks.received(p.pkid, p.epoch);
                     match p.stored {
+                        _ if p.leave => acks.settle(seq, Settle::Leave),
                         None => acks.settle(seq, Settle::Ack),
                         Some(stored) => waiting.push(async move { (seq, stored.safe().await) }),
                     }

@@ -12,14 +12,14 @@ use rumqttc::{
     ConnectReturnCode, Event, EventLoop, MqttOptions, Packet, Publish, QoS, SubscribeFilter,
     SubscribeReasonCode,
 };
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use super::error::MqttError;
+use super::queue;
 use super::settings::PACKET_OVERHEAD;
 use super::settings::Settings;
-use super::shared::Shared;
+use super::shared::{RateLog, Shared};
 use super::topics::{shared_filter, subscription};
 use crate::batcher::driver::retry_policy;
 
@@ -145,13 +145,48 @@ fn subscribe(shared: &Shared) {
     }
 }
 
+/// Hands a received message to the processor. Never waits for a QoS 0
+/// message (dropped and counted when the queue is full); a QoS 1 or 2
+/// message waits for room, which the processor always makes (it never
+/// waits on this task). `false` once shutting down.
+async fn forward(
+    shared: &Shared,
+    publishes: &queue::Sender,
+    (epoch, publish): (u64, Publish),
+    drops: &mut RateLog,
+) -> bool {
+    let publish = match publishes.try_send(epoch, publish) {
+        Ok(()) => return true,
+        Err(publish) => publish,
+    };
+    if publish.qos == QoS::AtMostOnce {
+        shared.metrics.mqtt_dropped("queue_full");
+        drops.log(
+            &publish.topic,
+            "mqtt.max_queued_bytes are waiting to be decoded",
+        );
+        return true;
+    }
+    tokio::select! {
+        sent = publishes.send(epoch, publish) => {
+            if sent.is_err() {
+                debug!("The MQTT processor has stopped; leaving the message to the broker.");
+            }
+            true
+        }
+        _ = shared.acker_done.cancelled() => false,
+        _ = shared.shutdown.deadline_passed() => false,
+    }
+}
+
 pub(super) async fn event_loop(
     shared: Arc<Shared>,
     mut eventloop: EventLoop,
-    publishes: mpsc::Sender<(u64, Publish)>,
+    publishes: queue::Sender,
 ) {
     // Long: the connection's loop: one arm per event rumqttc reports.
     let settings = &shared.settings;
+    let mut drops = RateLog::new("Dropped a QoS 0 MQTT message: the queue to the decoder is full.");
     let policy = || retry_policy(settings.reconnect_min, settings.reconnect_max).build();
     let mut reconnects = policy();
     let mut resubscribes = policy();
@@ -172,6 +207,9 @@ pub(super) async fn event_loop(
             _ = shared.acker_done.cancelled() => break,
             _ = acked.deadline_passed() => break,
         };
+        if event.is_ok() {
+            shared.stats.heard();
+        }
         match event {
             Ok(Event::Incoming(Packet::ConnAck(ack))) if ack.code == ConnectReturnCode::Success => {
                 reconnects = policy();
@@ -217,11 +255,19 @@ pub(super) async fn event_loop(
             Ok(Event::Incoming(Packet::Publish(publish))) => {
                 shared.stats.received.fetch_add(1, Ordering::Relaxed);
                 let epoch = shared.epoch.load(Ordering::Acquire);
-                // Only blocks if the processor is far behind; the broker's
-                // in-flight window normally keeps this queue short.
-                if publishes.send((epoch, publish)).await.is_err() {
-                    debug!("The MQTT processor has stopped; leaving the message to the broker.");
+                if !forward(&shared, &publishes, (epoch, publish), &mut drops).await {
+                    break;
                 }
+            }
+            Ok(Event::Outgoing(rumqttc::Outgoing::Publish(_))) => {
+                // A dead letter (or our STATE, or a rebirth request) left
+                // the request queue.
+                let _ =
+                    shared
+                        .letters_handed
+                        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                            Some(n.saturating_sub(1))
+                        });
             }
             Ok(Event::Incoming(Packet::SubAck(ack))) => {
                 if ack

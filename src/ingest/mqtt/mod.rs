@@ -20,19 +20,22 @@ mod acks;
 mod connection;
 mod error;
 mod intake;
+mod letters;
 mod processor;
+mod queue;
 mod settings;
 mod shared;
 mod sparkplug;
 mod topics;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use rumqttc::AsyncClient;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tracing::warn;
 
 pub use error::MqttError;
 pub use settings::Settings;
@@ -44,14 +47,14 @@ use crate::journal::Intake;
 use crate::shutdown::Shutdown;
 use crate::telemetry::metrics::Metrics;
 
-/// Publishes between the event loop and the processor. The broker's in-flight
-/// window bounds how many can be outstanding, so this rarely fills.
-const PUBLISH_QUEUE: usize = 16_384;
+/// How long past the shutdown deadline MQTT's tasks may take to end.
+const FINISH_GRACE: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// The running ingestor.
 pub struct MqttIngest {
     tasks: Vec<JoinHandle<()>>,
     acker_done: CancellationToken,
+    shutdown: Shutdown,
 }
 
 impl MqttIngest {
@@ -84,14 +87,20 @@ impl MqttIngest {
             client,
             stats,
             metrics,
-            shutdown,
+            shutdown: shutdown.clone(),
             acker_done: acker_done.clone(),
             epoch: AtomicU64::new(0),
             unacked: AtomicUsize::new(0),
+            letters_handed: AtomicUsize::new(0),
             state_ms,
             births,
         });
-        let (publish_tx, publish_rx) = mpsc::channel(PUBLISH_QUEUE);
+        shared
+            .stats
+            .keep_alive_ms
+            .store(settings.keep_alive.as_millis() as u64, Ordering::Release);
+        shared.stats.heard();
+        let (publish_tx, publish_rx) = queue::queue(settings.max_queued_bytes);
         // Bounded by the broker's window: a full channel pauses the processor.
         let (ack_tx, ack_rx) = mpsc::channel(settings.max_unacked.max(1));
         let tasks = vec![
@@ -103,22 +112,44 @@ impl MqttIngest {
             tokio::spawn(processor::process(shared.clone(), publish_rx, ack_tx)),
             tokio::spawn(acks::acknowledge(shared, ack_rx)),
         ];
-        Ok(Self { tasks, acker_done })
+        Ok(Self {
+            tasks,
+            acker_done,
+            shutdown,
+        })
     }
 
     /// After the shutdown started and the batcher drained: sends the
     /// outstanding acknowledgements, disconnects and waits for the tasks, all
-    /// within the shutdown deadline.
+    /// within the shutdown deadline (a task still running a moment after it
+    /// is stopped where it is: whatever it holds is not acknowledged, so
+    /// the broker delivers it again).
     pub async fn finish(self) {
+        let aborts: Vec<_> = self.tasks.iter().map(JoinHandle::abort_handle).collect();
         let [event_loop, processor, acker]: [JoinHandle<()>; 3] = match self.tasks.try_into() {
             Ok(tasks) => tasks,
             Err(_) => return,
         };
-        let _ = processor.await;
-        // The acker ends once every pending message is settled and acked, or
-        // at the deadline.
-        let _ = acker.await;
-        self.acker_done.cancel();
-        let _ = event_loop.await;
+        let acker_done = self.acker_done;
+        let ordered = async move {
+            let _ = processor.await;
+            // The acker ends once every pending message is settled and
+            // acked, or at the deadline.
+            let _ = acker.await;
+            acker_done.cancel();
+            let _ = event_loop.await;
+        };
+        tokio::select! {
+            _ = ordered => {}
+            _ = async {
+                self.shutdown.deadline_passed().await;
+                tokio::time::sleep(FINISH_GRACE).await;
+            } => {
+                warn!("MQTT ingestion was still busy at the shutdown deadline; it is stopped where it is, and the broker delivers what was not acknowledged again.");
+                for task in aborts {
+                    task.abort();
+                }
+            }
+        }
     }
 }

@@ -20,6 +20,7 @@ pub const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
 pub const DEFAULT_MAX_DEAD_LETTER_BYTES: usize = 64 * 1024;
 pub const DEFAULT_MAX_UNACKED: usize = 1000;
+pub const DEFAULT_MAX_QUEUED_BYTES: usize = 32 * 1024 * 1024;
 pub const DEFAULT_RECONNECT_MIN: Duration = Duration::from_millis(100);
 pub const DEFAULT_RECONNECT_MAX: Duration = Duration::from_secs(30);
 
@@ -59,6 +60,11 @@ pub struct Settings {
     /// The broker's in-flight window for this client (Mosquitto's
     /// `max_inflight_messages`): with half of it waiting, flush at once.
     pub max_unacked: usize,
+    /// Bytes of received messages waiting to be decoded: past it a QoS 0
+    /// message is dropped and counted, a QoS 1 one waits (the broker's
+    /// window holds the rest). A quarter of it again for dead letters
+    /// waiting to be published.
+    pub max_queued_bytes: usize,
     #[serde(with = "humantime_serde")]
     pub reconnect_min: Duration,
     #[serde(with = "humantime_serde")]
@@ -84,6 +90,7 @@ impl Default for Settings {
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             max_dead_letter_bytes: DEFAULT_MAX_DEAD_LETTER_BYTES,
             max_unacked: DEFAULT_MAX_UNACKED,
+            max_queued_bytes: DEFAULT_MAX_QUEUED_BYTES,
             reconnect_min: DEFAULT_RECONNECT_MIN,
             reconnect_max: DEFAULT_RECONNECT_MAX,
             sparkplug: crate::ingest::sparkplug::Settings::default(),
@@ -131,6 +138,11 @@ impl Settings {
     /// The line-protocol topic filter, if any.
     pub fn line_protocol(&self) -> Option<&str> {
         Some(self.line_protocol_topic.as_str()).filter(|t| !t.is_empty())
+    }
+
+    /// Bytes of dead letters that may wait to be published.
+    pub fn dead_letter_backlog(&self) -> usize {
+        (self.max_queued_bytes / 4).max(self.max_dead_letter_bytes.saturating_mul(2))
     }
 
     /// Where unusable messages are republished, if anywhere.
@@ -281,6 +293,9 @@ impl Settings {
                 "mqtt.max_dead_letter_bytes",
                 "must be at least 1024, and with mqtt.dead_letter_topic fit the packet limit (mqtt.max_payload_bytes + 64 KiB)",
             ));
+        }
+        if self.max_queued_bytes < 64 * 1024 {
+            return Err(invalid("mqtt.max_queued_bytes", "must be at least 65536"));
         }
         if self.reconnect_min.is_zero() || self.reconnect_min > self.reconnect_max {
             return Err(invalid(

@@ -2,10 +2,13 @@
 //! counters, and how an unusable message counts.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use rumqttc::AsyncClient;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::warn;
 
 use super::settings::Settings;
 use crate::ingest::line_protocol::LabelSync;
@@ -23,6 +26,76 @@ pub struct MqttStats {
     pub received: AtomicU64,
     pub acked: AtomicU64,
     pub unusable: AtomicU64,
+    /// When the event loop last heard from its connection (ms since the
+    /// UNIX epoch): a connection whose loop has not been polled for two
+    /// keep-alive periods is gone, whatever `connected` says.
+    pub last_event_ms: AtomicU64,
+    /// `mqtt.keep_alive`, in ms.
+    pub keep_alive_ms: AtomicU64,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl MqttStats {
+    /// The event loop heard from its connection now.
+    pub fn heard(&self) {
+        self.last_event_ms.store(now_ms(), Ordering::Release);
+    }
+
+    /// Connected, subscribed, and heard from within two keep-alive periods.
+    pub fn is_up(&self) -> bool {
+        self.connected.load(Ordering::Acquire)
+            && self.subscribed.load(Ordering::Acquire)
+            && !self.is_silent()
+    }
+
+    /// Whether the connection has been silent for over two keep-alive
+    /// periods (the broker has dropped it by then).
+    pub fn is_silent(&self) -> bool {
+        let silent = now_ms().saturating_sub(self.last_event_ms.load(Ordering::Acquire));
+        silent > self.keep_alive_ms.load(Ordering::Acquire).saturating_mul(2)
+    }
+}
+
+/// Logs at most once per second, counting what it left out.
+pub(super) struct RateLog {
+    message: &'static str,
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl RateLog {
+    pub(super) fn new(message: &'static str) -> Self {
+        Self {
+            message,
+            last: None,
+            suppressed: 0,
+        }
+    }
+
+    pub(super) fn log(&mut self, topic: &str, reason: &str) {
+        let now = Instant::now();
+        if self
+            .last
+            .is_some_and(|l| now.duration_since(l) < Duration::from_secs(1))
+        {
+            self.suppressed += 1;
+            return;
+        }
+        warn!(
+            topic,
+            reason,
+            suppressed = self.suppressed,
+            "{}",
+            self.message
+        );
+        self.last = Some(now);
+        self.suppressed = 0;
+    }
 }
 
 /// What line-protocol messages (on `mqtt.line_protocol_topic`) need.
@@ -63,6 +136,9 @@ pub(super) struct Shared {
     pub(super) acker_done: CancellationToken,
     pub(super) epoch: AtomicU64,
     pub(super) unacked: AtomicUsize,
+    /// Dead letters handed to rumqttc that the event loop has not yet seen
+    /// leave ([`super::letters::MAX_HANDED`]).
+    pub(super) letters_handed: AtomicUsize,
     /// The Sparkplug STATE timestamp of this run (Will and birth share it).
     pub(super) state_ms: u64,
     pub(super) births: Option<Arc<dyn crate::ingest::sparkplug::BirthBook>>,
