@@ -66,6 +66,7 @@ fuzz_target!(|data: &[u8]| {
                 max_series: 50,
                 max_samples: 200_000,
                 max_range_ms: 400 * 86_400_000,
+                max_memory: 256 << 20,
                 deadline: Instant::now().checked_add(Duration::from_secs(2)),
             };
             // An instant query and a range query of an hour at 1 min.

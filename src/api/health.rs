@@ -194,6 +194,8 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     m.query_cache_misses
         .inc_by(cache.misses.saturating_sub(m.query_cache_misses.get()));
     m.query_cache_bytes.set(cache.bytes as i64);
+    m.query_memory_bytes
+        .set(i64::try_from(state.query_memory.used()).unwrap_or(i64::MAX));
     if let Some(stats) = &state.mqtt {
         m.mqtt_connected.set(i64::from(stats.is_up()));
     }

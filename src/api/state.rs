@@ -46,6 +46,8 @@ pub struct AppState {
     pub cache: Arc<crate::query::cache::ResultCache>,
     /// The last storage ping readiness made (see [`health::PingCache`]).
     pub ping: Arc<health::PingCache>,
+    /// What every query together may hold (`query.max_memory`).
+    pub query_memory: Arc<crate::query::promql::MemoryPool>,
 }
 
 impl Clone for AppState {
@@ -62,6 +64,7 @@ impl Clone for AppState {
             labels: self.labels.clone(),
             cache: self.cache.clone(),
             ping: self.ping.clone(),
+            query_memory: self.query_memory.clone(),
         }
     }
 }

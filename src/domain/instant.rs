@@ -78,6 +78,17 @@ pub fn format_secs(secs: i64) -> Option<String> {
 
 /// 0000-01-01T00:00:00Z: RFC 3339 has no years before it.
 const YEAR_ZERO: i64 = -62_167_219_200;
+/// 9999-12-31T23:59:59.999Z: the last instant RFC 3339 can write.
+const LAST_MS: i64 = 253_402_300_799_999;
+
+/// `ms` if it lies in the years 0000 to 9999, the instants an answer can
+/// write: every instant a request gives passes here, so no arithmetic on
+/// it (minutes, hours, a range's seconds in milliseconds) overflows.
+pub fn representable_ms(ms: i64) -> Option<i64> {
+    (YEAR_ZERO.saturating_mul(1000)..=LAST_MS)
+        .contains(&ms)
+        .then_some(ms)
+}
 
 #[cfg(test)]
 mod tests {
@@ -124,6 +135,11 @@ mod tests {
         assert_eq!(format_secs(-1).as_deref(), Some("1969-12-31T23:59:59Z"));
         assert_eq!(format_secs(YEAR_ZERO - 1), None);
         assert_eq!(format_ms(i64::MAX), None);
+        assert_eq!(representable_ms(-9_223_372_036_854_775_000), None);
+        assert_eq!(representable_ms(LAST_MS), Some(LAST_MS));
+        assert!(format_ms(LAST_MS).is_some());
+        assert_eq!(representable_ms(LAST_MS + 1), None);
+        assert!(format_ms(YEAR_ZERO * 1000).is_some());
     }
 
     proptest::proptest! {

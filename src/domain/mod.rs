@@ -14,7 +14,7 @@ mod weighted;
 
 pub use aggregate::Agg;
 pub use bucket::{BucketKey, BucketKeyRef, BucketUpdate, Granularity, SECOND_FIELDS, field_name};
-pub use instant::{format_ms, format_secs, rfc3339_ms, rfc3339_secs};
+pub use instant::{format_ms, format_secs, representable_ms, rfc3339_ms, rfc3339_secs};
 pub use labels::{InvalidLabels, Labels, MAX_LABELS, valid_label_name, valid_label_value};
 pub use read::{BucketRead, Level, Period, RollupRead, Starts, Values};
 pub use reading::{

@@ -35,6 +35,12 @@ pub struct Settings {
     /// Values one PromQL query may hold: series × evaluation times, summed
     /// over its reads. Only subqueries can pass max_series × max_points.
     pub max_samples: usize,
+    /// Bytes one PromQL evaluation may hold at once: every series, value and
+    /// label it builds is charged before it is built. More is a 422.
+    pub max_memory_per_query: usize,
+    /// Bytes all PromQL evaluations together may hold; a query that would
+    /// pass it while others hold it answers 503 with Retry-After.
+    pub max_memory: usize,
     /// Bytes the results cache of closed periods may hold; 0 turns it off.
     pub cache_bytes: usize,
     /// How often a sensor is expected to report, unless its
@@ -72,6 +78,8 @@ impl Default for Settings {
             max_label_bytes: promql::Limits::default().max_label_bytes,
             max_regex_matchers: promql::Limits::default().max_regex_matchers,
             max_samples: 10_000_000,
+            max_memory_per_query: 512 * 1024 * 1024,
+            max_memory: 1024 * 1024 * 1024,
             cache_bytes: 64 * 1024 * 1024,
             expected_interval: Duration::from_secs(300),
             staleness: Duration::from_secs(86_400),
@@ -103,7 +111,14 @@ impl Settings {
             ("query.max_label_bytes", self.max_label_bytes),
             ("query.max_regex_matchers", self.max_regex_matchers),
             ("query.max_samples", self.max_samples),
+            ("query.max_memory_per_query", self.max_memory_per_query),
         ])?;
+        if self.max_memory < self.max_memory_per_query {
+            return Err(crate::settings::invalid(
+                "query.max_memory",
+                "must be at least query.max_memory_per_query (one query alone could never run)",
+            ));
+        }
         if self.max_query_depth > promql::limits::DEPTH_CEILING {
             return Err(crate::settings::invalid(
                 "query.max_query_depth",

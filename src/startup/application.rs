@@ -411,6 +411,7 @@ fn app_state(
             settings.query.cache_bytes,
         )),
         ping: Arc::default(),
+        query_memory: crate::query::promql::MemoryPool::new(settings.query.max_memory),
     }
 }
 

@@ -50,6 +50,7 @@ pub struct Metrics {
     pub query_cache_hits: IntCounter,
     pub query_cache_misses: IntCounter,
     pub query_cache_bytes: IntGauge,
+    pub query_memory_bytes: IntGauge,
     /// -1 until the first count.
     pub sensors_silent: IntGauge,
     pub store_read_shape: IntGaugeVec,
@@ -203,6 +204,11 @@ impl Metrics {
                 "hourglass_mqtt_dropped_total",
                 "QoS 0 MQTT messages dropped because mqtt.max_queued_bytes were waiting (reason: queue_full), and dead letters of QoS 0 messages dropped because the letters waiting to be published were at their bound (reason: dead_letter_backlog).",
                 &["reason"],
+            ),
+            query_memory_bytes: gauge(
+                &r,
+                "hourglass_query_memory_bytes",
+                "Bytes the PromQL evaluations running now hold (bounded by query.max_memory).",
             ),
             http_requests: counter_vec(
                 &r,

@@ -49,6 +49,7 @@ impl From<PromError> for Failure {
         match e {
             PromError::BadData(m) => Failure::bad_data(m),
             PromError::Timeout => Failure::timeout(),
+            PromError::Busy(m) => Failure::unavailable(m),
             PromError::Execution(m) => Self {
                 status: StatusCode::UNPROCESSABLE_ENTITY,
                 kind: "execution",

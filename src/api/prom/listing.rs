@@ -21,10 +21,19 @@ use crate::auth::Principal;
 use crate::query::promql::{self, LabelSet, Limits, PromError};
 use crate::store::SensorQuery;
 
+/// The matchers of each `match[]`, parsed (and their regexes compiled) on
+/// the blocking pool, not on an async worker.
+async fn match_sets(form: &Form, limits: Limits) -> Result<Vec<Vec<Matcher>>, Failure> {
+    let texts: Vec<String> = form.all("match[]").map(str::to_owned).collect();
+    tokio::task::spawn_blocking(move || parse_match_sets(&texts, limits))
+        .await
+        .map_err(|_| Failure::from(PromError::Execution("the selectors failed to parse".into())))?
+}
+
 /// The matchers of each `match[]`: each must be a plain selector.
-fn match_sets(form: &Form, limits: Limits) -> Result<Vec<Vec<Matcher>>, Failure> {
+fn parse_match_sets(texts: &[String], limits: Limits) -> Result<Vec<Vec<Matcher>>, Failure> {
     // Together they are one request's selectors: one query's bounds.
-    let total: usize = form.all("match[]").map(str::len).sum();
+    let total: usize = texts.iter().map(String::len).sum();
     if total > limits.max_length {
         return Err(Failure::bad_data(format!(
             "the match[] selectors are {total} bytes together; at most {} are accepted (query.max_query_length)",
@@ -32,7 +41,8 @@ fn match_sets(form: &Form, limits: Limits) -> Result<Vec<Vec<Matcher>>, Failure>
         )));
     }
     let mut regexes = 0;
-    form.all("match[]")
+    texts
+        .iter()
         .map(|m| {
             let expr =
                 promql::compile::parse_counted(m, &limits, &mut regexes).map_err(|e| match e {
@@ -83,7 +93,7 @@ async fn listed(
     form: &Form,
     limit: usize,
 ) -> Result<(Vec<LabelSet>, bool), Failure> {
-    let sets = match_sets(form, state.settings.query.limits())?;
+    let sets = match_sets(form, state.settings.query.limits()).await?;
     let admitted = admitted(state, form).await?;
     let may_access = |s: &str| principal.may_access(s);
     let work = async {

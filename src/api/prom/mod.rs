@@ -67,6 +67,8 @@ async fn evaluate(
         may_access: &may_access,
         limits: state.settings.query.limits(),
         max_samples: state.settings.query.max_samples,
+        max_memory: state.settings.query.max_memory_per_query,
+        pool: Some(state.query_memory.clone()),
         cache: crate::api::cache_use(state),
         sketch_quantiles: match form.get("quantile_sketches") {
             None | Some("false") => false,

@@ -63,11 +63,13 @@ pub fn parse_time(name: &str, s: &str) -> Result<i64, Failure> {
         return secs
             .checked_mul(1000)
             .and_then(|x| x.checked_add(ms))
+            .and_then(crate::domain::representable_ms)
             .ok_or_else(bad);
     }
     s.parse::<jiff::Timestamp>()
-        .map(|t| t.as_millisecond())
-        .map_err(|_| bad())
+        .ok()
+        .and_then(|t| crate::domain::representable_ms(t.as_millisecond()))
+        .ok_or_else(bad)
 }
 
 /// A duration: seconds with a fraction, or Prometheus' `1h30m`; milliseconds.

@@ -9,14 +9,20 @@ use crate::api::{ApiError, AppState};
 use crate::domain::{Agg, MetricName};
 use crate::query::{Calendar, Grid, GridError};
 
-/// Epoch milliseconds from RFC 3339 text or an integer.
+/// Epoch milliseconds from RFC 3339 text or an integer, in the years 0000
+/// to 9999.
 pub fn parse_instant(name: &str, s: &str) -> Result<i64, ApiError> {
-    if let Ok(ms) = s.parse::<i64>() {
-        return Ok(ms);
-    }
-    crate::domain::rfc3339_ms(s).ok_or_else(|| {
+    let ms = match s.parse::<i64>() {
+        Ok(ms) => ms,
+        Err(_) => crate::domain::rfc3339_ms(s).ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "{name} must be an RFC 3339 timestamp or integer epoch milliseconds"
+            ))
+        })?,
+    };
+    crate::domain::representable_ms(ms).ok_or_else(|| {
         ApiError::bad_request(format!(
-            "{name} must be an RFC 3339 timestamp or integer epoch milliseconds"
+            "{name} must lie between 0000-01-01T00:00:00Z and 9999-12-31T23:59:59.999Z"
         ))
     })
 }
@@ -316,6 +322,8 @@ mod tests {
             Some(1500)
         );
         assert!(parse_instant("from", "yesterday").is_err());
+        let far = parse_instant("from", "-9223372036854775000").expect_err("out of range");
+        assert!(far.message.contains("0000-01-01"), "{}", far.message);
         assert_eq!(format_ms(1500), "1970-01-01T00:00:01.5Z");
     }
 

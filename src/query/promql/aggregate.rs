@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::ast::{AggOp, Grouping};
+use super::budget::{self, Ledger};
 use super::error::PromError;
 use super::functions::quantile;
 use super::value::{KahanSum, LabelSet, NAME, Series, format_value};
@@ -39,18 +40,22 @@ pub enum Param {
 /// `op` over `input` (sorted by labels, as Prometheus' selectors answer)
 /// at each of `n` steps. Only `count_values` can answer more values than it
 /// was given (a series per distinct value): at most `max_values`.
+/// Each new series is charged to `ledger` before it is built.
 pub fn aggregate(
     op: AggOp,
     grouping: &Grouping,
     param: &Param,
     input: &[Series],
     n: usize,
-    max_values: usize,
+    (max_values, ledger): (usize, &Ledger),
 ) -> Result<Vec<Series>, PromError> {
     match op {
-        AggOp::Topk | AggOp::Bottomk => select_k(op == AggOp::Topk, grouping, param, input, n),
-        AggOp::CountValues => count_values(grouping, param, input, n, max_values),
-        _ => Ok(fold(op, grouping, param, input, n)),
+        AggOp::Topk | AggOp::Bottomk => {
+            ledger.reserve(budget::vector_bytes(input))?;
+            select_k(op == AggOp::Topk, grouping, param, input, n)
+        }
+        AggOp::CountValues => count_values(grouping, param, input, n, (max_values, ledger)),
+        _ => fold(op, grouping, param, input, n, ledger),
     }
 }
 
@@ -67,9 +72,25 @@ fn groups(input: &[Series], grouping: &Grouping) -> BTreeMap<LabelSet, Vec<usize
 }
 
 /// The aggregations to one value per group.
-fn fold(op: AggOp, grouping: &Grouping, param: &Param, input: &[Series], n: usize) -> Vec<Series> {
+fn fold(
+    op: AggOp,
+    grouping: &Grouping,
+    param: &Param,
+    input: &[Series],
+    n: usize,
+    ledger: &Ledger,
+) -> Result<Vec<Series>, PromError> {
     let mut buf: Vec<f64> = Vec::new();
-    groups(input, grouping)
+    let groups = groups(input, grouping);
+    ledger.reserve(
+        groups
+            .iter()
+            .map(|(labels, members)| {
+                budget::series_bytes(labels, n).saturating_add(members.len() * 8)
+            })
+            .fold(0usize, usize::saturating_add),
+    )?;
+    Ok(groups
         .into_iter()
         .map(|(labels, members)| {
             let values = (0..n)
@@ -107,7 +128,7 @@ fn fold(op: AggOp, grouping: &Grouping, param: &Param, input: &[Series], n: usiz
             Series { labels, values }
         })
         .filter(|s| s.values.iter().any(Option::is_some))
-        .collect()
+        .collect())
 }
 
 fn kahan(xs: &[f64]) -> KahanSum {
@@ -136,7 +157,7 @@ fn count_values(
     param: &Param,
     input: &[Series],
     n: usize,
-    max_values: usize,
+    (max_values, ledger): (usize, &Ledger),
 ) -> Result<Vec<Series>, PromError> {
     let Param::Label(label) = param else {
         return Err(PromError::BadData(
@@ -164,10 +185,13 @@ fn count_values(
             let mut labels = s.labels.clone();
             labels.insert(label.clone(), format_value(v));
             let key = group_labels(&labels, &grouping);
-            if !out.contains_key(&key) && (out.len() + 1).saturating_mul(n) > max_values {
-                return Err(PromError::BadData(format!(
-                    "count_values would answer more than {max_values} values (query.max_samples): a series for each distinct value"
-                )));
+            if !out.contains_key(&key) {
+                if (out.len() + 1).saturating_mul(n) > max_values {
+                    return Err(PromError::BadData(format!(
+                        "count_values would answer more than {max_values} values (query.max_samples): a series for each distinct value"
+                    )));
+                }
+                ledger.reserve(budget::series_bytes(&key, n))?;
             }
             let slot = &mut out.entry(key).or_insert_with(|| vec![None; n])[k];
             *slot = Some(slot.unwrap_or(0.0) + 1.0);
@@ -329,8 +353,15 @@ mod tests {
     #[test]
     fn aggregations_group_and_drop_labels_like_prometheus() {
         let by_site = Grouping::By(vec!["site".into()]);
-        let out =
-            aggregate(AggOp::Avg, &by_site, &Param::None, &input(), 2, usize::MAX).expect("ok");
+        let out = aggregate(
+            AggOp::Avg,
+            &by_site,
+            &Param::None,
+            &input(),
+            2,
+            (usize::MAX, &Ledger::unlimited()),
+        )
+        .expect("ok");
         assert_eq!(
             out,
             vec![
@@ -345,15 +376,30 @@ mod tests {
             &Param::None,
             &input(),
             2,
-            usize::MAX,
+            (usize::MAX, &Ledger::unlimited()),
         )
         .expect("ok");
         assert_eq!(out[1], series(&[("site", "x")], &[Some(2.0), Some(1.0)]));
         let all = Grouping::By(Vec::new());
-        let out = aggregate(AggOp::Max, &all, &Param::None, &input(), 2, usize::MAX).expect("ok");
+        let out = aggregate(
+            AggOp::Max,
+            &all,
+            &Param::None,
+            &input(),
+            2,
+            (usize::MAX, &Ledger::unlimited()),
+        )
+        .expect("ok");
         assert_eq!(out, vec![series(&[], &[Some(10.0), Some(5.0)])]);
-        let out =
-            aggregate(AggOp::Stdvar, &all, &Param::None, &input(), 2, usize::MAX).expect("ok");
+        let out = aggregate(
+            AggOp::Stdvar,
+            &all,
+            &Param::None,
+            &input(),
+            2,
+            (usize::MAX, &Ledger::unlimited()),
+        )
+        .expect("ok");
         // Population variance of 1, 3, 10: mean 14/3.
         let want = ((1.0f64 - 14.0 / 3.0).powi(2)
             + (3.0f64 - 14.0 / 3.0).powi(2)
@@ -376,7 +422,7 @@ mod tests {
             &Param::Number(vec![2.0]),
             &tied,
             1,
-            usize::MAX,
+            (usize::MAX, &Ledger::unlimited()),
         )
         .expect("ok");
         let names: Vec<&str> = out.iter().map(|s| s.labels["sensor"].as_str()).collect();
@@ -390,7 +436,7 @@ mod tests {
             &Param::Number(vec![1.0]),
             &mixed,
             1,
-            usize::MAX,
+            (usize::MAX, &Ledger::unlimited()),
         )
         .expect("ok");
         assert_eq!(out.len(), 1);
@@ -403,7 +449,7 @@ mod tests {
             &Param::Number(vec![2.0]),
             &mixed,
             1,
-            usize::MAX,
+            (usize::MAX, &Ledger::unlimited()),
         )
         .expect("ok");
         let names: Vec<&str> = out.iter().map(|s| s.labels["sensor"].as_str()).collect();
@@ -415,7 +461,7 @@ mod tests {
                 &Param::Number(vec![0.5]),
                 &mixed,
                 1,
-                usize::MAX
+                (usize::MAX, &Ledger::unlimited())
             )
             .expect("ok")
             .is_empty()
@@ -435,7 +481,7 @@ mod tests {
             &Param::Label("v".into()),
             &s,
             1,
-            usize::MAX,
+            (usize::MAX, &Ledger::unlimited()),
         )
         .expect("ok");
         assert_eq!(
@@ -452,7 +498,7 @@ mod tests {
                 &Param::Label("1x".into()),
                 &s,
                 1,
-                usize::MAX
+                (usize::MAX, &Ledger::unlimited())
             )
             .is_err()
         );
@@ -464,7 +510,7 @@ mod tests {
             &Param::Label("v".into()),
             &s,
             1,
-            1,
+            (1, &Ledger::unlimited()),
         )
         .expect_err("too many");
         assert!(format!("{err}").contains("query.max_samples"), "{err}");

@@ -7,16 +7,19 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::ast::{ArithOp, BinOp, Card, CmpOp, Matching, SetOp};
+use super::budget::{self, Ledger};
 use super::error::PromError;
 use super::value::{LabelSet, NAME, Series, Value, vector};
 
-/// `lhs op rhs` over `n` steps.
+/// `lhs op rhs` over `n` steps; each series it builds is charged to
+/// `ledger` first.
 pub fn binary(
     op: BinOp,
     matching: &Matching,
     lhs: Value,
     rhs: Value,
     n: usize,
+    ledger: &Ledger,
 ) -> Result<Value, PromError> {
     match (lhs, rhs) {
         (Value::Scalar(a), Value::Scalar(b)) => Ok(Value::Scalar(
@@ -32,8 +35,12 @@ pub fn binary(
         (Value::Vector(v), Value::Scalar(s)) => with_scalar(op, matching.bool, v, &s, false),
         (Value::Scalar(s), Value::Vector(v)) => with_scalar(op, matching.bool, v, &s, true),
         (Value::Vector(l), Value::Vector(r)) => match op {
-            BinOp::Set(set) => vector(set_op(set, matching, &l, &r, n)),
-            _ => vector(matched(op, matching, &l, &r, n)?),
+            BinOp::Set(set) => {
+                ledger
+                    .reserve(budget::vector_bytes(&l).saturating_add(budget::vector_bytes(&r)))?;
+                vector(set_op(set, matching, &l, &r, n))
+            }
+            _ => vector(matched(op, matching, (&l, &r), n, ledger)?),
         },
         (a, b) => Err(PromError::BadData(format!(
             "binary operators take scalars and instant vectors, not a {} and a {}",
@@ -126,14 +133,16 @@ fn result_labels(many: &LabelSet, one: &LabelSet, op: BinOp, m: &Matching) -> La
 fn matched(
     op: BinOp,
     m: &Matching,
-    lhs: &[Series],
-    rhs: &[Series],
+    (lhs, rhs): (&[Series], &[Series]),
     n: usize,
+    ledger: &Ledger,
 ) -> Result<Vec<Series>, PromError> {
     // Long: vector matching in one pass: the sides' signatures, the matches, the cardinality checks.
     // The "one" side is the right one; group_right swaps the sides.
     let swapped = matches!(m.card, Card::OneToMany(_));
     let (many, one) = if swapped { (rhs, lhs) } else { (lhs, rhs) };
+    // The signatures copy labels of both sides.
+    ledger.reserve(budget::labels_of(many).saturating_add(budget::labels_of(one)))?;
     let many_sigs: Vec<Vec<(String, String)>> =
         many.iter().map(|s| signature(&s.labels, m)).collect();
     let one_sigs: Vec<Vec<(String, String)>> =
@@ -172,10 +181,19 @@ fn matched(
                 BinOp::Set(_) => None,
             };
             let Some(value) = value else { continue };
-            let labels = labels_of
-                .entry((i, j))
-                .or_insert_with(|| result_labels(&s.labels, &one[j].labels, op, m))
-                .clone();
+            let labels = match labels_of.entry((i, j)) {
+                std::collections::hash_map::Entry::Occupied(e) => e.get().clone(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    // Kept here, then as a series of the answer (and in
+                    // the check of its group).
+                    ledger.reserve(
+                        budget::series_bytes(&s.labels, n)
+                            .saturating_add(3 * budget::label_bytes(&one[j].labels)),
+                    )?;
+                    e.insert(result_labels(&s.labels, &one[j].labels, op, m))
+                        .clone()
+                }
+            };
             let group = seen.entry(many_sigs[i].as_slice());
             match (&m.card, group) {
                 (Card::OneToOne, std::collections::hash_map::Entry::Occupied(_)) => {
@@ -349,6 +367,7 @@ mod tests {
                 Value::Vector(a.clone()),
                 Value::Vector(b.clone()),
                 2,
+                &Ledger::unlimited(),
             )
             .expect("ok"),
         );
@@ -361,6 +380,7 @@ mod tests {
                 Value::Vector(a),
                 Value::Vector(b),
                 2,
+                &Ledger::unlimited(),
             )
             .expect("ok"),
         );
@@ -388,6 +408,7 @@ mod tests {
                 Value::Vector(usage.clone()),
                 Value::Vector(rooms.clone()),
                 1,
+                &Ledger::unlimited(),
             )
             .expect("ok"),
         );
@@ -415,6 +436,7 @@ mod tests {
             Value::Vector(usage.clone()),
             Value::Vector(rooms),
             1,
+            &Ledger::unlimited(),
         );
         assert!(
             matches!(err, Err(PromError::Execution(m)) if m.contains("many-to-one matching must be explicit"))
@@ -426,6 +448,7 @@ mod tests {
             Value::Vector(usage.clone()),
             Value::Vector(usage),
             1,
+            &Ledger::unlimited(),
         );
         assert!(matches!(err, Err(PromError::Execution(m)) if m.contains("left hand-side")));
     }
@@ -442,6 +465,7 @@ mod tests {
                 Value::Vector(y),
                 Value::Vector(x),
                 1,
+                &Ledger::unlimited(),
             )
             .expect("ok"),
         );
@@ -472,6 +496,7 @@ mod tests {
                 Value::Vector(a.clone()),
                 Value::Vector(b.clone()),
                 2,
+                &Ledger::unlimited(),
             )
             .expect("ok"),
         );
@@ -486,6 +511,7 @@ mod tests {
                 Value::Vector(a.clone()),
                 Value::Vector(b.clone()),
                 2,
+                &Ledger::unlimited(),
             )
             .expect("ok"),
         );
@@ -503,6 +529,7 @@ mod tests {
                 Value::Vector(a),
                 Value::Vector(b),
                 2,
+                &Ledger::unlimited(),
             )
             .expect("ok"),
         );
@@ -527,6 +554,7 @@ mod tests {
                 Value::Vector(t.clone()),
                 Value::Scalar(vec![30.0, 30.0]),
                 2,
+                &Ledger::unlimited(),
             )
             .expect("ok"),
         );
@@ -545,6 +573,7 @@ mod tests {
                 Value::Scalar(vec![30.0, 30.0]),
                 Value::Vector(t.clone()),
                 2,
+                &Ledger::unlimited(),
             )
             .expect("ok"),
         );
@@ -557,6 +586,7 @@ mod tests {
                 Value::Vector(t),
                 Value::Scalar(vec![30.0, 30.0]),
                 2,
+                &Ledger::unlimited(),
             )
             .expect("ok"),
         );

@@ -107,6 +107,7 @@ fn every_shape_at_the_depth_ceiling_evaluates_on_a_worker_stack() {
             max_series: 10_000,
             max_samples: 100_000_000,
             max_range_ms: 400 * 86_400_000,
+            max_memory: usize::MAX,
             deadline: None,
         };
         let answer = on_a_worker_stack(move || {
@@ -135,6 +136,7 @@ fn one_level_more_than_the_limit_is_refused_before_parsing() {
                     max_series: 10,
                     max_samples: 1000,
                     max_range_ms: 86_400_000,
+                    max_memory: usize::MAX,
                     deadline: None,
                 },
             )
@@ -166,6 +168,7 @@ fn label_budget(max_label_bytes: usize) -> Budget {
         max_series: 10,
         max_samples: 1000,
         max_range_ms: 86_400_000,
+        max_memory: usize::MAX,
         deadline: None,
     }
 }

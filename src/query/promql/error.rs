@@ -9,6 +9,9 @@ pub enum PromError {
     BadData(String),
     #[error("{0}")]
     Execution(String),
+    /// The instance is at a shared bound (`query.max_memory`): retry shortly.
+    #[error("{0}")]
+    Busy(String),
     /// The evaluation passed its deadline.
     #[error("the query took longer than its timeout")]
     Timeout,

@@ -4,11 +4,12 @@
 //! the caller reads them all, and [`run`] evaluates the tree over what was
 //! read. Both walk the tree in one order, so the n-th read is the n-th leaf.
 
-use regex::Regex;
+use std::sync::Arc;
 
 use super::aggregate::{Param, aggregate, valid_label_name};
 use super::ast::{At, Func, LOOKBACK_MS, Node, RangeArg, RangeFunc, Selector};
 use super::binary::binary;
+use super::budget::{self, Ledger};
 use super::error::PromError;
 use super::functions::{
     Window, calendar, go_log2, go_log10, go_max, go_min, range_value, round, sgn,
@@ -53,7 +54,7 @@ impl Leaf {
 
 /// The query's own evaluation times (`@ start()` and `@ end()` refer to
 /// them) and what its evaluation may take.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Query {
     pub steps: Steps,
     /// Most evaluation times of one subquery (`query.max_samples`): its
@@ -64,6 +65,8 @@ pub struct Query {
     pub deadline: Option<std::time::Instant>,
     /// Bytes of one series' labels a function may build.
     pub max_label_bytes: usize,
+    /// What the evaluation holds, charged before it is built.
+    pub ledger: Arc<Ledger>,
 }
 
 #[cfg(test)]
@@ -76,6 +79,7 @@ impl Query {
             max_steps,
             deadline: None,
             max_label_bytes: super::Limits::default().max_label_bytes,
+            ledger: Arc::new(Ledger::unlimited()),
         }
     }
 }
@@ -262,13 +266,22 @@ fn static_scalar(node: &Node, q: &Query, steps: &Steps, what: &str) -> Result<Ve
 }
 
 /// Evaluates `node` at `steps`, taking the reads [`leaves`] listed, in order.
+/// What its children answered and what it reserved are released when it
+/// returns, and its own answer is charged in their place ([`budget`]).
 pub fn run(
     node: &Node,
     q: &Query,
     steps: &Steps,
     reads: &mut std::vec::IntoIter<Vec<Series>>,
 ) -> Result<Value, PromError> {
-    super::limits::deep(|| run_level(node, q, steps, reads))
+    super::limits::deep(|| {
+        let mark = q.ledger.mark();
+        let answer = run_level(node, q, steps, reads);
+        q.ledger.reset(mark);
+        let answer = answer?;
+        q.ledger.reserve(budget::value_bytes(&answer))?;
+        Ok(answer)
+    })
 }
 
 fn run_level(
@@ -281,12 +294,15 @@ fn run_level(
     q.in_time()?;
     let n = steps.n;
     Ok(match node {
-        Node::Number(x) => Value::Scalar(vec![*x; n]),
+        Node::Number(x) => {
+            q.ledger.reserve(n.saturating_mul(8))?;
+            Value::Scalar(vec![*x; n])
+        }
         Node::Str(s) => Value::String(s.clone()),
-        Node::Instant(sel) => vector(broadcast(next(reads)?, sel.at, n))?,
+        Node::Instant(sel) => vector(broadcast(next(reads, q)?, sel.at, n, q)?)?,
         Node::Range { func, arg, param } => match arg {
             RangeArg::Selector { selector, .. } => {
-                let read = broadcast(next(reads)?, selector.at, n);
+                let read = broadcast(next(reads, q)?, selector.at, n, q)?;
                 if *func == RangeFunc::Absent {
                     absent(&read, n, absent_labels(Some(selector)))
                 } else {
@@ -348,7 +364,7 @@ fn run_level(
         } => {
             let l = run(lhs, q, steps, reads)?;
             let r = run(rhs, q, steps, reads)?;
-            binary(*op, matching, l, r, n)?
+            binary(*op, matching, l, r, n, &q.ledger)?
         }
         Node::Aggregate {
             op,
@@ -373,26 +389,46 @@ fn run_level(
                     "aggregations expect an instant vector".into(),
                 ));
             };
-            vector(aggregate(*op, grouping, &param, &input, n, q.max_steps)?)?
+            vector(aggregate(
+                *op,
+                grouping,
+                &param,
+                &input,
+                n,
+                (q.max_steps, &q.ledger),
+            )?)?
         }
     })
 }
 
-fn next(reads: &mut std::vec::IntoIter<Vec<Series>>) -> Result<Vec<Series>, PromError> {
-    reads
+/// The next read, passing from the reads' charge into the tree's.
+fn next(reads: &mut std::vec::IntoIter<Vec<Series>>, q: &Query) -> Result<Vec<Series>, PromError> {
+    let read = reads
         .next()
-        .ok_or_else(|| PromError::Execution("a selector was not read".into()))
+        .ok_or_else(|| PromError::Execution("a selector was not read".into()))?;
+    let bytes = budget::vector_bytes(&read);
+    q.ledger.read_taken(bytes);
+    // Held by this node until it answers.
+    q.ledger.reserve(bytes)?;
+    Ok(read)
 }
 
 /// A read at one fixed time (`@`) holds at every step.
-fn broadcast(mut read: Vec<Series>, at: Option<At>, n: usize) -> Vec<Series> {
+fn broadcast(
+    mut read: Vec<Series>,
+    at: Option<At>,
+    n: usize,
+    q: &Query,
+) -> Result<Vec<Series>, PromError> {
     if at.is_some() {
+        q.ledger
+            .reserve(read.len().saturating_mul(n.saturating_mul(budget::VALUE)))?;
         for s in &mut read {
             let v = s.values.first().copied().flatten();
             s.values = vec![v; n];
         }
     }
-    read
+    Ok(read)
 }
 
 fn scalar(v: Value, what: &str) -> Result<Vec<f64>, PromError> {
@@ -482,6 +518,8 @@ fn over_points(
     // product, so the deadline is checked as they go.
     let mut scanned = 0usize;
     for s in inner {
+        q.ledger
+            .reserve(budget::series_bytes(&s.labels, outer.len()))?;
         let mut labels = s.labels.clone();
         if !func.keeps_name() {
             labels.remove(NAME);
@@ -600,15 +638,20 @@ fn call(
         }
         Func::Timestamp => match args {
             // The readings' own times, read as such.
-            [Node::Instant(sel)] => vector(broadcast(next(reads)?, sel.at, n))?,
+            [Node::Instant(sel)] => vector(broadcast(next(reads, q)?, sel.at, n, q)?)?,
             _ => {
                 let v = instant_vector(arg(0)?, "timestamp")?;
                 vector(per_step(v, true, |k, _| Some(time(k))))?
             }
         },
-        Func::Time => Value::Scalar((0..n).map(time).collect()),
+        Func::Time => {
+            q.ledger.reserve(n.saturating_mul(8))?;
+            Value::Scalar((0..n).map(time).collect())
+        }
         Func::Vector => {
             let s = scalar(arg(0)?, "vector's argument")?;
+            q.ledger
+                .reserve(budget::series_bytes(&LabelSet::new(), n))?;
             Value::Vector(vec![Series {
                 labels: LabelSet::new(),
                 values: s.into_iter().map(Some).collect(),
@@ -654,6 +697,8 @@ fn call(
         | Func::Month
         | Func::Year => {
             if args.is_empty() {
+                q.ledger
+                    .reserve(budget::series_bytes(&LabelSet::new(), n))?;
                 Value::Vector(vec![Series {
                     labels: LabelSet::new(),
                     values: (0..n).map(|k| Some(calendar(func, time(k)))).collect(),
@@ -672,11 +717,7 @@ fn label_replace(v: Vec<Series>, args: &[Node], q: &Query) -> Result<Vec<Series>
     let replacement = string(args.get(2), "label_replace's replacement")?;
     let src = string(args.get(3), "label_replace's source label")?;
     let regex = string(args.get(4), "label_replace's regular expression")?;
-    let re = Regex::new(&format!("^(?s:{regex})$")).map_err(|_| {
-        PromError::Execution(format!(
-            "invalid regular expression in label_replace(): {regex}"
-        ))
-    })?;
+    let re = super::limits::function_regex("label_replace", &regex)?;
     check_destination(&dst, "label_replace")?;
     let mut out = Vec::with_capacity(v.len());
     for mut s in v {
@@ -691,6 +732,7 @@ fn label_replace(v: Vec<Series>, args: &[Node], q: &Query) -> Result<Vec<Series>
                 .saturating_mul(longest)
                 .saturating_add(replacement.len() - refs);
             check_label_bytes(&s.labels, &dst, most, q.max_label_bytes, "label_replace")?;
+            q.ledger.reserve(most)?;
             let mut res = String::new();
             caps.expand(&replacement, &mut res);
             set_label(&mut s.labels, &dst, res);
@@ -746,6 +788,7 @@ fn label_join(v: Vec<Series>, args: &[Node], q: &Query) -> Result<Vec<Series>, P
             .sum::<usize>()
             .saturating_add(sep.len().saturating_mul(parts.len().saturating_sub(1)));
         check_label_bytes(&s.labels, &dst, length, q.max_label_bytes, "label_join")?;
+        q.ledger.reserve(length)?;
         let joined = parts.join(&sep);
         set_label(&mut s.labels, &dst, joined);
         out.push(s);

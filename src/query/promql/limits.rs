@@ -99,9 +99,10 @@ pub const MAX_DURATION_SECONDS: f64 = 9_223_372_036.0;
 /// `Duration` with a panic. Run after [`check`], so the text is short; the
 /// lexer is the parser's own and loops, never recursing.
 ///
-/// Also counts the regex matchers (`=~`, `!~`) into `regexes`: the parser
-/// compiles each, at up to 10 MiB, so their number is bounded before it
-/// runs ([`Limits::max_regex_matchers`]).
+/// Also counts the regex matchers (`=~`, `!~`) and `label_replace` calls
+/// into `regexes`: the parser compiles each matcher, at up to 10 MiB, and
+/// the evaluation each call's expression ([`function_regex`]), so their
+/// number is bounded before either runs ([`Limits::max_regex_matchers`]).
 pub fn check_tokens(text: &str, regexes: &mut usize, limits: &Limits) -> Result<(), PromError> {
     use lrpar::{Lexeme, Lexer, NonStreamingLexer};
     use promql_parser::parser::{lexer, token};
@@ -112,7 +113,15 @@ pub fn check_tokens(text: &str, regexes: &mut usize, limits: &Limits) -> Result<
     let mut before = [None, None];
     for lexeme in lexer.iter().flatten() {
         let id = lexeme.tok_id();
-        if id == token::T_EQL_REGEX || id == token::T_NEQ_REGEX {
+        // label_replace's regular expression counts with the matchers'
+        // (the name alone: a call has exactly one).
+        let compiles = id == token::T_EQL_REGEX
+            || id == token::T_NEQ_REGEX
+            || (id == token::T_IDENTIFIER
+                && lexer
+                    .span_str(lexeme.span())
+                    .eq_ignore_ascii_case("label_replace"));
+        if compiles {
             *regexes += 1;
             if *regexes > limits.max_regex_matchers {
                 return Err(PromError::BadData(format!(
@@ -141,6 +150,27 @@ pub fn check_tokens(text: &str, regexes: &mut usize, limits: &Limits) -> Result<
         before = [before[1], Some(id)];
     }
     Ok(())
+}
+
+/// The most a function's regular expression may compile to (and its lazy
+/// DFA's cache): a few milliseconds of work at worst.
+pub const FUNCTION_REGEX_BYTES: usize = 1 << 20;
+
+/// A function's regular expression (`label_replace`), anchored as
+/// Prometheus anchors it, compiled within [`FUNCTION_REGEX_BYTES`].
+pub fn function_regex(func: &str, regex: &str) -> Result<regex::Regex, PromError> {
+    regex::RegexBuilder::new(&format!("^(?s:{regex})$"))
+        .size_limit(FUNCTION_REGEX_BYTES)
+        .dfa_size_limit(FUNCTION_REGEX_BYTES)
+        .build()
+        .map_err(|e| match e {
+            regex::Error::CompiledTooBig(_) => PromError::Execution(format!(
+                "the regular expression in {func}() compiles to more than {FUNCTION_REGEX_BYTES} bytes; simplify it"
+            )),
+            _ => PromError::Execution(format!(
+                "invalid regular expression in {func}(): {regex}"
+            )),
+        })
 }
 
 /// Measures `text`, stopping as soon as a limit is passed (so the work is

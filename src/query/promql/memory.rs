@@ -3,6 +3,7 @@
 //! without a store, for the fuzz target and the tests that prove deep
 //! queries safe on a worker's stack. Pure.
 
+use super::budget::{Ledger, series_bytes};
 use super::error::PromError;
 use super::eval::LeafFunc;
 use super::limits::Limits;
@@ -27,6 +28,8 @@ pub struct Budget {
     pub max_series: usize,
     pub max_samples: usize,
     pub max_range_ms: i64,
+    /// Bytes it may hold at once (`query.max_memory_per_query`).
+    pub max_memory: usize,
     /// When the evaluation gives up (`query.timeout`).
     pub deadline: Option<std::time::Instant>,
 }
@@ -45,7 +48,11 @@ impl Memory {
             &budget.limits,
             (budget.max_series, budget.max_samples, budget.max_range_ms),
             // Readings in memory: every quantile is exact.
-            (budget.deadline, false),
+            (
+                budget.deadline,
+                false,
+                std::sync::Arc::new(Ledger::new(budget.max_memory, None)),
+            ),
         )?;
         let leaves = std::mem::take(&mut prepared.leaves);
         let mut reads = Vec::with_capacity(leaves.len());
@@ -57,6 +64,12 @@ impl Memory {
                 .take(prepared.series_left().saturating_add(1))
                 .collect();
             prepared.count(found.len(), leaf.steps.n)?;
+            prepared.ledger().reserve_read(
+                found
+                    .iter()
+                    .map(|(labels, _)| series_bytes(labels, leaf.steps.n))
+                    .fold(0usize, usize::saturating_add),
+            )?;
             let windows = Windows::new(&leaf.steps, leaf.range_ms, leaf.selector.offset_ms);
             let need = match leaf.func {
                 LeafFunc::Instant | LeafFunc::Timestamp => Need::Summaries,
@@ -144,6 +157,7 @@ mod tests {
             max_series: 10,
             max_samples: 100_000,
             max_range_ms: 86_400_000,
+            max_memory: usize::MAX,
             deadline: None,
         }
     }
@@ -181,5 +195,38 @@ mod tests {
             .evaluate("temp", Steps::new(0, 0, 1), &few)
             .expect_err("too many");
         assert!(format!("{err}").contains("query.max_series"), "{err}");
+    }
+
+    /// The 1 KB line: 30 `count_values` of a vector joined by the
+    /// right-associative `^`. Each holds a series per distinct value (3 162
+    /// of them, at 3 162 steps): every left side is held while the right is
+    /// computed. Charged as it is built, it stops at the budget.
+    #[test]
+    fn a_chain_of_count_values_stops_at_the_querys_memory_budget() {
+        let terms: Vec<String> = (0..30)
+            .map(|i| format!("count_values(\"a{i}\",vector(time()))"))
+            .collect();
+        let query = terms.join(" ^ ");
+        assert!(query.len() < 1100, "{}", query.len());
+        let steps = Steps::new(1_000_000_000_000, 1_000_003_161_000, 1000);
+        let budget = Budget {
+            max_samples: 100_000_000,
+            max_memory: 256 << 20,
+            ..budget()
+        };
+        match Memory::default().evaluate(&query, steps, &budget) {
+            Err(PromError::Execution(m)) => {
+                assert!(m.contains("query.max_memory_per_query"), "{m}")
+            }
+            other => panic!("refused at the budget: {:?}", other.map(|o| o.value.kind())),
+        }
+        // One term fits (3 162 series of 3 162 values, about 170 MB).
+        let one = Memory::default()
+            .evaluate(&terms[0], steps, &budget)
+            .expect("one term fits");
+        let Value::Vector(v) = one.value else {
+            panic!("a vector")
+        };
+        assert_eq!(v.len(), 3162);
     }
 }

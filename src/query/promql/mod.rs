@@ -9,6 +9,8 @@
 //! - [`window`]: each step's window `(t − range, t]` as cells of stored
 //!   seconds; the planner answers cells from levels, windows merge cells (pure).
 //! - [`value`]: values over all steps at once (pure).
+//! - [`budget`]: one memory budget per query, charged before values are
+//!   built (pure).
 //! - [`limits`]: a text's length, depth and nodes, measured before it is
 //!   parsed; the recursive walks grow their stack past what that leaves
 //!   ([`deep`]).
@@ -18,6 +20,7 @@
 pub mod aggregate;
 pub mod ast;
 pub mod binary;
+pub mod budget;
 pub mod compile;
 #[cfg(test)]
 mod deep_queries;
@@ -30,6 +33,7 @@ pub mod read;
 pub mod value;
 pub mod window;
 
+pub use budget::MemoryPool;
 pub use error::PromError;
 pub use limits::Limits;
 pub use value::{LabelSet, Series, Value, format_value};

@@ -1,11 +1,13 @@
 //! A query's reads: each selector's series found in the registry, their
 //! cells read through the engine, and the tree evaluated over them.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use promql_parser::label::Matcher;
 
 use super::ast::{Func, Node, RangeFunc};
+use super::budget::{self, Ledger, MemoryPool};
 use super::compile::compile;
 use super::error::PromError;
 use super::eval::{self, Leaf, LeafFunc};
@@ -37,6 +39,10 @@ pub struct Context<'a> {
     /// Values the query may hold: series × evaluation times, summed over
     /// its reads (`query.max_samples`).
     pub max_samples: usize,
+    /// Bytes the query may hold at once (`query.max_memory_per_query`),
+    /// drawn from what all queries may hold (`query.max_memory`).
+    pub max_memory: usize,
+    pub pool: Option<Arc<MemoryPool>>,
     /// The results cache of closed periods, if the query may use it.
     pub cache: Option<crate::query::CacheUse<'a>>,
     /// `quantile_over_time` windows past 31 days answer from the rollups'
@@ -169,7 +175,7 @@ impl Prepared {
         steps: Steps,
         limits: &Limits,
         budget: (usize, usize, i64),
-        (deadline, sketches): (Option<std::time::Instant>, bool),
+        (deadline, sketches, ledger): (Option<std::time::Instant>, bool, Arc<Ledger>),
     ) -> Result<Self, PromError> {
         let (max_series, max_samples, max_range_ms) = budget;
         let node = compile(query, limits)?;
@@ -178,6 +184,7 @@ impl Prepared {
             max_steps: max_samples,
             deadline,
             max_label_bytes: limits.max_label_bytes,
+            ledger,
         };
         let leaves = eval::leaves(&node, &q, &steps)?;
         for leaf in &leaves {
@@ -202,6 +209,11 @@ impl Prepared {
             selected: 0,
             samples: 0,
         })
+    }
+
+    /// What the query holds.
+    pub(super) fn ledger(&self) -> &Ledger {
+        &self.q.ledger
     }
 
     /// How many more series the query may select.
@@ -295,18 +307,27 @@ fn from_sketches(leaf: &Leaf) -> bool {
         && span.saturating_add(leaf.range_ms) > MAX_VALUES_RANGE_MS
 }
 
+/// Runs CPU-bound work (parsing, compiling regexes, evaluating) on the
+/// blocking pool, so no async worker is held by it; each step checks the
+/// query's deadline.
+async fn off_the_workers<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, PromError> + Send + 'static,
+) -> Result<T, PromError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|_| PromError::Execution("the query's evaluation failed".into()))?
+}
+
 /// Evaluates `query` at every step.
 pub async fn evaluate(ctx: &Context<'_>, query: &str, steps: Steps) -> Result<Outcome, PromError> {
-    let mut prepared = Prepared::new(
-        query,
-        steps,
-        &ctx.limits,
-        (ctx.max_series, ctx.max_samples, ctx.max_range_ms),
-        (
-            std::time::Instant::now().checked_add(ctx.max_time),
-            ctx.sketch_quantiles,
-        ),
-    )?;
+    let ledger = Arc::new(Ledger::new(ctx.max_memory, ctx.pool.clone()));
+    let (text, limits, sketches) = (query.to_owned(), ctx.limits, ctx.sketch_quantiles);
+    let budget = (ctx.max_series, ctx.max_samples, ctx.max_range_ms);
+    let deadline = std::time::Instant::now().checked_add(ctx.max_time);
+    let mut prepared = off_the_workers(move || {
+        Prepared::new(&text, steps, &limits, budget, (deadline, sketches, ledger))
+    })
+    .await?;
     let mut cost = Cost::default();
     let mut reads = Vec::with_capacity(prepared.leaves.len());
     let leaves = std::mem::take(&mut prepared.leaves);
@@ -316,12 +337,12 @@ pub async fn evaluate(ctx: &Context<'_>, query: &str, steps: Steps) -> Result<Ou
         // The registry's find (its documents are not the data's).
         cost.round_trips += 1;
         prepared.count(found.len(), leaf.steps.n)?;
-        let (series, c) = read_leaf(ctx, leaf, &found).await?;
+        let (series, c) = read_leaf(ctx, leaf, &found, prepared.ledger()).await?;
         cost.documents += c.documents;
         cost.round_trips += c.round_trips;
         reads.push(series);
     }
-    prepared.finish(reads, cost)
+    off_the_workers(move || prepared.finish(reads, cost)).await
 }
 
 /// Every found series' value at every evaluation time of the read: each
@@ -331,8 +352,15 @@ async fn read_leaf(
     ctx: &Context<'_>,
     leaf: &Leaf,
     found: &[Found],
+    ledger: &Ledger,
 ) -> Result<(Vec<Series>, Cost), PromError> {
     let steps = &leaf.steps;
+    ledger.reserve_read(
+        found
+            .iter()
+            .map(|f| budget::series_bytes(&f.labels, steps.n))
+            .fold(0usize, usize::saturating_add),
+    )?;
     let offset = leaf.selector.offset_ms;
     let windows = Windows::new(steps, leaf.range_ms, offset);
     let labels = |f: &Found| {

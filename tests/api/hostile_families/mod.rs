@@ -11,6 +11,7 @@ use serde_json::Value;
 use crate::helpers::*;
 
 mod mqtt_flood;
+mod promql_budget;
 
 /// `GET /health/live` answers 200 (the process lives and serves).
 pub async fn live(client: &reqwest::Client, address: &str, after: &str) {
