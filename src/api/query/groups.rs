@@ -252,6 +252,7 @@ pub(crate) async fn group_query(
         sizes[group] += 1;
         series.push((Series::listed(m), group, m));
     }
+    check_answer_size(&state, keys.len(), grid.points())?;
     let endpoint = if with_step {
         "group_series"
     } else {
@@ -342,6 +343,28 @@ pub async fn group_average(
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
     group_query(state, principal, headers, raw, false).await
+}
+
+/// What one point of an answer holds, in memory and as JSON, at most (its
+/// start, the aggregates, held seconds, a few quantiles).
+const ANSWER_POINT_BYTES: usize = 256;
+
+/// Refuses an answer of `groups` × `points` past the query's memory
+/// (`query.max_memory_per_query`) before any of it is read or built.
+fn check_answer_size(state: &AppState, groups: usize, points: usize) -> Result<(), ApiError> {
+    let max = state.settings.query.max_memory_per_query;
+    let bytes = groups
+        .saturating_mul(points)
+        .saturating_mul(ANSWER_POINT_BYTES);
+    if bytes > max {
+        return Err(ApiError::new(
+            axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+            format!(
+                "the answer would hold {groups} groups of {points} points, more than query.max_memory_per_query ({max} bytes); use a longer step, fewer sensors or a coarser group_by"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Step series over every matching sensor, or per group of a label.

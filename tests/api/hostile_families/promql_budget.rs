@@ -162,3 +162,31 @@ async fn instants_past_the_representable_years_are_a_400_on_every_route() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_group_answer_past_the_querys_memory_is_refused_before_it_is_read() {
+    let mut settings = test_settings();
+    settings.query.max_memory_per_query = 1 << 20;
+    let app = spawn_app_with(settings).await;
+    let t = base_time();
+    let readings: Vec<Value> = ["g1", "g2", "g3"]
+        .iter()
+        .map(|s| reading(s, "temp", t, 20.0))
+        .collect();
+    let r = app.post_readings(&Value::Array(readings)).await;
+    assert_eq!(r.status(), 200);
+    let (from, to) = (rfc3339(t - 300_000), rfc3339(t + 299_940));
+    // 3 groups of 10 000 points: past 1 MiB.
+    let path = |step: &str| {
+        format!(
+            "/api/v1/series?sensor=g*&metric=temp&group_by=sensor&from={from}&to={to}&step={step}"
+        )
+    };
+    let r = app.get(&path("1m")).await;
+    let status = r.status();
+    let body = r.text().await.unwrap_or_default();
+    assert_eq!(status, 422, "{body}");
+    assert!(body.contains("query.max_memory_per_query"), "{body}");
+    let r = app.get(&path("1d")).await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+}
