@@ -402,6 +402,7 @@ fn sparkplug(c: &mut Criterion) {
         property_labels: false,
         max_edge_nodes: 10_000,
         max_devices_per_node: 1_000,
+        max_state_bytes: 256 << 20,
     };
     let mut group = c.benchmark_group("hot_paths");
     group.throughput(Throughput::Elements(READINGS as u64));

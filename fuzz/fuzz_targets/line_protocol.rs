@@ -32,10 +32,12 @@ fuzz_target!(|data: &[u8]| {
         }
         for set in &d.labels {
             assert!(
-                set.labels
+                set.labels()
                     .iter()
                     .all(|(k, v)| !k.is_empty() && !v.is_empty())
             );
+            // Only sensors with a reading taken carry labels.
+            assert!(readings.iter().any(|r| r.sensor == *set.sensor()));
         }
     }
     // A line parses the same alone as within its body.

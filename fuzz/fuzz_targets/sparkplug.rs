@@ -20,6 +20,7 @@ thread_local! {
         property_labels: true,
         max_edge_nodes: 1_000,
         max_devices_per_node: 100,
+        max_state_bytes: 64 << 20,
     }));
 }
 

@@ -184,11 +184,12 @@ async fn write(
     if let Err(e) = principal.check_sensors(readings.iter().map(|r| r.sensor.as_str())) {
         return InfluxError::new(api, StatusCode::FORBIDDEN, e.to_string()).into_response();
     }
-    state.labels.offer(&decoded.labels);
     let partial = (decoded.refused > 0).then(|| decoded.partial_write_message());
     if !readings.is_empty() {
         match submit(state, readings, Wait::Safe, principal.token_name()).await {
-            Ok(Outcome::Safe | Outcome::Queued) => {}
+            // The taken lines' tags, once their readings passed the token's
+            // check and the new-series guard: a label write is a write.
+            Ok(Outcome::Safe | Outcome::Queued) => state.labels.offer(&decoded.labels),
             // As over MQTT: the readings are in the dead-letter collection
             // and retrying cannot help, so the write is not failed.
             Ok(Outcome::DeadLettered(buckets)) => warn!(

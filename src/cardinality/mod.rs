@@ -11,8 +11,7 @@
 //! learnt, uncounted: a restart must not make a fleet's series look new.
 
 use std::collections::{HashMap, HashSet};
-
-use hashbrown::Equivalent;
+use std::hash::BuildHasher;
 
 use serde::{Deserialize, Serialize};
 
@@ -27,6 +26,10 @@ pub struct Settings {
     /// New series accepted per clock hour from one token (with `auth`
     /// enabled); 0: no bound.
     pub max_new_series_per_hour_per_token: usize,
+    /// Series the guard remembers (as 8-byte hashes): past it, it can no
+    /// longer tell new series from known ones and stops bounding them,
+    /// saying so, rather than grow.
+    pub max_known_series: usize,
 }
 
 impl Default for Settings {
@@ -35,6 +38,7 @@ impl Default for Settings {
             // Generous: a fleet of 100 000 sensors coming up in one hour.
             max_new_series_per_hour: 100_000,
             max_new_series_per_hour_per_token: 20_000,
+            max_known_series: 10_000_000,
         }
     }
 }
@@ -61,20 +65,20 @@ pub struct Refused {
 
 const HOUR_MS: i64 = 3_600_000;
 
-/// A borrowed `(sensor, metric)`, looked up without building the owned key.
-#[derive(Hash)]
-struct SeriesRef<'a>(&'a str, &'a str);
-
-impl Equivalent<(Box<str>, Box<str>)> for SeriesRef<'_> {
-    fn equivalent(&self, key: &(Box<str>, Box<str>)) -> bool {
-        self.0 == &*key.0 && self.1 == &*key.1
-    }
-}
+/// The metric a registry entry alone counts under: a sensor whose labels
+/// are written before it has readings is one series to the guard.
+pub const SENSOR_ENTRY: &str = "";
 
 #[derive(Debug)]
 pub struct Guard {
     settings: Settings,
-    known: hashbrown::HashSet<(Box<str>, Box<str>)>,
+    /// The known series as hashes keyed per process (a client cannot aim
+    /// for a collision; an accidental one lets a new series in uncounted).
+    known: hashbrown::HashSet<u64>,
+    keys: std::collections::hash_map::RandomState,
+    /// `known` reached `max_known_series`: new series are no longer told
+    /// from known ones, so none is counted.
+    full: bool,
     /// Until the registry's series are in, nothing is counted.
     seeded: bool,
     hour: i64,
@@ -87,6 +91,8 @@ impl Guard {
         Self {
             settings,
             known: hashbrown::HashSet::new(),
+            keys: std::collections::hash_map::RandomState::new(),
+            full: false,
             seeded: false,
             hour: i64::MIN,
             used: 0,
@@ -100,10 +106,29 @@ impl Guard {
             || self.settings.max_new_series_per_hour_per_token > 0
     }
 
+    fn hash(&self, sensor: &str, metric: &str) -> u64 {
+        self.keys.hash_one((sensor, metric))
+    }
+
+    /// Remembers a series, unless the set is at its bound.
+    fn learn(&mut self, sensor: &str, metric: &str) {
+        let h = self.hash(sensor, metric);
+        if self.known.len() >= self.settings.max_known_series && !self.known.contains(&h) {
+            self.full = true;
+            return;
+        }
+        self.known.insert(h);
+    }
+
+    /// Whether the guard stopped bounding new series at `max_known_series`.
+    pub fn is_full(&self) -> bool {
+        self.full
+    }
+
     /// Learns series that exist (from the registry).
     pub fn know<'a>(&mut self, series: impl IntoIterator<Item = (&'a str, &'a str)>) {
         for (s, m) in series {
-            self.known.insert((s.into(), m.into()));
+            self.learn(s, m);
         }
     }
 
@@ -123,11 +148,11 @@ impl Guard {
     ) -> Result<usize, Refused> {
         let mut fresh: HashSet<(&str, &str)> = HashSet::new();
         for (s, m) in candidates {
-            if !self.known.contains(&SeriesRef(s, m)) {
+            if !self.known.contains(&self.hash(s, m)) {
                 fresh.insert((s, m));
             }
         }
-        if fresh.is_empty() {
+        if fresh.is_empty() || self.full {
             return Ok(0);
         }
         let hour = now_ms.div_euclid(HOUR_MS);
@@ -173,7 +198,7 @@ impl Guard {
             }
         }
         for (s, m) in fresh {
-            self.known.insert((s.into(), m.into()));
+            self.learn(s, m);
         }
         Ok(new)
     }
@@ -214,12 +239,23 @@ impl Shared {
     }
 
     pub fn know<'a>(&self, series: impl IntoIterator<Item = (&'a str, &'a str)>) {
-        self.lock().know(series);
+        let mut guard = self.lock();
+        guard.know(series);
+        if guard.is_full() {
+            self.ready.set(0);
+        }
     }
 
     pub fn seeded(&self) {
-        self.lock().seeded();
-        self.ready.set(1);
+        let mut guard = self.lock();
+        guard.seeded();
+        if guard.is_full() {
+            tracing::warn!(
+                "The registry holds more series than cardinality.max_known_series; new series are not bounded. Raise the setting to bound them."
+            );
+        } else {
+            self.ready.set(1);
+        }
     }
 
     /// [`Guard::admit`] now, counted.
@@ -231,7 +267,17 @@ impl Shared {
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-        match self.lock().admit(now_ms, token, candidates) {
+        let mut guard = self.lock();
+        let was_full = guard.is_full();
+        let admitted = guard.admit(now_ms, token, candidates);
+        if guard.is_full() && !was_full {
+            self.ready.set(0);
+            tracing::warn!(
+                "The cardinality guard remembers cardinality.max_known_series series; past it, new series are no longer bounded. Raise the setting to bound them again."
+            );
+        }
+        drop(guard);
+        match admitted {
             Ok(new) => {
                 self.taken.inc_by(new as u64);
                 Ok(())

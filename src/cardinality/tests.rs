@@ -15,6 +15,7 @@ fn guard(hour: usize, token: usize) -> Guard {
     let mut g = Guard::new(Settings {
         max_new_series_per_hour: hour,
         max_new_series_per_hour_per_token: token,
+        max_known_series: usize::MAX,
     });
     g.seeded();
     g
@@ -71,6 +72,7 @@ fn before_the_seed_every_series_is_taken_and_learnt_uncounted() {
     let mut g = Guard::new(Settings {
         max_new_series_per_hour: 1,
         max_new_series_per_hour_per_token: 0,
+        max_known_series: usize::MAX,
     });
     let many: Vec<(String, String)> = (0..100).map(|i| (format!("s{i}"), "m".into())).collect();
     assert_eq!(g.admit(0, None, &many), Ok(100));
@@ -130,4 +132,26 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn the_known_series_stop_at_their_bound_and_the_guard_then_says_it_bounds_nothing() {
+    let mut g = Guard::new(Settings {
+        max_new_series_per_hour: 2,
+        max_new_series_per_hour_per_token: 0,
+        max_known_series: 3,
+    });
+    g.know([("a", "m"), ("b", "m"), ("c", "m")]);
+    g.seeded();
+    assert!(!g.is_full());
+    // A known series is not new; a fourth would pass the bound.
+    assert_eq!(g.admit(0, None, &[("a".into(), "m".into())]), Ok(0));
+    assert_eq!(g.admit(0, None, &[("d".into(), "m".into())]), Ok(1));
+    assert!(g.is_full(), "d was not remembered");
+    assert_eq!(g.known.len(), 3);
+    // From now on nothing is counted (or refused), and nothing grows.
+    for i in 0..10 {
+        assert_eq!(g.admit(0, None, &[(format!("x{i}"), "m".into())]), Ok(0));
+    }
+    assert_eq!(g.known.len(), 3);
 }

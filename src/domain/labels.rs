@@ -1,7 +1,10 @@
 //! A sensor's labels: its metadata (`site`, `type`, …), validated so that a
 //! name is safe as a document field and as a Prometheus label.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
+
+use super::SensorId;
 
 pub const MAX_LABELS: usize = 32;
 pub const LABEL_NAME_MAX_LEN: usize = 64;
@@ -19,6 +22,8 @@ pub enum InvalidLabels {
         "the value of label {0:?} must be 1 to {LABEL_VALUE_MAX_LEN} bytes without control characters"
     )]
     Value(String),
+    #[error("label {0:?} is repeated")]
+    Repeated(String),
 }
 
 /// Checks a label name: Prometheus' label syntax, minus the reserved names.
@@ -63,6 +68,63 @@ impl Labels {
 
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
         self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+}
+
+/// Labels offered for one sensor: the only thing the registry's label
+/// merges take, so every path (line-protocol tags over HTTP and MQTT,
+/// Sparkplug births and presence) validates them the same way, once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SensorLabels<'a> {
+    sensor: SensorId<'a>,
+    labels: Vec<(Cow<'a, str>, Cow<'a, str>)>,
+}
+
+impl<'a> SensorLabels<'a> {
+    /// `labels` for `sensor`, if each name and value is valid, no name
+    /// repeats and there are at most [`MAX_LABELS`].
+    pub fn new(
+        sensor: SensorId<'a>,
+        labels: Vec<(Cow<'a, str>, Cow<'a, str>)>,
+    ) -> Result<Self, InvalidLabels> {
+        if labels.len() > MAX_LABELS {
+            return Err(InvalidLabels::TooMany);
+        }
+        for (i, (name, value)) in labels.iter().enumerate() {
+            if !valid_label_name(name) {
+                return Err(InvalidLabels::Name(name.clone().into_owned()));
+            }
+            if labels[..i].iter().any(|(other, _)| other == name) {
+                return Err(InvalidLabels::Repeated(name.clone().into_owned()));
+            }
+            if !valid_label_value(value) {
+                return Err(InvalidLabels::Value(name.clone().into_owned()));
+            }
+        }
+        Ok(Self { sensor, labels })
+    }
+
+    pub fn sensor(&self) -> &SensorId<'a> {
+        &self.sensor
+    }
+
+    pub fn labels(&self) -> &[(Cow<'a, str>, Cow<'a, str>)] {
+        &self.labels
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+
+    pub fn into_owned(self) -> SensorLabels<'static> {
+        SensorLabels {
+            sensor: self.sensor.into_owned(),
+            labels: self
+                .labels
+                .into_iter()
+                .map(|(k, v)| (Cow::Owned(k.into_owned()), Cow::Owned(v.into_owned())))
+                .collect(),
+        }
     }
 }
 

@@ -15,7 +15,10 @@ mod weighted;
 pub use aggregate::Agg;
 pub use bucket::{BucketKey, BucketKeyRef, BucketUpdate, Granularity, SECOND_FIELDS, field_name};
 pub use instant::{format_ms, format_secs, representable_ms, rfc3339_ms, rfc3339_secs};
-pub use labels::{InvalidLabels, Labels, MAX_LABELS, valid_label_name, valid_label_value};
+pub use labels::{
+    InvalidLabels, LABEL_VALUE_MAX_LEN, Labels, MAX_LABELS, SensorLabels, valid_label_name,
+    valid_label_value,
+};
 pub use read::{BucketRead, Level, Period, RollupRead, Starts, Values};
 pub use reading::{
     InvalidReading, METRIC_MAX_LEN, MetricName, Reading, SENSOR_MAX_LEN, SensorId, TimeWindow,

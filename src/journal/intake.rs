@@ -10,7 +10,7 @@ use super::handle::Journal;
 use super::task::JournalError;
 use crate::batcher::driver::BatcherHandle;
 use crate::batcher::{FlushResult, NotStored};
-use crate::domain::{BucketKey, Reading};
+use crate::domain::{BucketKey, Reading, SensorId};
 
 /// How long a writer waits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,6 +154,30 @@ impl Intake {
             _ => None,
         };
         Ok(Ack(inner, registered))
+    }
+
+    /// Admits registry entries for `sensors` that a label write would
+    /// create (a `PUT …/labels`, a Sparkplug birth) through the new-series
+    /// guard: a sensor the guard does not know counts as one new series,
+    /// from `token` (`None` with auth off, or over MQTT).
+    pub fn admit_sensors(
+        &self,
+        sensors: &[&SensorId<'_>],
+        token: Option<&str>,
+    ) -> Result<(), crate::cardinality::Refused> {
+        let Some(guard) = &self.guard else {
+            return Ok(());
+        };
+        let entries: Vec<(String, String)> = sensors
+            .iter()
+            .map(|s| {
+                (
+                    s.as_str().to_owned(),
+                    crate::cardinality::SENSOR_ENTRY.to_owned(),
+                )
+            })
+            .collect();
+        guard.admit(token, &entries)
     }
 
     /// See [`BatcherHandle::flush_soon`]: only prompt readings wait for a flush.

@@ -58,7 +58,9 @@ async fn seed_guard(
                 guard.know(
                     info.metrics
                         .iter()
-                        .map(|m| (info.sensor.as_str(), m.as_str())),
+                        .map(String::as_str)
+                        .chain([crate::cardinality::SENSOR_ENTRY])
+                        .map(|m| (info.sensor.as_str(), m)),
                 );
                 false
             })

@@ -9,7 +9,7 @@ use mongodb::bson::{Bson, Document, doc};
 
 use super::document::start_date;
 use super::errors::StoreError;
-use crate::domain::{BucketUpdate, Granularity, Labels, MAX_LABELS};
+use crate::domain::{BucketUpdate, Granularity, Labels, MAX_LABELS, MetricName, SensorId};
 
 /// A registered sensor.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -92,11 +92,17 @@ pub fn filter(q: &SensorQuery<'_>) -> Document {
 /// Reads a registry document.
 pub fn read(d: &Document) -> Result<SensorInfo, StoreError> {
     let bad = |what: &str| StoreError::Unreadable(format!("sensor registry: {what}"));
-    let sensor = d.get_str("_id").map_err(|_| bad("_id"))?.to_owned();
+    let sensor = d
+        .get_str("_id")
+        .ok()
+        .filter(|id| SensorId::parse(*id).is_ok())
+        .ok_or_else(|| bad("_id is not a sensor id"))?
+        .to_owned();
     let metrics = match d.get_array("metrics") {
         Ok(a) => a
             .iter()
             .filter_map(Bson::as_str)
+            .filter(|m| MetricName::parse(*m).is_ok())
             .map(str::to_owned)
             .collect(),
         Err(_) => Vec::new(),

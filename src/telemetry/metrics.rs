@@ -51,6 +51,7 @@ pub struct Metrics {
     pub query_cache_misses: IntCounter,
     pub query_cache_bytes: IntGauge,
     pub query_memory_bytes: IntGauge,
+    pub unreadable_documents: IntCounter,
     /// -1 until the first count.
     pub sensors_silent: IntGauge,
     pub store_read_shape: IntGaugeVec,
@@ -204,6 +205,11 @@ impl Metrics {
                 "hourglass_mqtt_dropped_total",
                 "QoS 0 MQTT messages dropped because mqtt.max_queued_bytes were waiting (reason: queue_full), and dead letters of QoS 0 messages dropped because the letters waiting to be published were at their bound (reason: dead_letter_backlog).",
                 &["reason"],
+            ),
+            unreadable_documents: counter(
+                &r,
+                "hourglass_unreadable_documents_total",
+                "Sensor registry and metadata documents skipped because they do not decode (each is logged at WARN).",
             ),
             query_memory_bytes: gauge(
                 &r,

@@ -19,10 +19,12 @@ use super::{
     parse_tz, point_columns, range, series_grid, store_error, wants_csv,
 };
 
-pub(super) fn sensor_param(principal: &Principal, sensor: &str) -> Result<(), ApiError> {
+pub(super) fn sensor_param<'a>(
+    principal: &Principal,
+    sensor: &'a str,
+) -> Result<SensorId<'a>, ApiError> {
     principal.check_sensors(std::iter::once(sensor))?;
-    SensorId::parse(sensor).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    Ok(())
+    SensorId::parse(sensor).map_err(|e| ApiError::bad_request(e.to_string()))
 }
 
 /// Count, sum, mean, min and max of one sensor's metric over a range, exact.

@@ -146,7 +146,7 @@ pub async fn put_labels(
     Path(sensor): Path<String>,
     body: Result<Json<BTreeMap<String, String>>, axum::extract::rejection::JsonRejection>,
 ) -> Result<StatusCode, ApiError> {
-    sensor_param(&principal, &sensor)?;
+    let sensor = sensor_param(&principal, &sensor)?;
     let Json(labels) = body.map_err(|e| {
         ApiError::bad_request(format!(
             "the body must be a JSON object of label names to string values: {}",
@@ -154,6 +154,11 @@ pub async fn put_labels(
         ))
     })?;
     let labels = Labels::parse(labels).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    // A registry entry the write may create is a new series to the guard.
+    state
+        .intake
+        .admit_sensors(&[&sensor], principal.token_name())
+        .map_err(|refused| ApiError::from(crate::journal::IntakeError::NewSeries(refused)))?;
     let admitted = admit(&state).await?;
     let work = state.store.set_labels(&sensor, &labels);
     admitted

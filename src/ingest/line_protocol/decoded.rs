@@ -2,23 +2,15 @@
 //! the series they belong to, and what was refused; the readings built
 //! grouped by series for whoever takes them.
 
-use std::borrow::Cow;
 use std::fmt::Write as _;
 
-use crate::domain::{MetricName, Reading, SensorId};
+use crate::domain::{MetricName, Reading, SensorId, SensorLabels};
 
 /// A refused line: its number (from 1) and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LineError {
     pub line: usize,
     pub reason: String,
-}
-
-/// The labels one sensor's lines carry (each distinct tag set once per body).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SensorLabels<'a> {
-    pub sensor: &'a str,
-    pub labels: Vec<(Cow<'a, str>, Cow<'a, str>)>,
 }
 
 /// A reading as decoded: its series by number (see [`Decoded::series`]).
@@ -39,6 +31,8 @@ pub struct Decoded<'a> {
     /// Each series' sensor and metric, by number: one per sensor and
     /// metric, numbered from 0 in the order met.
     pub(super) series: Vec<(SensorId<'a>, MetricName<'a>)>,
+    /// The labels the taken lines carry (each distinct tag set once per
+    /// body); a refused line's are not among them.
     pub labels: Vec<SensorLabels<'a>>,
     /// The first `MAX_DETAILS` refused lines.
     pub errors: Vec<LineError>,

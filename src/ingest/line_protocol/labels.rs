@@ -1,6 +1,11 @@
 //! Tags become sensor labels in the background: a line's readings never wait
 //! for the registry. A cache of what the registry holds keeps the steady
 //! state free of writes; only a tag set not seen before costs one update.
+//!
+//! What is offered here is already validated ([`SensorLabels`]) and
+//! authorised: callers offer a sensor's labels only once its readings were
+//! taken (a token's sensors, past the new-series guard), or once the guard
+//! admitted the sensor itself (Sparkplug births).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -9,7 +14,7 @@ use hashbrown::HashMap;
 use tokio::sync::mpsc;
 use tracing::warn;
 
-use super::decoded::SensorLabels;
+use crate::domain::SensorLabels;
 use crate::shutdown::Shutdown;
 use crate::store::MongoStore;
 
@@ -19,7 +24,7 @@ const QUEUE: usize = 1024;
 /// Past this many sensors the cache starts over: it only saves writes.
 const CACHE_LIMIT: usize = 100_000;
 
-type Update = (String, Vec<(String, String)>);
+type Update = SensorLabels<'static>;
 
 /// The ingestors' side: offers tag sets, sends only those the registry lacks.
 pub struct LabelSync {
@@ -47,10 +52,10 @@ impl LabelSync {
         (sync, writer)
     }
 
-    fn holds(&self, sensor: &str, labels: &[(impl AsRef<str>, impl AsRef<str>)]) -> bool {
+    fn holds(&self, set: &SensorLabels<'_>) -> bool {
         let known = self.known.lock().unwrap_or_else(|e| e.into_inner());
-        known.get(sensor).is_some_and(|have| {
-            labels
+        known.get(set.sensor().as_str()).is_some_and(|have| {
+            set.labels()
                 .iter()
                 .all(|(k, v)| have.get(k.as_ref()).map(String::as_str) == Some(v.as_ref()))
         })
@@ -59,25 +64,25 @@ impl LabelSync {
     /// Queues the sets the registry is not known to hold.
     pub fn offer(&self, sets: &[SensorLabels<'_>]) {
         for set in sets {
-            if set.labels.is_empty() || self.holds(set.sensor, &set.labels) {
+            if set.is_empty() || self.holds(set) {
                 continue;
             }
-            let labels = set
-                .labels
-                .iter()
-                .map(|(k, v)| (k.clone().into_owned(), v.clone().into_owned()))
-                .collect();
             // Full: the same tags come with the sensor's next line.
-            let _ = self.queue.try_send((set.sensor.to_owned(), labels));
+            let _ = self.queue.try_send(set.clone().into_owned());
         }
     }
 
-    fn learn(&self, sensor: String, labels: Vec<(String, String)>) {
+    fn learn(&self, set: &SensorLabels<'_>) {
         let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
-        if known.len() >= CACHE_LIMIT && !known.contains_key(&sensor) {
+        let sensor = set.sensor().as_str();
+        if known.len() >= CACHE_LIMIT && !known.contains_key(sensor) {
             known.clear();
         }
-        known.entry(sensor).or_default().extend(labels);
+        known.entry(sensor.to_owned()).or_default().extend(
+            set.labels()
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string())),
+        );
     }
 }
 
@@ -85,7 +90,7 @@ impl LabelWriter {
     /// Writes queued tag sets until shutdown.
     pub async fn run(mut self, store: Arc<MongoStore>, shutdown: Shutdown) {
         loop {
-            let (sensor, labels) = tokio::select! {
+            let set = tokio::select! {
                 _ = shutdown.triggered() => return,
                 next = self.updates.recv() => match next {
                     Some(next) => next,
@@ -93,18 +98,19 @@ impl LabelWriter {
                 },
             };
             // Offered twice before the first was written.
-            if self.sync.holds(&sensor, &labels) {
+            if self.sync.holds(&set) {
                 continue;
             }
-            match store.merge_labels(&sensor, &labels).await {
-                Ok(true) => self.sync.learn(sensor, labels),
+            let sensor = set.sensor().as_str();
+            match store.merge_labels(&set).await {
+                Ok(true) => self.sync.learn(&set),
                 Ok(false) => {
                     warn!(
                         sensor,
                         "A sensor's line-protocol tags would give it more than the allowed number of labels; they were not added."
                     );
                     // Remembered anyway, so that every line does not retry.
-                    self.sync.learn(sensor, labels);
+                    self.sync.learn(&set);
                 }
                 Err(e) => warn!(
                     sensor,

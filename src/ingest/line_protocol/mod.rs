@@ -19,7 +19,7 @@ use bumpalo::Bump;
 use hashbrown::HashMap;
 
 use self::decoded::Row;
-pub use self::decoded::{Decoded, LineError, SensorLabels};
+pub use self::decoded::{Decoded, LineError};
 pub use self::labels::LabelSync;
 use self::parse::{
     FieldValue, Kind, Line, Lines, ParseError, Text, parse_fields, parse_line, parse_series,
@@ -27,10 +27,7 @@ use self::parse::{
 };
 pub use self::settings::Settings;
 use super::decode::DecodeContext;
-use crate::domain::{
-    InvalidLabels, InvalidReading, MAX_LABELS, MetricName, Reading, SensorId, valid_label_name,
-    valid_label_value,
-};
+use crate::domain::{InvalidLabels, InvalidReading, MetricName, Reading, SensorId, SensorLabels};
 
 /// The most series a body's series cache is sized for before its first line.
 const MAX_PRESIZED_SERIES: usize = 1024;
@@ -124,8 +121,12 @@ enum Refusal {
 struct Seen<'a> {
     arena: &'a Bump,
     metrics: HashMap<(&'a str, &'a str), Option<MetricName<'a>>>,
-    /// `(sensor, tag section)` → `None` when valid, else why not.
-    tag_sets: HashMap<(&'a str, &'a str), Option<String>>,
+    /// `(sensor, tag section)` → its labels' place in `out.labels` when
+    /// valid, else why not.
+    tag_sets: HashMap<(&'a str, &'a str), Result<u32, String>>,
+    /// Whether each of `out.labels` came with a line that was taken: only
+    /// those reach the registry (a refused line contributes nothing).
+    labels_taken: Vec<bool>,
     scratch: String,
     /// The sensor tag's value on the last line with a valid one, and its id.
     last_sensor: Option<(&'a str, SensorId<'a>)>,
@@ -148,6 +149,8 @@ struct Series<'a> {
     /// The series number of its field `value` (the common case), if that
     /// metric is valid.
     value: Option<u32>,
+    /// Its labels' place in `out.labels`, when it has labels.
+    labels: Option<u32>,
 }
 
 impl<'a> Seen<'a> {
@@ -198,6 +201,7 @@ pub fn decode<'a>(
         arena,
         metrics: HashMap::new(),
         tag_sets: HashMap::new(),
+        labels_taken: Vec::new(),
         scratch: String::new(),
         last_sensor: None,
         // A body written in time order carries many series: sized up front
@@ -228,8 +232,13 @@ pub fn decode<'a>(
             &mut seen,
             &mut out,
         ) {
-            Ok(()) => {
+            Ok(labels) => {
                 out.lines += 1;
+                if out.rows.len() > before
+                    && let Some(taken) = labels.and_then(|i| seen.labels_taken.get_mut(i as usize))
+                {
+                    *taken = true;
+                }
                 if out.rows.len() > ctx.max_readings {
                     return Err(TooMany {
                         max: ctx.max_readings,
@@ -250,6 +259,8 @@ pub fn decode<'a>(
         }
     }
     out.series = seen.table;
+    let mut taken = seen.labels_taken.into_iter();
+    out.labels.retain(|_| taken.next().unwrap_or(false));
     Ok(out)
 }
 
@@ -267,7 +278,7 @@ fn decode_line<'a>(
     sensor_tags: &[String],
     seen: &mut Seen<'a>,
     out: &mut Decoded<'a>,
-) -> Result<(), Refusal> {
+) -> Result<Option<u32>, Refusal> {
     // Long: one line in order: series, each field by its kind, the timestamp.
     let series = match source {
         Source::Text(text) => {
@@ -284,7 +295,7 @@ fn decode_line<'a>(
                             ts: seconds(ts, precision, ctx)?,
                             value,
                         });
-                        return Ok(());
+                        return Ok(series.labels);
                     }
                     let series = series.clone();
                     parse_fields(text, end, line)?;
@@ -315,7 +326,7 @@ fn decode_line<'a>(
                             ts: seconds(ts, precision, ctx)?,
                             value,
                         });
-                        return Ok(());
+                        return Ok(series.labels);
                     }
                     parse_fields(text, at, line)?;
                     series
@@ -367,7 +378,7 @@ fn decode_line<'a>(
             value,
         });
     }
-    Ok(())
+    Ok(series.labels)
 }
 
 /// A line's timestamp in `precision` as epoch seconds inside the window
@@ -410,32 +421,23 @@ fn identify<'a>(
             id
         }
     };
+    let mut labels = None;
     if line.tags.len() > 1 {
         // A valid sensor id has no escapes: the raw value is the id.
         let set = (value.raw(), line.tag_section);
         let verdict = match seen.tag_sets.get(&set) {
             Some(v) => v.clone(),
             None => {
-                let verdict = check_labels(line, position).err();
-                if verdict.is_none() {
-                    out.labels.push(SensorLabels {
-                        sensor: set.0,
-                        labels: line
-                            .tags
-                            .iter()
-                            .enumerate()
-                            .filter(|&(i, _)| i != position)
-                            .map(|(_, (k, v))| (k.unescape(Kind::Key), v.unescape(Kind::Key)))
-                            .collect(),
-                    });
-                }
+                let verdict = line_labels(line, position, &sensor).map(|set| {
+                    out.labels.push(set);
+                    seen.labels_taken.push(false);
+                    u32::try_from(out.labels.len() - 1).unwrap_or(u32::MAX)
+                });
                 seen.tag_sets.insert(set, verdict.clone());
                 verdict
             }
         };
-        if let Some(reason) = verdict {
-            return Err(Refusal::Labels(reason));
-        }
+        labels = Some(verdict.map_err(Refusal::Labels)?);
     }
     let measurement = line.measurement.unwrap_or_default();
     let value = seen
@@ -445,36 +447,28 @@ fn identify<'a>(
         measurement,
         sensor,
         value,
+        labels,
     })
 }
 
-/// The tags other than the sensor's, as labels: Prometheus-style names, bounded.
-fn check_labels(line: &Line<'_>, sensor: usize) -> Result<(), String> {
-    if line.tags.len() - 1 > MAX_LABELS {
-        return Err(format!(
-            "{} (tags besides the sensor's)",
-            InvalidLabels::TooMany
-        ));
-    }
-    for (i, (k, v)) in line.tags.iter().enumerate() {
-        if i == sensor {
-            continue;
-        }
-        let name = k.unescape(Kind::Key);
-        if !valid_label_name(&name) {
-            return Err(InvalidLabels::Name(name.into_owned()).to_string());
-        }
-        if line.tags[..i]
-            .iter()
-            .any(|(other, _)| other.raw() == k.raw())
-        {
-            return Err(format!("tag {name:?} is repeated"));
-        }
-        if !valid_label_value(&v.unescape(Kind::Key)) {
-            return Err(InvalidLabels::Value(name.into_owned()).to_string());
-        }
-    }
-    Ok(())
+/// The tags other than the sensor's, as its labels: Prometheus-style names,
+/// bounded ([`SensorLabels::new`]).
+fn line_labels<'a>(
+    line: &Line<'a>,
+    position: usize,
+    sensor: &SensorId<'a>,
+) -> Result<SensorLabels<'a>, String> {
+    let pairs = line
+        .tags
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| i != position)
+        .map(|(_, (k, v))| (k.unescape(Kind::Key), v.unescape(Kind::Key)))
+        .collect();
+    SensorLabels::new(sensor.clone(), pairs).map_err(|e| match e {
+        InvalidLabels::TooMany => format!("{e} (tags besides the sensor's)"),
+        other => other.to_string(),
+    })
 }
 
 #[cfg(test)]
@@ -547,13 +541,7 @@ mod tests {
         )
         .expect("ok");
         assert_eq!(d.strings, 1);
-        assert_eq!(
-            d.labels,
-            [SensorLabels {
-                sensor: "h1",
-                labels: vec![("cpu".into(), "cpu0".into())]
-            }]
-        );
+        assert_eq!(d.labels, [labelled("h1", &[("cpu", "cpu0")])]);
         // The first sensor tag in the configured order wins; the others are labels.
         assert_eq!(
             run("m,host=h,device=d,sensor=s value=1", Precision::Seconds),
@@ -678,15 +666,11 @@ mod tests {
         )
         .expect("ok");
         assert_eq!(d.len(), 2);
-        assert_eq!(
-            d.labels,
-            [SensorLabels {
-                sensor: "a",
-                labels: vec![("site".into(), "Berlin Mitte".into())]
-            }]
-        );
+        assert_eq!(d.labels, [labelled("a", &[("site", "Berlin Mitte")])]);
         assert!(d.errors[0].reason.contains("repeated"));
-        let many: String = (0..=MAX_LABELS).map(|i| format!(",l{i}=v")).collect();
+        let many: String = (0..=crate::domain::MAX_LABELS)
+            .map(|i| format!(",l{i}=v"))
+            .collect();
         let body = format!("m,sensor=a{many} value=1");
         let d = decode(
             body.as_bytes(),
@@ -697,6 +681,52 @@ mod tests {
         )
         .expect("ok");
         assert_eq!(d.refused, 1);
+    }
+
+    fn labelled(
+        sensor: &'static str,
+        pairs: &[(&'static str, &'static str)],
+    ) -> SensorLabels<'static> {
+        SensorLabels::new(
+            SensorId::parse(sensor).expect("a sensor"),
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect(),
+        )
+        .expect("valid labels")
+    }
+
+    /// The body: a line refused (here for its timestamp) records
+    /// none of its tags, whether its sensor has other lines or not; a line
+    /// of only string fields (no reading) records none either.
+    #[test]
+    fn a_refused_line_or_one_without_readings_contributes_no_labels() {
+        let body = "temp,sensor=truck-18,site=hacked value=1 1\ntemp,sensor=not-mine-42,owner=truck17 value=1 1\ntemp,sensor=s,site=ok value=2\ntemp,sensor=s,site=bad value=3 1\nnote,sensor=q,x=y text=\"a\"\n";
+        let arena = Bump::new();
+        let d = decode(
+            body.as_bytes(),
+            Precision::Seconds,
+            &ctx(100),
+            &tags(),
+            &arena,
+        )
+        .expect("ok");
+        assert_eq!(d.refused, 3);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d.labels, [labelled("s", &[("site", "ok")])]);
+        // Refused first, taken later (by the series cache's shortcut): the
+        // taken line's tags count.
+        let body = "temp,sensor=s,site=ok value=3 1\ntemp,sensor=s,site=ok value=2\n";
+        let d = decode(
+            body.as_bytes(),
+            Precision::Seconds,
+            &ctx(100),
+            &tags(),
+            &arena,
+        )
+        .expect("ok");
+        assert_eq!(d.labels, [labelled("s", &[("site", "ok")])]);
     }
 
     // --- The parser against InfluxData's crate, on generated lines. ---

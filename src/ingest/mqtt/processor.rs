@@ -19,7 +19,7 @@ use super::sparkplug;
 use super::topics::parse_topic;
 use bumpalo::Bump;
 
-use crate::domain::Reading;
+use crate::domain::{Reading, SensorLabels};
 use crate::ingest::decode::{DecodeContext, DecodeError, decode_payload};
 use crate::ingest::line_protocol::{Precision, decode};
 use crate::journal::{IntakeError, Wait};
@@ -144,7 +144,7 @@ async fn submit(shared: &Shared, publish: &Publish) -> Result<Submitted, Submit>
             .ingest
             .decode_context(jiff::Timestamp::now().as_second());
         let arena = Bump::new();
-        let (readings, refused) = match implied {
+        let (readings, refused, labels) = match implied {
             Some(implied) => {
                 let readings = decode_payload(&publish.payload, implied, &ctx).map_err(|e| {
                     let (kind, readings) = e.rejection();
@@ -154,7 +154,7 @@ async fn submit(shared: &Shared, publish: &Publish) -> Result<Submitted, Submit>
                         readings,
                     })
                 })?;
-                (readings, None)
+                (readings, None, Vec::new())
             }
             None => line_protocol_readings(shared, &publish.payload, &ctx, &arena)?,
         };
@@ -168,6 +168,11 @@ async fn submit(shared: &Shared, publish: &Publish) -> Result<Submitted, Submit>
         match shared.intake.submit(readings, Wait::Safe, None) {
             Ok(ack) => {
                 shared.metrics.received(Source::Mqtt, n);
+                // The taken lines' tags, now that their readings passed the
+                // guard (MQTT has no tokens: the broker's ACLs are the gate).
+                if settings.labels_from_messages {
+                    shared.line_protocol.labels.offer(&labels);
+                }
                 return Ok((Some(ack), refused));
             }
             Err(IntakeError::Closed) => return Err(Submit::Stopped),
@@ -184,14 +189,19 @@ async fn submit(shared: &Shared, publish: &Publish) -> Result<Submitted, Submit>
     }
 }
 
+/// A message's readings, what of it was refused, and the labels its taken
+/// lines carry.
+type Taken<'a> = (Vec<Reading<'a>>, Option<Unusable>, Vec<SensorLabels<'a>>);
+
 /// A line-protocol payload's readings (timestamps in nanoseconds, as
-/// Telegraf sends them), its tags offered as labels, and its refused lines.
+/// Telegraf sends them), its refused lines, and the labels its taken lines
+/// carry.
 fn line_protocol_readings<'a>(
     shared: &Shared,
     payload: &'a [u8],
     ctx: &DecodeContext,
     arena: &'a Bump,
-) -> Result<(Vec<Reading<'a>>, Option<Unusable>), Submit> {
+) -> Result<Taken<'a>, Submit> {
     let lp = &shared.line_protocol;
     let mut decoded = decode(
         payload,
@@ -201,7 +211,6 @@ fn line_protocol_readings<'a>(
         arena,
     )
     .map_err(|e| Submit::Unusable(Unusable::new(Rejection::TooLarge, e.to_string()), None))?;
-    lp.labels.offer(&decoded.labels);
     shared
         .metrics
         .line_protocol_strings
@@ -211,7 +220,8 @@ fn line_protocol_readings<'a>(
         kind: Rejection::Invalid,
         readings: decoded.refused,
     });
-    Ok((decoded.take_grouped(), refused))
+    let labels = std::mem::take(&mut decoded.labels);
+    Ok((decoded.take_grouped(), refused, labels))
 }
 
 fn describe(e: &DecodeError) -> String {

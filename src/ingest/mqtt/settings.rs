@@ -65,6 +65,10 @@ pub struct Settings {
     /// window holds the rest). A quarter of it again for dead letters
     /// waiting to be published.
     pub max_queued_bytes: usize,
+    /// Labels from messages (line-protocol tags, Sparkplug births'
+    /// ids, properties and state) go to the registry. MQTT has no tokens:
+    /// the broker's ACLs decide who may publish them; off, none do.
+    pub labels_from_messages: bool,
     #[serde(with = "humantime_serde")]
     pub reconnect_min: Duration,
     #[serde(with = "humantime_serde")]
@@ -91,6 +95,7 @@ impl Default for Settings {
             max_dead_letter_bytes: DEFAULT_MAX_DEAD_LETTER_BYTES,
             max_unacked: DEFAULT_MAX_UNACKED,
             max_queued_bytes: DEFAULT_MAX_QUEUED_BYTES,
+            labels_from_messages: true,
             reconnect_min: DEFAULT_RECONNECT_MIN,
             reconnect_max: DEFAULT_RECONNECT_MAX,
             sparkplug: crate::ingest::sparkplug::Settings::default(),

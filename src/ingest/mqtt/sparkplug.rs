@@ -10,8 +10,7 @@ use tracing::{info, warn};
 
 use super::intake::{Submit, Submitted, check_size, offer};
 use super::shared::{Shared, Unusable};
-use crate::domain::{MetricName, Reading, SensorId, TimeWindow};
-use crate::ingest::line_protocol::SensorLabels;
+use crate::domain::{MetricName, Reading, SensorId, SensorLabels, TimeWindow};
 use crate::ingest::sparkplug::payload::{self, Parsed};
 use crate::ingest::sparkplug::{Effects, Host};
 use crate::telemetry::metrics::Rejection;
@@ -151,32 +150,61 @@ fn apply(shared: &Shared, fx: &Effects) {
                 "Could not queue a Sparkplug rebirth request; the next unusable message asks again."),
         }
     }
-    // Registry: the Sparkplug ids as labels, and presence with its time.
+    registry_labels(shared, fx);
+}
+
+/// The registry's part: the Sparkplug ids as labels, and presence with its
+/// time, each set validated as any label write is ([`SensorLabels`]) and
+/// its sensors admitted by the new-series guard (a birth's sensor may have
+/// no readings yet: its registry entry counts as one new series). Not at
+/// all with `mqtt.labels_from_messages = false`.
+fn registry_labels(shared: &Shared, fx: &Effects) {
+    if !shared.settings.labels_from_messages || (fx.labels.is_empty() && fx.presence.is_empty()) {
+        return;
+    }
     let at = jiff::Timestamp::now().to_string();
-    let mut sets: Vec<SensorLabels<'_>> = fx
-        .labels
+    let presence: Vec<(&str, Vec<(String, String)>)> = fx
+        .presence
         .iter()
-        .map(|(sensor, labels)| SensorLabels {
-            sensor,
-            labels: labels
-                .iter()
-                .map(|(k, v)| (Cow::Borrowed(k.as_str()), Cow::Borrowed(v.as_str())))
-                .collect(),
+        .map(|(sensor, online)| {
+            (
+                sensor.as_str(),
+                vec![
+                    (
+                        "sparkplug_state".to_owned(),
+                        if *online { "online" } else { "offline" }.to_owned(),
+                    ),
+                    ("sparkplug_state_at".to_owned(), at.clone()),
+                ],
+            )
         })
         .collect();
-    for (sensor, online) in &fx.presence {
-        sets.push(SensorLabels {
-            sensor,
-            labels: vec![
-                (
-                    Cow::Borrowed("sparkplug_state"),
-                    Cow::Borrowed(if *online { "online" } else { "offline" }),
-                ),
-                (Cow::Borrowed("sparkplug_state_at"), Cow::Owned(at.clone())),
-            ],
-        });
+    let mut sets: Vec<SensorLabels<'_>> = Vec::new();
+    for (sensor, labels) in fx
+        .labels
+        .iter()
+        .map(|(s, l)| (s.as_str(), l))
+        .chain(presence.iter().map(|(s, l)| (*s, l)))
+    {
+        match SensorId::parse(sensor)
+            .map_err(|e| e.to_string())
+            .and_then(|id| SensorLabels::new(id, borrowed(labels)).map_err(|e| e.to_string()))
+        {
+            Ok(set) => sets.push(set),
+            Err(reason) => warn!(sensor, reason, "Sparkplug labels not recorded."),
+        }
     }
-    if !sets.is_empty() {
-        shared.line_protocol.labels.offer(&sets);
+    let sensors: Vec<&SensorId<'_>> = sets.iter().map(SensorLabels::sensor).collect();
+    if let Err(refused) = shared.intake.admit_sensors(&sensors, None) {
+        warn!(reason = %refused, "Sparkplug labels not recorded: their sensors are new series past the guard's bound.");
+        return;
     }
+    shared.line_protocol.labels.offer(&sets);
+}
+
+fn borrowed(pairs: &[(String, String)]) -> Vec<(Cow<'_, str>, Cow<'_, str>)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (Cow::Borrowed(k.as_str()), Cow::Borrowed(v.as_str())))
+        .collect()
 }

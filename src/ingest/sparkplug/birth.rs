@@ -137,7 +137,11 @@ pub(super) fn labels(
                 .chars()
                 .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
                 .collect();
-            if valid_label_name(&key) && valid_label_value(v) && !l.iter().any(|(k, _)| *k == key) {
+            if l.len() < crate::domain::MAX_LABELS
+                && valid_label_name(&key)
+                && valid_label_value(v)
+                && !l.iter().any(|(k, _)| *k == key)
+            {
                 l.push((key, v.clone()));
             }
         }

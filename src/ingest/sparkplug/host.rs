@@ -29,6 +29,8 @@ pub struct Rules {
     /// Edge nodes with state; a birth from one more is refused.
     pub max_edge_nodes: usize,
     pub max_devices_per_node: usize,
+    /// Bytes of births kept for every node and device together.
+    pub max_state_bytes: usize,
 }
 
 /// What one message (or a tick) asks of the caller.
@@ -57,6 +59,8 @@ pub struct Effects {
 struct Device {
     online: bool,
     table: Option<Table>,
+    /// What its table (and its id) count in [`Host::state_bytes`].
+    bytes: usize,
 }
 
 #[derive(Debug, Default)]
@@ -71,6 +75,8 @@ struct Node {
     gap_deadline: Option<u64>,
     last_rebirth: Option<u64>,
     devices: BTreeMap<String, Device>,
+    /// What its table (and its ids) count in [`Host::state_bytes`].
+    bytes: usize,
 }
 
 /// The host's view of every edge node.
@@ -78,6 +84,20 @@ struct Node {
 pub struct Host {
     rules: Rules,
     nodes: HashMap<(String, String), Node>,
+    /// Bytes of the births kept ([`Rules::max_state_bytes`]).
+    state_bytes: usize,
+}
+
+/// What one more node or device costs besides its table.
+const ENTRY_BYTES: usize = 256;
+
+/// What a birth's table holds: each definition's name twice (by name and
+/// in its definition), its mapped metric name, and the maps' slots.
+fn table_bytes(metrics: &[(Option<u64>, String, u32)], ids: usize) -> usize {
+    metrics
+        .iter()
+        .map(|(_, name, _)| name.len().saturating_mul(3).saturating_add(128))
+        .fold(ids.saturating_add(ENTRY_BYTES), usize::saturating_add)
 }
 
 /// Takes a node's online devices offline, telling the registry.
@@ -103,6 +123,7 @@ impl Host {
         Self {
             rules,
             nodes: HashMap::new(),
+            state_bytes: 0,
         }
     }
 
@@ -114,23 +135,71 @@ impl Host {
         }
     }
 
+    /// Bytes of births the host keeps.
+    pub fn state_bytes(&self) -> usize {
+        self.state_bytes
+    }
+
+    /// Why a birth of `bytes` replacing one of `had` may not be kept, if it
+    /// may not.
+    fn over_state(&self, had: usize, bytes: usize) -> Option<String> {
+        let after = self.state_bytes.saturating_sub(had).saturating_add(bytes);
+        (after > self.rules.max_state_bytes).then(|| {
+            format!(
+                "the host keeps {} bytes of births at most (mqtt.sparkplug.max_state_bytes); this one needs {bytes}",
+                self.rules.max_state_bytes
+            )
+        })
+    }
+
     /// Takes back births persisted before a restart: aliases resolve at
-    /// once, and the next `seq` seen starts the count.
+    /// once, and the next `seq` seen starts the count. Births past the
+    /// host's bounds, or with ids no topic could carry, are left out (their
+    /// nodes are asked to rebirth when their data comes).
     pub fn restore(&mut self, births: impl IntoIterator<Item = Birth>) {
         for b in births {
-            let node = self.nodes.entry((b.group, b.node)).or_default();
+            let ids = [
+                Some(b.group.as_str()),
+                Some(b.node.as_str()),
+                b.device.as_deref(),
+            ];
+            if ids.iter().flatten().any(|id| !super::payload::valid_id(id))
+                || SensorId::parse(self.sensor(&b.group, &b.node, b.device.as_deref())).is_err()
+            {
+                continue;
+            }
+            let key = (b.group.clone(), b.node.clone());
+            if !self.room_for(&key) {
+                continue;
+            }
+            let bytes = table_bytes(&b.metrics, b.group.len() + b.node.len());
+            let had = self.nodes.get(&key).map_or(0, |n| match &b.device {
+                None => n.bytes,
+                Some(d) => n.devices.get(d).map_or(0, |d| d.bytes),
+            });
+            if self.over_state(had, bytes).is_some() {
+                continue;
+            }
+            let max_devices = self.rules.max_devices_per_node;
+            let node = self.nodes.entry(key).or_default();
             match b.device {
                 None => {
                     node.bd_seq = b.bd_seq;
                     node.table = Some(Table::of(&b.metrics));
                     node.online = true;
+                    node.bytes = bytes;
                 }
                 Some(d) => {
+                    if !node.devices.contains_key(&d) && node.devices.len() >= max_devices {
+                        continue;
+                    }
                     let dev = node.devices.entry(d).or_default();
                     dev.table = Some(Table::of(&b.metrics));
                     dev.online = true;
+                    dev.bytes = bytes;
                 }
             }
+            self.state_bytes = self.state_bytes.saturating_sub(had).saturating_add(bytes);
         }
     }
 
@@ -138,6 +207,18 @@ impl Host {
     pub fn handle(&mut self, topic: &Topic<'_>, payload: &Payload, now_ms: u64) -> Effects {
         // Long: the host's state machine: one arm per message kind, as the specification lists them.
         let mut fx = Effects::default();
+        if matches!(topic.kind, Kind::NCmd | Kind::DCmd) {
+            return fx;
+        }
+        // The sensor the message would write: a topic that maps to no valid
+        // sensor id gets no state, no labels and no birth kept.
+        let sensor = self.sensor(topic.group, topic.node, topic.device);
+        if SensorId::parse(sensor.as_str()).is_err() {
+            fx.dead_letter = Some(format!(
+                "the sensor id {sensor:?} mapped from the topic is not a valid sensor id"
+            ));
+            return fx;
+        }
         let key = (topic.group.to_owned(), topic.node.to_owned());
         match topic.kind {
             Kind::NCmd | Kind::DCmd => return fx,
@@ -152,7 +233,22 @@ impl Host {
                 ));
                 return fx;
             }
-            Kind::NBirth => self.node_birth(&key, topic, payload, &mut fx),
+            Kind::NBirth => {
+                let bytes = table_bytes(&definitions(payload), key.0.len() + key.1.len());
+                let had = self.nodes.get(&key).map_or(0, |n| n.bytes);
+                if let Some(reason) = self.over_state(had, bytes) {
+                    fx.dead_letter = Some(format!(
+                        "NBIRTH from edge node {}/{}: {reason}",
+                        topic.group, topic.node
+                    ));
+                    return fx;
+                }
+                self.state_bytes = self.state_bytes.saturating_sub(had).saturating_add(bytes);
+                self.node_birth(&key, topic, payload, &mut fx);
+                if let Some(node) = self.nodes.get_mut(&key) {
+                    node.bytes = bytes;
+                }
+            }
             _ => {}
         }
         if topic.kind != Kind::NBirth {
@@ -184,8 +280,20 @@ impl Host {
                     ));
                     return fx;
                 }
+                let bytes = table_bytes(&metrics, device.len());
+                let had = node.devices.get(&device).map_or(0, |d| d.bytes);
+                let after = self.state_bytes.saturating_sub(had).saturating_add(bytes);
+                if after > self.rules.max_state_bytes {
+                    fx.dead_letter = Some(format!(
+                        "DBIRTH from device {}/{}/{device}: the host keeps {} bytes of births at most (mqtt.sparkplug.max_state_bytes)",
+                        topic.group, topic.node, self.rules.max_state_bytes
+                    ));
+                    return fx;
+                }
+                self.state_bytes = after;
                 let dev = node.devices.entry(device.clone()).or_default();
                 dev.table = Some(Table::of(&metrics));
+                dev.bytes = bytes;
                 if !dev.online {
                     fx.presence.push((sensor.clone(), true));
                 }
@@ -234,12 +342,6 @@ impl Host {
             self.ask_rebirth(&key, now_ms, &mut fx);
             return fx;
         };
-        if SensorId::parse(sensor.as_str()).is_err() {
-            fx.dead_letter = Some(format!(
-                "the sensor id {sensor:?} mapped from the topic is not a valid sensor id"
-            ));
-            return fx;
-        }
         match readings(
             table,
             &sensor,

@@ -34,6 +34,7 @@ impl Settings {
             property_labels: self.property_labels,
             max_edge_nodes: self.max_edge_nodes,
             max_devices_per_node: self.max_devices_per_node,
+            max_state_bytes: self.max_state_bytes,
         }
     }
 }

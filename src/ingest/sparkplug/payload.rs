@@ -87,8 +87,19 @@ pub fn parse_topic(topic: &str) -> Result<Parsed<'_>, String> {
             if device.is_some() { "has" } else { "lacks" }
         ));
     }
-    if group.is_empty() || node.is_empty() || device.is_some_and(str::is_empty) {
-        return Err("topic has an empty group, edge node or device id".into());
+    for (what, id) in [
+        ("group", Some(group)),
+        ("edge node", Some(node)),
+        ("device", device),
+    ] {
+        if let Some(id) = id
+            && !valid_id(id)
+        {
+            return Err(format!(
+                "the {what} id must be 1 to {} bytes without control characters, + or #",
+                crate::domain::LABEL_VALUE_MAX_LEN
+            ));
+        }
     }
     Ok(Parsed::Message(Topic {
         group,
@@ -96,6 +107,13 @@ pub fn parse_topic(topic: &str) -> Result<Parsed<'_>, String> {
         node,
         device,
     }))
+}
+
+/// A group, edge node or device id Hourglass takes: what a label value may
+/// be (they become the `group`, `edge_node` and `device` labels), without
+/// MQTT's wildcards. Checked once, at the topic, before any state.
+pub(super) fn valid_id(id: &str) -> bool {
+    crate::domain::valid_label_value(id) && !id.contains(['+', '#'])
 }
 
 /// Decodes a Sparkplug B payload.

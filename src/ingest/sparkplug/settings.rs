@@ -32,6 +32,9 @@ pub struct Settings {
     pub max_edge_nodes: usize,
     /// Devices per edge node, likewise.
     pub max_devices_per_node: usize,
+    /// Bytes of birth certificates (alias tables) the host keeps for all
+    /// nodes and devices together: a birth past it is dead-lettered.
+    pub max_state_bytes: usize,
 }
 
 impl Default for Settings {
@@ -47,6 +50,7 @@ impl Default for Settings {
             property_labels: false,
             max_edge_nodes: 10_000,
             max_devices_per_node: 1_000,
+            max_state_bytes: 256 * 1024 * 1024,
         }
     }
 }
@@ -122,6 +126,7 @@ impl Settings {
                 "mqtt.sparkplug.max_devices_per_node",
                 self.max_devices_per_node,
             ),
+            ("mqtt.sparkplug.max_state_bytes", self.max_state_bytes),
         ])?;
         if self.reorder_timeout.is_zero() {
             return Err(invalid(

@@ -237,12 +237,19 @@ impl MongoStore {
             .await
             .map_err(classify_read)?;
         self.count(|m| m.db_documents("read", "metadata", "sparkplug_birth", docs.len() as u64));
-        docs.into_iter()
-            .map(|d| {
-                mongodb::bson::from_document(d)
-                    .map_err(|e| StoreError::Poison(format!("a {prefix} document: {e}")))
-            })
-            .collect()
+        // One document that does not decode costs only itself.
+        let mut out = Vec::with_capacity(docs.len());
+        for d in docs {
+            let id = d.get_str("_id").unwrap_or_default().to_owned();
+            match mongodb::bson::from_document(d) {
+                Ok(t) => out.push(t),
+                Err(e) => {
+                    self.count(|m| m.unreadable_documents.inc());
+                    tracing::warn!(id, error = %e, "Skipped a metadata document that does not decode.");
+                }
+            }
+        }
+        Ok(out)
     }
 }
 

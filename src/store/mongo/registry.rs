@@ -8,7 +8,7 @@ use mongodb::options::ReturnDocument;
 
 use super::classify::{classify, classify_read};
 use super::connection::{MongoStore, Registering};
-use crate::domain::{BucketUpdate, Labels, Reading};
+use crate::domain::{BucketUpdate, Labels, Reading, SensorLabels};
 use crate::journal::Registrar;
 use crate::store::StoreError;
 use crate::store::registry::{self, SensorInfo, SensorQuery};
@@ -104,7 +104,20 @@ impl MongoStore {
             let Some(d) = cursor.try_next().await.map_err(classify_read)? else {
                 break;
             };
-            let mut info = registry::read(&d)?;
+            // One document that does not decode costs only itself: skipped,
+            // counted and logged, never the listing.
+            let mut info = match registry::read(&d) {
+                Ok(info) => info,
+                Err(e) => {
+                    self.count(|m| m.unreadable_documents.inc());
+                    tracing::warn!(
+                        id = %d.get("_id").map(ToString::to_string).unwrap_or_default(),
+                        error = %e,
+                        "Skipped a sensor registry document that does not decode."
+                    );
+                    continue;
+                }
+            };
             info.registrations = registrations;
             if keep(&info) {
                 out.push(info);
@@ -132,18 +145,18 @@ impl MongoStore {
         Ok(())
     }
 
-    pub(super) async fn add_labels(
-        &self,
-        sensor: &str,
-        labels: &[(String, String)],
-    ) -> Result<bool, StoreError> {
+    pub(super) async fn add_labels(&self, set: &SensorLabels<'_>) -> Result<bool, StoreError> {
+        let labels = set.labels();
         let added: Document = labels
             .iter()
-            .map(|(k, v)| (k.clone(), Bson::from(v.as_str())))
+            .map(|(k, v)| (k.to_string(), Bson::from(v.as_ref())))
             .collect();
         let after = self
             .sensors
-            .find_one_and_update(doc! { "_id": sensor }, registry::merge_labels(added))
+            .find_one_and_update(
+                doc! { "_id": set.sensor().as_str() },
+                registry::merge_labels(added),
+            )
             .upsert(true)
             .return_document(ReturnDocument::After)
             .projection(doc! { "labels": 1 })
@@ -154,7 +167,7 @@ impl MongoStore {
         let now = after.as_ref().and_then(|d| d.get_document("labels").ok());
         Ok(labels
             .iter()
-            .all(|(k, v)| now.and_then(|l| l.get_str(k).ok()) == Some(v.as_str())))
+            .all(|(k, v)| now.and_then(|l| l.get_str(k.as_ref()).ok()) == Some(v.as_ref())))
     }
 }
 

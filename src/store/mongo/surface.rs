@@ -10,6 +10,7 @@ use mongodb::bson::doc;
 
 use super::classify::classify_read;
 use super::connection::MongoStore;
+use crate::domain::{SensorId, SensorLabels};
 use crate::store::{Doc, Fetch, Labels, Read, SensorInfo, SensorQuery, StoreError};
 
 impl MongoStore {
@@ -103,19 +104,19 @@ impl MongoStore {
     }
 
     /// Replaces a sensor's labels (registering it if unknown).
-    pub async fn set_labels(&self, sensor: &str, labels: &Labels) -> Result<(), StoreError> {
-        self.put_labels(sensor, labels).await
+    pub async fn set_labels(
+        &self,
+        sensor: &SensorId<'_>,
+        labels: &Labels,
+    ) -> Result<(), StoreError> {
+        self.put_labels(sensor.as_str(), labels).await
     }
 
-    /// Adds `labels` to a sensor's (registering it if unknown), keeping the
-    /// ones it has: unless the union would pass [`crate::domain::MAX_LABELS`],
+    /// Adds a sensor's `labels` to those it has (registering it if
+    /// unknown): unless the union would pass [`crate::domain::MAX_LABELS`],
     /// then nothing changes. Answers whether the sensor now has them all.
-    pub async fn merge_labels(
-        &self,
-        sensor: &str,
-        labels: &[(String, String)],
-    ) -> Result<bool, StoreError> {
-        self.add_labels(sensor, labels).await
+    pub async fn merge_labels(&self, labels: &SensorLabels<'_>) -> Result<bool, StoreError> {
+        self.add_labels(labels).await
     }
 
     /// The newest dead letters whose sensor `keep` accepts, newest first, at

@@ -22,6 +22,7 @@ fn rules() -> Rules {
         property_labels: true,
         max_edge_nodes: 50,
         max_devices_per_node: 20,
+        max_state_bytes: usize::MAX,
     }
 }
 
