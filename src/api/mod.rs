@@ -6,6 +6,7 @@
 mod auth;
 mod cache;
 mod console;
+mod cross_site;
 mod delete;
 mod error;
 mod export;

@@ -121,6 +121,7 @@ pub fn router(state: AppState) -> Router {
         .merge(admin)
         .merge(influx)
         .merge(queries)
+        .layer(middleware::from_fn(super::cross_site::refuse_cross_site))
         .layer(axum::extract::DefaultBodyLimit::max(http.max_body_bytes))
         .layer(middleware::from_fn_with_state(
             http.max_body_bytes,

@@ -30,14 +30,16 @@ pub struct Settings {
     #[serde(with = "humantime_serde")]
     pub request_timeout: Duration,
     /// A connection that has not sent a whole request head this long after
-    /// it began one is closed.
+    /// it opened (or, over HTTP/1, after it began one) is closed.
     #[serde(with = "humantime_serde")]
     pub header_read_timeout: Duration,
-    /// A connection with no bytes either way this long is closed (a request
-    /// in progress finishes first).
+    /// A connection with no request in progress this long is closed, and
+    /// one whose response body has not moved this long is cut; bytes that
+    /// carry no request (HTTP/2 PINGs) do not count.
     #[serde(with = "humantime_serde")]
     pub idle_timeout: Duration,
-    /// Connections open at once; more wait in the listen queue.
+    /// Connections open at once; at the cap, one that has not sent a
+    /// request head (or has nothing in progress) gives way to a new one.
     pub max_connections: usize,
 }
 

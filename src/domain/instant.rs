@@ -78,8 +78,9 @@ pub fn format_secs(secs: i64) -> Option<String> {
 
 /// 0000-01-01T00:00:00Z: RFC 3339 has no years before it.
 const YEAR_ZERO: i64 = -62_167_219_200;
-/// 9999-12-31T23:59:59.999Z: the last instant RFC 3339 can write.
-const LAST_MS: i64 = 253_402_300_799_999;
+/// The last whole second the date-time library holds (late on 9999-12-30:
+/// it keeps slack for offsets within the year 9999), in milliseconds.
+const LAST_MS: i64 = 253_402_207_200_000;
 
 /// `ms` if it lies in the years 0000 to 9999, the instants an answer can
 /// write: every instant a request gives passes here, so no arithmetic on
@@ -136,9 +137,11 @@ mod tests {
         assert_eq!(format_secs(YEAR_ZERO - 1), None);
         assert_eq!(format_ms(i64::MAX), None);
         assert_eq!(representable_ms(-9_223_372_036_854_775_000), None);
-        assert_eq!(representable_ms(LAST_MS), Some(LAST_MS));
-        assert!(format_ms(LAST_MS).is_some());
-        assert_eq!(representable_ms(LAST_MS + 1), None);
+        let last = LAST_MS;
+        assert_eq!(last, Timestamp::MAX.as_second() * 1000);
+        assert_eq!(representable_ms(last), Some(last));
+        assert!(format_ms(last).is_some());
+        assert_eq!(representable_ms(last + 1), None);
         assert!(format_ms(YEAR_ZERO * 1000).is_some());
     }
 

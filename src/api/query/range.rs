@@ -21,9 +21,7 @@ pub fn parse_instant(name: &str, s: &str) -> Result<i64, ApiError> {
         })?,
     };
     crate::domain::representable_ms(ms).ok_or_else(|| {
-        ApiError::bad_request(format!(
-            "{name} must lie between 0000-01-01T00:00:00Z and 9999-12-31T23:59:59.999Z"
-        ))
+        ApiError::bad_request(format!("{name} must lie between the years 0000 and 9999"))
     })
 }
 
@@ -323,7 +321,7 @@ mod tests {
         );
         assert!(parse_instant("from", "yesterday").is_err());
         let far = parse_instant("from", "-9223372036854775000").expect_err("out of range");
-        assert!(far.message.contains("0000-01-01"), "{}", far.message);
+        assert!(far.message.contains("0000 and 9999"), "{}", far.message);
         assert_eq!(format_ms(1500), "1970-01-01T00:00:01.5Z");
     }
 

@@ -102,6 +102,8 @@ fn every_shape_at_the_depth_ceiling_evaluates_on_a_worker_stack() {
                 max_length: usize::MAX,
                 max_depth: DEPTH_CEILING,
                 max_nodes: usize::MAX,
+                // The label_replace shape has a regex a level.
+                max_regex_matchers: usize::MAX,
                 ..Limits::default()
             },
             max_series: 10_000,

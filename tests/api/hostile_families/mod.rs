@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use crate::helpers::*;
 
+mod connections;
 mod identities;
 mod mqtt_flood;
 mod promql_budget;
