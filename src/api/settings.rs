@@ -78,6 +78,15 @@ impl Settings {
                 "must be longer than http.write_timeout, or synchronous writes could never answer",
             ));
         }
+        if self.max_connections <= self.max_concurrent_requests {
+            // Requests being handled never give way to a new connection:
+            // with no more connections than requests, slow uploads could
+            // hold them all and leave /health/live unanswered.
+            return Err(invalid(
+                "http.max_connections",
+                "must be more than http.max_concurrent_requests, so that at the cap a connection that is not being served can give way to a new one",
+            ));
+        }
         Ok(())
     }
 }

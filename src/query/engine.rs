@@ -98,6 +98,11 @@ const BATCH_CELLS: usize = 250_000;
 const MAX_BATCH: usize = 200;
 /// Points held at once with [`Need::Sketches`], over the series of a batch.
 const BATCH_SKETCHES: usize = 20_000;
+/// Documents the series of a batch may ask of one level at once: a range
+/// with no rollups falls to its buckets, a start each (43 200 a series for
+/// 30 days of minutes), and every series' starts, their union and the
+/// answers are held together. Bounds a batch's plan whatever the range.
+const BATCH_DOCUMENTS: usize = 250_000;
 /// Readings held at once with [`Need::Values`] (a series' whole range is
 /// held however long: `query.max_values_range` bounds it).
 const BATCH_READINGS: usize = 2_000_000;
@@ -124,6 +129,12 @@ pub async fn evaluate(
         let span = usize::try_from(q.to.saturating_sub(q.from)).unwrap_or(usize::MAX);
         per_batch = per_batch.min((BATCH_READINGS / span.max(1)).max(1));
     }
+    // The most documents one series may ask: the bucket level's.
+    let documents =
+        usize::try_from(q.to.saturating_sub(q.from) / plan.len_of(Level::Buckets).max(1))
+            .unwrap_or(usize::MAX)
+            .saturating_add(2);
+    per_batch = per_batch.min((BATCH_DOCUMENTS / documents).max(1));
     let mut cost = Cost::default();
     let cached = match q.cache {
         Some(c) if !matches!(q.need, Need::Values | Need::Sketches) => {

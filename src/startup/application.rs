@@ -362,7 +362,10 @@ fn start_mqtt(
         &settings.ingest,
         line_protocol,
         intake,
-        Some(Arc::new(StoredBirths::new(store.clone()))),
+        Some(Arc::new(StoredBirths::new(
+            store.clone(),
+            settings.mqtt.sparkplug.max_state_bytes,
+        ))),
         stats,
         metrics.clone(),
         shutdown.clone(),

@@ -40,6 +40,7 @@ pub struct Metrics {
     pub storage_retries: IntCounter,
     pub mqtt_connected: IntGauge,
     pub mqtt_connections: IntCounter,
+    pub mqtt_renewals: IntCounter,
     pub mqtt_acks: IntCounter,
     mqtt_dropped: IntCounterVec,
     pub http_requests: IntCounterVec,
@@ -194,6 +195,11 @@ impl Metrics {
                 &r,
                 "hourglass_mqtt_connections_total",
                 "Successful MQTT connections; more than one means reconnects.",
+            ),
+            mqtt_renewals: counter(
+                &r,
+                "hourglass_mqtt_renewals_total",
+                "MQTT connections renewed so that the broker delivers again the QoS 1 messages left unacknowledged (journal full, dead letters backed up).",
             ),
             mqtt_acks: counter(
                 &r,

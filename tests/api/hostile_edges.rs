@@ -309,6 +309,7 @@ async fn slow_and_idle_connections_are_closed_and_capped_while_health_answers() 
     settings.http.header_read_timeout = Duration::from_secs(1);
     settings.http.idle_timeout = Duration::from_secs(2);
     settings.http.max_connections = 20;
+    settings.http.max_concurrent_requests = 16;
     let app = spawn_app_with(settings).await;
     let addr = app.address.trim_start_matches("http://").to_owned();
     // Twenty clients trickle a header line every 300 ms, never ending the head.

@@ -53,7 +53,7 @@ async fn evaluate(
     form: &Form,
     steps: Steps,
     endpoint: &str,
-) -> Result<Outcome, Failure> {
+) -> Result<(Outcome, tokio::time::Instant), Failure> {
     let query = form.required("query")?;
     let admitted = admitted(state, form).await?;
     let may_access = |s: &str| principal.may_access(s);
@@ -81,8 +81,46 @@ async fn evaluate(
     let outcome = tokio::time::timeout_at(admitted.deadline, promql::evaluate(&ctx, query, steps))
         .await
         .map_err(|_| Failure::timeout())??;
+    let deadline = admitted.deadline;
     admitted.done(state, endpoint, outcome.cost);
-    Ok(outcome)
+    Ok((outcome, deadline))
+}
+
+/// Writes an answer out on the blocking pool (its JSON text can be large),
+/// within the query's deadline, and only then gives its memory back.
+async fn answered(
+    state: &AppState,
+    outcome: Outcome,
+    deadline: tokio::time::Instant,
+    steps: Steps,
+    instant: bool,
+) -> Result<Response, Failure> {
+    let state = state.clone();
+    let write = tokio::task::spawn_blocking(move || {
+        let Outcome {
+            mut value,
+            sorted,
+            earliest_ms,
+            memory,
+            ..
+        } = outcome;
+        if let (Some(ascending), Value::Vector(series)) = (sorted, &mut value) {
+            sort_by_value(series, ascending);
+        }
+        let empty = LabelSet::new();
+        let response = query_success(
+            &state,
+            earliest_ms,
+            query_data(&value, &steps, instant, &empty),
+        );
+        drop(value);
+        drop(memory);
+        response
+    });
+    tokio::time::timeout_at(deadline, write)
+        .await
+        .map_err(|_| Failure::timeout())?
+        .map_err(|_| Failure::unavailable("the answer could not be written; retry later"))
 }
 
 /// `sort`/`sort_desc` of an instant answer: by the value, NaN last.
@@ -116,17 +154,8 @@ pub async fn instant(
         None => now_ms(),
     };
     let steps = Steps::new(t, t, 1);
-    let outcome = evaluate(&state, &principal, &form, steps, "promql_instant").await?;
-    let mut value = outcome.value;
-    if let (Some(ascending), Value::Vector(series)) = (outcome.sorted, &mut value) {
-        sort_by_value(series, ascending);
-    }
-    let empty = LabelSet::new();
-    Ok(query_success(
-        &state,
-        outcome.earliest_ms,
-        query_data(&value, &steps, true, &empty),
-    ))
+    let (outcome, deadline) = evaluate(&state, &principal, &form, steps, "promql_instant").await?;
+    answered(&state, outcome, deadline, steps, true).await
 }
 
 pub async fn range(
@@ -164,13 +193,8 @@ pub async fn range(
         )));
     }
     let steps = Steps::new(start, end, step);
-    let outcome = evaluate(&state, &principal, &form, steps, "promql_range").await?;
-    let empty = LabelSet::new();
-    Ok(query_success(
-        &state,
-        outcome.earliest_ms,
-        query_data(&outcome.value, &steps, false, &empty),
-    ))
+    let (outcome, deadline) = evaluate(&state, &principal, &form, steps, "promql_range").await?;
+    answered(&state, outcome, deadline, steps, false).await
 }
 
 /// A success answer.

@@ -55,7 +55,10 @@ fn builder(settings: &Settings) -> auto::Builder<TokioExecutor> {
 /// Asks the connection that gives way to close, if one may.
 fn make_room(open: &Open) -> bool {
     let open = open.lock().unwrap_or_else(|e| e.into_inner());
-    let victim = gives_way(open.iter().map(|(id, (p, _))| (*id, p.snapshot())));
+    let victim = gives_way(
+        now_ms(),
+        open.iter().map(|(id, (p, _))| (*id, p.snapshot())),
+    );
     match victim.and_then(|id| open.get(&id)) {
         Some((_, give_way)) => {
             give_way.cancel();

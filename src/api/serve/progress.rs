@@ -120,22 +120,34 @@ pub fn verdict(s: Snapshot, now_ms: u64, b: Bounds) -> Verdict {
     }
 }
 
-/// Whether a connection may be closed to make room for a new one: it has
-/// sent no request head, or has nothing in progress.
-pub fn may_give_way(s: Snapshot) -> bool {
-    s.heads == 0 || (s.pending == 0 && s.streaming == 0)
+/// How long an answer's body may not move before its connection may give
+/// way at the cap (a client that stopped reading an export).
+pub const STALLED_MS: u64 = 5_000;
+
+/// Whether a connection may be closed to make room for a new one at
+/// `now_ms`: it has sent no request head, has nothing in progress, or only
+/// answers whose bodies have not moved for [`STALLED_MS`]. A request being
+/// handled never gives way (there are at most `http.max_concurrent_requests`
+/// of them, fewer than `http.max_connections`).
+pub fn may_give_way(s: Snapshot, now_ms: u64) -> bool {
+    s.heads == 0
+        || (s.pending == 0 && (s.streaming == 0 || now_ms.saturating_sub(s.last_ms) >= STALLED_MS))
 }
 
 /// Which of `candidates` gives way for a new connection: the oldest that
-/// never sent a request head, else the longest idle; none while every one
-/// is serving a request.
-pub fn gives_way<K: Copy>(candidates: impl IntoIterator<Item = (K, Snapshot)>) -> Option<K> {
+/// never sent a request head, else the longest idle, else the longest
+/// stalled; none while every one is serving a request.
+pub fn gives_way<K: Copy>(
+    now_ms: u64,
+    candidates: impl IntoIterator<Item = (K, Snapshot)>,
+) -> Option<K> {
     candidates
         .into_iter()
-        .filter(|(_, s)| may_give_way(*s))
+        .filter(|(_, s)| may_give_way(*s, now_ms))
         .min_by_key(|(_, s)| {
             (
                 s.heads > 0,
+                s.streaming > 0,
                 if s.heads == 0 {
                     s.accepted_ms
                 } else {
@@ -313,8 +325,21 @@ mod tests {
             ("headless-new", s(30, 0, 0, 30)),
             ("headless-old", s(20, 0, 0, 20)),
         ];
-        assert_eq!(gives_way(all), Some("headless-old"));
-        assert_eq!(gives_way(all[..2].iter().copied()), Some("idle-old"));
-        assert_eq!(gives_way(all[..1].iter().copied()), None);
+        assert_eq!(gives_way(10, all), Some("headless-old"));
+        assert_eq!(gives_way(10, all[..2].iter().copied()), Some("idle-old"));
+        assert_eq!(gives_way(10, all[..1].iter().copied()), None);
+        // An answer whose client stopped reading gives way once stalled,
+        // after every idle one.
+        let stalled = Snapshot {
+            streaming: 1,
+            ..s(0, 1, 0, 100)
+        };
+        let now = 100 + STALLED_MS;
+        assert_eq!(gives_way(now - 1, [("stalled", stalled)]), None);
+        assert_eq!(gives_way(now, [("stalled", stalled)]), Some("stalled"));
+        assert_eq!(
+            gives_way(now, [("stalled", stalled), ("idle-old", all[1].1)]),
+            Some("idle-old")
+        );
     }
 }

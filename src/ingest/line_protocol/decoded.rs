@@ -106,7 +106,8 @@ impl<'a> Decoded<'a> {
             .collect()
     }
 
-    /// InfluxDB's partial-write message: the refused lines and reasons.
+    /// InfluxDB's partial-write message: the refused lines and reasons
+    /// (each at most [`MAX_REASON`] bytes: a reason may quote the line).
     pub fn partial_write_message(&self) -> String {
         let mut m = format!(
             "partial write: {} of {} lines refused",
@@ -114,7 +115,7 @@ impl<'a> Decoded<'a> {
             self.refused + self.lines
         );
         for e in &self.errors {
-            let _ = write!(m, "; line {}: {}", e.line, e.reason);
+            let _ = write!(m, "; line {}: {}", e.line, clipped(&e.reason));
         }
         if self.refused > self.errors.len() {
             let _ = write!(m, "; and {} more", self.refused - self.errors.len());
@@ -122,4 +123,19 @@ impl<'a> Decoded<'a> {
         m.push_str("; the other lines were stored");
         m
     }
+}
+
+/// The most of one line's reason a message carries.
+const MAX_REASON: usize = 256;
+
+/// `reason`, cut to [`MAX_REASON`] bytes (at a character) with an ellipsis.
+fn clipped(reason: &str) -> std::borrow::Cow<'_, str> {
+    if reason.len() <= MAX_REASON {
+        return reason.into();
+    }
+    let mut end = MAX_REASON;
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &reason[..end]).into()
 }

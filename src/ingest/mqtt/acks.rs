@@ -141,7 +141,10 @@ pub(super) async fn acknowledge(shared: Arc<Shared>, mut pending: mpsc::Receiver
                 Some(p) => {
                     let seq = acks.received(p.pkid, p.epoch);
                     match p.stored {
-                        _ if p.leave => acks.settle(seq, Settle::Leave),
+                        _ if p.leave => {
+                            shared.left_on.store(p.epoch, Ordering::Release);
+                            acks.settle(seq, Settle::Leave);
+                        }
                         None => acks.settle(seq, Settle::Ack),
                         Some(stored) => waiting.push(async move { (seq, stored.safe().await) }),
                     }
@@ -153,7 +156,13 @@ pub(super) async fn acknowledge(shared: Arc<Shared>, mut pending: mpsc::Receiver
                     // Stored, or in the dead-letter collection: either way
                     // the message is dealt with for good.
                     Ok(()) | Err(NotSafe::DeadLettered(_)) => Settle::Ack,
-                    Err(NotSafe::Stopped | NotSafe::Journal(_)) => Settle::Leave,
+                    Err(NotSafe::Stopped) => Settle::Leave,
+                    Err(NotSafe::Journal(_)) => {
+                        shared
+                            .left_on
+                            .store(shared.epoch.load(Ordering::Acquire), Ordering::Release);
+                        Settle::Leave
+                    }
                 };
                 acks.settle(seq, settle);
             }

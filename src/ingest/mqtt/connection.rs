@@ -31,6 +31,8 @@ pub(super) const REQUEST_CAPACITY: usize = 4096;
 const MAX_TAKEN_ONCE: usize = 64 * 1024 * 1024;
 /// How long the last DISCONNECT (and acks before it) may take to go out.
 const DISCONNECT_GRACE: Duration = Duration::from_millis(500);
+/// How often the connection looks for messages left for the broker.
+const RENEWAL_CHECK: Duration = Duration::from_secs(1);
 
 fn read(what: &'static str, path: &std::path::Path) -> Result<Vec<u8>, MqttError> {
     std::fs::read(path).map_err(|source| MqttError::File {
@@ -195,7 +197,35 @@ pub(super) async fn event_loop(
     let normal_limit = settings.max_payload_bytes + PACKET_OVERHEAD;
     // Whether the next connection takes one oversized message.
     let mut raised = false;
+    // Messages left for the broker come again only on a new connection:
+    // renewed at most this often while it keeps happening (the journal full,
+    // the letters' outbox full), with the reconnect backoff's growth. Looked
+    // at between events: `poll` is not cancelled for it (cancelled during
+    // the handshake, it would open a session it never subscribes).
+    let mut redeliveries = policy();
+    let mut renew_after = Instant::now();
+    let mut look_at = Instant::now() + RENEWAL_CHECK;
     loop {
+        if Instant::now() >= look_at {
+            look_at = Instant::now() + RENEWAL_CHECK;
+            let current = shared.epoch.load(Ordering::Acquire);
+            let left = shared.left_on.load(Ordering::Acquire);
+            if left == 0 || left != current {
+                // Nothing left on this connection: the backoff starts over.
+                redeliveries = policy();
+            } else if Instant::now() >= renew_after
+                && shared.stats.connected.load(Ordering::Acquire)
+            {
+                shared.left_on.store(0, Ordering::Release);
+                shared.metrics.mqtt_renewals.inc();
+                info!(
+                    "QoS 1 messages were left unacknowledged for the broker to deliver again; renewing the connection so that it does."
+                );
+                let _ = shared.client.try_disconnect();
+                let wait = redeliveries.next().unwrap_or(settings.reconnect_max);
+                renew_after = Instant::now() + wait;
+            }
+        }
         let event = tokio::select! {
             event = eventloop.poll() => event,
             _ = sleep_until(resubscribe_at) => {

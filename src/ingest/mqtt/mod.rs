@@ -92,6 +92,7 @@ impl MqttIngest {
             epoch: AtomicU64::new(0),
             unacked: AtomicUsize::new(0),
             letters_handed: AtomicUsize::new(0),
+            left_on: AtomicU64::new(0),
             state_ms,
             births,
         });

@@ -43,9 +43,17 @@ pub(super) async fn process(
     let mut ticks = tokio::time::interval(sparkplug::TICK);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        // Timers before messages: a backlog of messages must not starve
+        // the gap checks (whose state grows until they run) or the letters.
         let (epoch, publish) = tokio::select! {
             biased;
             _ = shutdown.triggered() => break,
+            _ = ticks.tick(), if host.is_some() => {
+                if let Some(host) = host.as_mut() {
+                    sparkplug::tick(&shared, host);
+                }
+                continue;
+            }
             next = publishes.recv() => match next {
                 Some(next) => next,
                 None => break,
@@ -54,13 +62,10 @@ pub(super) async fn process(
                 outbox.hand_on(&shared);
                 continue;
             }
-            _ = ticks.tick(), if host.is_some() => {
-                if let Some(host) = host.as_mut() {
-                    sparkplug::tick(&shared, host);
-                }
-                continue;
-            }
         };
+        if !outbox.is_empty() {
+            outbox.hand_on(&shared);
+        }
         let mut posted = Posted::Kept;
         let stored = if publish.retain && !shared.settings.ingest_retained {
             // Delivered because we subscribed, not because it was published

@@ -139,6 +139,12 @@ pub(super) struct Shared {
     /// Dead letters handed to rumqttc that the event loop has not yet seen
     /// leave ([`super::letters::MAX_HANDED`]).
     pub(super) letters_handed: AtomicUsize,
+    /// The connection (epoch) on which a QoS 1 message was last left
+    /// unacknowledged for the broker to deliver again; 0 for none. A broker
+    /// delivers it again only on a new connection, so the connection is
+    /// renewed ([`super::connection`]): left alone, such messages fill the
+    /// broker's in-flight window and delivery stops.
+    pub(super) left_on: AtomicU64,
     /// The Sparkplug STATE timestamp of this run (Will and birth share it).
     pub(super) state_ms: u64,
     pub(super) births: Option<Arc<dyn crate::ingest::sparkplug::BirthBook>>,

@@ -71,19 +71,58 @@ struct Node {
     /// The next `seq` expected; `None` until a birth (or after a restore).
     next_seq: Option<u8>,
     /// Sequence numbers skipped over, and when the wait for them ends.
-    missing: Vec<u8>,
+    missing: Seqs,
     gap_deadline: Option<u64>,
-    last_rebirth: Option<u64>,
     devices: BTreeMap<String, Device>,
     /// What its table (and its ids) count in [`Host::state_bytes`].
     bytes: usize,
 }
 
+/// A set of sequence numbers (0-255): what a gap can hold, whatever
+/// messages come, in 32 bytes.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Seqs([u64; 4]);
+
+impl Seqs {
+    fn insert(&mut self, s: u8) {
+        self.0[usize::from(s >> 6)] |= 1 << (s & 63);
+    }
+
+    /// Takes `s` out; whether it was in.
+    fn remove(&mut self, s: u8) -> bool {
+        let (word, bit) = (usize::from(s >> 6), 1u64 << (s & 63));
+        let was = self.0[word] & bit != 0;
+        self.0[word] &= !bit;
+        was
+    }
+
+    fn clear(&mut self) {
+        self.0 = [0; 4];
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0 == [0; 4]
+    }
+}
+
+/// Whose a sensor is: the node (and device) whose births map to it.
+type Owner = (String, String, Option<String>);
+
 /// The host's view of every edge node.
 #[derive(Debug)]
 pub struct Host {
     rules: Rules,
+    /// Nodes born (online or dead since), at most `max_edge_nodes`.
     nodes: HashMap<(String, String), Node>,
+    /// When each node was last asked to rebirth, born or not: at most
+    /// `max_edge_nodes` entries, expired ones dropped to make room, so
+    /// nodes that never send a birth cannot take the born ones' room.
+    asked: HashMap<(String, String), u64>,
+    /// The sensor each born node and device writes, and whose it is: two
+    /// topics mapped to one sensor id (`a.b` the node, or node `a`'s device
+    /// `b`; one node name in two groups) would write each other's readings,
+    /// so the second birth is refused.
+    owners: HashMap<String, Owner>,
     /// Bytes of the births kept ([`Rules::max_state_bytes`]).
     state_bytes: usize,
 }
@@ -123,8 +162,45 @@ impl Host {
         Self {
             rules,
             nodes: HashMap::new(),
+            asked: HashMap::new(),
+            owners: HashMap::new(),
             state_bytes: 0,
         }
+    }
+
+    /// Why `owner`'s births may not write `sensor`, if another's do.
+    fn claimed(&self, sensor: &str, owner: &Owner) -> Option<String> {
+        let (g, n, d) = self.owners.get(sensor).filter(|o| *o != owner)?;
+        let whose = match d {
+            Some(d) => format!("device {g}/{n}/{d}"),
+            None => format!("edge node {g}/{n}"),
+        };
+        Some(format!(
+            "the sensor id {sensor:?} is {whose}'s: the mapping (mqtt.sparkplug.node_sensor, device_sensor) gives both the same id"
+        ))
+    }
+
+    /// Makes room for one more node by forgetting a dead one, if any.
+    fn evict_dead(&mut self) -> bool {
+        let Some(key) = self
+            .nodes
+            .iter()
+            .find(|(_, n)| !n.online)
+            .map(|(k, _)| k.clone())
+        else {
+            return false;
+        };
+        if let Some(node) = self.nodes.remove(&key) {
+            let freed = node
+                .devices
+                .values()
+                .map(|d| d.bytes)
+                .fold(node.bytes, usize::saturating_add);
+            self.state_bytes = self.state_bytes.saturating_sub(freed);
+            self.owners
+                .retain(|_, (g, n, _)| *g != key.0 || *n != key.1);
+        }
+        true
     }
 
     /// The sensor id of a node's (or a device's) metrics.
@@ -172,6 +248,11 @@ impl Host {
             if !self.room_for(&key) {
                 continue;
             }
+            let sensor = self.sensor(&b.group, &b.node, b.device.as_deref());
+            let owner = (b.group.clone(), b.node.clone(), b.device.clone());
+            if self.claimed(&sensor, &owner).is_some() {
+                continue;
+            }
             let bytes = table_bytes(&b.metrics, b.group.len() + b.node.len());
             let had = self.nodes.get(&key).map_or(0, |n| match &b.device {
                 None => n.bytes,
@@ -200,6 +281,7 @@ impl Host {
                 }
             }
             self.state_bytes = self.state_bytes.saturating_sub(had).saturating_add(bytes);
+            self.owners.insert(sensor, owner);
         }
     }
 
@@ -226,7 +308,7 @@ impl Host {
                 self.death(&key, topic, payload, &mut fx);
                 return fx;
             }
-            Kind::NBirth if !self.room_for(&key) => {
+            Kind::NBirth if !self.room_for(&key) && !self.evict_dead() => {
                 fx.dead_letter = Some(format!(
                     "NBIRTH from edge node {}/{}: the host already keeps {} edge nodes (mqtt.sparkplug.max_edge_nodes)",
                     topic.group, topic.node, self.rules.max_edge_nodes
@@ -234,6 +316,14 @@ impl Host {
                 return fx;
             }
             Kind::NBirth => {
+                let owner = (key.0.clone(), key.1.clone(), None);
+                if let Some(reason) = self.claimed(&sensor, &owner) {
+                    fx.dead_letter = Some(format!(
+                        "NBIRTH from edge node {}/{}: {reason}",
+                        topic.group, topic.node
+                    ));
+                    return fx;
+                }
                 let bytes = table_bytes(&definitions(payload), key.0.len() + key.1.len());
                 let had = self.nodes.get(&key).map_or(0, |n| n.bytes);
                 if let Some(reason) = self.over_state(had, bytes) {
@@ -248,6 +338,7 @@ impl Host {
                 if let Some(node) = self.nodes.get_mut(&key) {
                     node.bytes = bytes;
                 }
+                self.owners.insert(sensor.clone(), owner);
             }
             _ => {}
         }
@@ -270,6 +361,14 @@ impl Host {
                 let device = topic.device.unwrap_or_default().to_owned();
                 let metrics = definitions(payload);
                 let sensor = self.sensor(topic.group, topic.node, Some(&device));
+                let owner = (key.0.clone(), key.1.clone(), Some(device.clone()));
+                if let Some(reason) = self.claimed(&sensor, &owner) {
+                    fx.dead_letter = Some(format!(
+                        "DBIRTH from device {}/{}/{device}: {reason}",
+                        topic.group, topic.node
+                    ));
+                    return fx;
+                }
                 let node = self.nodes.entry(key.clone()).or_default();
                 if !node.devices.contains_key(&device)
                     && node.devices.len() >= self.rules.max_devices_per_node
@@ -291,6 +390,7 @@ impl Host {
                     return fx;
                 }
                 self.state_bytes = after;
+                self.owners.insert(sensor.clone(), owner);
                 let dev = node.devices.entry(device.clone()).or_default();
                 dev.table = Some(Table::of(&metrics));
                 dev.bytes = bytes;
@@ -437,8 +537,7 @@ impl Host {
         };
         if seq == next {
             node.next_seq = Some(seq.wrapping_add(1));
-        } else if let Some(i) = node.missing.iter().position(|&m| m == seq) {
-            node.missing.swap_remove(i);
+        } else if node.missing.remove(seq) {
         } else {
             let ahead = seq.wrapping_sub(next);
             if ahead >= 128 {
@@ -448,8 +547,9 @@ impl Host {
                 return;
             }
             // Ahead: everything between is missing for now.
-            node.missing
-                .extend((0..ahead).map(|k| next.wrapping_add(k)));
+            for k in 0..ahead {
+                node.missing.insert(next.wrapping_add(k));
+            }
             node.next_seq = Some(seq.wrapping_add(1));
             if node.gap_deadline.is_none() {
                 node.gap_deadline = Some(now_ms + timeout);
@@ -466,21 +566,24 @@ impl Host {
     }
 
     fn ask_rebirth(&mut self, key: &(String, String), now_ms: u64, fx: &mut Effects) {
-        if !self.room_for(key) {
-            // No room to remember a cooldown: asking at every message could
-            // flood the plant, so an unknown node is not asked.
-            fx.rebirths_held += 1;
-            return;
-        }
-        let node = self.nodes.entry(key.clone()).or_default();
-        if node
-            .last_rebirth
-            .is_some_and(|t| now_ms < t + self.rules.rebirth_cooldown_ms)
+        let cooldown = self.rules.rebirth_cooldown_ms;
+        if let Some(&t) = self.asked.get(key)
+            && now_ms < t.saturating_add(cooldown)
         {
             fx.rebirths_held += 1;
             return;
         }
-        node.last_rebirth = Some(now_ms);
+        if !self.asked.contains_key(key) && self.asked.len() >= self.rules.max_edge_nodes {
+            self.asked
+                .retain(|_, t| now_ms < t.saturating_add(cooldown));
+            if self.asked.len() >= self.rules.max_edge_nodes {
+                // No room to remember a cooldown: asking at every message
+                // could flood the plant, so this node is not asked now.
+                fx.rebirths_held += 1;
+                return;
+            }
+        }
+        self.asked.insert(key.clone(), now_ms);
         fx.rebirth.push(key.clone());
     }
 

@@ -228,6 +228,13 @@ pub fn value_bytes(v: &Value) -> usize {
     }
 }
 
+/// Bytes writing out `v` takes besides `v` itself: its points copied into
+/// the answer (16 bytes each) and the answer's JSON text (about 25 bytes a
+/// point, labels quoted), charged before either is built.
+pub fn answer_bytes(v: &Value) -> usize {
+    value_bytes(v).saturating_mul(3)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -61,6 +61,9 @@ pub struct Outcome {
     /// The earliest time any of its reads reaches back to (epoch ms; from
     /// the parsed query: steps, ranges, lookbacks and offsets), if it reads.
     pub earliest_ms: Option<i64>,
+    /// The query's memory: the answer and what writing it out takes stay
+    /// charged (to the query and the instance) until this is dropped.
+    pub memory: Arc<Ledger>,
 }
 
 /// One series a selector found.
@@ -263,11 +266,15 @@ impl Prepared {
                 "a string is an argument (of label_replace, label_join, count_values), not an answer, in Hourglass".into(),
             ));
         }
+        // Writing the answer out copies its points and builds its text:
+        // charged before either is built, held until the answer is sent.
+        self.q.ledger.reserve(budget::answer_bytes(&value))?;
         Ok(Outcome {
             value,
             cost,
             sorted,
             earliest_ms: self.earliest_ms,
+            memory: self.q.ledger.clone(),
         })
     }
 }

@@ -51,6 +51,7 @@ async fn http2_connections_that_only_ping_are_closed_and_the_cap_gives_way() {
     settings.http.header_read_timeout = Duration::from_secs(30);
     settings.http.idle_timeout = Duration::from_secs(2);
     settings.http.max_connections = 4;
+    settings.http.max_concurrent_requests = 3;
     let app = spawn_app_with(settings).await;
     let addr = app.address.trim_start_matches("http://").to_owned();
     let client = http_client();

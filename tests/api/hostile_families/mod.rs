@@ -14,6 +14,7 @@ mod connections;
 mod identities;
 mod mqtt_flood;
 mod promql_budget;
+mod protocol_fuzz;
 
 /// `GET /health/live` answers 200 (the process lives and serves).
 pub async fn live(client: &reqwest::Client, address: &str, after: &str) {

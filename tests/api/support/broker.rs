@@ -123,7 +123,16 @@ impl Publisher {
 
     /// Also subscribes to `topic` and collects what arrives there.
     pub async fn connect_subscribed(broker: &Broker, id: &str, topic: Option<&str>) -> Publisher {
-        let mut options = MqttOptions::new(id, "127.0.0.1", broker.port);
+        Self::connect_to(broker.port, id, topic).await
+    }
+
+    /// Connects to the broker on `port` (from a task that does not hold it).
+    pub async fn connect_port(port: u16, id: &str) -> Publisher {
+        Self::connect_to(port, id, None).await
+    }
+
+    async fn connect_to(port: u16, id: &str, topic: Option<&str>) -> Publisher {
+        let mut options = MqttOptions::new(id, "127.0.0.1", port);
         options
             .set_keep_alive(Duration::from_secs(30))
             .set_max_packet_size(4 << 20, 4 << 20);

@@ -813,6 +813,11 @@ impl Gen {
         self.next() % n
     }
 
+    /// One of `xs`, for the words a generator strings together.
+    pub fn word(&mut self, xs: &[&'static str]) -> &'static str {
+        xs[self.below(xs.len() as u64) as usize]
+    }
+
     pub fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
         &xs[self.below(xs.len() as u64) as usize]
     }

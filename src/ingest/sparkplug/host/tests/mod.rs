@@ -424,6 +424,9 @@ fn the_host_keeps_state_for_at_most_max_edge_nodes_and_devices() {
             assert!(fx.readings.is_empty());
         }
     }
+    // Nodes never born get no state: at most a rebirth request each, as
+    // long as their cooldowns fit in max_edge_nodes, then none.
+    let mut asked = 0;
     for k in 0..100 {
         let stranger = format!("stranger{k}");
         let fx = host.handle(
@@ -431,8 +434,11 @@ fn the_host_keeps_state_for_at_most_max_edge_nodes_and_devices() {
             &data(1, NOW, 1.0),
             NOW,
         );
-        assert!(fx.dead_letter.is_some() && fx.rebirth.is_empty(), "{fx:?}");
+        assert!(fx.dead_letter.is_some() && fx.rebirth.len() <= 1, "{fx:?}");
+        asked += fx.rebirth.len();
     }
+    assert!(asked <= rules().max_edge_nodes, "{asked}");
+    assert!(host.asked.len() <= rules().max_edge_nodes);
     assert_eq!(host.nodes.len(), rules().max_edge_nodes);
     let fx = host.handle(&topic(Kind::NData, "n0", None), &data(1, NOW, 2.0), NOW);
     assert_eq!((fx.dead_letter, fx.readings.len()), (None, 1));
@@ -451,4 +457,106 @@ fn the_host_keeps_state_for_at_most_max_edge_nodes_and_devices() {
             "{d}: {fx:?}"
         );
     }
+}
+
+/// Nodes that only send data (never a birth) cannot take the room of the
+/// ones that are born: their rebirth cooldowns live apart, bounded, and a
+/// real node's birth is taken whatever they sent.
+#[test]
+fn nodes_that_are_never_born_cannot_lock_out_a_real_one() {
+    let mut host = Host::new(rules());
+    for k in 0..(rules().max_edge_nodes * 3) {
+        let ghost = format!("ghost{k}");
+        let fx = host.handle(&topic(Kind::NData, &ghost, None), &data(1, NOW, 1.0), NOW);
+        assert!(fx.dead_letter.is_some(), "{fx:?}");
+    }
+    assert!(host.nodes.is_empty());
+    assert!(host.asked.len() <= rules().max_edge_nodes);
+    let fx = host.handle(&topic(Kind::NBirth, "real", None), &birth(0, 1, NOW), NOW);
+    assert_eq!(fx.dead_letter, None);
+    let fx = host.handle(&topic(Kind::NData, "real", None), &data(1, NOW, 2.0), NOW);
+    assert_eq!((fx.dead_letter, fx.readings.len()), (None, 1));
+    // Once the cooldowns expire, ghosts may be asked again (never flooding).
+    let later = NOW + rules().rebirth_cooldown_ms;
+    let fx = host.handle(
+        &topic(Kind::NData, "ghost0", None),
+        &data(1, later, 1.0),
+        later,
+    );
+    assert!(fx.rebirth.len() <= 1);
+}
+
+/// At the node cap, a dead node's state makes room for a new birth.
+#[test]
+fn at_the_node_cap_a_dead_node_gives_way_to_a_new_birth() {
+    let mut host = Host::new(rules());
+    for i in 0..rules().max_edge_nodes {
+        let n = format!("n{i}");
+        host.handle(&topic(Kind::NBirth, &n, None), &birth(0, 1, NOW), NOW);
+    }
+    let fx = host.handle(&topic(Kind::NBirth, "late", None), &birth(0, 1, NOW), NOW);
+    assert!(fx.dead_letter.is_some(), "{fx:?}");
+    host.handle(&topic(Kind::NDeath, "n3", None), &death(1), NOW);
+    let fx = host.handle(&topic(Kind::NBirth, "late", None), &birth(0, 1, NOW), NOW);
+    assert_eq!(fx.dead_letter, None);
+    assert_eq!(host.nodes.len(), rules().max_edge_nodes);
+    assert!(
+        !host
+            .nodes
+            .contains_key(&("plant".to_owned(), "n3".to_owned()))
+    );
+}
+
+/// Sequence numbers that jump about keep a gap of at most 256 numbers:
+/// each message's work stays constant however many came before.
+#[test]
+fn a_flood_of_sequence_gaps_keeps_the_gap_bounded() {
+    let mut host = Host::new(rules());
+    host.handle(&topic(Kind::NBirth, "gw", None), &birth(0, 1, NOW), NOW);
+    for k in 0..20_000u64 {
+        let seq = if k % 2 == 0 { 128 } else { 0 };
+        host.handle(&topic(Kind::NData, "gw", None), &data(seq, NOW, 1.0), NOW);
+    }
+    let node = &host.nodes[&("plant".to_owned(), "gw".to_owned())];
+    assert!(node.missing.0.iter().map(|w| w.count_ones()).sum::<u32>() <= 256);
+    assert!(host.next_deadline().is_some());
+    assert_eq!(host.tick(NOW + 2_000).rebirth.len(), 1);
+}
+
+/// Two topics that map to one sensor id (node `gw.press` and device
+/// `press` of node `gw`; one node name in two groups) would write each
+/// other's readings: the second birth is refused, and the first keeps it.
+#[test]
+fn two_topics_mapped_to_one_sensor_id_cannot_write_each_others_readings() {
+    let mut host = Host::new(rules());
+    host.handle(&topic(Kind::NBirth, "gw", None), &birth(0, 1, NOW), NOW);
+    let fx = host.handle(
+        &topic(Kind::DBirth, "gw", Some("press")),
+        &birth(1, 1, NOW),
+        NOW,
+    );
+    assert_eq!(fx.dead_letter, None);
+    let fx = host.handle(
+        &topic(Kind::NBirth, "gw.press", None),
+        &birth(0, 1, NOW),
+        NOW,
+    );
+    let reason = fx.dead_letter.expect("refused");
+    assert!(reason.contains("device plant/gw/press"), "{reason}");
+    assert!(fx.readings.is_empty() && fx.labels.is_empty() && fx.births.is_empty());
+    let other = Topic {
+        group: "evil",
+        kind: Kind::NBirth,
+        node: "gw",
+        device: None,
+    };
+    let fx = host.handle(&other, &birth(0, 1, NOW), NOW);
+    assert!(
+        fx.dead_letter
+            .expect("refused")
+            .contains("edge node plant/gw")
+    );
+    // The owner's own rebirth is taken.
+    let fx = host.handle(&topic(Kind::NBirth, "gw", None), &birth(0, 2, NOW), NOW);
+    assert_eq!(fx.dead_letter, None);
 }
