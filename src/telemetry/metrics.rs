@@ -199,7 +199,7 @@ impl Metrics {
             mqtt_renewals: counter(
                 &r,
                 "hourglass_mqtt_renewals_total",
-                "MQTT connections renewed so that the broker delivers again the QoS 1 messages left unacknowledged (journal full, dead letters backed up).",
+                "MQTT connections renewed so that the broker delivers again the QoS 1 messages left unacknowledged (the journal full).",
             ),
             mqtt_acks: counter(
                 &r,

@@ -113,8 +113,8 @@ pub(super) struct Pending {
     /// Resolves when its readings are settled; `None` for a message that is
     /// acknowledged without storing anything (unusable, retained, empty).
     pub stored: Option<Ack>,
-    /// Not to be acknowledged whatever becomes of `stored` (its dead letter
-    /// found no room): the broker delivers it again.
+    /// Not to be acknowledged whatever becomes of `stored` (its letter could
+    /// not be queued): the broker delivers it again on a renewed connection.
     pub leave: bool,
 }
 

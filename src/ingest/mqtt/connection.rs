@@ -198,8 +198,8 @@ pub(super) async fn event_loop(
     // Whether the next connection takes one oversized message.
     let mut raised = false;
     // Messages left for the broker come again only on a new connection:
-    // renewed at most this often while it keeps happening (the journal full,
-    // the letters' outbox full), with the reconnect backoff's growth. Looked
+    // renewed at most this often while it keeps happening (the journal
+    // full), with the reconnect backoff's growth. Looked
     // at between events: `poll` is not cancelled for it (cancelled during
     // the handshake, it would open a session it never subscribes).
     let mut redeliveries = policy();
@@ -288,16 +288,6 @@ pub(super) async fn event_loop(
                 if !forward(&shared, &publishes, (epoch, publish), &mut drops).await {
                     break;
                 }
-            }
-            Ok(Event::Outgoing(rumqttc::Outgoing::Publish(_))) => {
-                // A dead letter (or our STATE, or a rebirth request) left
-                // the request queue.
-                let _ =
-                    shared
-                        .letters_handed
-                        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                            Some(n.saturating_sub(1))
-                        });
             }
             Ok(Event::Incoming(Packet::SubAck(ack))) => {
                 if ack

@@ -1,26 +1,24 @@
 //! Dead letters: each unusable message republished on
-//! `mqtt.dead_letter_topic`, and the outbox that hands them to rumqttc
-//! without ever waiting on its request queue (the event loop that drains
-//! that queue may be waiting for the processor: see [`super::queue`]).
+//! `mqtt.dead_letter_topic`, over a connection of their own (the client id
+//! with `-letters`), so no letter waits on the request queue of the event
+//! loop that receives messages: that loop may be waiting for the processor
+//! (see [`super::queue`]), and the letters' loop waits on no one.
 //!
-//! Letters wait in the outbox, bounded in bytes, and go to rumqttc a few at
-//! a time, as many as it has sent on (the event loop counts what leaves).
-//! When the outbox is full, a QoS 0 message's letter is dropped and counted
-//! (nothing was acknowledged); a QoS 1 message is left unacknowledged
-//! instead, so the broker delivers it again and nothing is lost.
+//! A QoS 0 message's letter is offered without waiting, and dropped and
+//! counted when the letters' queue is full (nothing was acknowledged); a
+//! QoS 1 message's letter waits for room, and the message is acknowledged
+//! only after, so nothing is lost and the broker's in-flight window bounds
+//! what waits.
 
-use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
+use std::time::Duration;
 
-use rumqttc::QoS;
+use backon::BackoffBuilder;
+use rumqttc::{AsyncClient, ClientError, EventLoop, QoS};
 use serde::Serialize;
 use tracing::warn;
 
 use super::shared::Shared;
-
-/// Letters handed to rumqttc and not yet seen leaving by the event loop:
-/// what its request queue holds of ours, at most this many.
-pub(super) const MAX_HANDED: usize = 32;
+use crate::batcher::driver::retry_policy;
 
 /// A dead-lettered message: its payload as text, or in base64 when it is
 /// not UTF-8 (Sparkplug's protobuf), so it can be published again as it was.
@@ -113,100 +111,117 @@ pub(super) fn letter_body(
     serde_json::to_vec(&letter).ok().filter(|b| b.len() <= max)
 }
 
-/// What became of a message's letter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Posted {
-    /// In the outbox (or no dead-letter topic is configured).
-    Kept,
-    /// No room: the message must not be acknowledged.
-    NoRoom,
+/// A letter to publish, or why there is none.
+pub(super) enum Letter {
+    /// Nothing to publish (no topic, or no letter could be small enough).
+    None,
+    /// A QoS 0 message's letter: offered without waiting.
+    Offer(String, Vec<u8>),
+    /// A QoS 1 message's letter: waits for room before the message is
+    /// acknowledged.
+    Send(String, Vec<u8>),
 }
 
-/// Letters waiting for rumqttc, at most `max_bytes` of them.
-pub(super) struct Outbox {
-    letters: VecDeque<(String, Vec<u8>)>,
-    bytes: usize,
-    max_bytes: usize,
+/// The letter for a message on `topic` with `payload`, unusable for
+/// `reason`.
+pub(super) fn letter(
+    shared: &Shared,
+    (topic, payload, qos): (&str, &[u8], QoS),
+    reason: &str,
+) -> Letter {
+    let Some(to) = shared.settings.dead_letters() else {
+        return Letter::None;
+    };
+    let Some(body) = letter_body(
+        topic,
+        reason,
+        payload,
+        shared.settings.max_dead_letter_bytes,
+    ) else {
+        warn!(
+            topic_bytes = topic.len(),
+            "A dead letter would pass mqtt.max_dead_letter_bytes even without its payload; it is not published."
+        );
+        return Letter::None;
+    };
+    match qos {
+        QoS::AtMostOnce => Letter::Offer(to.to_owned(), body),
+        _ => Letter::Send(to.to_owned(), body),
+    }
 }
 
-impl Outbox {
-    pub(super) fn new(max_bytes: usize) -> Self {
-        Self {
-            letters: VecDeque::new(),
-            bytes: 0,
-            max_bytes,
+/// Offers a QoS 0 message's letter: dropped and counted if the letters'
+/// queue is full.
+pub(super) fn offer(shared: &Shared, to: String, body: Vec<u8>) {
+    match shared
+        .letters
+        .try_publish(to, QoS::AtLeastOnce, false, body)
+    {
+        Ok(()) => {}
+        Err(ClientError::TryRequest(_)) => shared.metrics.mqtt_dropped("dead_letter_backlog"),
+        Err(e) => warn!(error = %e, "Could not queue a dead letter."),
+    }
+}
+
+/// Sends a QoS 1 message's letter, waiting for room (the letters' loop
+/// never waits on the caller). False if it could not be queued.
+pub(super) async fn send(shared: &Shared, to: String, body: Vec<u8>) -> bool {
+    match shared
+        .letters
+        .publish(to, QoS::AtLeastOnce, false, body)
+        .await
+    {
+        Ok(()) => true,
+        Err(e) => {
+            warn!(error = %e, "Could not queue a dead letter; its message is left for the broker.");
+            false
         }
     }
+}
 
-    pub(super) fn is_empty(&self) -> bool {
-        self.letters.is_empty()
-    }
+/// Letters the letters' queue holds: with each at most
+/// `mqtt.max_dead_letter_bytes`, about `dead_letter_backlog` bytes.
+pub(super) fn capacity(settings: &super::Settings) -> usize {
+    (settings.dead_letter_backlog() / settings.max_dead_letter_bytes.max(1)).clamp(16, 4096)
+}
 
-    /// The letter for a message on `topic` with `payload`, unusable for
-    /// `reason`, kept to be published (then handed on at once if rumqttc
-    /// has room).
-    pub(super) fn post(
-        &mut self,
-        shared: &Shared,
-        (topic, payload, qos): (&str, &[u8], QoS),
-        reason: &str,
-    ) -> Posted {
-        let Some(to) = shared.settings.dead_letters() else {
-            return Posted::Kept;
+/// The letters' connection: publishes what is queued, reconnecting with
+/// backoff, until `done` (the acker finished) and the queue is sent, or
+/// the shutdown deadline.
+pub(super) async fn post_office(
+    shared: std::sync::Arc<Shared>,
+    mut eventloop: EventLoop,
+    client: AsyncClient,
+) {
+    let settings = &shared.settings;
+    let policy = || retry_policy(settings.reconnect_min, settings.reconnect_max).build();
+    let mut reconnects = policy();
+    loop {
+        let event = tokio::select! {
+            event = eventloop.poll() => event,
+            _ = shared.acker_done.cancelled() => break,
+            _ = shared.shutdown.deadline_passed() => return,
         };
-        let Some(body) = letter_body(
-            topic,
-            reason,
-            payload,
-            shared.settings.max_dead_letter_bytes,
-        ) else {
-            warn!(
-                topic_bytes = topic.len(),
-                "A dead letter would pass mqtt.max_dead_letter_bytes even without its payload; it is not published."
-            );
-            return Posted::Kept;
-        };
-        let n = body.len().saturating_add(to.len());
-        if !self.letters.is_empty() && self.bytes.saturating_add(n) > self.max_bytes {
-            if qos == QoS::AtMostOnce {
-                shared.metrics.mqtt_dropped("dead_letter_backlog");
-                return Posted::Kept;
-            }
-            return Posted::NoRoom;
-        }
-        self.bytes += n;
-        self.letters.push_back((to.to_owned(), body));
-        self.hand_on(shared);
-        Posted::Kept
-    }
-
-    /// Hands letters to rumqttc while it has room for them: never waits.
-    pub(super) fn hand_on(&mut self, shared: &Shared) {
-        while shared.letters_handed.load(Ordering::Acquire) < MAX_HANDED {
-            let Some((to, body)) = self.letters.pop_front() else {
-                return;
-            };
-            let n = body.len().saturating_add(to.len());
-            match shared
-                .client
-                .try_publish(to.as_str(), QoS::AtLeastOnce, false, body)
-            {
-                Ok(()) => {
-                    self.bytes = self.bytes.saturating_sub(n);
-                    shared.letters_handed.fetch_add(1, Ordering::AcqRel);
-                }
-                Err(rumqttc::ClientError::TryRequest(rumqttc::Request::Publish(p))) => {
-                    // Full (or closed at shutdown): it waits here.
-                    self.letters.push_front((to, p.payload.to_vec()));
-                    return;
-                }
-                Err(e) => {
-                    self.bytes = self.bytes.saturating_sub(n);
-                    warn!(error = %e, "Could not queue a dead letter.");
+        match event {
+            Ok(rumqttc::Event::Incoming(rumqttc::Packet::ConnAck(_))) => reconnects = policy(),
+            Ok(_) => {}
+            Err(e) => {
+                let delay = reconnects.next().unwrap_or(settings.reconnect_max);
+                warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "The dead letters' MQTT connection failed; reconnecting.");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = shared.acker_done.cancelled() => break,
+                    _ = shared.shutdown.deadline_passed() => return,
                 }
             }
         }
     }
+    // What is queued goes out, then the DISCONNECT, within a moment.
+    let _ = client.try_disconnect();
+    let _ = tokio::time::timeout(Duration::from_millis(500), async {
+        while eventloop.poll().await.is_ok() {}
+    })
+    .await;
 }
 
 #[cfg(test)]

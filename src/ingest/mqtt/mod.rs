@@ -78,6 +78,15 @@ impl MqttIngest {
             .map_or(0, |d| d.as_millis() as u64);
         let options = connection::mqtt_options(settings, state_ms)?;
         let (client, eventloop) = AsyncClient::new(options, connection::REQUEST_CAPACITY);
+        // Dead letters go over a connection of their own (no session state
+        // shared with the one that receives; no Will).
+        let mut own = settings.clone();
+        own.client_id = format!("{}-letters", settings.client_id);
+        own.sparkplug.primary_host_id = None;
+        let (letters, post) = AsyncClient::new(
+            connection::mqtt_options(&own, state_ms)?,
+            letters::capacity(settings),
+        );
         let acker_done = CancellationToken::new();
         let shared = Arc::new(Shared {
             settings: settings.clone(),
@@ -91,7 +100,7 @@ impl MqttIngest {
             acker_done: acker_done.clone(),
             epoch: AtomicU64::new(0),
             unacked: AtomicUsize::new(0),
-            letters_handed: AtomicUsize::new(0),
+            letters: letters.clone(),
             left_on: AtomicU64::new(0),
             state_ms,
             births,
@@ -111,7 +120,8 @@ impl MqttIngest {
                 publish_tx,
             )),
             tokio::spawn(processor::process(shared.clone(), publish_rx, ack_tx)),
-            tokio::spawn(acks::acknowledge(shared, ack_rx)),
+            tokio::spawn(acks::acknowledge(shared.clone(), ack_rx)),
+            tokio::spawn(letters::post_office(shared, post, letters)),
         ];
         Ok(Self {
             tasks,
@@ -127,10 +137,11 @@ impl MqttIngest {
     /// the broker delivers it again).
     pub async fn finish(self) {
         let aborts: Vec<_> = self.tasks.iter().map(JoinHandle::abort_handle).collect();
-        let [event_loop, processor, acker]: [JoinHandle<()>; 3] = match self.tasks.try_into() {
-            Ok(tasks) => tasks,
-            Err(_) => return,
-        };
+        let [event_loop, processor, acker, post_office]: [JoinHandle<()>; 4] =
+            match self.tasks.try_into() {
+                Ok(tasks) => tasks,
+                Err(_) => return,
+            };
         let acker_done = self.acker_done;
         let ordered = async move {
             let _ = processor.await;
@@ -139,6 +150,7 @@ impl MqttIngest {
             let _ = acker.await;
             acker_done.cancel();
             let _ = event_loop.await;
+            let _ = post_office.await;
         };
         tokio::select! {
             _ = ordered => {}

@@ -5,14 +5,13 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use rumqttc::{Publish, QoS};
 use tokio::sync::mpsc;
 
 use super::acks::Pending;
 use super::intake::{FULL_RETRY, Submit, Submitted, check_size};
-use super::letters::{Outbox, Posted};
+use super::letters::{self, Letter};
 use super::queue;
 use super::shared::{RateLog, Shared, Unusable};
 use super::sparkplug;
@@ -26,9 +25,6 @@ use crate::journal::{IntakeError, Wait};
 use crate::telemetry::metrics::Rejection;
 use crate::telemetry::metrics::Source;
 
-/// How soon letters waiting in the outbox are offered to rumqttc again.
-const OUTBOX_RETRY: Duration = Duration::from_millis(5);
-
 pub(super) async fn process(
     shared: Arc<Shared>,
     mut publishes: queue::Receiver,
@@ -36,7 +32,6 @@ pub(super) async fn process(
 ) {
     // Long: the processor's loop: a message's way from decoding to its settlement.
     let mut drops = RateLog::new("Acknowledged and dropped an unusable MQTT message.");
-    let mut outbox = Outbox::new(shared.settings.dead_letter_backlog());
     let flush_at = (shared.settings.max_unacked / 2).max(1);
     let shutdown = shared.shutdown.clone();
     let mut host = sparkplug::host(&shared).await;
@@ -44,7 +39,7 @@ pub(super) async fn process(
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         // Timers before messages: a backlog of messages must not starve
-        // the gap checks (whose state grows until they run) or the letters.
+        // the gap checks (whose state grows until they run).
         let (epoch, publish) = tokio::select! {
             biased;
             _ = shutdown.triggered() => break,
@@ -58,15 +53,8 @@ pub(super) async fn process(
                 Some(next) => next,
                 None => break,
             },
-            _ = tokio::time::sleep(OUTBOX_RETRY), if !outbox.is_empty() => {
-                outbox.hand_on(&shared);
-                continue;
-            }
         };
-        if !outbox.is_empty() {
-            outbox.hand_on(&shared);
-        }
-        let mut posted = Posted::Kept;
+        let mut letter = Letter::None;
         let stored = if publish.retain && !shared.settings.ingest_retained {
             // Delivered because we subscribed, not because it was published
             // now: its reading was delivered before.
@@ -87,7 +75,7 @@ pub(super) async fn process(
                     shared.stats.unusable.fetch_add(1, Ordering::Relaxed);
                     shared.metrics.rejected(Source::Mqtt, u.kind, u.readings);
                     drops.log(&publish.topic, &u.reason);
-                    posted = outbox.post(
+                    letter = letters::letter(
                         &shared,
                         (&publish.topic, &publish.payload, publish.qos),
                         &u.reason,
@@ -98,6 +86,19 @@ pub(super) async fn process(
                 Err(Submit::Stopped) => break,
             }
         };
+        // The letter before the acknowledgement: a QoS 1 message's waits
+        // for room on the letters' connection (which waits on no one).
+        let mut leave = false;
+        match letter {
+            Letter::None => {}
+            Letter::Offer(to, body) => letters::offer(&shared, to, body),
+            Letter::Send(to, body) => {
+                tokio::select! {
+                    sent = letters::send(&shared, to, body) => leave = !sent,
+                    _ = shutdown.triggered() => break,
+                }
+            }
+        }
         if publish.qos == QoS::AtMostOnce {
             continue;
         }
@@ -105,8 +106,7 @@ pub(super) async fn process(
             pkid: publish.pkid,
             epoch,
             stored,
-            // Its letter found no room: delivered again later, not lost.
-            leave: posted == Posted::NoRoom,
+            leave,
         };
         drop(publish);
         shared.unacked.fetch_add(1, Ordering::AcqRel);
@@ -119,15 +119,6 @@ pub(super) async fn process(
         // flush now instead of letting the window cap throughput.
         if shared.unacked.load(Ordering::Acquire) >= flush_at {
             shared.intake.flush_soon();
-        }
-    }
-    // The letters still waiting go out while the event loop runs, within
-    // the shutdown deadline.
-    while !outbox.is_empty() {
-        outbox.hand_on(&shared);
-        tokio::select! {
-            _ = tokio::time::sleep(OUTBOX_RETRY) => {}
-            _ = shutdown.deadline_passed() => break,
         }
     }
 }

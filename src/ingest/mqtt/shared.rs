@@ -136,9 +136,8 @@ pub(super) struct Shared {
     pub(super) acker_done: CancellationToken,
     pub(super) epoch: AtomicU64,
     pub(super) unacked: AtomicUsize,
-    /// Dead letters handed to rumqttc that the event loop has not yet seen
-    /// leave ([`super::letters::MAX_HANDED`]).
-    pub(super) letters_handed: AtomicUsize,
+    /// The dead letters' own connection ([`super::letters`]).
+    pub(super) letters: AsyncClient,
     /// The connection (epoch) on which a QoS 1 message was last left
     /// unacknowledged for the broker to deliver again; 0 for none. A broker
     /// delivers it again only on a new connection, so the connection is

@@ -566,6 +566,12 @@ impl Host {
     }
 
     fn ask_rebirth(&mut self, key: &(String, String), now_ms: u64, fx: &mut Effects) {
+        if !self.room_for(key) && self.nodes.values().all(|n| n.online) {
+            // Its birth could not be taken: asking would only bring a birth
+            // to refuse, again at every cooldown.
+            fx.rebirths_held += 1;
+            return;
+        }
         let cooldown = self.rules.rebirth_cooldown_ms;
         if let Some(&t) = self.asked.get(key)
             && now_ms < t.saturating_add(cooldown)

@@ -116,3 +116,82 @@ async fn metric_with(address: &str, name: &str, label: &str) -> f64 {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
+
+/// A QoS 1 message whose dead letter finds no room is left for the broker,
+/// which delivers it again only on a new connection; until then it holds a
+/// place in the broker's in-flight window. A flood of unusable QoS 1
+/// messages with little room for letters is taken whole: every message is
+/// acknowledged in the end (the connection renewed as often as some were
+/// left), and a reading after it is stored.
+#[tokio::test]
+async fn a_flood_of_unusable_qos1_messages_is_acknowledged_whole_whatever_was_left() {
+    const MESSAGES: usize = 30_000;
+    let broker = Broker::start().await;
+    let mut settings = test_settings();
+    settings.mqtt.enabled = true;
+    settings.mqtt.url = broker.url();
+    settings.mqtt.client_id = format!("hg-{}", uuid::Uuid::new_v4().simple());
+    let logs = tempfile::tempdir().expect("a temporary directory");
+    let log = logs.path().join("service.log");
+    let mut service = spawn_binary_capped(
+        2048,
+        &settings,
+        &[
+            // Room for few letters: a quarter of this, or two letters.
+            ("HOURGLASS__MQTT__MAX_QUEUED_BYTES", "65536"),
+            ("HOURGLASS__MQTT__MAX_DEAD_LETTER_BYTES", "8192"),
+            ("HOURGLASS__MQTT__RECONNECT_MAX", "1s"),
+        ],
+        &log,
+    );
+    let address = binary_address(&log).await;
+    eventually(Duration::from_secs(60), "the service subscribed", || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        async move { text.contains("Subscribed to MQTT topics.") }
+    })
+    .await;
+    let mut child = Command::new("mosquitto_pub")
+        .args(["-h", "127.0.0.1", "-p", &broker.port.to_string()])
+        .args(["-q", "1", "-t", "sensors/dev1/temp", "-l"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("mosquitto_pub runs");
+    {
+        let mut stdin = child.stdin.take().expect("stdin");
+        let payload = format!("{}\n", "x".repeat(400));
+        stdin
+            .write_all(payload.repeat(MESSAGES).as_bytes())
+            .expect("lines written");
+    }
+    let status = wait_at_most(&mut child, Duration::from_secs(300)).expect("mosquitto_pub ends");
+    assert!(status.success(), "mosquitto_pub: {status}");
+    eventually(
+        Duration::from_secs(180),
+        "every unusable QoS 1 message is acknowledged",
+        || async { metric(&address, "hourglass_mqtt_acks_total").await >= MESSAGES as f64 },
+    )
+    .await;
+    let mut device = Publisher::connect(&broker, "device-after-qos1-flood").await;
+    let t = base_time();
+    device
+        .publish(
+            "sensors/after-qos1-flood/temp",
+            json!({ "value": 7.5, "ts": t * 1000 }).to_string(),
+        )
+        .await;
+    eventually(
+        Duration::from_secs(60),
+        "the reading after the flood is stored",
+        || async { latest_temp(&address, "after-qos1-flood").await.is_some() },
+    )
+    .await;
+    eprintln!(
+        "qos1 flood: {} renewals, {} connections",
+        metric(&address, "hourglass_mqtt_renewals_total").await,
+        metric(&address, "hourglass_mqtt_connections_total").await
+    );
+    let (status, body) = readiness(&http_client(), &address).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(stops_within(&mut service, Duration::from_secs(40)).success());
+}
