@@ -5,7 +5,11 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 COPY tests ./tests
+COPY benches ./benches
 COPY config ./config
+# A workspace member: cargo loads every member's manifest and targets.
+COPY loadtest/Cargo.toml ./loadtest/Cargo.toml
+COPY loadtest/src ./loadtest/src
 RUN cargo build --release --locked --bin hourglass
 
 FROM debian:bookworm-slim

@@ -64,7 +64,10 @@ pub fn router(state: AppState) -> Router {
     let ingest = Router::new()
         .route("/api/v1/readings", post(ingest::post_readings))
         .route("/api/v1/sensors/{sensor}/labels", put(query::put_labels))
-        .route_layer(require(Scope::Ingest));
+        .route_layer(require(Scope::Ingest))
+        // Bodies may be gzipped (Telegraf's and Vector's HTTP outputs); the
+        // body limit counts decompressed bytes; other codings answer 415.
+        .layer(RequestDecompressionLayer::new());
     // InfluxDB's write API. Its 1.x clients may send the token as `p`; bodies
     // may be gzipped, and the body limit counts decompressed bytes.
     let admin = Router::new()

@@ -393,3 +393,35 @@ async fn the_http_api_reference_is_the_openapi_document() {
         "/api/v1/openapi.json",
     );
 }
+
+/// The security page's table names, for every input surface, the tests that
+/// show its bounds: each named test exists (a renamed or removed test would
+/// leave a surface with no test, a gap in plain sight).
+#[test]
+fn every_test_the_security_table_names_exists() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let page = std::fs::read_to_string(root.join("docs/src/operating/security.md"))
+        .expect("the security page");
+    let mut named = 0;
+    for row in page.lines().filter(|l| l.starts_with("| ")) {
+        let Some(tests) = row.trim_end_matches('|').rsplit('|').next() else {
+            continue;
+        };
+        for name in tests.split('`').skip(1).step_by(2) {
+            let Some((module, function)) = name.rsplit_once("::") else {
+                continue;
+            };
+            let base = root.join("tests/api").join(module.replace("::", "/"));
+            let source = [base.with_extension("rs"), base.join("mod.rs")]
+                .iter()
+                .find_map(|p| std::fs::read_to_string(p).ok())
+                .unwrap_or_else(|| panic!("{name}: no module {module} under tests/api"));
+            assert!(
+                source.contains(&format!("fn {function}(")),
+                "{name}: no test {function} in {module}"
+            );
+            named += 1;
+        }
+    }
+    assert!(named >= 20, "the table names {named} tests");
+}

@@ -16,12 +16,14 @@ pub fn parse_instant(name: &str, s: &str) -> Result<i64, ApiError> {
         Ok(ms) => ms,
         Err(_) => crate::domain::rfc3339_ms(s).ok_or_else(|| {
             ApiError::bad_request(format!(
-                "{name} must be an RFC 3339 timestamp or integer epoch milliseconds"
+                "{name} must be an RFC 3339 timestamp (0000-01-01 to 9999-12-30) or integer epoch milliseconds"
             ))
         })?,
     };
     crate::domain::representable_ms(ms).ok_or_else(|| {
-        ApiError::bad_request(format!("{name} must lie between the years 0000 and 9999"))
+        ApiError::bad_request(format!(
+            "{name} must lie between 0000-01-01 and 9999-12-30 (the instants an answer can write)"
+        ))
     })
 }
 
@@ -321,7 +323,11 @@ mod tests {
         );
         assert!(parse_instant("from", "yesterday").is_err());
         let far = parse_instant("from", "-9223372036854775000").expect_err("out of range");
-        assert!(far.message.contains("0000 and 9999"), "{}", far.message);
+        assert!(
+            far.message.contains("0000-01-01 and 9999-12-30"),
+            "{}",
+            far.message
+        );
         assert_eq!(format_ms(1500), "1970-01-01T00:00:01.5Z");
     }
 
