@@ -163,17 +163,30 @@ pub(super) fn offer(shared: &Shared, to: String, body: Vec<u8>) {
     }
 }
 
+/// How long a QoS 1 message's letter may wait for room: the letters'
+/// connection may be down while the receiving one is up (a broker that
+/// refuses it), and ingestion must not wait on it for ever.
+const SEND_WAIT: Duration = Duration::from_secs(5);
+
 /// Sends a QoS 1 message's letter, waiting for room (the letters' loop
-/// never waits on the caller). False if it could not be queued.
+/// never waits on the caller) up to [`SEND_WAIT`]. False if it could not be
+/// queued: the message is then left for the broker, delivered again later.
 pub(super) async fn send(shared: &Shared, to: String, body: Vec<u8>) -> bool {
-    match shared
-        .letters
-        .publish(to, QoS::AtLeastOnce, false, body)
-        .await
-    {
-        Ok(()) => true,
-        Err(e) => {
+    let queued = tokio::time::timeout(
+        SEND_WAIT,
+        shared.letters.publish(to, QoS::AtLeastOnce, false, body),
+    )
+    .await;
+    match queued {
+        Ok(Ok(())) => true,
+        Ok(Err(e)) => {
             warn!(error = %e, "Could not queue a dead letter; its message is left for the broker.");
+            false
+        }
+        Err(_) => {
+            warn!(
+                "The dead letters' connection takes no letters (is the broker refusing it?); a QoS 1 message is left for the broker to deliver again."
+            );
             false
         }
     }
