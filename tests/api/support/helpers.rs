@@ -645,8 +645,11 @@ pub async fn metric(address: &str, name: &str) -> f64 {
 /// The `http://host:port` a binary started with [`spawn_binary`] listens on.
 pub async fn binary_address(log: &std::path::Path) -> String {
     let mut address = None;
+    // Its start reads the storage server (indexes, the read shapes): under
+    // CI's load, with the stand-in busy with other tests, that once took
+    // over a minute.
     eventually(
-        Duration::from_secs(60),
+        Duration::from_secs(180),
         "the binary logs its address",
         || {
             let text = std::fs::read_to_string(log).unwrap_or_default();
