@@ -175,12 +175,19 @@ async fn refuse_announced_excess(State(max): State<usize>, req: Request, next: N
 
 /// Every 503 says when to retry, the timeout layer's included.
 fn with_retry_after(mut response: Response) -> Response {
-    if response.status() == StatusCode::SERVICE_UNAVAILABLE {
-        response
-            .headers_mut()
-            .entry(header::RETRY_AFTER)
-            .or_insert(HeaderValue::from(RETRY_AFTER.as_secs()));
-    }
+    let after = match response.status() {
+        StatusCode::SERVICE_UNAVAILABLE => RETRY_AFTER.as_secs(),
+        // New series are bounded per clock hour: the next one takes them.
+        StatusCode::TOO_MANY_REQUESTS => {
+            let second_of_hour = jiff::Timestamp::now().as_second().rem_euclid(3600);
+            u64::try_from(3600 - second_of_hour).unwrap_or(3600)
+        }
+        _ => return response,
+    };
+    response
+        .headers_mut()
+        .entry(header::RETRY_AFTER)
+        .or_insert(HeaderValue::from(after));
     response
 }
 

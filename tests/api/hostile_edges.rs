@@ -423,6 +423,13 @@ async fn new_series_past_the_hourly_bound_are_refused_and_existing_ones_carry_on
     over.push("minted-0".into());
     let r = app.post_readings(&batch(&over, 2)).await;
     assert_eq!(r.status(), 429);
+    // The bound is per clock hour: retry at the next one.
+    let after: u64 = r
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok()?.parse().ok())
+        .expect("a Retry-After in seconds");
+    assert!((1..=3600).contains(&after), "{after}");
     let body = r.text().await.expect("a body");
     assert!(
         body.contains("cardinality.max_new_series_per_hour"),
