@@ -34,8 +34,9 @@ mod traffic;
 /// process with it.
 const CAP_MIB: u64 = 2048;
 /// Peak resident memory the debug binary may reach under the whole run.
-/// Queries get 64 MiB each and 128 MiB together here; the rest is bounded
-/// by the body limit, the MQTT queue and the batcher.
+/// Queries get 64 MiB each and 128 MiB together here, Sparkplug births
+/// 64 MiB; the rest is bounded by the body limit, the MQTT queue and the
+/// batcher.
 const MAX_PEAK_RSS_MIB: u64 = 640;
 /// Hostile HTTP clients at once.
 const HTTP_CLIENTS: u64 = 3;
@@ -358,6 +359,7 @@ async fn hostile_http_and_mqtt_traffic_for_a_fixed_time_leaves_the_process_alive
             ("HOURGLASS__QUERY__MAX_MEMORY_PER_QUERY", "67108864"),
             ("HOURGLASS__QUERY__MAX_MEMORY", "134217728"),
             ("HOURGLASS__QUERY__TIMEOUT", "5s"),
+            ("HOURGLASS__MQTT__SPARKPLUG__MAX_STATE_BYTES", "67108864"),
             ("HOURGLASS__SHUTDOWN__TIMEOUT", "10s"),
         ],
         &log,
