@@ -462,3 +462,106 @@ fn the_dockerfile_builds_in_stages_and_runs_as_a_non_root_user() {
         .expect("a USER line");
     assert_ne!(user.trim(), "root");
 }
+
+/// Copies `from` (a file or a directory) to `to`, leaving out what
+/// `.dockerignore` names (paths relative to the context's root).
+fn copy_context(root: &Path, from: &Path, to: &Path, ignored: &[String]) {
+    let relative = from.strip_prefix(root).expect("inside the context");
+    if ignored
+        .iter()
+        .any(|i| relative.starts_with(i.trim_end_matches('/')))
+    {
+        return;
+    }
+    if from.is_dir() {
+        std::fs::create_dir_all(to).expect("a directory");
+        for entry in std::fs::read_dir(from).expect("a listing") {
+            let entry = entry.expect("an entry");
+            copy_context(root, &entry.path(), &to.join(entry.file_name()), ignored);
+        }
+    } else {
+        if let Some(parent) = to.parent() {
+            std::fs::create_dir_all(parent).expect("a directory");
+        }
+        std::fs::copy(from, to).expect("copied");
+    }
+}
+
+/// The image's build context, rebuilt as Docker would (exactly the files the
+/// Dockerfile copies, less what `.dockerignore` names), loads as the
+/// workspace its build command builds, against the lock file: a workspace
+/// member, a declared target or a configuration file left out fails here,
+/// not on an adopter's machine (no Docker engine needed).
+#[test]
+fn the_dockerfiles_build_context_loads_as_the_workspace_it_builds() {
+    let root = root();
+    let dockerfile = std::fs::read_to_string(root.join("Dockerfile")).expect("Dockerfile");
+    let ignored: Vec<String> = std::fs::read_to_string(root.join(".dockerignore"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_owned)
+        .collect();
+    let context = tempfile::tempdir().expect("a temporary directory");
+    let mut copies = 0;
+    for line in dockerfile.lines() {
+        let Some(args) = line.strip_prefix("COPY ") else {
+            continue;
+        };
+        if args.starts_with("--from") {
+            continue;
+        }
+        let parts: Vec<&str> = args.split_whitespace().collect();
+        let (dest, sources) = parts.split_last().expect("COPY <src>... <dest>");
+        for source in sources {
+            let from = root.join(source);
+            assert!(
+                from.exists(),
+                "the Dockerfile copies {source}, which is not there"
+            );
+            let to = if dest.ends_with('/') {
+                context
+                    .path()
+                    .join(dest)
+                    .join(Path::new(source).file_name().expect("a name"))
+            } else if dest.starts_with('/') {
+                // The runtime stage's copies land in the image, not in the
+                // build's directory: they only need to exist.
+                continue;
+            } else {
+                context.path().join(dest)
+            };
+            copy_context(&root, &from, &to, &ignored);
+            copies += 1;
+        }
+    }
+    assert!(copies >= 4, "{copies} copies");
+    let out = std::process::Command::new(env!("CARGO"))
+        .args(["metadata", "--locked", "--offline", "--format-version", "1"])
+        .current_dir(context.path())
+        .output()
+        .expect("cargo runs");
+    assert!(
+        out.status.success(),
+        "the image's build context does not load: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let metadata: Json = serde_json::from_slice(&out.stdout).expect("metadata");
+    let members = metadata["workspace_members"].as_array().expect("members");
+    assert!(!members.is_empty());
+    // Every target of every member is there to build.
+    for package in metadata["packages"].as_array().expect("packages") {
+        if !members.contains(&package["id"]) {
+            continue;
+        }
+        for target in package["targets"].as_array().expect("targets") {
+            let path = target["src_path"].as_str().expect("a path");
+            assert!(Path::new(path).exists(), "{path} is not in the context");
+        }
+    }
+    assert!(
+        dockerfile.contains("cargo build --release --locked --bin hourglass"),
+        "the build command this test stands for"
+    );
+}
