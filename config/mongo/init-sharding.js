@@ -11,6 +11,14 @@
 sh.addShard("shard1/shard1:27018");
 sh.addShard("shard2/shard2:27018");
 sh.enableSharding("hourglass");
+// Created here, before the service starts, so with the compressor the
+// service would give them (mongodb.block_compressor, zstd by default):
+// a collection created by createIndex gets the server's default.
+for (const name of ["buckets", "rollups"]) {
+  db.getSiblingDB("hourglass").createCollection(name, {
+    storageEngine: { wiredTiger: { configString: "block_compressor=zstd" } },
+  });
+}
 db.getSiblingDB("hourglass").buckets.createIndex(
   { sensor: 1, metric: 1, start: 1 },
   { unique: true, name: "sensor_metric_start" }
