@@ -255,6 +255,18 @@ mod tests {
                 .to_string()
                 .contains("batcher.flush_interval")
         );
+        // Requests being handled never give way at the connection cap:
+        // there must be connections beyond them.
+        s = Settings::default();
+        s.mongodb.uri = SecretString::from("mongodb://x");
+        s.mqtt.enabled = false;
+        s.http.max_connections = s.http.max_concurrent_requests;
+        assert!(
+            s.validate()
+                .expect_err("no connection beyond the requests")
+                .to_string()
+                .contains("http.max_connections")
+        );
     }
 
     #[test]

@@ -20,6 +20,32 @@ struct Pending {
     bytes: usize,
 }
 
+impl Pending {
+    /// Keeps `birth`, replacing the one waiting for its node or device, if
+    /// all that waits stays within `max_bytes`; false if it does not.
+    fn put(&mut self, birth: Birth, max_bytes: usize) -> bool {
+        let id = birth.id();
+        let bytes = birth_bytes(&birth);
+        let had = self.births.get(&id).map_or(0, birth_bytes);
+        if self.bytes.saturating_sub(had).saturating_add(bytes) > max_bytes {
+            return false;
+        }
+        self.bytes = self.bytes.saturating_sub(had).saturating_add(bytes);
+        if self.births.insert(id.clone(), birth).is_none() {
+            self.order.push_back(id);
+        }
+        true
+    }
+
+    /// The oldest waiting node's (or device's) latest birth.
+    fn take(&mut self) -> Option<Birth> {
+        let id = self.order.pop_front()?;
+        let birth = self.births.remove(&id)?;
+        self.bytes = self.bytes.saturating_sub(birth_bytes(&birth));
+        Some(birth)
+    }
+}
+
 /// What a waiting birth holds in memory.
 fn birth_bytes(b: &Birth) -> usize {
     b.metrics
@@ -45,15 +71,7 @@ impl StoredBirths {
         let (writer, queue, woken) = (store.clone(), pending.clone(), wake.clone());
         tokio::spawn(async move {
             loop {
-                let next = {
-                    let mut p = queue.lock().unwrap_or_else(|e| e.into_inner());
-                    let id = p.order.pop_front();
-                    let birth = id.and_then(|id| p.births.remove(&id));
-                    if let Some(b) = &birth {
-                        p.bytes = p.bytes.saturating_sub(birth_bytes(b));
-                    }
-                    birth
-                };
+                let next = queue.lock().unwrap_or_else(|e| e.into_inner()).take();
                 let Some(birth) = next else {
                     woken.notified().await;
                     continue;
@@ -76,23 +94,19 @@ impl StoredBirths {
 impl crate::ingest::sparkplug::BirthBook for StoredBirths {
     fn save(&self, birth: Birth) {
         let id = birth.id();
-        let bytes = birth_bytes(&birth);
-        {
-            let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-            let had = p.births.get(&id).map_or(0, birth_bytes);
-            if p.bytes.saturating_sub(had).saturating_add(bytes) > self.max_bytes {
-                tracing::warn!(
-                    id,
-                    "Sparkplug births arrive faster than they are kept; one was not kept (its node is asked to rebirth after a restart)."
-                );
-                return;
-            }
-            p.bytes = p.bytes.saturating_sub(had).saturating_add(bytes);
-            if p.births.insert(id.clone(), birth).is_none() {
-                p.order.push_back(id);
-            }
+        let kept = self
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .put(birth, self.max_bytes);
+        if kept {
+            self.wake.notify_one();
+        } else {
+            tracing::warn!(
+                id,
+                "Sparkplug births arrive faster than they are kept; one was not kept (its node is asked to rebirth after a restart)."
+            );
         }
-        self.wake.notify_one();
     }
 
     fn load(&self) -> futures_util::future::BoxFuture<'_, Result<Vec<Birth>, String>> {
@@ -102,5 +116,44 @@ impl crate::ingest::sparkplug::BirthBook for StoredBirths {
                 .await
                 .map_err(|e| e.to_string())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn birth(node: &str, metrics: usize) -> Birth {
+        Birth {
+            group: "g".into(),
+            node: node.into(),
+            device: None,
+            bd_seq: Some(0),
+            metrics: (0..metrics)
+                .map(|i| (Some(i as u64), "a".into(), 10))
+                .collect(),
+        }
+    }
+
+    /// The review's crash loop: 200 births of one node, each 1 MB, queued
+    /// faster than the stand-in keeps them. One waits, the latest.
+    #[test]
+    fn births_of_one_node_wait_as_one_the_latest_and_all_within_the_bound() {
+        let mut p = Pending::default();
+        let max = 64 << 20;
+        for k in 0..200 {
+            assert!(p.put(birth("big", 1000 + k), max));
+        }
+        assert!(p.put(birth("other", 10), max));
+        assert_eq!(p.births.len(), 2);
+        let first = p.take().expect("a birth");
+        assert_eq!((first.node.as_str(), first.metrics.len()), ("big", 1199));
+        assert_eq!(p.take().expect("a birth").node, "other");
+        assert!(p.take().is_none());
+        assert_eq!(p.bytes, 0);
+        // Past the bound, a birth is not kept and the others stay.
+        assert!(p.put(birth("a", 10), 4096));
+        assert!(!p.put(birth("b", 1000), 4096));
+        assert_eq!(p.births.len(), 1);
     }
 }
