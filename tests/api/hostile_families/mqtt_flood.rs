@@ -18,12 +18,12 @@ use crate::helpers::*;
 /// The flood: as many QoS 0 messages as the issue's.
 const FLOOD: usize = 150_000;
 
-/// Publishes `n` copies of `payload` on `topic` at QoS 0 with Mosquitto's
+/// Publishes `n` copies of `payload` on `topic` at `qos` with Mosquitto's
 /// own client, as fast as it goes (one message a line).
-fn flood(broker: &Broker, topic: &str, payload: &str, n: usize) {
+fn flood(broker: &Broker, topic: &str, payload: &str, n: usize, qos: u8) {
     let mut child = Command::new("mosquitto_pub")
         .args(["-h", "127.0.0.1", "-p", &broker.port.to_string()])
-        .args(["-q", "0", "-t", topic, "-l"])
+        .args(["-q", &qos.to_string(), "-t", topic, "-l"])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()
@@ -67,7 +67,7 @@ async fn a_flood_of_unusable_qos0_messages_neither_wedges_mqtt_nor_the_stop() {
     })
     .await;
     let client = http_client();
-    flood(&broker, "sensors/dev1/temp", "not a number", FLOOD);
+    flood(&broker, "sensors/dev1/temp", "not a number", FLOOD, 0);
     live(&client, &address, "the flood").await;
     // A reading at QoS 1 after the flood is stored: ingestion goes on.
     let mut device = Publisher::connect(&broker, "device-after-flood").await;
@@ -150,22 +150,7 @@ async fn a_flood_of_unusable_qos1_messages_is_acknowledged_whole_whatever_was_le
         async move { text.contains("Subscribed to MQTT topics.") }
     })
     .await;
-    let mut child = Command::new("mosquitto_pub")
-        .args(["-h", "127.0.0.1", "-p", &broker.port.to_string()])
-        .args(["-q", "1", "-t", "sensors/dev1/temp", "-l"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("mosquitto_pub runs");
-    {
-        let mut stdin = child.stdin.take().expect("stdin");
-        let payload = format!("{}\n", "x".repeat(400));
-        stdin
-            .write_all(payload.repeat(MESSAGES).as_bytes())
-            .expect("lines written");
-    }
-    let status = wait_at_most(&mut child, Duration::from_secs(300)).expect("mosquitto_pub ends");
-    assert!(status.success(), "mosquitto_pub: {status}");
+    flood(&broker, "sensors/dev1/temp", &"x".repeat(400), MESSAGES, 1);
     eventually(
         Duration::from_secs(180),
         "every unusable QoS 1 message is acknowledged",
