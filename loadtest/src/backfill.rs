@@ -177,6 +177,7 @@ pub async fn run(
     batch: usize,
     concurrency: usize,
     verify: bool,
+    journal: bool,
 ) -> anyhow::Result<(Report, bool)> {
     // Long: a scenario's steps in order (target, send, wait for storage, figures, report), each a few lines.
     // History older than the default `ingest.max_age` is taken too.
@@ -186,15 +187,19 @@ pub async fn run(
             "backfill",
             "minute",
             false,
-            false,
-            crate::ctx::long_running(days.max(28) + 2),
+            journal,
+            crate::ctx::long_running_with(days.max(28) + 2, journal),
         )
         .await?;
     let before = scrape(&target.url).await.unwrap_or_default();
     let started = Instant::now();
     let o = send_all(ctx, &target, data, batch, concurrency).await?;
-    // Stored (the journal is off: each answer came once its readings were);
-    // five seconds later a user opens a dashboard over it.
+    // Stored (with the journal off each answer came once its readings
+    // were; with it on, once the service counts them stored); five seconds
+    // later a user opens a dashboard over it.
+    if journal {
+        crate::waits::wait_stored(&target.url, o.readings).await?;
+    }
     let stored_at = Instant::now();
     let first = crate::waits::first_five_seconds(&target.url, stored_at).await?;
     let early = averages(&target.url, data, 1).await?;

@@ -171,6 +171,19 @@ impl Ctx {
     }
 }
 
+/// [`long_running`], or with the journal on (as shipped) only the age:
+/// acknowledgements come from the journal, and queries keep the default
+/// timeout a user has.
+pub fn long_running_with(max_age_days: u32, journal: bool) -> Vec<(String, String)> {
+    if journal {
+        return vec![(
+            "HOURGLASS__INGEST__MAX_AGE".into(),
+            format!("{max_age_days}d"),
+        )];
+    }
+    long_running(max_age_days)
+}
+
 /// Settings for a service loaded with long history on the stand-in server:
 /// readings up to `max_age_days` old, and room for slow flushes and queries.
 pub fn long_running(max_age_days: u32) -> Vec<(String, String)> {

@@ -181,6 +181,7 @@ pub async fn run(
     panel_sensors: u32,
     group_sensors: u32,
     repeats: usize,
+    journal: bool,
 ) -> anyhow::Result<(Report, bool)> {
     // Long: the scenario's steps in order (write costs, a backfill read right after, the settled panels, the group average), each a call.
     let target = ctx
@@ -188,8 +189,8 @@ pub async fn run(
             "history",
             "minute",
             false,
-            false,
-            crate::ctx::long_running(60),
+            journal,
+            crate::ctx::long_running_with(60, journal),
         )
         .await?;
     let mongo = mongodb::Client::with_uri_str(ctx.mongodb_uri()?).await?;
@@ -210,7 +211,7 @@ pub async fn run(
         },
         1800,
     );
-    let (early, catch_up) = right_after_backfill(ctx, &target, &panel).await?;
+    let (early, catch_up) = right_after_backfill(ctx, &target, &panel, journal).await?;
     let group = Dataset::recent(
         DatasetArgs {
             sensors: group_sensors,
@@ -356,13 +357,18 @@ async fn right_after_backfill(
     ctx: &Ctx,
     target: &crate::ctx::Target,
     panel: &Dataset,
+    journal: bool,
 ) -> anyhow::Result<(Vec<Timed>, crate::waits::CatchUp)> {
     let rolled_before = scrape(&target.url).await?;
     let sent_at = Instant::now();
-    crate::backfill::send_all(ctx, target, panel, 5000, 2).await?;
+    let sent = crate::backfill::send_all(ctx, target, panel, 5000, 2).await?;
     // Five seconds after the last reading is stored (the answer to its
-    // request: the journal is off), before the upkeep may have caught up:
-    // what a user who opens the dashboard right after a backfill sees.
+    // request with the journal off; counted stored by the service with it
+    // on), before the upkeep may have caught up: what a user who opens the
+    // dashboard right after a backfill sees.
+    if journal {
+        crate::waits::wait_stored(&target.url, sent.readings).await?;
+    }
     let stored_at = Instant::now();
     let first = crate::waits::first_five_seconds(&target.url, stored_at).await?;
     let (begin, end) = panel_window();

@@ -90,6 +90,9 @@ enum Cmd {
         concurrency: usize,
         #[arg(long)]
         no_verify: bool,
+        /// Run the service with the journal off (on by default, as shipped).
+        #[arg(long)]
+        no_journal: bool,
         /// Hours before now at which the data ends.
         #[arg(long, default_value_t = 1)]
         lag_hours: i64,
@@ -145,6 +148,9 @@ enum Cmd {
         /// Times each query runs, cold and on refresh.
         #[arg(long, default_value_t = 3)]
         repeats: usize,
+        /// Run the service with the journal off (on by default, as shipped).
+        #[arg(long)]
+        no_journal: bool,
     },
     /// The same PromQL against Hourglass, Prometheus and VictoriaMetrics on the same samples.
     Promql {
@@ -227,7 +233,7 @@ async fn all(ctx: &Ctx, scale: f64) -> anyhow::Result<(Report, bool)> {
     let mut report = Report::new("Hourglass load test: full run");
     let mut ok = true;
     let backfill_data = recent(scaled(50, 2, 3600.0 * scale, 1), 1);
-    let (r, good) = backfill::run(ctx, &backfill_data, 5000, 4, true).await?;
+    let (r, good) = backfill::run(ctx, &backfill_data, 5000, 4, true, true).await?;
     report.merge(r);
     ok &= good;
     // 4 000 readings (or messages) a second: enough that per-second fixed costs
@@ -336,6 +342,7 @@ async fn main() -> anyhow::Result<()> {
             batch,
             concurrency,
             no_verify,
+            no_journal,
             lag_hours,
         } => (
             "backfill",
@@ -345,6 +352,7 @@ async fn main() -> anyhow::Result<()> {
                 batch,
                 concurrency,
                 !no_verify,
+                !no_journal,
             )
             .await?,
         ),
@@ -381,9 +389,18 @@ async fn main() -> anyhow::Result<()> {
             panel_sensors,
             group_sensors,
             repeats,
+            no_journal,
         } => (
             "history",
-            history::run(&ctx, long_history, panel_sensors, group_sensors, repeats).await?,
+            history::run(
+                &ctx,
+                long_history,
+                panel_sensors,
+                group_sensors,
+                repeats,
+                !no_journal,
+            )
+            .await?,
         ),
         Cmd::Promql {
             sensors,

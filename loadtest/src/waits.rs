@@ -7,7 +7,7 @@ use crate::ctx::Ctx;
 use crate::procs::scrape;
 
 /// How long a journaled load may take to reach MongoDB after its last answer.
-pub(crate) const STORED_WITHIN: Duration = Duration::from_secs(240);
+pub(crate) const STORED_WITHIN: Duration = Duration::from_secs(900);
 
 /// Waits until no hour is marked late: asked of the database, not the
 /// measured service, once a second.

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use super::batch::{Full, Offered, UnstoredValue};
 use super::limits::{BatcherLimits, Hold};
+use super::owed::OwedHours;
 use crate::domain::{BucketKey, BucketKeyRef, Granularity, Reading};
 use std::time::Duration;
 
@@ -129,6 +130,8 @@ pub struct Batcher<W> {
     pub(super) wanted: usize,
     /// The earliest acknowledgement of each bucket in flight.
     pub(super) in_flight_acks: BTreeMap<i64, usize>,
+    /// Buckets held per hour, for the rollup upkeep (see [`OwedHours`]).
+    pub(super) owed: std::sync::Arc<OwedHours>,
 }
 
 impl<W> Batcher<W> {
@@ -149,7 +152,13 @@ impl<W> Batcher<W> {
             outstanding: BTreeMap::new(),
             wanted: 0,
             in_flight_acks: BTreeMap::new(),
+            owed: std::sync::Arc::default(),
         }
+    }
+
+    /// The hours whose buckets this core holds, as the upkeep sees them.
+    pub fn owed_hours(&self) -> std::sync::Arc<OwedHours> {
+        self.owed.clone()
     }
 
     pub fn granularity(&self) -> Granularity {
@@ -409,13 +418,16 @@ impl<W> Batcher<W> {
                         open.values.reserve(len);
                         open
                     }
-                    None => pending
-                        .entry(BucketKey {
-                            sensor: r.sensor.clone().into_owned(),
-                            metric: r.metric.clone().into_owned(),
-                            start,
-                        })
-                        .or_insert_with(|| Open::new(now, len)),
+                    None => {
+                        self.owed.add(start);
+                        pending
+                            .entry(BucketKey {
+                                sensor: r.sensor.clone().into_owned(),
+                                metric: r.metric.clone().into_owned(),
+                                start,
+                            })
+                            .or_insert_with(|| Open::new(now, len))
+                    }
                 };
                 match kind {
                     Kind::Prompt { ticket } => {
@@ -846,6 +858,56 @@ mod tests {
             }
         }
         writes as f64 / readings as f64
+    }
+
+    proptest! {
+        /// A backlog larger than a flush goes out whole hours at a time, the
+        /// newest first, and each hour is owed until its last bucket is
+        /// settled (checked against the buckets left, by brute force).
+        #[test]
+        fn a_backlog_goes_out_whole_hours_newest_first_and_stays_owed_until_settled(
+            buckets in prop::collection::vec((0..4usize, 0..6i64, 0..60i64), 1..200),
+            room in 1..40usize,
+        ) {
+            let limits = BatcherLimits { max_flush_buckets: room, ..LIMITS_LARGE };
+            let mut b: Batcher<()> = Batcher::new(Granularity::Minute, limits);
+            let owed = b.owed_hours();
+            let t0 = Instant::now();
+            let base = 1_700_000_000 - 1_700_000_000 % 3600;
+            let rs: Vec<_> = buckets
+                .iter()
+                .map(|&(s, h, m)| reading(&format!("s{s}"), base + h * 3600 + m * 60, 1.0))
+                .collect();
+            // Long ended: every bucket is due at once.
+            b.offer_held(rs, 1, t0, (base + 30 * 86_400) * 1000, 0).expect("room");
+            let mut left: Vec<(String, i64)> = buckets
+                .iter()
+                .map(|&(s, h, m)| (format!("s{s}"), base + h * 3600 + m * 60))
+                .collect();
+            left.sort();
+            left.dedup();
+            let mut taken_hours: Vec<i64> = Vec::new();
+            while let Some(batch) = b.take_due(t0) {
+                prop_assert!(batch.items.len() <= room);
+                let mut hours: Vec<i64> =
+                    batch.items.iter().map(|i| i.update.key.start / 3600 * 3600).collect();
+                hours.sort_unstable_by(|a, b| b.cmp(a));
+                taken_hours.extend(hours);
+                for item in &batch.items {
+                    let mut answers = Vec::new();
+                    b.settle(item, Settled::Stored, &mut answers);
+                    let k = (item.update.key.sensor.to_string(), item.update.key.start);
+                    left.retain(|x| *x != k);
+                    for h in 0..6 {
+                        let hour = base + h * 3600;
+                        let model = left.iter().any(|(_, st)| st / 3600 * 3600 == hour);
+                        prop_assert_eq!(owed.owes(hour), model, "hour {}", h);
+                    }
+                }
+            }
+            prop_assert!(left.is_empty());
+            prop_assert!(taken_hours.windows(2).all(|w| w[0] >= w[1]), "{:?}", taken_hours);
+        }
     }
 
     const LIMITS_LARGE: BatcherLimits = BatcherLimits {

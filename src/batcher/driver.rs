@@ -69,6 +69,11 @@ impl BatcherHandle {
         lock(&self.shared)
     }
 
+    /// The hours whose buckets are still to be written (see [`OwedHours`]).
+    pub fn owed_hours(&self) -> Arc<super::OwedHours> {
+        self.core().owed_hours()
+    }
+
     /// The batch being written now, if any.
     fn in_flight(&self) -> Option<Arc<Batch>> {
         self.shared

@@ -107,15 +107,46 @@ impl<W> Batcher<W> {
         self.take_where(true, |_| true)
     }
 
+    /// When more is due than one flush takes: the hour at which the flush
+    /// is cut, and how many buckets of that hour it takes. Whole hours go
+    /// first, the newest first (the open hour, then the recent past that
+    /// dashboards look at): a backfill's hours are each written by one
+    /// flush, or by consecutive ones, and can be rolled up as soon as it
+    /// ends instead of once the whole backfill is written.
+    fn cut(&self, take: &impl Fn(&Open) -> bool, room: usize) -> Option<(i64, usize)> {
+        if room == 0 {
+            return None;
+        }
+        let mut hours: Vec<i64> = Vec::new();
+        for (key, open) in &self.pending {
+            if take(open) {
+                hours.push(key.start - key.start.rem_euclid(3600));
+            }
+        }
+        if hours.len() <= room {
+            return None;
+        }
+        let (_, &mut cut, _) = hours.select_nth_unstable_by(room - 1, |a, b| b.cmp(a));
+        let newer = hours.iter().filter(|&&h| h > cut).count();
+        Some((cut, room - newer))
+    }
+
     fn take_where(&mut self, batch_due: bool, take: impl Fn(&Open) -> bool) -> Option<Batch> {
         let mut room = self.limits.max_flush_buckets;
         let mut next_held_due: Option<Instant> = None;
         let mut prompt_left = false;
+        let cut = self.cut(&take, room);
+        let (cut_hour, mut at_cut) = cut.unwrap_or((i64::MIN, usize::MAX));
         let items: Vec<Item> = self
             .pending
-            .extract_if(|_, open| {
-                if room > 0 && take(open) {
+            .extract_if(|key, open| {
+                let hour = key.start - key.start.rem_euclid(3600);
+                let within = hour > cut_hour || (hour == cut_hour && at_cut > 0);
+                if room > 0 && within && take(open) {
                     room -= 1;
+                    if hour == cut_hour {
+                        at_cut -= 1;
+                    }
                     return true;
                 }
                 prompt_left |= open.prompt;
@@ -158,6 +189,7 @@ impl<W> Batcher<W> {
             .in_flight_values
             .saturating_sub(item.update.values.len());
         self.in_flight_buckets = self.in_flight_buckets.saturating_sub(1);
+        self.owed.settle(item.update.key.start);
         if let Some(a) = item.update.acks.iter().min()
             && let Some(n) = self.in_flight_acks.get_mut(a)
         {

@@ -22,6 +22,7 @@ mod coalesce;
 pub mod driver;
 mod flush;
 mod limits;
+mod owed;
 mod pending;
 mod settings;
 mod sink;
@@ -31,5 +32,6 @@ pub use batch::{
 };
 pub use coalesce::Batcher;
 pub use limits::{BatcherLimits, Hold};
+pub use owed::OwedHours;
 pub use settings::Settings;
 pub use sink::{DeadLetter, Outcome, Sink, UNKNOWN_ERROR_ATTEMPTS, Written};

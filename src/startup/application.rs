@@ -171,6 +171,7 @@ impl Application {
             metrics.clone(),
             shutdown.clone(),
         );
+        store.owe_to(batcher.owed_hours());
         // The driver runs from here on: a replay writes through it.
         let driver = tokio::spawn(driver.run());
         let journal = if settings.journal.enabled {

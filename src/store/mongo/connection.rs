@@ -81,6 +81,9 @@ pub struct MongoStore {
     /// Hours written by flushes of this instance under way: not rolled up
     /// for quiet while one is (it would mark them again when it ends).
     pub(super) in_flight: Arc<InFlight>,
+    /// Hours the batcher still holds buckets of (set once it runs): a marked
+    /// hour is rolled up once none is owed, not after a quiet.
+    pub(super) owed: Arc<std::sync::OnceLock<Arc<crate::batcher::OwedHours>>>,
     /// Queries' reads, which the rollup upkeep gives way to (see `give_way`).
     pub(super) traffic: Arc<Traffic>,
     pub(super) dead_letter_retention: Option<Duration>,
@@ -221,6 +224,7 @@ impl MongoStore {
             last_mark: Arc::new(std::sync::atomic::AtomicI64::new(i64::MIN)),
             late_roller: Arc::new(std::sync::atomic::AtomicBool::new(true)),
             in_flight: Arc::default(),
+            owed: Arc::default(),
             traffic: Arc::default(),
             dead_letter_retention: settings.dead_letter_retention,
             block_compressor: settings.block_compressor,

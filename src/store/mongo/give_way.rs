@@ -6,8 +6,10 @@
 //! disk and cores (MongoDB). So the upkeep's commands are kept short (reads
 //! of [`UPKEEP_BATCH_DOCUMENTS`] a reply, updates of [`UPKEEP_STATEMENTS`]),
 //! and before each (each `getMore` too) it waits until no query has read
-//! for [`QUIET`], at most [`MAX_WAIT`], so queries cannot stop it: under a
-//! ceaseless stream of them it still sends a command every [`MAX_WAIT`].
+//! for [`QUIET`], at most as long as its own last command took (and never
+//! over [`MAX_WAIT`]): under a ceaseless stream of queries the upkeep still
+//! has half the server. Queries that meet hours not yet rolled up are
+//! slow because of it, so starving it would only make them slower.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -38,6 +40,9 @@ pub(super) struct Traffic {
     /// One more than the milliseconds from `origin` to the end of the last
     /// read (0: none yet).
     last_end: AtomicU64,
+    /// One more than the milliseconds from `origin` to the last time the
+    /// upkeep went ahead (0: never).
+    granted: AtomicU64,
 }
 
 impl Default for Traffic {
@@ -46,6 +51,7 @@ impl Default for Traffic {
             origin: Instant::now(),
             reading: AtomicUsize::new(0),
             last_end: AtomicU64::new(0),
+            granted: AtomicU64::new(0),
         }
     }
 }
@@ -71,13 +77,28 @@ impl Traffic {
         }
     }
 
-    /// Waits until the queries pause, at most [`MAX_WAIT`]; returns how
-    /// long it waited.
+    fn since_origin(&self, at: Instant) -> u64 {
+        let ms = at.saturating_duration_since(self.origin).as_millis();
+        u64::try_from(ms).unwrap_or(u64::MAX - 1) + 1
+    }
+
+    /// Waits until the queries pause, at most as long as the upkeep worked
+    /// since it last went ahead (its last command) and never over
+    /// [`MAX_WAIT`]; returns how long it waited.
     pub(super) async fn give_way(&self) -> Duration {
         let start = Instant::now();
+        let worked = match self.granted.load(Ordering::Acquire) {
+            0 => MAX_WAIT,
+            at => start
+                .saturating_duration_since(self.origin)
+                .saturating_sub(Duration::from_millis(at - 1)),
+        };
+        let bound = worked.min(MAX_WAIT);
         loop {
             let now = Instant::now();
-            if self.quiet(now) || now >= start + MAX_WAIT {
+            if self.quiet(now) || now >= start + bound {
+                self.granted
+                    .store(self.since_origin(now), Ordering::Release);
                 return now - start;
             }
             tokio::time::sleep(POLL).await;
@@ -90,10 +111,7 @@ pub(super) struct Reading<'a>(&'a Traffic);
 
 impl Drop for Reading<'_> {
     fn drop(&mut self) {
-        let ms = Instant::now()
-            .saturating_duration_since(self.0.origin)
-            .as_millis();
-        let ended = u64::try_from(ms).unwrap_or(u64::MAX - 1) + 1;
+        let ended = self.0.since_origin(Instant::now());
         self.0.last_end.store(ended, Ordering::Release);
         self.0.reading.fetch_sub(1, Ordering::AcqRel);
     }
@@ -127,6 +145,22 @@ mod tests {
             waited >= Duration::from_millis(300) + QUIET && waited < MAX_WAIT,
             "{waited:?}"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn under_ceaseless_reads_the_upkeep_waits_no_longer_than_its_last_command_took() {
+        let traffic = Traffic::default();
+        let _reading = traffic.reading();
+        traffic.give_way().await;
+        for command in [100, 700, 30] {
+            let command = Duration::from_millis(command);
+            tokio::time::advance(command).await;
+            let waited = traffic.give_way().await;
+            assert!(
+                waited >= command && waited < command + POLL * 2,
+                "{command:?}: {waited:?}"
+            );
+        }
     }
 
     #[tokio::test(start_paused = true)]

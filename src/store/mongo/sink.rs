@@ -91,8 +91,10 @@ impl MongoStore {
                 0
             }
         };
+        let began = std::time::Instant::now();
         let mut written = self.write_updates(updates).await;
         written.round_trips += registered;
+        let buckets_ms = began.elapsed().as_millis() as u64;
         let stored: Vec<&BucketUpdate> = updates
             .iter()
             .zip(&written.outcomes)
@@ -107,10 +109,17 @@ impl MongoStore {
         // pause (see `store::rollup::late`).
         let now = unix_now();
         self.upkeep().stored(stored.iter().copied(), now);
+        let marked = std::time::Instant::now();
         match self.mark_late(&stored, now).await {
             Ok(n) => {
                 self.unclassed_after.store(0, Ordering::Release);
                 written.round_trips += n;
+                tracing::debug!(
+                    buckets = stored.len(),
+                    buckets_ms,
+                    marks_ms = marked.elapsed().as_millis() as u64,
+                    "Wrote buckets and marked their ended hours."
+                );
             }
             Err(e) => match self.resend(&e) {
                 // Buckets and rollups are idempotent: the whole batch goes again.

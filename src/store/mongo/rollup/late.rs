@@ -305,13 +305,14 @@ impl MongoStore {
             let Some(id) = late::doc_id_of(&d) else {
                 continue;
             };
-            // A flush of this instance under way into the hour marks it
-            // again when it ends: rolled up after that, unless its minute
-            // is up.
+            // A flush of this instance under way into the hour, or a bucket
+            // of it still held, marks it again when written: rolled up
+            // after that, unless its minute is up.
             let due_anyway = d
                 .get_datetime("first")
                 .is_ok_and(|f| f.timestamp_millis() <= overdue.saturating_mul(1000));
-            if !due_anyway && self.in_flight.writes(late::hour_of(id)) {
+            let hour = late::hour_of(id);
+            if !due_anyway && (self.in_flight.writes(hour) || self.owes(hour)) {
                 pass.held += 1;
                 continue;
             }
@@ -338,9 +339,20 @@ impl MongoStore {
                 n += 1;
             }
             let (step, after) = rest.split_at(n);
+            let began = std::time::Instant::now();
             self.roll_up_step(step, now).await?;
+            tracing::debug!(
+                entries = size,
+                elapsed_ms = began.elapsed().as_millis() as u64,
+                "Rolled up a step of the hours marked late."
+            );
             pass.rolled_up += size;
             rest = after;
+            // The gauge follows each step: panels over the hours just
+            // rolled up read their rollups already.
+            if !rest.is_empty() {
+                self.recount_late().await;
+            }
         }
         Ok(pass)
     }
@@ -370,8 +382,14 @@ impl MongoStore {
             // now: not rolled up again once due (see `Upkeep::rolled_up`).
             let mark = self.upkeep().mark();
             let at = unix_now();
+            let began = std::time::Instant::now();
             self.roll_up_counted(&jobs, now, Some(&written), true)
                 .await?;
+            tracing::debug!(
+                jobs = jobs.len(),
+                elapsed_ms = began.elapsed().as_millis() as u64,
+                "Rolled up the series-hours of a step."
+            );
             let mut upkeep = self.upkeep();
             upkeep.rolled_up(&jobs, mark, at);
             let pending = upkeep.pending();
@@ -406,6 +424,15 @@ impl MongoStore {
             self.clear_marked_again(&ids, &entries, now).await?;
         }
         Ok(())
+    }
+
+    /// Sets `hourglass_rollup_late_hours` to [`Self::count_late`].
+    pub(in crate::store::mongo) async fn recount_late(&self) {
+        match self.count_late().await {
+            Ok(n) => self.count(|m| m.rollup_late.set(i64::try_from(n).unwrap_or(i64::MAX))),
+            Err(e) => tracing::warn!(error = %e,
+                "Counting the hours marked late failed; hourglass_rollup_late_hours keeps its last value."),
+        }
     }
 
     /// Series-hours marked late, over every instance: the hours whose reads

@@ -27,6 +27,26 @@ fn until_due(due: i64) -> Duration {
 }
 
 impl MongoStore {
+    /// Tells the upkeep which hours the batcher still holds buckets of: an
+    /// hour marked late by this instance alone is rolled up once none is.
+    pub fn owe_to(&self, owed: Arc<crate::batcher::OwedHours>) {
+        let _ = self.owed.set(owed);
+    }
+
+    /// Whether this instance's batcher still holds a bucket of `hour`.
+    pub(in crate::store::mongo) fn owes(&self, hour: i64) -> bool {
+        self.owed.get().is_some_and(|o| o.owes(hour))
+    }
+
+    /// Resolves when an hour the batcher held is paid (never without a
+    /// batcher).
+    async fn paid(&self) {
+        match self.owed.get() {
+            Some(o) => o.paid().await,
+            None => std::future::pending().await,
+        }
+    }
+
     /// Rolls up `jobs`, counting what it read and wrote.
     pub async fn roll_up_counted(
         &self,
@@ -79,14 +99,19 @@ impl MongoStore {
             // once a minute, for marks of operators' commands (`redrive`).
             let lone = self.watermarks.others() == i64::MAX;
             let last_mark = self.last_mark.load(std::sync::atomic::Ordering::Acquire);
-            let none_left = clean.is_some_and(|at| at > last_mark.saturating_add(self.late_after));
+            let settle = if lone { 0 } else { self.late_after };
+            let none_left = clean.is_some_and(|at| at > last_mark.saturating_add(settle));
             // One instance rolls up the marked hours: two rolling up one
             // hour at once could write a roll-up read before a flush over one
             // read after it (late roll-ups replace their slots).
             let roller = self.late_roller.load(std::sync::atomic::Ordering::Acquire);
             if roller && !(lone && none_left && now.saturating_sub(polled) < late::LATEST_AFTER) {
                 polled = now;
-                match self.roll_up_late(now, Some(self.late_after)).await {
+                // A lone instance's marks are all its own: an hour is due
+                // once its batcher owes it nothing (however busy the
+                // batcher is with other hours). Others' flushes may still
+                // write into it: with them, a quiet of `late_after` too.
+                match self.roll_up_late(now, Some(settle)).await {
                     Ok(pass) => {
                         more = pass.full;
                         // Only a pass that looked at every due marker is clean.
@@ -98,14 +123,7 @@ impl MongoStore {
                             "Rolling up the hours marked late failed; trying again (queries read their buckets meanwhile).");
                     }
                 }
-                match self.count_late().await {
-                    Ok(n) => {
-                        self.count(|m| m.rollup_late.set(i64::try_from(n).unwrap_or(i64::MAX)))
-                    }
-                    Err(e) => {
-                        warn!(error = %e, "Counting the hours marked late failed; hourglass_rollup_late_hours keeps its last value.")
-                    }
-                }
+                self.recount_late().await;
             }
             if !roller {
                 self.count(|m| m.rollup_late.set(0));
@@ -121,6 +139,8 @@ impl MongoStore {
             tokio::select! {
                 _ = &mut stop => break,
                 _ = tokio::time::sleep(wait) => {}
+                // A lone instance's hours are due as their last bucket is written.
+                _ = self.paid(), if lone => {}
             }
         }
         let now = unix_now();
