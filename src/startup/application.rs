@@ -171,7 +171,12 @@ impl Application {
             metrics.clone(),
             shutdown.clone(),
         );
-        store.owe_to(batcher.owed_hours());
+        // With the journal the batcher holds a whole backlog: what it owes
+        // is what is still to come. Without it, a client's next request is
+        // the next write, and a marked hour waits for a quiet.
+        if settings.journal.enabled {
+            store.owe_to(batcher.owed_hours());
+        }
         // The driver runs from here on: a replay writes through it.
         let driver = tokio::spawn(driver.run());
         let journal = if settings.journal.enabled {

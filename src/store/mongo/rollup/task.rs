@@ -27,8 +27,9 @@ fn until_due(due: i64) -> Duration {
 }
 
 impl MongoStore {
-    /// Tells the upkeep which hours the batcher still holds buckets of: an
-    /// hour marked late by this instance alone is rolled up once none is.
+    /// Tells the upkeep which hours the batcher still holds buckets of (the
+    /// journal is on, so the batcher holds what is still to come): an hour
+    /// marked late by this instance alone is rolled up once none is.
     pub fn owe_to(&self, owed: Arc<crate::batcher::OwedHours>) {
         let _ = self.owed.set(owed);
     }
@@ -99,7 +100,11 @@ impl MongoStore {
             // once a minute, for marks of operators' commands (`redrive`).
             let lone = self.watermarks.others() == i64::MAX;
             let last_mark = self.last_mark.load(std::sync::atomic::Ordering::Acquire);
-            let settle = if lone { 0 } else { self.late_after };
+            // A lone instance whose batcher holds the backlog (the journal
+            // is on) knows every write still to come: an hour is due once
+            // none of it is owed.
+            let ledger = lone && self.owed.get().is_some();
+            let settle = if ledger { 0 } else { self.late_after };
             let none_left = clean.is_some_and(|at| at > last_mark.saturating_add(settle));
             // One instance rolls up the marked hours: two rolling up one
             // hour at once could write a roll-up read before a flush over one
@@ -107,10 +112,11 @@ impl MongoStore {
             let roller = self.late_roller.load(std::sync::atomic::Ordering::Acquire);
             if roller && !(lone && none_left && now.saturating_sub(polled) < late::LATEST_AFTER) {
                 polled = now;
-                // A lone instance's marks are all its own: an hour is due
-                // once its batcher owes it nothing (however busy the
-                // batcher is with other hours). Others' flushes may still
-                // write into it: with them, a quiet of `late_after` too.
+                // A lone instance's marks are all its own: with the ledger
+                // an hour is due once its batcher owes it nothing (however
+                // busy the batcher is with other hours). Others' flushes,
+                // or a client's next request, may still write into it:
+                // then a quiet of `late_after` too.
                 match self.roll_up_late(now, Some(settle)).await {
                     Ok(pass) => {
                         more = pass.full;
@@ -140,7 +146,7 @@ impl MongoStore {
                 _ = &mut stop => break,
                 _ = tokio::time::sleep(wait) => {}
                 // A lone instance's hours are due as their last bucket is written.
-                _ = self.paid(), if lone => {}
+                _ = self.paid(), if ledger => {}
             }
         }
         let now = unix_now();
