@@ -20,6 +20,8 @@ pub struct ApiError {
     pub status: StatusCode,
     pub message: String,
     pub details: Vec<Detail>,
+    /// With a 503: when to retry, if not [`RETRY_AFTER`].
+    pub retry_after: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -35,6 +37,15 @@ impl ApiError {
             status,
             message: message.into(),
             details: Vec::new(),
+            retry_after: None,
+        }
+    }
+
+    /// A 503 to retry in `seconds`.
+    pub fn unavailable_for(message: impl Into<String>, seconds: u64) -> Self {
+        Self {
+            retry_after: Some(seconds),
+            ..Self::unavailable(message)
         }
     }
 
@@ -57,7 +68,7 @@ impl IntoResponse for ApiError {
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
             response.headers_mut().insert(
                 header::RETRY_AFTER,
-                HeaderValue::from(RETRY_AFTER.as_secs()),
+                HeaderValue::from(self.retry_after.unwrap_or(RETRY_AFTER.as_secs())),
             );
         }
         response

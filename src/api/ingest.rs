@@ -131,9 +131,8 @@ impl From<DecodeError> for ApiError {
         match e {
             DecodeError::TooMany { .. } => ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, message),
             DecodeError::Invalid { details, .. } => ApiError {
-                status: StatusCode::BAD_REQUEST,
-                message,
                 details,
+                ..ApiError::bad_request(message)
             },
             DecodeError::Malformed(_) | DecodeError::NotReadings | DecodeError::Csv(_) => {
                 ApiError::bad_request(message)
@@ -336,5 +335,6 @@ fn dead_lettered(
             details.len()
         ),
         details,
+        retry_after: None,
     }
 }

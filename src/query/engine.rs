@@ -190,6 +190,10 @@ async fn run_batch(
         .await?;
     cost.documents += read.documents;
     cost.round_trips += read.round_trips;
+    // Marked hours are read from their buckets: refused at once when that
+    // would outlast the query's time (with about when they are rolled up).
+    let marked: usize = late.iter().map(Vec::len).sum();
+    store.afford_marked(marked as u64, q.max_time)?;
     for (u, starts) in unstored.iter_mut().zip(late) {
         for start in starts {
             if let Err(at) = u.binary_search_by_key(&start, |(s, _)| *s) {

@@ -40,6 +40,11 @@ pub enum StoreError {
     /// The server stopped a read at the time it was given (`maxTimeMS`).
     #[error("the server stopped the read at its time limit: {0}")]
     Timeout(String),
+    /// Hours of the range are being rolled up again, and reading their
+    /// buckets instead would outlast the query's time: ready in about this
+    /// many seconds.
+    #[error("hours of the range are being rolled up again after a backfill; ready in about {0} s")]
+    CatchingUp(u64),
 }
 
 /// What a failed write means for the statement.

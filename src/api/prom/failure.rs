@@ -7,6 +7,7 @@ use axum::response::{IntoResponse, Response};
 use tracing::warn;
 
 use super::answer;
+use crate::api::RETRY_AFTER;
 use crate::query::promql::PromError;
 use crate::store::StoreError;
 
@@ -16,6 +17,8 @@ pub struct Failure {
     status: StatusCode,
     kind: &'static str,
     message: String,
+    /// With a 503: when to retry, if not [`RETRY_AFTER`].
+    retry_after: Option<u64>,
 }
 
 impl Failure {
@@ -24,6 +27,7 @@ impl Failure {
             status: StatusCode::BAD_REQUEST,
             kind: "bad_data",
             message: message.into(),
+            retry_after: None,
         }
     }
 
@@ -32,6 +36,7 @@ impl Failure {
             status: StatusCode::SERVICE_UNAVAILABLE,
             kind: "timeout",
             message: "the query took longer than its timeout (query.timeout or timeout=)".into(),
+            retry_after: None,
         }
     }
 
@@ -40,6 +45,7 @@ impl Failure {
             status: StatusCode::SERVICE_UNAVAILABLE,
             kind: "unavailable",
             message: message.into(),
+            retry_after: None,
         }
     }
 }
@@ -54,10 +60,19 @@ impl From<PromError> for Failure {
                 status: StatusCode::UNPROCESSABLE_ENTITY,
                 kind: "execution",
                 message: m,
+                retry_after: None,
             },
             PromError::Storage(e) => {
                 match &e {
                     StoreError::Timeout(_) => return Failure::timeout(),
+                    StoreError::CatchingUp(seconds) => {
+                        return Self {
+                            retry_after: Some(*seconds),
+                            ..Failure::unavailable(format!(
+                                "hours of this range were written late (a backfill) and are being rolled up; reading them before then would take longer than the query's timeout: retry in about {seconds} s"
+                            ))
+                        };
+                    }
                     StoreError::Outage(_) | StoreError::Unclassed(_) => {
                         return Failure::unavailable("storage is unavailable; retry later");
                     }
@@ -68,6 +83,7 @@ impl From<PromError> for Failure {
                     status: StatusCode::UNPROCESSABLE_ENTITY,
                     kind: "execution",
                     message: "the query failed reading its documents".into(),
+                    retry_after: None,
                 }
             }
         }
@@ -83,8 +99,9 @@ impl IntoResponse for Failure {
         };
         let mut r = (self.status, Json(body)).into_response();
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            let after = self.retry_after.unwrap_or(RETRY_AFTER.as_secs());
             r.headers_mut()
-                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+                .insert(header::RETRY_AFTER, header::HeaderValue::from(after));
         }
         r
     }

@@ -19,10 +19,22 @@ pub(crate) fn store_error(e: StoreError) -> ApiError {
             ApiError::unavailable("storage is unavailable; retry later")
         }
         StoreError::Timeout(_) => timed_out(),
+        StoreError::CatchingUp(seconds) => catching_up(seconds),
         StoreError::Poison(_) | StoreError::Unreadable(_) => {
             ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the query failed")
         }
     }
+}
+
+/// Hours of the range are being rolled up again (after a backfill or late
+/// writes), and reading their buckets instead would outlast the query.
+pub(crate) fn catching_up(seconds: u64) -> ApiError {
+    ApiError::unavailable_for(
+        format!(
+            "hours of this range were written late (a backfill) and are being rolled up; reading them before then would take longer than query.timeout: retry in about {seconds} s"
+        ),
+        seconds,
+    )
 }
 
 pub(crate) fn timed_out() -> ApiError {

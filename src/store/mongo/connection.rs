@@ -84,6 +84,8 @@ pub struct MongoStore {
     /// Hours the batcher still holds buckets of (set once it runs): a marked
     /// hour is rolled up once none is owed, not after a quiet.
     pub(super) owed: Arc<std::sync::OnceLock<Arc<crate::batcher::OwedHours>>>,
+    /// Measured paces of query reads and of the catch-up (see `pace`).
+    pub(super) pace: Arc<super::pace::Pace>,
     /// Queries' reads, which the rollup upkeep gives way to (see `give_way`).
     pub(super) traffic: Arc<Traffic>,
     pub(super) dead_letter_retention: Option<Duration>,
@@ -225,6 +227,7 @@ impl MongoStore {
             late_roller: Arc::new(std::sync::atomic::AtomicBool::new(true)),
             in_flight: Arc::default(),
             owed: Arc::default(),
+            pace: Arc::default(),
             traffic: Arc::default(),
             dead_letter_retention: settings.dead_letter_retention,
             block_compressor: settings.block_compressor,

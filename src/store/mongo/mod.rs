@@ -11,6 +11,7 @@ mod in_flight;
 mod indexes;
 mod instances;
 mod metadata;
+mod pace;
 mod read;
 mod registry;
 mod replies;

@@ -6,6 +6,8 @@
 //! they are answered, not forwarded from here: `latest` and `stored` in
 //! read.rs, `late` in rollup/late.rs.
 
+use std::time::Duration;
+
 use mongodb::bson::doc;
 
 use super::classify::classify_read;
@@ -28,7 +30,27 @@ impl MongoStore {
         each: F,
     ) -> Result<Read, StoreError> {
         let _reading = self.traffic.reading();
-        self.read_level(fetch, each).await
+        let buckets = matches!(fetch.level, crate::domain::Level::Buckets);
+        let began = std::time::Instant::now();
+        let read = self.read_level(fetch, each).await?;
+        if buckets {
+            self.pace.read_buckets(read.documents, began.elapsed());
+        }
+        Ok(read)
+    }
+
+    /// Refuses a query whose `marked` buckets (of hours marked late, read
+    /// instead of their rollups) would take longer than `budget` to read at
+    /// the pace measured: it answers at once, with about when the catch-up
+    /// ends, instead of at its timeout (having taken the server's time
+    /// from the catch-up it waits for).
+    pub fn afford_marked(&self, marked: u64, budget: Duration) -> Result<(), StoreError> {
+        match self.pace.reading(marked) {
+            Some(t) if t > budget => Err(StoreError::CatchingUp(
+                self.pace.catch_up().as_secs().max(1),
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// The change log's counter and its entries after `after` (see

@@ -410,3 +410,72 @@ async fn a_journaled_backfills_hours_are_each_rolled_up_once_as_their_last_bucke
     }
     app.stop().await.expect("clean stop");
 }
+
+/// A query whose hours are marked late, and whose marked buckets would take
+/// longer to read than it may (at the pace this instance measured reading
+/// buckets), is answered at once with a 503 saying the hours are being
+/// rolled up and when to retry: not at its timeout, having taken the
+/// server's time from the catch-up it waits for.
+#[tokio::test]
+async fn a_query_that_cannot_read_its_marked_hours_in_time_is_refused_at_once_with_when_to_retry() {
+    // The markers stay (every `delete` fails): the hours stay marked.
+    let db = crate::database::Database::start().await;
+    db.fail_point(doc! {
+        "mode": "alwaysOn",
+        "data": { "failCommands": ["delete"], "errorCode": 2 },
+    })
+    .await;
+    let app = spawn_app_with(db.settings()).await;
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let end = now - now.rem_euclid(3600) - 3600;
+    let start = end - 24 * 3600;
+    for sensor in ["cu-a", "cu-b"] {
+        let body: Vec<Value> = (0..24 * 60)
+            .map(|i| reading(sensor, "m", start + i * 60, (i % 7) as f64))
+            .collect();
+        assert_eq!(app.post_readings(&Value::Array(body)).await.status(), 200);
+    }
+    eventually(
+        Duration::from_secs(60),
+        "the gauge counts the 48 series-hours marked late",
+        || async { app.metric("hourglass_rollup_late_hours").await == 48.0 },
+    )
+    .await;
+    // Read once in full: the pace of bucket reads is measured.
+    let path = |extra: &str| {
+        format!(
+            "/prometheus/api/v1/query_range?query=avg_over_time(m%5B1h%5D)&start={}&end={end}&step=3600{extra}",
+            start + 3600
+        )
+    };
+    // Cold each time: the results cache would answer without reading.
+    let get = |path: String| {
+        app.client
+            .get(format!("{}{path}", app.address))
+            .header("cache-control", "no-cache")
+            .send()
+    };
+    let r = get(path("")).await.expect("the request is sent");
+    assert_eq!(r.status(), 200);
+    // 2 880 marked buckets cannot be read within 200 ms at that pace.
+    let r = get(path("&timeout=200ms"))
+        .await
+        .expect("the request is sent");
+    assert_eq!(r.status(), 503);
+    let retry: u64 = r
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .expect("a Retry-After in seconds");
+    assert!(retry >= 1);
+    let body: Value = r.json().await.expect("json");
+    assert_eq!(body["errorType"], "unavailable", "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("being rolled up")),
+        "{body}"
+    );
+    app.stop().await.expect("clean stop");
+}

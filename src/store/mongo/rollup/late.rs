@@ -385,6 +385,7 @@ impl MongoStore {
             let began = std::time::Instant::now();
             self.roll_up_counted(&jobs, now, Some(&written), true)
                 .await?;
+            self.pace.rolled_up(jobs.len() as u64, began.elapsed());
             tracing::debug!(
                 jobs = jobs.len(),
                 elapsed_ms = began.elapsed().as_millis() as u64,
@@ -429,7 +430,10 @@ impl MongoStore {
     /// Sets `hourglass_rollup_late_hours` to [`Self::count_late`].
     pub(in crate::store::mongo) async fn recount_late(&self) {
         match self.count_late().await {
-            Ok(n) => self.count(|m| m.rollup_late.set(i64::try_from(n).unwrap_or(i64::MAX))),
+            Ok(n) => {
+                self.pace.set_late(n);
+                self.count(|m| m.rollup_late.set(i64::try_from(n).unwrap_or(i64::MAX)));
+            }
             Err(e) => tracing::warn!(error = %e,
                 "Counting the hours marked late failed; hourglass_rollup_late_hours keeps its last value."),
         }
