@@ -222,7 +222,19 @@ pub async fn run(
         },
         9 * 86_400,
     );
-    crate::backfill::send_all(ctx, &target, &group, 5000, 2).await?;
+    // Every panel reading is stored by now: what the group adds is counted
+    // from here.
+    let stored = scrape(&target.url)
+        .await?
+        .get("hourglass_readings_stored_total")
+        .copied()
+        .unwrap_or(0.0);
+    let sent = crate::backfill::send_all(ctx, &target, &group, 5000, 2).await?;
+    if journal {
+        // Acknowledged from the journal: stored first, then rolled up,
+        // before the settled figures.
+        crate::waits::wait_stored(&target.url, stored as u64 + sent.readings).await?;
+    }
     crate::waits::rolled_up(ctx, &target.database, Duration::from_secs(4 * 3600)).await?;
     let vm = start_victoria(&[]).await?;
     send_lines(
