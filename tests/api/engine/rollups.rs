@@ -265,14 +265,11 @@ async fn rebuilding_rollups_of_data_written_without_them_restores_them_and_answe
     }
 }
 
-/// A backfill's hours are read from their buckets while they are marked
-/// late, the gauge counting them, and from their rollups as soon as the
-/// upkeep has rewritten them and removed their markers.
-#[tokio::test]
-async fn a_backfills_hours_count_as_late_until_rolled_up_and_are_then_read_from_rollups() {
-    // A server of its own: its markers cannot be removed (every `delete`
-    // fails) until the test lets them, so the hours stay marked while the
-    // gauge and the reads are looked at.
+/// A service on a server of its own whose late markers cannot be removed
+/// (every `delete` fails until the test lets them): the hours it is sent
+/// stay marked while the gauge and the reads are looked at. Also answers
+/// the end of the last ended hour but one.
+async fn app_holding_late_markers() -> (crate::database::Database, TestApp, i64) {
     let db = crate::database::Database::start().await;
     db.fail_point(doc! {
         "mode": "alwaysOn",
@@ -281,7 +278,15 @@ async fn a_backfills_hours_count_as_late_until_rolled_up_and_are_then_read_from_
     .await;
     let app = spawn_app_with(db.settings()).await;
     let now = time::OffsetDateTime::now_utc().unix_timestamp();
-    let end = now - now.rem_euclid(3600) - 3600;
+    (db, app, now - now.rem_euclid(3600) - 3600)
+}
+
+/// A backfill's hours are read from their buckets while they are marked
+/// late, the gauge counting them, and from their rollups as soon as the
+/// upkeep has rewritten them and removed their markers.
+#[tokio::test]
+async fn a_backfills_hours_count_as_late_until_rolled_up_and_are_then_read_from_rollups() {
+    let (db, app, end) = app_holding_late_markers().await;
     let start = end - 12 * 3600;
     let body: Vec<Value> = (0..144)
         .map(|i| reading("bf", "m", start + i * 300, (i % 7) as f64))
@@ -418,16 +423,7 @@ async fn a_journaled_backfills_hours_are_each_rolled_up_once_as_their_last_bucke
 /// server's time from the catch-up it waits for.
 #[tokio::test]
 async fn a_query_that_cannot_read_its_marked_hours_in_time_is_refused_at_once_with_when_to_retry() {
-    // The markers stay (every `delete` fails): the hours stay marked.
-    let db = crate::database::Database::start().await;
-    db.fail_point(doc! {
-        "mode": "alwaysOn",
-        "data": { "failCommands": ["delete"], "errorCode": 2 },
-    })
-    .await;
-    let app = spawn_app_with(db.settings()).await;
-    let now = time::OffsetDateTime::now_utc().unix_timestamp();
-    let end = now - now.rem_euclid(3600) - 3600;
+    let (_db, app, end) = app_holding_late_markers().await;
     let start = end - 24 * 3600;
     for sensor in ["cu-a", "cu-b"] {
         let body: Vec<Value> = (0..24 * 60)
