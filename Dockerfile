@@ -2,7 +2,7 @@
 # non-root user. Build context: the repository root (see .dockerignore).
 FROM rust:1-bookworm AS build
 WORKDIR /src
-COPY Cargo.toml Cargo.lock ./
+COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
 COPY tests ./tests
 COPY benches ./benches
@@ -10,7 +10,10 @@ COPY config ./config
 # A workspace member: cargo loads every member's manifest and targets.
 COPY loadtest/Cargo.toml ./loadtest/Cargo.toml
 COPY loadtest/src ./loadtest/src
-RUN cargo build --release --locked --bin hourglass
+# The commit `hourglass --version` names (the context has no .git):
+#   docker build --build-arg HOURGLASS_COMMIT=$(git rev-parse --short=12 HEAD) .
+ARG HOURGLASS_COMMIT=unknown
+RUN HOURGLASS_COMMIT=$HOURGLASS_COMMIT cargo build --release --locked --bin hourglass
 
 FROM debian:bookworm-slim
 RUN apt-get update \

@@ -8,13 +8,16 @@
 - every `{{#include}}` reaches a file, and the configuration page includes
   config/default.toml (so the reference is the file the service reads);
 - every `docs/src/….md` the code, configuration and scripts point at exists;
-- the README stays a front door: at most 250 lines.
+- the README stays a front door: at most 250 lines;
+- the measured figures of the book's generated tables are those of the
+  load test's reports (scripts/render-figures.py --check).
 
 mdBook does not check links (its link-check plugin lags its releases), and
 the check is this small, so it is written here. Exits 1 naming each fault.
 """
 
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -107,6 +110,16 @@ def main():
                 for path in mentioned.findall(line):
                     if not (ROOT / path).exists():
                         faults.append(f"{file.relative_to(ROOT)}:{number}: {path} does not exist")
+    figures = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "render-figures.py"), "--check"],
+        capture_output=True,
+        text=True,
+    )
+    if figures.returncode != 0:
+        fault = figures.stderr.strip()
+        if "render-figures.py` to regenerate" not in fault:
+            fault += "\nfigures: run `python3 scripts/render-figures.py` to regenerate"
+        faults.append(fault)
     lines = len((ROOT / "README.md").read_text().splitlines())
     if lines > README_MAX_LINES:
         faults.append(f"README.md has {lines} lines; the front door keeps to {README_MAX_LINES}")
@@ -114,7 +127,7 @@ def main():
         print(fault, file=sys.stderr)
     if faults:
         return 1
-    print(f"docs: {len(pages)} pages and the README, every link and anchor reached")
+    print(f"docs: {len(pages)} pages and the README, every link, anchor and figure checked")
     return 0
 
 

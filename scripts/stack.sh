@@ -212,6 +212,29 @@ ensure_sparkplug_clients() {
   venv_install pysparkplug $SPARKPLUG_CLIENTS
 }
 
+# The `mqtt` npm package (MQTT.js) in .stack/node, for the book's JavaScript
+# MQTT example (docs/examples/javascript, run by tests/api/clients.rs);
+# exports HOURGLASS_TEST_NODE_MODULES. An ES module finds its packages in a
+# node_modules beside it (NODE_PATH is for require only): the test runs a
+# copy of the example from a directory that links this one.
+MQTT_JS="mqtt@5.16.0"
+ensure_js_clients() {
+  local dir="$STACK_DIR/node"
+  local stamp="$dir/.installed-${MQTT_JS//[@\/]/_}"
+  if [[ ! -f "$stamp" ]]; then
+    command -v npm >/dev/null || apt_install "Node.js and npm" nodejs npm
+    mkdir -p "$dir"
+    (
+      flock 9
+      [[ -f "$stamp" ]] && exit 0
+      log "Installing $MQTT_JS into $dir (first run of this checkout only)."
+      npm install --no-audit --no-fund --save-exact --loglevel=error --prefix "$dir" "$MQTT_JS" >&2
+      touch "$stamp"
+    ) 9>"$STACK_DIR/node.lock"
+  fi
+  export HOURGLASS_TEST_NODE_MODULES="$dir/node_modules"
+}
+
 stack_stop() {
   local pid
   # SIGTERM to each main thread, not the process: SecantusDB (Python) runs

@@ -15,6 +15,7 @@ install_stack() {
   ensure_influx_clients
   ensure_browser
   ensure_sparkplug_clients
+  ensure_js_clients
 }
 phase "test: install and start the stack" install_stack
 # What the tests send to the PromQL API seeds its fuzz target.

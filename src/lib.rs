@@ -77,7 +77,9 @@ pub use domain::{Agg, Granularity};
 pub use ingest::mqtt::MqttStats;
 pub use journal::REGISTER_WAIT;
 pub use shutdown::signal;
-pub use startup::{Application, forget_instance, instances, rebuild_rollups, redrive};
+pub use startup::{
+    Application, forget_instance, instances, long_version, rebuild_rollups, redrive, short_version,
+};
 pub use store::{BlockCompressor, InstanceInfo, Keep, Redriven};
 pub use telemetry::{LogFormat, init as init_logging};
 pub use transfer::export::{ExportOptions, ExportSummary, run as export};

@@ -22,7 +22,7 @@ const DEFAULT_CONFIG: &str = "config/default.toml";
 
 /// IoT time-series ingestion into MongoDB buckets.
 #[derive(Parser)]
-#[command(version)]
+#[command(version = hourglass::short_version(), long_version = hourglass::long_version())]
 struct Args {
     /// The configuration file (TOML), config/default.toml by default.
     /// HOURGLASS__SECTION__KEY variables override it. `import`, `export` and
@@ -38,6 +38,10 @@ struct Args {
 enum Command {
     /// Prints the SHA-256 of a token read from standard input, for auth.tokens[].sha256.
     HashToken,
+    /// Reads and checks the configuration (the file and the HOURGLASS__
+    /// variables) as a start would, then exits: 0 if it would start with
+    /// it, else the first invalid key and why.
+    CheckConfig,
     /// Recomputes rollups and sensor registry entries from the buckets: the
     /// migration for data written without them, and their repair. Safe while
     /// the service runs.
@@ -226,6 +230,16 @@ fn main() -> anyhow::Result<()> {
             args.config.as_deref().unwrap_or(DEFAULT_CONFIG.as_ref()),
         ))?,
     };
+    if let Some(Command::CheckConfig) = args.command {
+        println!(
+            "The configuration is valid ({}).",
+            args.config
+                .as_deref()
+                .unwrap_or(DEFAULT_CONFIG.as_ref())
+                .display()
+        );
+        return Ok(());
+    }
     settings
         .runtime
         .build()
@@ -299,7 +313,10 @@ async fn run(args: Args, settings: Settings) -> anyhow::Result<()> {
                     redrive(&settings, sensor, dry_run).await
                 }
                 _ => {
-                    let app = Application::build(settings).await?;
+                    let file = args.config.unwrap_or_else(|| DEFAULT_CONFIG.into());
+                    let app = Application::build(settings)
+                        .await?
+                        .reloading_tokens_from(file);
                     app.run_until_stopped(hourglass::signal()).await
                 }
             }

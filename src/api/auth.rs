@@ -9,7 +9,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::ApiError;
-use crate::auth::{AuthError, Authenticator, Scope, presented_token};
+use crate::auth::{AuthError, Keyring, Scope, presented_token};
 
 /// How a route's clients present their token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,7 +26,7 @@ pub enum Forms {
 /// token forms it takes.
 #[derive(Clone)]
 pub struct Require {
-    pub auth: Arc<Authenticator>,
+    pub auth: Arc<Keyring>,
     pub scope: Scope,
     /// Which ways of presenting a token the route takes.
     pub forms: Forms,
@@ -58,6 +58,7 @@ pub async fn authorize(State(require): State<Require>, mut req: Request, next: N
     }
     match require
         .auth
+        .current()
         .authenticate_token(token.as_deref(), require.scope)
     {
         Ok(principal) => {

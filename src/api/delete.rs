@@ -7,6 +7,8 @@ use axum::http::StatusCode;
 use serde::Serialize;
 use tracing::{info, warn};
 
+use super::descriptions as text;
+use super::error::ErrorBody;
 use super::params::Params;
 use super::query::{parse_instant, sensor_glob, store_error};
 use super::{ApiError, AppState};
@@ -21,9 +23,12 @@ pub const MAX_SENSORS: usize = 100_000;
 /// The answer: what was removed (or would be, with `dry_run`).
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct DeleteResponse {
+    /// Whether nothing was changed (`dry_run=true`): the figures are what
+    /// would be removed.
     pub dry_run: bool,
     /// Sensors the selection covers.
     pub sensors: usize,
+    /// Readings removed.
     pub readings: u64,
     /// Buckets that keep other readings.
     pub buckets_edited: u64,
@@ -35,11 +40,19 @@ pub struct DeleteResponse {
 
 /// Deletes readings by sensor (or label) and range, everywhere they are held.
 #[utoipa::path(delete, path = "/api/v1/readings",
-    params(("sensor" = Option<String>, Query, description = "A sensor id or a glob of one; this or a label filter is required"),
-        ("metric" = Option<String>, Query, description = "One metric; every metric when absent"),
-        ("from" = String, Query), ("to" = String, Query),
-        ("dry_run" = Option<bool>, Query, description = "Count what would be deleted; change nothing")),
-    responses((status = 200, body = DeleteResponse), (status = 400, description = "No selector or no range")))]
+    params(("sensor" = Option<String>, Query, description = "A sensor id or a glob of one (`*`, `?`), at most 128 characters; this or a `label.<name>` filter is required. An id named exactly is covered whether the registry lists it yet or not"),
+        ("label.<name>" = Option<String>, Query, description = "Only sensors whose label `<name>` has this value (not empty); any number of filters (each name once), all of which must match; this or `sensor` is required"),
+        ("metric" = Option<String>, Query, description = "One metric (1 to 64 characters of A-Z a-z 0-9 _ -); every metric when absent"),
+        ("from" = String, Query, description = "Start of the range, included: an RFC 3339 timestamp or integer epoch milliseconds, between 0000-01-01 and 9999-12-30; before `to`"),
+        ("to" = String, Query, description = "End of the range, excluded: RFC 3339 or epoch milliseconds, as `from`; the range may be of any length"),
+        ("dry_run" = Option<bool>, Query, description = "`true`: answer what would be deleted and change nothing; `false` by default")),
+    responses(
+        (status = 200, body = DeleteResponse, description = "What was removed (with `dry_run=true`, what would be)"),
+        (status = 400, body = ErrorBody, description = "No `sensor` nor `label.<name>` filter, no `from` or `to`, a malformed or unknown parameter, or a selection of more than 100 000 sensors; nothing was deleted"),
+        (status = 401, body = ErrorBody, description = text::UNAUTHORIZED),
+        (status = 403, body = ErrorBody, description = "With `auth.enabled`: the token lacks the `admin` scope; or a browser sent the request from another site (`Origin`, `Sec-Fetch-Site`), whatever `auth.enabled` says"),
+        (status = 500, body = ErrorBody, description = "The delete failed (storage refused an operation for good, or its task stopped); sending it again is safe"),
+        (status = 503, body = ErrorBody, description = "Retry later (sending the delete again finishes it): storage is unavailable or too slow; another running instance has not taken the delete in within 30 s (the tombstone stands); more than `http.max_concurrent_requests` API requests are in progress; or the request took longer than `http.request_timeout` (an empty body; the delete goes on)")))]
 pub async fn delete_readings(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,

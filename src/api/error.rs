@@ -24,10 +24,16 @@ pub struct ApiError {
     pub retry_after: Option<u64>,
 }
 
-#[derive(Serialize)]
-struct ErrorBody<'a> {
+/// The body of an error answer: what went wrong, safe to show.
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = Error)]
+pub(crate) struct ErrorBody<'a> {
+    /// What went wrong and, where it helps, what to do.
     error: &'a str,
+    /// `POST /api/v1/readings` (400, 422): each reading concerned, as
+    /// `{"index": <its place in the body, from 0>, "reason": <text>}`.
     #[serde(skip_serializing_if = "<[Detail]>::is_empty")]
+    #[schema(value_type = Vec<Object>)]
     details: &'a [Detail],
 }
 

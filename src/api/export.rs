@@ -19,6 +19,8 @@ use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use tracing::warn;
 
+use super::descriptions as text;
+use super::error::ErrorBody;
 use super::params::Params;
 use super::query::{
     Range, Weighing, admit, coarse, coarse_header, evaluate, metric, range, sensor_glob,
@@ -221,15 +223,21 @@ struct Selection {
 
 /// Streams stored readings (or step series) as NDJSON or CSV.
 #[utoipa::path(get, path = "/api/v1/export",
-    params(("sensor" = Option<String>, Query, description = "A sensor id or a glob of one (* and ?); all sensors when absent"),
-        ("metric" = Option<String>, Query, description = "One metric; every metric when absent (raw exports)"),
-        ("from" = String, Query), ("to" = String, Query),
-        ("step" = Option<String>, Query, description = "Export the step series (points with readings) instead of the readings"),
-        ("format" = Option<String>, Query, description = "ndjson (default) or csv"),
-        ("weighting" = Option<String>, Query, description = "Step exports: time or linear weighs each point's avg by time"),
-        ("staleness" = Option<String>, Query)),
-    responses((status = 200, content_type = "application/x-ndjson", body = String),
-        (status = 200, content_type = "text/csv", body = String)))]
+    params(("sensor" = Option<String>, Query, description = text::SENSOR_GLOB),
+        ("label.<name>" = Option<String>, Query, description = "Only sensors whose label `<name>` has this value (not empty); any number of filters (each name once), all of which must match"),
+        ("metric" = Option<String>, Query, description = "One metric (1 to 64 characters of A-Z a-z 0-9 _ -); every metric when absent for readings, `value` for step series"),
+        ("from" = String, Query, description = text::FROM), ("to" = String, Query, description = text::TO),
+        ("step" = Option<String>, Query, description = "Export the step series at this step (as for series; at most `query.max_points` points), one row per sensor and point holding readings, instead of the readings"),
+        ("format" = Option<String>, Query, description = "`ndjson` (the default: a JSON object per line, readings as `POST /api/v1/readings` takes them back) or `csv` (a header row: `sensor,metric,ts,value`, or `sensor,metric,start,count,sum,avg,min,max` for step series)"),
+        ("weighting" = Option<String>, Query, description = "Step exports only: `time` or `linear` weigh each point's `avg` by time and add `held_seconds`; `readings` (the default) takes the mean of the readings"),
+        ("staleness" = Option<String>, Query, description = text::STALENESS)),
+    responses(
+        (status = 200, description = "The rows, streamed as an attachment (gzipped with `Accept-Encoding: gzip`). An error after the answer started cuts the transfer short: a body that ends cleanly is complete",
+            content((String = "application/x-ndjson"), (String = "text/csv"))),
+        (status = 400, body = ErrorBody, description = text::BAD_QUERY),
+        (status = 401, body = ErrorBody, description = text::UNAUTHORIZED),
+        (status = 403, body = ErrorBody, description = text::FORBIDDEN_QUERY),
+        (status = 503, body = ErrorBody, description = text::API_UNAVAILABLE)))]
 pub async fn export(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,

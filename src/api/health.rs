@@ -54,9 +54,11 @@ impl PingCache {
 /// Above this share of `batcher.max_buffered_readings` the service is overloaded.
 pub const OVERLOAD_SHARE: f64 = 0.9;
 
-#[derive(Debug, Serialize)]
+/// One readiness check.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Check {
     pub ok: bool,
+    /// Why it fails; absent when it passes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }
@@ -77,31 +79,43 @@ impl Check {
     }
 }
 
-#[derive(Debug, Serialize)]
+/// `GET /health/ready`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Readiness {
     pub ready: bool,
     pub checks: Checks,
 }
 
-#[derive(Debug, Serialize)]
+/// Each readiness check.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Checks {
+    /// The storage server answers a ping within 2 s and writes are not
+    /// failing for an outage (with the journal on, reported only).
     pub storage: Check,
+    /// Connected and subscribed; absent when MQTT is off.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mqtt: Option<Check>,
+    /// Under 90 % of `batcher.max_buffered_readings` (always passes with
+    /// the journal on).
     pub capacity: Check,
+    /// The journal is not full; absent when it is off.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub journal: Option<Check>,
+    /// Not shutting down.
     pub running: Check,
 }
 
 /// Liveness: 200 while the process runs.
-#[utoipa::path(get, path = "/health/live", responses((status = 200, description = "The process runs")))]
+#[utoipa::path(get, path = "/health/live",
+    responses((status = 200, body = Object, description = "The process runs: `{\"live\": true}`")))]
 pub async fn live() -> Json<serde_json::Value> {
     Json(serde_json::json!({ "live": true }))
 }
 
 /// Readiness: 200 when storage, MQTT, capacity and the journal allow input; 503 naming the failing checks.
-#[utoipa::path(get, path = "/health/ready", responses((status = 200, description = "Ready"), (status = 503, description = "Not ready, with the failing checks")))]
+#[utoipa::path(get, path = "/health/ready",
+    responses((status = 200, body = Readiness, description = "Ready: every check passes"),
+        (status = 503, body = Readiness, description = "Not ready: the failing checks say why (no `Retry-After`)")))]
 pub async fn ready(State(state): State<AppState>) -> impl IntoResponse {
     let storage = match state.ping.ping(state.store.as_ref()).await {
         // The server answers pings but refuses writes (authorization, a
@@ -177,7 +191,8 @@ pub async fn ready(State(state): State<AppState>) -> impl IntoResponse {
 }
 
 /// The service's metrics in Prometheus text format.
-#[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
+#[utoipa::path(get, path = "/metrics",
+    responses((status = 200, body = String, content_type = "text/plain", description = "Prometheus text format, version 0.0.4")))]
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     let m = &state.metrics;
     m.pending_readings.set(state.batcher.buffered() as i64);

@@ -8,6 +8,8 @@ use axum::http::{HeaderMap, StatusCode, header};
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
+use super::descriptions as text;
+use super::error::ErrorBody;
 use super::{ApiError, AppState};
 use crate::auth::Principal;
 use crate::domain::{BucketKey, Granularity, Reading};
@@ -71,8 +73,10 @@ pub enum WaitFor {
     Stored,
 }
 
-#[derive(Debug, Serialize)]
+/// The answer to a write that was taken.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Accepted {
+    /// How many readings the request carried, all taken.
     pub accepted: usize,
 }
 
@@ -161,13 +165,28 @@ impl From<IntakeError> for ApiError {
 
 /// Takes readings as JSON, NDJSON or CSV; 200 once journaled (or stored, with ?wait=stored).
 #[utoipa::path(post, path = "/api/v1/readings",
-    params(("wait" = Option<String>, Query, description = "stored: answer once in MongoDB"), ("async" = Option<bool>, Query),
-        ("ts_unit" = Option<String>, Query, description = "text/csv: auto (RFC 3339 or epoch ms), s, ms, us or ns"),
-        ("column.sensor" = Option<String>, Query, description = "text/csv: the column holding the sensor (likewise column.metric, column.ts, column.value)"),
-        ("ignore" = Option<String>, Query, description = "text/csv: columns left out, separated by commas")),
-    request_body(content = Object, description = "A reading {sensor, metric?, ts, value} or an array of them (application/json); one reading with its ts per line (application/x-ndjson, the export's format); or a header row naming sensor, metric?, ts and value, then a reading per row (text/csv)", content_type = "application/json"),
-    responses((status = 200, description = "Accepted (journaled, or stored)"), (status = 400, description = "A reading is invalid; nothing was taken"),
-        (status = 503, description = "At a bound; retry after Retry-After")))]
+    params(
+        ("wait" = Option<String>, Query, description = "`stored`: answer once the readings are stored in MongoDB rather than once in the journal (fsync'd; the default); not with `async`"),
+        ("async" = Option<bool>, Query, description = "`true`: answer 202 as soon as the readings are queued, before they are safe; `false` by default; not with `wait`"),
+        ("ts_unit" = Option<String>, Query, description = "`text/csv` only: how `ts` is written: `auto` (RFC 3339, or integer epoch milliseconds as in JSON; the default), `s`, `ms`, `us` or `ns` (integer epoch seconds, milli-, micro- or nanoseconds); kept in whole seconds"),
+        ("column.sensor" = Option<String>, Query, description = "`text/csv` only: the header name of the column holding the sensor id, when it is not `sensor`"),
+        ("column.metric" = Option<String>, Query, description = "`text/csv` only: the column holding the metric, when it is not `metric` (no such column: every reading of the default metric, `value`)"),
+        ("column.ts" = Option<String>, Query, description = "`text/csv` only: the column holding the timestamp, when it is not `ts`"),
+        ("column.value" = Option<String>, Query, description = "`text/csv` only: the column holding the value, when it is not `value`"),
+        ("ignore" = Option<String>, Query, description = "`text/csv` only: header names of columns to leave out, separated by commas (any other column that holds no field refuses the body; an unnamed one is left out)")),
+    request_body(description = "A reading `{sensor, metric?, ts, value}` or an array of them (`application/json`); one reading with its `ts` per line (`application/x-ndjson`, the export's format); or a header row naming sensor, metric?, ts and value, then a reading per row (`text/csv`). `Content-Encoding: gzip` is decompressed",
+        content((Object = "application/json"), (String = "application/x-ndjson"), (String = "text/csv"))),
+    responses(
+        (status = 200, body = Accepted, description = "The readings are safe: in the journal, fsync'd (the default), or stored in MongoDB with `wait=stored` or `journal.enabled = false`"),
+        (status = 202, body = Accepted, description = "With `async=true`: the readings are queued (for the journal, or the next flush without it), not yet safe"),
+        (status = 400, body = ErrorBody, description = "A reading is invalid (each listed with its index in `details`), the body is not what its `Content-Type` says, or a parameter is wrong (`async` with `wait`, CSV parameters with another type); nothing was stored"),
+        (status = 401, body = ErrorBody, description = text::UNAUTHORIZED),
+        (status = 403, body = ErrorBody, description = "With `auth.enabled`: the token lacks the `ingest` scope, or is a device token and a reading names a sensor outside its `sensors`; or a browser sent the request from another site (`Origin`, `Sec-Fetch-Site`), whatever `auth.enabled` says. Nothing was stored"),
+        (status = 413, body = ErrorBody, description = "The body is larger than `http.max_body_bytes` (8 MiB by default; a gzipped body counts decompressed), or holds more than `ingest.max_readings_per_request` (50 000 by default) readings; nothing was stored"),
+        (status = 415, body = ErrorBody, description = "`Content-Type` is not `application/json`, `application/x-ndjson` or `text/csv`; or `Content-Encoding` is not `gzip` (then an empty body, with `Accept-Encoding`)"),
+        (status = 422, body = ErrorBody, description = "Storage can never apply the bucket update of some readings: those, listed by index in `details`, are in the dead-letter collection; every other reading was stored"),
+        (status = 429, body = ErrorBody, description = "The readings would create more new series (sensor and metric pairs) this clock hour than `cardinality.max_new_series_per_hour` or the token's share allows; nothing was stored; `Retry-After` is the seconds to the next hour"),
+        (status = 503, body = ErrorBody, description = "Retry later (a retry is always safe): at a bound (the journal is full; without it, `batcher.max_buffered_readings` or `batcher.max_buckets`), the journal write failed, shutting down, not confirmed within `http.write_timeout` (with `wait=stored` or the journal off; the readings stay queued), more than `http.max_concurrent_requests` API requests in progress, or the request took longer than `http.request_timeout` (an empty body)")))]
 pub async fn post_readings(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,

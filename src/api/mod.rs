@@ -8,6 +8,7 @@ mod cache;
 mod console;
 mod cross_site;
 mod delete;
+mod descriptions;
 mod error;
 mod export;
 pub mod health;

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::{Settings, health};
-use crate::auth::Authenticator;
+use crate::auth::Keyring;
 use crate::batcher::driver::BatcherHandle;
 use crate::domain::Granularity;
 use crate::ingest::line_protocol::LabelSync;
@@ -37,7 +37,7 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Present when MQTT is enabled.
     pub mqtt: Option<Arc<MqttStats>>,
-    pub auth: Arc<Authenticator>,
+    pub auth: Arc<Keyring>,
     /// Queries running at once (`query.max_concurrency`), apart from ingest.
     pub query_permits: Arc<tokio::sync::Semaphore>,
     /// Line-protocol tags on their way to the sensor registry.

@@ -517,9 +517,7 @@ impl<S: Sink> Driver<S> {
             Settled::Stored => self.metrics.readings_stored.inc_by(readings as u64),
             Settled::Unstored => {
                 let journaled: usize = indexes.iter().map(|&i| batch.items[i].journaled()).sum();
-                self.metrics
-                    .readings_unstored
-                    .inc_by((readings - journaled) as u64);
+                self.metrics.unstored((readings - journaled) as u64);
             }
             Settled::DeadLettered => {}
         }

@@ -177,9 +177,7 @@ fn report(recovered: &Recovered, dir: &str, metrics: &Metrics) {
         );
     }
     if recovered.damaged_ranges > 0 {
-        metrics
-            .journal_damaged_ranges
-            .inc_by(recovered.damaged_ranges as u64);
+        metrics.journal_damaged(recovered.damaged_ranges as u64);
         error!(
             dir,
             damaged_ranges = recovered.damaged_ranges,

@@ -12,7 +12,7 @@ use tracing::{info, warn};
 use super::births::StoredBirths;
 use super::stop::{Stopping, stop};
 use crate::api::{self, AppState};
-use crate::auth::Authenticator;
+use crate::auth::Keyring;
 use crate::batcher::driver::{self, BatcherHandle};
 use crate::config::Settings;
 use crate::ingest::line_protocol::LabelSync;
@@ -35,7 +35,9 @@ pub struct Application {
     store: Arc<MongoStore>,
     mqtt_stats: Option<Arc<MqttStats>>,
     metrics: Arc<Metrics>,
-    auth: Arc<Authenticator>,
+    auth: Arc<Keyring>,
+    /// The configuration file SIGHUP re-reads for tokens (`startup::tokens`).
+    config_file: Option<std::path::PathBuf>,
     shutdown: Shutdown,
 }
 
@@ -158,7 +160,9 @@ impl Application {
                 .clone()
                 .run_registrar(registering, async move { stopping.triggered().await }),
         );
-        let auth = Arc::new(settings.auth.build().context("reading the auth settings")?);
+        let auth = Arc::new(Keyring::new(
+            settings.auth.build().context("reading the auth settings")?,
+        ));
         if !auth.enabled() {
             warn!(
                 "AUTHENTICATION IS OFF: anyone who can reach the port can write and read. Set auth.enabled = true with auth.tokens for anything but local development."
@@ -238,8 +242,15 @@ impl Application {
             mqtt_stats,
             metrics,
             auth,
+            config_file: None,
             shutdown,
         })
+    }
+
+    /// Re-reads `file` for its tokens on SIGHUP (the binary's configuration).
+    pub fn reloading_tokens_from(mut self, file: std::path::PathBuf) -> Self {
+        self.config_file = Some(file);
+        self
     }
 
     /// MQTT counters, when MQTT is enabled.
@@ -275,6 +286,7 @@ impl Application {
             mqtt_stats,
             metrics,
             auth,
+            config_file,
             shutdown,
         } = self;
         let guard = Arc::new(crate::cardinality::Shared::new(
@@ -303,6 +315,19 @@ impl Application {
                 let _ = floor_ends.await;
             },
         ));
+        tokio::spawn(super::tokens::run(
+            auth.clone(),
+            settings.auth.clone(),
+            config_file,
+            metrics.clone(),
+            shutdown.clone(),
+        ));
+        tokio::spawn(super::losses::report(
+            store.clone(),
+            settings.journal.dir.clone(),
+            metrics.clone(),
+            shutdown.clone(),
+        ));
         let (labels, label_writer) = LabelSync::new();
         tokio::spawn(label_writer.run(store.clone(), shutdown.clone()));
         // The rollup upkeep runs until the batcher has drained, then rolls
@@ -323,6 +348,7 @@ impl Application {
             (&metrics, &shutdown),
         )?;
 
+        let losses = (store.clone(), settings.journal.dir.clone());
         let state = app_state(
             &settings,
             labels,
@@ -346,6 +372,7 @@ impl Application {
             floor: (end_floor, floor_task),
             mqtt,
             journal,
+            losses,
         })
         .await
     }
@@ -398,7 +425,7 @@ fn app_state(
     intake: Intake,
     metrics: Arc<Metrics>,
     mqtt_stats: Option<Arc<MqttStats>>,
-    auth: Arc<Authenticator>,
+    auth: Arc<Keyring>,
 ) -> AppState {
     AppState {
         labels,

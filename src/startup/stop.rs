@@ -2,6 +2,9 @@
 //! MQTT's outstanding acknowledgements, the floor's farewell and the
 //! journal's last commit, all within the shutdown's deadline.
 
+use std::path::PathBuf;
+use std::sync::Arc;
+
 use anyhow::Context;
 use tracing::{error, info, warn};
 
@@ -9,6 +12,7 @@ use crate::batcher::driver::{self, BatcherHandle};
 use crate::ingest::mqtt::MqttIngest;
 use crate::journal::{Journal, JournalTask};
 use crate::shutdown::Shutdown;
+use crate::store::MongoStore;
 
 /// How long after the shutdown deadline a write still under way may take
 /// before the process gives up on it: the deadline plus this is the longest
@@ -33,6 +37,9 @@ pub(super) struct Stopping {
     ),
     pub(super) mqtt: Option<MqttIngest>,
     pub(super) journal: Option<(Journal, tokio::task::JoinHandle<JournalTask>)>,
+    /// Where a loss is recorded for the next start: the database, else
+    /// beside the journal (`startup::losses`).
+    pub(super) losses: (Arc<MongoStore>, PathBuf),
 }
 
 /// The batcher drained, the upkeep's last roll-up, MQTT's outstanding
@@ -40,6 +47,7 @@ pub(super) struct Stopping {
 /// all within the shutdown's deadline. Fails if accepted readings were not
 /// stored.
 pub(super) async fn stop(stopping: Stopping) -> anyhow::Result<()> {
+    // Long: the stop's steps in their order, each bounded by the deadline; apart they would only pass the same handles along.
     let Stopping {
         shutdown,
         batcher,
@@ -48,6 +56,7 @@ pub(super) async fn stop(stopping: Stopping) -> anyhow::Result<()> {
         floor,
         mqtt,
         journal,
+        losses,
     } = stopping;
     // Serving can end without a signal only by failing; either way, stop.
     shutdown.trigger();
@@ -107,6 +116,9 @@ pub(super) async fn stop(stopping: Stopping) -> anyhow::Result<()> {
             readings = unstored,
             "Stopped with accepted readings that were not stored."
         );
+        // The listener is closed: no scrape sees this stop's count. The
+        // next start reports it.
+        super::losses::record(&losses.0, &losses.1, unstored as u64).await;
         anyhow::bail!("{unstored} accepted readings were not stored");
     }
     if journal_keeps {

@@ -22,7 +22,8 @@ pub struct Metrics {
     readings_received: IntCounterVec,
     readings_rejected: IntCounterVec,
     pub readings_stored: IntCounter,
-    pub readings_unstored: IntCounter,
+    readings_unstored: IntCounter,
+    readings_unstored_last: IntGauge,
     pub readings_dead_lettered: IntCounter,
     pub mqtt_skipped_retained: IntCounter,
     pub line_protocol_strings: IntCounter,
@@ -65,10 +66,13 @@ pub struct Metrics {
     pub journal_appended_bytes: IntCounter,
     pub journal_fsync_duration: Histogram,
     pub journal_replayed_readings: IntCounter,
-    pub journal_damaged_ranges: IntCounter,
+    journal_damaged_ranges: IntCounter,
+    journal_damaged_last: IntGauge,
     pub new_series: IntCounter,
     pub new_series_refused: IntCounter,
     pub new_series_guard_seeded: IntGauge,
+    /// Token reloads, by `outcome` (`applied`, `refused`).
+    pub auth_reloads: IntCounterVec,
     db_read: IntCounterVec,
     db_written: IntCounterVec,
     pub query_round_trips: HistogramVec,
@@ -114,7 +118,12 @@ impl Metrics {
             readings_unstored: counter(
                 &r,
                 "hourglass_readings_unstored_total",
-                "Accepted readings that could not be stored (refused by storage, or left at the shutdown deadline).",
+                "Accepted readings stored nowhere: refused by storage and the dead letters, or left by a stop at its deadline (counted by the next start that finds the stop's record).",
+            ),
+            readings_unstored_last: gauge(
+                &r,
+                "hourglass_readings_unstored_last_timestamp_seconds",
+                "When this process last counted acknowledged readings stored nowhere (epoch seconds; 0 if never).",
             ),
             bucket_updates: counter(
                 &r,
@@ -339,10 +348,21 @@ impl Metrics {
                 "hourglass_new_series_guard_seeded",
                 "1 once the cardinality guard has learnt the registry's series and counts new ones.",
             ),
+            auth_reloads: counter_vec(
+                &r,
+                "hourglass_auth_reloads_total",
+                "Reloads of the tokens (the tokens file changed, or SIGHUP), by outcome: applied, or refused (the tokens in force stay).",
+                &["outcome"],
+            ),
             journal_damaged_ranges: counter(
                 &r,
                 "hourglass_journal_damaged_ranges_total",
                 "Damaged journal ranges skipped at recovery; each lost at least one acknowledged record (kept in .corrupt files).",
+            ),
+            journal_damaged_last: gauge(
+                &r,
+                "hourglass_journal_damaged_last_timestamp_seconds",
+                "When this process last found damaged journal ranges (epoch seconds; 0 if never).",
             ),
             db_read: counter_vec(
                 &r,
@@ -407,6 +427,9 @@ impl Metrics {
         for kind in ["outage", "poison", "unreadable"] {
             m.storage_errors.with_label_values(&[kind]);
         }
+        for outcome in ["applied", "refused"] {
+            m.auth_reloads.with_label_values(&[outcome]);
+        }
         for (collection, kind) in [
             ("buckets", "bucket_update"),
             ("rollups", "rollup_upkeep"),
@@ -431,6 +454,24 @@ impl Metrics {
 
     /// Counts `n` documents read or written (`direction`) in a collection
     /// (its role, not its configured name) for a kind of work.
+    /// Acknowledged readings stored nowhere: counted, and the time kept, so
+    /// an alert sees it even when the count was raised before the first
+    /// scrape (a loss reported at start).
+    pub fn unstored(&self, readings: u64) {
+        if readings > 0 {
+            self.readings_unstored.inc_by(readings);
+            self.readings_unstored_last.set(now_seconds());
+        }
+    }
+
+    /// Damaged journal ranges found at recovery (see [`Self::unstored`]).
+    pub fn journal_damaged(&self, ranges: u64) {
+        if ranges > 0 {
+            self.journal_damaged_ranges.inc_by(ranges);
+            self.journal_damaged_last.set(now_seconds());
+        }
+    }
+
     pub fn db_documents(&self, direction: &str, collection: &str, kind: &str, n: u64) {
         let v = if direction == "read" {
             &self.db_read
@@ -468,4 +509,10 @@ impl Metrics {
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
         String::from_utf8(out).unwrap_or_default()
     }
+}
+
+fn now_seconds() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }

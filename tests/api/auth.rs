@@ -311,3 +311,120 @@ fn hash_token_prints_the_hash_of_standard_input() {
         hash_token("s3cret")
     );
 }
+
+/// `auth.tokens_file` with one query token named `name`.
+fn tokens_file(path: &std::path::Path, name: &str, token: &str) {
+    let text = format!(
+        "[[tokens]]\nname = {name:?}\nsha256 = {:?}\nscopes = [\"query\"]\n",
+        hash_token(token)
+    );
+    // Written whole, then renamed: the service never reads half a file.
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).expect("written");
+    std::fs::rename(&tmp, path).expect("renamed");
+}
+
+async fn status_with(address: &str, token: &str) -> u16 {
+    http_client()
+        .get(format!("{address}/api/v1/sensors"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("answered")
+        .status()
+        .as_u16()
+}
+
+/// Tokens rotate on the running binary: a changed tokens file is put in
+/// force (the old token refused from then on), a faulty one is not applied,
+/// and SIGHUP re-reads the configuration file's own tokens.
+#[tokio::test]
+async fn tokens_rotate_without_a_restart_and_a_faulty_set_is_not_applied() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let file = dir.path().join("tokens.toml");
+    tokens_file(&file, "dashboard", "first-secret");
+    let config = dir.path().join("hourglass.toml");
+    let shipped = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/default.toml"),
+    )
+    .expect("the shipped configuration");
+    std::fs::write(&config, &shipped).expect("written");
+    let log = dir.path().join("hourglass.log");
+    let file_text = file.display().to_string();
+    let mut child = spawn_binary_with_config(
+        &config,
+        &test_settings(),
+        &[
+            ("HOURGLASS__AUTH__ENABLED", "true"),
+            ("HOURGLASS__AUTH__TOKENS_FILE", &file_text),
+        ],
+        &log,
+    );
+    let address = binary_address(&log).await;
+    assert_eq!(status_with(&address, "first-secret").await, 200);
+
+    tokens_file(&file, "dashboard", "second-secret");
+    eventually(
+        std::time::Duration::from_secs(30),
+        "the new token is in force",
+        || async { status_with(&address, "second-secret").await == 200 },
+    )
+    .await;
+    assert_eq!(
+        status_with(&address, "first-secret").await,
+        401,
+        "the old one refused"
+    );
+
+    std::fs::write(
+        &file,
+        "[[tokens]]\nname = \"dashboard\"\nsha256 = \"not hex\"\nscopes = [\"query\"]\n",
+    )
+    .expect("written");
+    eventually(
+        std::time::Duration::from_secs(30),
+        "the faulty set is refused",
+        || async {
+            metric(
+                &address,
+                "hourglass_auth_reloads_total{outcome=\"refused\"}",
+            )
+            .await
+                >= 1.0
+        },
+    )
+    .await;
+    assert_eq!(
+        status_with(&address, "second-secret").await,
+        200,
+        "the set in force stays"
+    );
+    tokens_file(&file, "dashboard", "second-secret");
+
+    // SIGHUP: the configuration file's own tokens, re-read.
+    std::fs::write(
+        &config,
+        format!(
+            "{shipped}\n[[auth.tokens]]\nname = \"operator\"\nsha256 = {:?}\nscopes = [\"query\"]\n",
+            hash_token("third-secret")
+        ),
+    )
+    .expect("written");
+    assert_eq!(status_with(&address, "third-secret").await, 401);
+    let pid = child.id().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .expect("kill")
+            .success()
+    );
+    eventually(
+        std::time::Duration::from_secs(30),
+        "the configuration's token is in force",
+        || async { status_with(&address, "third-secret").await == 200 },
+    )
+    .await;
+    assert_eq!(status_with(&address, "second-secret").await, 200);
+    assert!(terminate(&mut child).success(), "SIGHUP did not stop it");
+}

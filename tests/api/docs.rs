@@ -322,6 +322,9 @@ fn generated_page(path: &str, page: &str, source: &str) {
 
 /// The HTTP API reference is the service's own OpenAPI document rendered
 /// as a page; after a change to the routes, `HOURGLASS_BLESS=1` rewrites it.
+/// Every parameter, request body and answer must be described, and every
+/// route behind a scope must list what its layers answer (401, 403, 503):
+/// a route added without them fails here rather than reaching the page.
 #[tokio::test]
 async fn the_http_api_reference_is_the_openapi_document() {
     let app = spawn_app().await;
@@ -334,7 +337,9 @@ async fn the_http_api_reference_is_the_openapi_document() {
          Prometheus-compatible routes are under [Grafana and PromQL](../querying/grafana.md),\n\
          the InfluxDB write routes under [line protocol](../sending/line-protocol.md);\n\
          the JSON routes are explained with examples in [the JSON query API](../querying/json-api.md).\n\
-         A route's scope is the token scope it needs when `auth.enabled` is on.\n\n\
+         A route's scope is the token scope it needs when `auth.enabled` is on.\n\
+         An `Error` body is `{\"error\": \"<what went wrong>\"}`, with `\"details\"`\n\
+         (`[{\"index\", \"reason\"}]`) where a write's answer names readings.\n\n\
          | method | path | scope | what |\n|---|---|---|---|\n",
     );
     let scope = |tags: &serde_json::Value| {
@@ -348,50 +353,131 @@ async fn the_http_api_reference_is_the_openapi_document() {
     };
     let paths = doc["paths"].as_object().expect("paths");
     let mut sections = String::new();
-    // Prose of the document in a table cell: `|` and angle brackets escaped.
-    let markdown_text = |t: &str| {
-        t.replace('|', "\\|")
-            .replace('<', "&lt;")
-            .replace('>', "&gt;")
-    };
+    let mut undescribed = Vec::new();
     for (path, ops) in paths {
         for (method, op) in ops.as_object().expect("operations") {
             let method = method.to_uppercase();
+            let route = format!("{method} {path}");
             let summary = markdown_text(op["summary"].as_str().unwrap_or(""));
-            assert!(!summary.is_empty(), "{method} {path} has no summary");
-            page.push_str(&format!(
-                "| {method} | `{path}` | {} | {summary} |\n",
-                scope(&op["tags"])
-            ));
-            sections.push_str(&format!("\n## `{method} {path}`\n\n{summary}\n"));
+            assert!(!summary.is_empty(), "{route} has no summary");
+            let scope = scope(&op["tags"]);
+            page.push_str(&format!("| {method} | `{path}` | {scope} | {summary} |\n"));
+            sections.push_str(&format!("\n## `{route}`\n\n{summary}\n"));
             if let Some(params) = op["parameters"].as_array().filter(|p| !p.is_empty()) {
                 sections
                     .push_str("\n| parameter | in | required | description |\n|---|---|---|---|\n");
                 for p in params {
+                    let name = p["name"].as_str().unwrap_or("");
+                    let description = described(&p["description"]);
+                    if description.is_empty() {
+                        undescribed.push(format!("{route}: parameter {name}"));
+                    }
                     sections.push_str(&format!(
-                        "| `{}` | {} | {} | {} |\n",
-                        p["name"].as_str().unwrap_or(""),
+                        "| `{name}` | {} | {} | {} |\n",
                         p["in"].as_str().unwrap_or(""),
                         if p["required"] == true { "yes" } else { "no" },
-                        markdown_text(p["description"].as_str().unwrap_or("")),
+                        markdown_text(description),
                     ));
                 }
             }
-            sections.push_str("\nAnswers:");
-            for (code, r) in op["responses"].as_object().expect("responses") {
-                let description = r["description"].as_str().unwrap_or("");
-                sections.push_str(&format!(" `{code}` {description};"));
+            let body = &op["requestBody"];
+            if !body.is_null() {
+                let description = described(&body["description"]);
+                if description.is_empty() {
+                    undescribed.push(format!("{route}: request body"));
+                }
+                sections.push_str(&format!(
+                    "\nRequest body: {}. {}.\n",
+                    contents(&body["content"]),
+                    markdown_text(description.trim_end_matches('.'))
+                ));
             }
-            sections.pop();
-            sections.push_str(".\n");
+            let responses = op["responses"].as_object().expect("responses");
+            sections.push_str("\n| answer | body | headers | description |\n|---|---|---|---|\n");
+            for (code, r) in responses {
+                let description = described(&r["description"]);
+                if description.is_empty() {
+                    undescribed.push(format!("{route}: answer {code}"));
+                }
+                let headers: Vec<String> = r["headers"]
+                    .as_object()
+                    .map(|h| h.keys().map(|name| format!("`{name}`")).collect())
+                    .unwrap_or_default();
+                sections.push_str(&format!(
+                    "| `{code}` | {} | {} | {} |\n",
+                    contents(&r["content"]),
+                    headers.join(", "),
+                    markdown_text(description)
+                ));
+            }
+            // What the layers in front of a route behind a scope answer
+            // (api/routes.rs: the token check, the concurrency limit and
+            // the request timeout), whatever its handler does.
+            if scope != "none" {
+                for code in ["401", "403", "503"] {
+                    assert!(
+                        responses.contains_key(code),
+                        "{route} needs the {scope} scope yet lists no {code}"
+                    );
+                }
+            }
         }
     }
+    assert!(
+        undescribed.is_empty(),
+        "undescribed in the OpenAPI document (add a description to the route's #[utoipa::path]): {undescribed:#?}"
+    );
     page.push_str(&sections);
     generated_page(
         "docs/src/reference/http-api.md",
         &page,
         "/api/v1/openapi.json",
     );
+}
+
+/// A description of the OpenAPI document, trimmed; empty when absent.
+fn described(description: &serde_json::Value) -> &str {
+    description.as_str().unwrap_or("").trim()
+}
+
+/// Prose of the OpenAPI document in a table cell: on one line, `|`
+/// escaped, and angle brackets outside code spans (inside one they show as
+/// written).
+fn markdown_text(text: &str) -> String {
+    text.replace('\n', " ")
+        .split('`')
+        .enumerate()
+        .map(|(i, part)| {
+            let part = part.replace('|', "\\|");
+            if i % 2 == 1 {
+                part
+            } else {
+                part.replace('<', "&lt;").replace('>', "&gt;")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("`")
+}
+
+/// A `content` map of the OpenAPI document as a table cell: each media
+/// type with the schema of its body, by name (`SensorList`) or by type
+/// (`string`); "none" for an answer without a body.
+fn contents(content: &serde_json::Value) -> String {
+    let Some(types) = content.as_object().filter(|c| !c.is_empty()) else {
+        return "none".to_owned();
+    };
+    types
+        .iter()
+        .map(|(media, c)| {
+            let schema = &c["schema"];
+            let name = match schema["$ref"].as_str() {
+                Some(r) => r.rsplit('/').next().unwrap_or(r).to_owned(),
+                None => schema["type"].as_str().unwrap_or("any").to_owned(),
+            };
+            format!("`{name}` ({media})")
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The security page's table names, for every input surface, the tests that

@@ -7,6 +7,8 @@ use serde::Serialize;
 
 use super::admission::{admit, store_error};
 use super::range::format_start;
+use crate::api::descriptions as text;
+use crate::api::error::ErrorBody;
 use crate::api::params::Params;
 use crate::api::{ApiError, AppState};
 use crate::auth::Principal;
@@ -21,11 +23,13 @@ const DEFAULT_LISTED: usize = 10;
 pub struct DeadLetterEntry {
     pub sensor: String,
     pub metric: String,
+    /// Start of the bucket the update was for, RFC 3339.
     pub bucket_start: String,
     /// How many readings it holds.
     pub readings: usize,
+    /// Why storage refused the update.
     pub reason: String,
-    /// When it was written.
+    /// When it was written, RFC 3339.
     pub at: String,
 }
 
@@ -41,8 +45,14 @@ pub struct DeadLetterList {
 
 /// The newest dead letters: readings storage refused for good, with the reason.
 #[utoipa::path(get, path = "/api/v1/dead_letters",
-    params(("limit" = Option<usize>, Query, description = "At most 100; 10 when absent")),
-    responses((status = 200, body = DeadLetterList)))]
+    params(("limit" = Option<usize>, Query, description = "Dead letters to list, newest first: 1 to 100; 10 when absent")),
+    responses(
+        (status = 200, body = DeadLetterList, description = "The newest dead letters the token may read"),
+        (status = 400, body = ErrorBody, description = text::BAD_QUERY),
+        (status = 401, body = ErrorBody, description = text::UNAUTHORIZED),
+        (status = 403, body = ErrorBody, description = text::FORBIDDEN_QUERY),
+        (status = 500, body = ErrorBody, description = text::QUERY_FAILED),
+        (status = 503, body = ErrorBody, description = text::QUERY_UNAVAILABLE)))]
 pub async fn list_dead_letters(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,

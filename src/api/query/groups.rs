@@ -14,6 +14,8 @@ use super::csv::{csv_point, csv_response, point_columns, wants_csv};
 use super::points::{Ask, group_points};
 use super::range::{coarse, coarse_header, format_ms, metric, parse_tz, range, series_grid};
 use super::{Group, GroupResponse};
+use crate::api::descriptions as text;
+use crate::api::error::ErrorBody;
 use crate::api::params::Params;
 use crate::api::{ApiError, AppState};
 use crate::auth::Principal;
@@ -329,13 +331,28 @@ pub(crate) async fn group_query(
     .into_response())
 }
 
+/// A group route's 400.
+const GROUP_BAD_QUERY: &str = "A parameter is missing, unknown, given twice, malformed or out of its bounds (the message says which and why), or the query covers more than `query.max_series` (1000 by default) sensors";
+/// A group route's 422.
+const GROUP_TOO_BIG: &str = "The answer (groups times points) would take more than `query.max_memory_per_query`; or a sum (or, weighted by time, a time integral) is beyond the range of a double; or, with `weighting=time` or `linear`, gaps over the staleness limit span more than 31 days of hours to read reading by reading";
+
 /// The average over every matching sensor, or per group of a label.
 #[utoipa::path(get, path = "/api/v1/average",
-    params(("sensor" = Option<String>, Query, description = "A sensor id or glob"), ("metric" = Option<String>, Query),
-        ("from" = String, Query), ("to" = String, Query), ("group_by" = Option<String>, Query, description = "sensor or label.<name>"),
-        ("weighting" = Option<String>, Query), ("staleness" = Option<String>, Query),
-        ("quantiles" = Option<String>, Query, description = "e.g. 0.5,0.95,0.99: percentiles from rollups' sketches")),
-    responses((status = 200, body = GroupResponse)))]
+    params(("sensor" = Option<String>, Query, description = text::SENSOR_GLOB),
+        ("label.<name>" = Option<String>, Query, description = text::LABEL_FILTER),
+        ("metric" = Option<String>, Query, description = text::METRIC),
+        ("from" = String, Query, description = text::FROM), ("to" = String, Query, description = text::TO),
+        ("group_by" = Option<String>, Query, description = text::GROUP_BY),
+        ("weighting" = Option<String>, Query, description = text::WEIGHTING), ("staleness" = Option<String>, Query, description = text::STALENESS),
+        ("quantiles" = Option<String>, Query, description = text::QUANTILES)),
+    responses(
+        (status = 200, body = GroupResponse, description = "Each group's aggregates, exact over all its sensors' readings"),
+        (status = 400, body = ErrorBody, description = GROUP_BAD_QUERY),
+        (status = 401, body = ErrorBody, description = text::UNAUTHORIZED),
+        (status = 403, body = ErrorBody, description = text::FORBIDDEN_QUERY),
+        (status = 422, body = ErrorBody, description = GROUP_TOO_BIG),
+        (status = 500, body = ErrorBody, description = text::QUERY_FAILED),
+        (status = 503, body = ErrorBody, description = text::QUERY_UNAVAILABLE)))]
 pub async fn group_average(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
@@ -369,12 +386,23 @@ fn check_answer_size(state: &AppState, groups: usize, points: usize) -> Result<(
 
 /// Step series over every matching sensor, or per group of a label.
 #[utoipa::path(get, path = "/api/v1/series",
-    params(("sensor" = Option<String>, Query, description = "A sensor id or glob"), ("metric" = Option<String>, Query),
-        ("from" = String, Query), ("to" = String, Query), ("step" = String, Query), ("tz" = Option<String>, Query),
-        ("group_by" = Option<String>, Query, description = "sensor or label.<name>"), ("format" = Option<String>, Query),
-        ("weighting" = Option<String>, Query), ("staleness" = Option<String>, Query),
-        ("quantiles" = Option<String>, Query, description = "e.g. 0.5,0.95,0.99: percentiles from rollups' sketches")),
-    responses((status = 200, body = GroupResponse), (status = 200, content_type = "text/csv", body = String)))]
+    params(("sensor" = Option<String>, Query, description = text::SENSOR_GLOB),
+        ("label.<name>" = Option<String>, Query, description = text::LABEL_FILTER),
+        ("metric" = Option<String>, Query, description = text::METRIC),
+        ("from" = String, Query, description = text::FROM), ("to" = String, Query, description = text::TO),
+        ("step" = String, Query, description = text::STEP), ("tz" = Option<String>, Query, description = text::TZ),
+        ("group_by" = Option<String>, Query, description = text::GROUP_BY), ("format" = Option<String>, Query, description = text::FORMAT),
+        ("weighting" = Option<String>, Query, description = text::WEIGHTING), ("staleness" = Option<String>, Query, description = text::STALENESS),
+        ("quantiles" = Option<String>, Query, description = text::QUANTILES)),
+    responses(
+        (status = 200, description = "Each group's points, exact over all its sensors' readings; CSV with `format=csv` or `Accept: text/csv` (the group's label column and `sensors` before the point columns)",
+            content((GroupResponse = "application/json"), (String = "text/csv"))),
+        (status = 400, body = ErrorBody, description = GROUP_BAD_QUERY),
+        (status = 401, body = ErrorBody, description = text::UNAUTHORIZED),
+        (status = 403, body = ErrorBody, description = text::FORBIDDEN_QUERY),
+        (status = 422, body = ErrorBody, description = GROUP_TOO_BIG),
+        (status = 500, body = ErrorBody, description = text::QUERY_FAILED),
+        (status = 503, body = ErrorBody, description = text::QUERY_UNAVAILABLE)))]
 pub async fn group_series(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,

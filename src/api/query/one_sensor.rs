@@ -7,6 +7,8 @@ use axum::response::{IntoResponse, Response};
 
 use crate::api::ApiError;
 use crate::api::AppState;
+use crate::api::descriptions as text;
+use crate::api::error::ErrorBody;
 use crate::api::params::Params;
 use crate::auth::Principal;
 use crate::domain::{Agg, Labels, SensorId};
@@ -29,10 +31,18 @@ pub(super) fn sensor_param<'a>(
 
 /// Count, sum, mean, min and max of one sensor's metric over a range, exact.
 #[utoipa::path(get, path = "/api/v1/sensors/{sensor}/average",
-    params(("sensor" = String, Path), ("metric" = Option<String>, Query), ("from" = String, Query), ("to" = String, Query),
-        ("weighting" = Option<String>, Query), ("staleness" = Option<String>, Query),
-        ("quantiles" = Option<String>, Query, description = "e.g. 0.5,0.95,0.99: percentiles from rollups' sketches")),
-    responses((status = 200, body = AverageResponse)))]
+    params(("sensor" = String, Path, description = text::SENSOR), ("metric" = Option<String>, Query, description = text::METRIC),
+        ("from" = String, Query, description = text::FROM), ("to" = String, Query, description = text::TO),
+        ("weighting" = Option<String>, Query, description = text::WEIGHTING), ("staleness" = Option<String>, Query, description = text::STALENESS),
+        ("quantiles" = Option<String>, Query, description = text::QUANTILES)),
+    responses(
+        (status = 200, body = AverageResponse, description = "The range's aggregates (`avg`, `min` and `max` are `null` without readings)"),
+        (status = 400, body = ErrorBody, description = text::BAD_QUERY),
+        (status = 401, body = ErrorBody, description = text::UNAUTHORIZED),
+        (status = 403, body = ErrorBody, description = text::FORBIDDEN_QUERY_SENSOR),
+        (status = 422, body = ErrorBody, description = text::TOO_BIG),
+        (status = 500, body = ErrorBody, description = text::QUERY_FAILED),
+        (status = 503, body = ErrorBody, description = text::QUERY_UNAVAILABLE)))]
 pub async fn average(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
@@ -109,11 +119,21 @@ async fn one_limit(
 
 /// One sensor's metric as a step series (JSON or CSV).
 #[utoipa::path(get, path = "/api/v1/sensors/{sensor}/series",
-    params(("sensor" = String, Path), ("metric" = Option<String>, Query), ("from" = String, Query), ("to" = String, Query),
-        ("step" = String, Query), ("tz" = Option<String>, Query), ("format" = Option<String>, Query),
-        ("weighting" = Option<String>, Query), ("staleness" = Option<String>, Query),
-        ("quantiles" = Option<String>, Query, description = "e.g. 0.5,0.95,0.99: percentiles from rollups' sketches")),
-    responses((status = 200, body = SeriesResponse), (status = 200, content_type = "text/csv", body = String)))]
+    params(("sensor" = String, Path, description = text::SENSOR), ("metric" = Option<String>, Query, description = text::METRIC),
+        ("from" = String, Query, description = text::FROM), ("to" = String, Query, description = text::TO),
+        ("step" = String, Query, description = text::STEP), ("tz" = Option<String>, Query, description = text::TZ),
+        ("format" = Option<String>, Query, description = text::FORMAT),
+        ("weighting" = Option<String>, Query, description = text::WEIGHTING), ("staleness" = Option<String>, Query, description = text::STALENESS),
+        ("quantiles" = Option<String>, Query, description = text::QUANTILES)),
+    responses(
+        (status = 200, description = "A point per step of the range, empty ones included (`count` 0); CSV with `format=csv` or `Accept: text/csv` (columns `start,count,sum,avg,min,max`, then `held_seconds` and a `q<quantile>` each when asked; past `retention.buckets`, an `X-Hourglass-Coarse` header)",
+            content((SeriesResponse = "application/json"), (String = "text/csv"))),
+        (status = 400, body = ErrorBody, description = text::BAD_QUERY),
+        (status = 401, body = ErrorBody, description = text::UNAUTHORIZED),
+        (status = 403, body = ErrorBody, description = text::FORBIDDEN_QUERY_SENSOR),
+        (status = 422, body = ErrorBody, description = text::TOO_BIG),
+        (status = 500, body = ErrorBody, description = text::QUERY_FAILED),
+        (status = 503, body = ErrorBody, description = text::QUERY_UNAVAILABLE)))]
 pub async fn series(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
@@ -184,8 +204,15 @@ pub async fn series(
 
 /// A sensor's latest reading of a metric, stored or still held in memory.
 #[utoipa::path(get, path = "/api/v1/sensors/{sensor}/latest",
-    params(("sensor" = String, Path), ("metric" = Option<String>, Query)),
-    responses((status = 200, body = LatestResponse), (status = 404, description = "No readings")))]
+    params(("sensor" = String, Path, description = text::SENSOR), ("metric" = Option<String>, Query, description = text::METRIC)),
+    responses(
+        (status = 200, body = LatestResponse, description = "The newest reading by timestamp, stored or acknowledged and not yet stored"),
+        (status = 400, body = ErrorBody, description = text::BAD_QUERY),
+        (status = 401, body = ErrorBody, description = text::UNAUTHORIZED),
+        (status = 403, body = ErrorBody, description = text::FORBIDDEN_QUERY_SENSOR),
+        (status = 404, body = ErrorBody, description = "The sensor has no readings of this metric"),
+        (status = 500, body = ErrorBody, description = text::QUERY_FAILED),
+        (status = 503, body = ErrorBody, description = text::QUERY_UNAVAILABLE)))]
 pub async fn latest(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,

@@ -11,6 +11,8 @@ use super::groups::sensor_glob;
 use super::range::format_start;
 use super::silence::silent_sensors;
 use super::{SensorEntry, SensorList, sensor_param};
+use crate::api::descriptions as text;
+use crate::api::error::ErrorBody;
 use crate::api::params::Params;
 use crate::api::{ApiError, AppState};
 use crate::auth::Principal;
@@ -23,11 +25,21 @@ pub(crate) const DEFAULT_PAGE: usize = 100;
 
 /// Lists registered sensors with their metrics, labels and last reading, a page at a time.
 #[utoipa::path(get, path = "/api/v1/sensors",
-    params(("prefix" = Option<String>, Query), ("sensor" = Option<String>, Query, description = "A sensor id or glob"),
-        ("limit" = Option<usize>, Query), ("after" = Option<String>, Query),
-        ("through" = Option<String>, Query, description = "Ids up to this one, included: a page's end"), ("metric" = Option<String>, Query),
-        ("silent" = Option<bool>, Query, description = "Only sensors without a reading (of `metric`, or of any metric) within their expected interval, each with `last_reading`")),
-    responses((status = 200, body = SensorList)))]
+    params(("prefix" = Option<String>, Query, description = "Only ids starting with this text (the literal start of a `sensor` glob does the same)"),
+        ("sensor" = Option<String>, Query, description = text::SENSOR_GLOB),
+        ("label.<name>" = Option<String>, Query, description = text::LABEL_FILTER),
+        ("limit" = Option<usize>, Query, description = "Sensors per page: 1 to 1000; 100 when absent"),
+        ("after" = Option<String>, Query, description = "Ids after this one, excluded: the previous page's `next`; from the first id when absent"),
+        ("through" = Option<String>, Query, description = "Ids up to this one, included: a page's end; to the last id when absent"),
+        ("metric" = Option<String>, Query, description = "Only sensors with readings of this metric (1 to 64 characters of A-Z a-z 0-9 _ -); any metric when absent"),
+        ("silent" = Option<bool>, Query, description = "`true`: only sensors without a reading (of `metric`, or of any of their metrics) within their expected interval (their `expected_interval` label, else `query.expected_interval`, 5 minutes by default), each with `last_reading`; `false` by default")),
+    responses(
+        (status = 200, body = SensorList, description = "A page of sensors in id order; `next` is `null` on the last"),
+        (status = 400, body = ErrorBody, description = text::BAD_QUERY),
+        (status = 401, body = ErrorBody, description = text::UNAUTHORIZED),
+        (status = 403, body = ErrorBody, description = text::FORBIDDEN_QUERY),
+        (status = 500, body = ErrorBody, description = text::QUERY_FAILED),
+        (status = 503, body = ErrorBody, description = text::QUERY_UNAVAILABLE)))]
 pub async fn list_sensors(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
@@ -137,9 +149,18 @@ pub async fn list_sensors(
 
 /// Replaces a sensor's labels.
 #[utoipa::path(put, path = "/api/v1/sensors/{sensor}/labels", tag = "ingest",
-    params(("sensor" = String, Path)),
-    request_body(content = Object, description = "The sensor's labels, replacing the ones it had: {\"site\": \"berlin\"}"),
-    responses((status = 204, description = "Stored")))]
+    params(("sensor" = String, Path, description = "The sensor's id: 1 to 128 characters of A-Z a-z 0-9 _ . : -; registered by this if it is not yet")),
+    request_body(content = Object, description = "The sensor's labels, replacing the ones it had: `{\"site\": \"berlin\"}`. Names are Prometheus label names (`[A-Za-z_][A-Za-z0-9_]*`, at most 64 characters, not starting with `__`, not `sensor`); values 1 to 128 bytes without control characters; at most 32 labels"),
+    responses(
+        (status = 204, description = "Stored"),
+        (status = 400, body = ErrorBody, description = "The body is not a JSON object of label names to string values (a body larger than `http.max_body_bytes` not announced as such by `Content-Length`, chunked or gzipped, included), or a name, a value or the sensor id is invalid; nothing changed"),
+        (status = 401, body = ErrorBody, description = text::UNAUTHORIZED),
+        (status = 403, body = ErrorBody, description = "With `auth.enabled`: the token lacks the `ingest` scope, or is a device token whose `sensors` do not cover this sensor; or a browser sent the request from another site (`Origin`, `Sec-Fetch-Site`), whatever `auth.enabled` says"),
+        (status = 413, body = ErrorBody, description = "`Content-Length` announces more than `http.max_body_bytes` (8 MiB by default)"),
+        (status = 415, description = "`Content-Encoding` is not `gzip` (an empty body, with `Accept-Encoding`)"),
+        (status = 429, body = ErrorBody, description = "The sensor is not registered yet, and registering it would pass the hour's new-series bound (`cardinality.max_new_series_per_hour` or the token's share); `Retry-After` is the seconds to the next hour"),
+        (status = 500, body = ErrorBody, description = "Storage refused the write for good (logged)"),
+        (status = 503, body = ErrorBody, description = "Retry later: storage is unavailable, or the write took longer than `query.timeout` (10 s by default) or waited that long for one of `query.max_concurrency` slots; more than `http.max_concurrent_requests` API requests are in progress; or the request took longer than `http.request_timeout` (an empty body)")))]
 pub async fn put_labels(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,

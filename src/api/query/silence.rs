@@ -19,6 +19,8 @@ use super::admission::{admit, store_error};
 use super::groups::labels_of;
 use super::range::{format_start, metric, range};
 use super::sensor_param;
+use crate::api::descriptions as text;
+use crate::api::error::ErrorBody;
 use crate::api::params::Params;
 use crate::api::{ApiError, AppState};
 use crate::auth::Principal;
@@ -217,17 +219,27 @@ pub struct UptimeResponse {
     pub gap_count: u64,
 }
 
+/// A stretch without a reading within the interval.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct GapEntry {
+    /// Its start, RFC 3339.
     pub from: String,
+    /// Its end, RFC 3339.
     pub to: String,
 }
 
 /// Share of a range a sensor reported within its expected interval, with the gaps.
 #[utoipa::path(get, path = "/api/v1/sensors/{sensor}/uptime",
-    params(("sensor" = String, Path), ("metric" = Option<String>, Query), ("from" = String, Query), ("to" = String, Query),
-        ("interval" = Option<String>, Query, description = "The expected interval (30s, 5m); by default the sensor's expected_interval label, else query.expected_interval")),
-    responses((status = 200, body = UptimeResponse)))]
+    params(("sensor" = String, Path, description = text::SENSOR), ("metric" = Option<String>, Query, description = text::METRIC),
+        ("from" = String, Query, description = text::FROM), ("to" = String, Query, description = "End of the range, excluded: RFC 3339 or epoch milliseconds, as `from`; at most `query.max_range` (400 days by default) after it; measured up to now at most"),
+        ("interval" = Option<String>, Query, description = "The expected interval, a whole number of seconds from `1s` to `query.max_range` (`30s`, `5m`, `1h`); by default the sensor's `expected_interval` label, else `query.expected_interval` (5 minutes by default)")),
+    responses(
+        (status = 200, body = UptimeResponse, description = "The share of the range within the interval after a reading, and the gaps"),
+        (status = 400, body = ErrorBody, description = text::BAD_QUERY),
+        (status = 401, body = ErrorBody, description = text::UNAUTHORIZED),
+        (status = 403, body = ErrorBody, description = text::FORBIDDEN_QUERY_SENSOR),
+        (status = 500, body = ErrorBody, description = text::QUERY_FAILED),
+        (status = 503, body = ErrorBody, description = text::QUERY_UNAVAILABLE)))]
 pub async fn uptime(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,

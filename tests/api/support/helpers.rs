@@ -567,6 +567,16 @@ pub fn spawn_binary(
     spawn_binary_within(None, settings, extra, log)
 }
 
+/// [`spawn_binary`] with `config` as its configuration file.
+pub fn spawn_binary_with_config(
+    config: &std::path::Path,
+    settings: &Settings,
+    extra: &[(&str, &str)],
+    log: &std::path::Path,
+) -> std::process::Child {
+    spawn_binary_from(config, None, settings, extra, log)
+}
+
 /// [`spawn_binary`] with its address space capped at `mib` (`prlimit --as`):
 /// an allocation past it fails, and the process with it.
 pub fn spawn_binary_capped(
@@ -579,6 +589,17 @@ pub fn spawn_binary_capped(
 }
 
 fn spawn_binary_within(
+    cap_mib: Option<u64>,
+    settings: &Settings,
+    extra: &[(&str, &str)],
+    log: &std::path::Path,
+) -> std::process::Child {
+    let config = std::path::Path::new("config/default.toml");
+    spawn_binary_from(config, cap_mib, settings, extra, log)
+}
+
+fn spawn_binary_from(
+    config: &std::path::Path,
     cap_mib: Option<u64>,
     settings: &Settings,
     extra: &[(&str, &str)],
@@ -598,7 +619,8 @@ fn spawn_binary_within(
         }
     };
     cmd.current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args(["--config", "config/default.toml"])
+        .arg("--config")
+        .arg(config)
         .env(
             "HOURGLASS__MONGODB__URI",
             settings.mongodb.uri.expose_secret(),

@@ -1,14 +1,11 @@
-//! Bearer-token authentication and authorization.
-//!
-//! Tokens are configured by the SHA-256 of their value (`hourglass hash-token`),
-//! so the configuration holds no secret. A presented token is hashed and
-//! compared with every configured hash in constant time. A token has scopes
-//! (`ingest`, `query`) and, for device tokens, the sensor-id patterns it may
-//! write and read.
+//! Tokens, their settings and the checks of a request against them.
 
+use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use axum::http::HeaderValue;
+use figment::providers::Format;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -45,6 +42,9 @@ pub struct Settings {
     /// Off: anyone who reaches the port may write and read (local development).
     pub enabled: bool,
     pub tokens: Vec<TokenSettings>,
+    /// A TOML file of more `[[tokens]]`, read at start and again whenever
+    /// it changes (or on SIGHUP): tokens rotate without a restart.
+    pub tokens_file: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -63,6 +63,10 @@ pub enum AuthConfigError {
     DeviceAdmin(usize),
     #[error("auth.tokens[{0}].sensors must hold non-empty patterns")]
     Sensors(usize),
+    #[error("auth.tokens_file {path}: {reason}")]
+    File { path: String, reason: String },
+    #[error("auth.enabled changes only with a restart")]
+    EnabledChanged,
 }
 
 /// Why a request may not go on; `api` turns it into 401 or 403.
@@ -99,13 +103,33 @@ impl Settings {
         self.build().map(|_| ())
     }
 
+    /// The tokens of `auth.tokens` and of `auth.tokens_file` (read now),
+    /// checked; a fault names the key (and the file).
     pub fn build(&self) -> Result<Authenticator, AuthConfigError> {
-        if self.enabled && self.tokens.is_empty() {
+        let from_file = match &self.tokens_file {
+            Some(path) => read_tokens_file(path)?,
+            None => Vec::new(),
+        };
+        let all: Vec<&TokenSettings> = self.tokens.iter().chain(&from_file).collect();
+        let named = |e: AuthConfigError| match (&self.tokens_file, e) {
+            (Some(path), e) if e.index().is_some_and(|i| i >= self.tokens.len()) => {
+                AuthConfigError::File {
+                    path: path.display().to_string(),
+                    reason: e.renumbered(self.tokens.len()).to_string(),
+                }
+            }
+            (_, e) => e,
+        };
+        Self::check(self.enabled, &all).map_err(named)
+    }
+
+    fn check(enabled: bool, all: &[&TokenSettings]) -> Result<Authenticator, AuthConfigError> {
+        if enabled && all.is_empty() {
             return Err(AuthConfigError::NoTokens);
         }
-        let mut tokens = Vec::with_capacity(self.tokens.len());
-        for (i, t) in self.tokens.iter().enumerate() {
-            if t.name.is_empty() || self.tokens[..i].iter().any(|o| o.name == t.name) {
+        let mut tokens = Vec::with_capacity(all.len());
+        for (i, t) in all.iter().enumerate() {
+            if t.name.is_empty() || all[..i].iter().any(|o| o.name == t.name) {
                 return Err(AuthConfigError::Name(i));
             }
             let mut hash = [0u8; 32];
@@ -133,11 +157,74 @@ impl Settings {
                     .map(|s| s.iter().map(|p| WildMatch::new(p)).collect()),
             });
         }
-        Ok(Authenticator {
-            enabled: self.enabled,
-            tokens,
-        })
+        Ok(Authenticator { enabled, tokens })
     }
+}
+
+impl AuthConfigError {
+    /// The token a fault is about.
+    fn index(&self) -> Option<usize> {
+        match *self {
+            Self::Name(i)
+            | Self::Hash(i)
+            | Self::Scopes(i)
+            | Self::DeviceAdmin(i)
+            | Self::Sensors(i) => Some(i),
+            _ => None,
+        }
+    }
+
+    /// The fault with its token counted from `first` (the file's own
+    /// numbering), reworded for the file (`tokens[i]`).
+    fn renumbered(self, first: usize) -> String {
+        let text = match self {
+            Self::Name(i) => Self::Name(i - first),
+            Self::Hash(i) => Self::Hash(i - first),
+            Self::Scopes(i) => Self::Scopes(i - first),
+            Self::DeviceAdmin(i) => Self::DeviceAdmin(i - first),
+            Self::Sensors(i) => Self::Sensors(i - first),
+            other => other,
+        }
+        .to_string();
+        text.replacen("auth.tokens[", "tokens[", 1)
+    }
+}
+
+/// A tokens file larger than this is refused (it holds hashes and names).
+pub(super) const MAX_FILE_BYTES: u64 = 4 << 20;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokensFile {
+    #[serde(default)]
+    tokens: Vec<TokenSettings>,
+}
+
+/// The `[[tokens]]` of the file at `path`.
+pub(super) fn read_tokens_file(path: &Path) -> Result<Vec<TokenSettings>, AuthConfigError> {
+    let fault = |reason: String| AuthConfigError::File {
+        path: path.display().to_string(),
+        reason,
+    };
+    let text = read_bounded(path).map_err(|e| fault(e.to_string()))?;
+    let file: TokensFile = figment::Figment::from(figment::providers::Toml::string(&text))
+        .extract()
+        .map_err(|e| fault(e.to_string()))?;
+    Ok(file.tokens)
+}
+
+/// The file's text, refusing one over [`MAX_FILE_BYTES`].
+pub fn read_bounded(path: &Path) -> std::io::Result<String> {
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(MAX_FILE_BYTES + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_FILE_BYTES {
+        return Err(std::io::Error::other(format!(
+            "larger than {MAX_FILE_BYTES} bytes"
+        )));
+    }
+    Ok(text)
 }
 
 /// Who made a request: a configured token, or anyone when auth is off.
@@ -206,6 +293,11 @@ impl Principal {
 impl Authenticator {
     pub fn enabled(&self) -> bool {
         self.enabled
+    }
+
+    /// How many tokens it knows.
+    pub fn tokens(&self) -> usize {
+        self.tokens.len()
     }
 
     /// Who presents `authorization`, if they may use a route needing `scope`.
@@ -302,6 +394,7 @@ mod tests {
                     sensors: Some(vec!["truck-17".into(), "truck-17.*".into()]),
                 },
             ],
+            tokens_file: None,
         }
     }
 
@@ -436,7 +529,7 @@ mod tests {
         assert_eq!(
             Settings {
                 enabled: true,
-                tokens: vec![]
+                ..Settings::default()
             }
             .validate(),
             Err(AuthConfigError::NoTokens)
