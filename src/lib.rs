@@ -76,6 +76,7 @@ pub use config::{ConfigError, Settings};
 pub use domain::{Agg, Granularity};
 pub use ingest::mqtt::MqttStats;
 pub use journal::REGISTER_WAIT;
+pub use runtime::install_crypto_provider;
 pub use shutdown::signal;
 pub use startup::{
     Application, forget_instance, instances, long_version, rebuild_rollups, redrive, short_version,

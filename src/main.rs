@@ -206,6 +206,7 @@ fn selection<const N: usize>(
 }
 
 fn main() -> anyhow::Result<()> {
+    hourglass::install_crypto_provider();
     let args = Args::parse();
     if let Some(Command::HashToken) = args.command {
         // From stdin, not argv: arguments show in `ps` and shell history.

@@ -183,3 +183,10 @@ mod tests {
         assert!(Settings::default().validate().is_ok());
     }
 }
+
+/// Installs ring as the process's TLS crypto provider (rustls needs one,
+/// and several are compiled in: the HTTP client's https, MQTT's TLS). Call
+/// before building an HTTP client; later calls do nothing.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

@@ -278,6 +278,7 @@ async fn all(ctx: &Ctx, scale: f64) -> anyhow::Result<(Report, bool)> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     // Long: one arm per subcommand, each a call with its arguments.
+    hourglass::install_crypto_provider();
     let cli = Cli::parse();
     let run = format!(
         "{:x}",

@@ -62,15 +62,20 @@ impl Client {
                 format!("http://{addr}")
             }
         };
-        if !base.starts_with("http://") {
+        if !base.starts_with("http://") && !base.starts_with("https://") {
             return Err(TransferError::Usage(format!(
-                "HOURGLASS_URL {base:?} must be an http:// address of an instance (run the command where it reaches one; TLS is its proxy's)"
+                "HOURGLASS_URL {base:?} must be an http:// or https:// address of an instance"
             )));
         }
+        // https:// (an instance behind a TLS proxy): rustls with the
+        // system's roots (SSL_CERT_FILE or SSL_CERT_DIR name others).
+        crate::runtime::install_crypto_provider();
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .build()
-            .map_err(|e| TransferError::Service(format!("building the HTTP client: {e}")))?;
+            .map_err(|e| {
+                TransferError::Service(format!("building the HTTP client: {}", causes(&e)))
+            })?;
         Ok(Self {
             http,
             base,
@@ -102,12 +107,11 @@ impl Client {
         &self,
         request: reqwest::RequestBuilder,
     ) -> Result<reqwest::Response, TransferError> {
-        let response = self.authorized(request).send().await.map_err(|e| {
-            TransferError::Service(format!(
-                "no Hourglass answers at {} ({e}); start it, or set HOURGLASS_URL",
-                self.base
-            ))
-        })?;
+        let response = self
+            .authorized(request)
+            .send()
+            .await
+            .map_err(|e| self.unreachable(&e))?;
         let status = response.status();
         if !status.is_success() {
             let message = error_message(response).await;
@@ -126,12 +130,17 @@ impl Client {
             .await
             .and_then(reqwest::Response::error_for_status)
             .map(|_| ())
-            .map_err(|e| {
-                TransferError::Service(format!(
-                    "no Hourglass answers at {} ({e}); start it, or set HOURGLASS_URL",
-                    self.base
-                ))
-            })
+            .map_err(|e| self.unreachable(&e))
+    }
+
+    /// That no service answered, with every cause (a refused connection,
+    /// a certificate the system does not trust).
+    fn unreachable(&self, e: &reqwest::Error) -> TransferError {
+        TransferError::Service(format!(
+            "no Hourglass answers at {} ({}); start it, or set HOURGLASS_URL",
+            self.base,
+            causes(e)
+        ))
     }
 
     /// NDJSON readings, each with its `ts`, to `POST /api/v1/readings`.
@@ -291,4 +300,16 @@ mod tests {
         assert_eq!(message_of("not json"), "not json");
         assert_eq!(message_of(r#"{"other":1}"#), r#"{"other":1}"#);
     }
+}
+
+/// `e` and each of its causes, joined.
+fn causes(e: &reqwest::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }

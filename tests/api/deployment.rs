@@ -537,6 +537,18 @@ fn the_dockerfiles_build_context_loads_as_the_workspace_it_builds() {
         }
     }
     assert!(copies >= 4, "{copies} copies");
+    // What the image's build downloads first: every crate of the lock file,
+    // other platforms' included (cached after the first run).
+    let out = std::process::Command::new(env!("CARGO"))
+        .args(["fetch", "--locked"])
+        .current_dir(context.path())
+        .output()
+        .expect("cargo runs");
+    assert!(
+        out.status.success(),
+        "the image's build context does not fetch: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = std::process::Command::new(env!("CARGO"))
         .args(["metadata", "--locked", "--offline", "--format-version", "1"])
         .current_dir(context.path())
@@ -563,5 +575,118 @@ fn the_dockerfiles_build_context_loads_as_the_workspace_it_builds() {
     assert!(
         dockerfile.contains("cargo build --release --locked --bin hourglass"),
         "the build command this test stands for"
+    );
+    // The build itself, checked (type-checked, not code-generated), offline
+    // against the registry the suite's build fetched, from the context alone:
+    // a module, a build script or an included file left out fails here. The
+    // repository's target directory keeps the dependencies' checks between
+    // runs.
+    let out = std::process::Command::new(env!("CARGO"))
+        .args(["check", "--locked", "--offline", "--bin", "hourglass"])
+        .current_dir(context.path())
+        .env(
+            "CARGO_TARGET_DIR",
+            root.join("target").join("docker-context"),
+        )
+        .env("HOURGLASS_COMMIT", "unknown")
+        .output()
+        .expect("cargo runs");
+    assert!(
+        out.status.success(),
+        "the image's build fails from its context: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Every command line the compose stack gives the Hourglass image parses,
+/// and the configuration it names (the mounted file, the service's
+/// environment) is one the binary starts with: `hourglass check-config`
+/// with the container's paths mapped to the files mounted there. The
+/// stack's Prometheus configuration passes `promtool check config`.
+#[test]
+fn every_hourglass_command_line_of_the_compose_stack_parses_and_its_configuration_is_valid() {
+    let compose = compose();
+    let mut checked = 0;
+    for (name, svc) in compose["services"].as_mapping().expect("services") {
+        let name = name.as_str().expect("a name");
+        let image = svc["image"].as_str().unwrap_or("");
+        if !image.starts_with("hourglass") {
+            continue;
+        }
+        // Container path -> the project file mounted there.
+        let mounts: Vec<(String, PathBuf)> = svc["volumes"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .filter_map(Yaml::as_str)
+            .filter_map(|v| {
+                let mut parts = v.split(':');
+                let (from, to) = (parts.next()?, parts.next()?);
+                from.starts_with("./")
+                    .then(|| (to.to_owned(), root().join(from)))
+            })
+            .collect();
+        let args: Vec<String> = svc["command"]
+            .as_sequence()
+            .unwrap_or_else(|| panic!("{name} has a command"))
+            .iter()
+            .map(|a| {
+                let a = a.as_str().expect("a string");
+                mounts
+                    .iter()
+                    .find(|(to, _)| to == a)
+                    .map_or_else(|| a.to_owned(), |(_, from)| from.display().to_string())
+            })
+            .collect();
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_hourglass"));
+        cmd.args(&args).arg("check-config");
+        // Only the container's environment: none of the suite's.
+        for (key, _) in std::env::vars() {
+            if key.starts_with("HOURGLASS__") {
+                cmd.env_remove(key);
+            }
+        }
+        for (key, value) in svc["environment"].as_mapping().into_iter().flatten() {
+            cmd.env(
+                key.as_str().expect("a name"),
+                value
+                    .as_str()
+                    .map_or_else(|| format!("{value:?}"), str::to_owned),
+            );
+        }
+        let out = cmd.output().expect("the binary runs");
+        assert!(
+            out.status.success(),
+            "{name}: hourglass {}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        checked += 1;
+    }
+    assert!(
+        checked >= 4,
+        "the single and the sharded profile's instances: {checked}"
+    );
+
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let config = std::fs::read_to_string(root().join("config/prometheus.yml"))
+        .expect("config/prometheus.yml")
+        .replace(
+            "/etc/prometheus/alerts.yml",
+            &root().join("config/alerts.yml").display().to_string(),
+        );
+    let file = dir.path().join("prometheus.yml");
+    std::fs::write(&file, config).expect("written");
+    let out = std::process::Command::new("promtool")
+        .args(["check", "config"])
+        .arg(&file)
+        .output()
+        .expect("promtool runs; `make test` installs it");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
 }

@@ -83,8 +83,7 @@ pub fn mqtt_options(settings: &Settings, state_ms: u64) -> Result<MqttOptions, M
         options.set_credentials(user.clone(), password);
     }
     if settings.uses_tls() {
-        // rustls needs a process-wide crypto provider; ring is the one we ship.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        crate::runtime::install_crypto_provider();
         let tls = &settings.tls;
         let ca = match &tls.ca_file {
             Some(path) => read("mqtt.tls.ca_file", path)?,

@@ -639,3 +639,141 @@ async fn import_and_export_need_only_the_service_url() {
     assert_eq!(exported.len(), 2, "{}", text(&out));
     app.stop().await.expect("stops");
 }
+
+/// A TLS-terminating proxy in front of `target` (a reverse proxy as
+/// operators run one), on `port`, with `cert` and `key`.
+const TLS_PROXY: &str = r#"
+import asyncio, ssl, sys
+cert, key, port, target = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(cert, key)
+
+async def pipe(r, w):
+    try:
+        while data := await r.read(65536):
+            w.write(data)
+            await w.drain()
+    except Exception:
+        pass
+    finally:
+        w.close()
+
+async def handle(r, w):
+    tr, tw = await asyncio.open_connection("127.0.0.1", target)
+    await asyncio.gather(pipe(r, tw), pipe(tr, w))
+
+async def main():
+    server = await asyncio.start_server(handle, "127.0.0.1", port, ssl=ctx)
+    async with server:
+        await server.serve_forever()
+
+asyncio.run(main())
+"#;
+
+/// The command-line clients take an `https://` URL: an instance behind a
+/// TLS proxy, its certificate checked against the roots the system (here
+/// `SSL_CERT_FILE`) trusts, and refused when they do not trust it.
+#[tokio::test]
+async fn the_command_line_clients_reach_an_instance_behind_a_tls_proxy() {
+    let app = crate::helpers::spawn_app().await;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    // A private CA and the proxy's certificate, signed by it.
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    let (ca, cert, key) = (path("ca.pem"), path("cert.pem"), path("key.pem"));
+    std::fs::write(
+        path("ext.cnf"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+    )
+    .expect("written");
+    let other = path("other-ca.pem");
+    for args in [
+        format!(
+            "req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=test-ca -keyout {} -out {ca}",
+            path("ca.key")
+        ),
+        format!(
+            "req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=other-ca -keyout {} -out {other}",
+            path("other-ca.key")
+        ),
+        format!(
+            "req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout {key} -out {}",
+            path("leaf.csr")
+        ),
+        format!(
+            "x509 -req -in {} -CA {ca} -CAkey {} -CAcreateserial -days 1 -extfile {} -out {cert}",
+            path("leaf.csr"),
+            path("ca.key"),
+            path("ext.cnf")
+        ),
+    ] {
+        let made = std::process::Command::new("openssl")
+            .args(args.split(' '))
+            .output()
+            .expect("openssl runs");
+        assert!(made.status.success(), "openssl {args}: {}", text(&made));
+    }
+    let port = crate::helpers::free_port();
+    let target = app.address.rsplit(':').next().expect("a port").to_owned();
+    let mut proxy = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(TLS_PROXY)
+        .arg(&cert)
+        .arg(&key)
+        .arg(port.to_string())
+        .arg(&target)
+        .spawn()
+        .expect("python3 runs");
+    crate::helpers::listening(port, "the TLS proxy listens").await;
+    let t = base_time();
+    let file = dir.path().join("few.ndjson");
+    std::fs::write(
+        &file,
+        format!(
+            "{}\n{}\n",
+            reading("tls", "temp", t, 1.5),
+            reading("tls", "temp", t + 1, 2.5)
+        ),
+    )
+    .expect("written");
+    let url = format!("https://localhost:{port}");
+    let run = |args: Vec<String>, trusted: bool| {
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_hourglass"));
+        cmd.current_dir(dir.path())
+            .args(args)
+            .env("HOURGLASS_URL", &url)
+            // Only this file's roots: the system's do not know the proxy.
+            .env("SSL_CERT_DIR", dir.path().join("no-roots"))
+            .env_remove("RUST_LOG");
+        if trusted {
+            cmd.env("SSL_CERT_FILE", &ca);
+        } else {
+            cmd.env("SSL_CERT_FILE", &other);
+        }
+        async move { cmd.output().await.expect("the hourglass binary runs") }
+    };
+    let import = vec![
+        "import".into(),
+        "--quiet".into(),
+        file.display().to_string(),
+    ];
+    let out = run(import.clone(), false).await;
+    assert!(!out.status.success(), "an untrusted certificate is refused");
+    assert!(text(&out).contains("certificate"), "{}", text(&out));
+    assert!(app.buckets().await.is_empty(), "and nothing was sent");
+    let out = run(import, true).await;
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("2 readings stored"), "{}", text(&out));
+    let export = vec![
+        "export".into(),
+        "--from".into(),
+        rfc3339(t),
+        "--to".into(),
+        rfc3339(t + 60),
+    ];
+    let out = run(export, true).await;
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(rows(&String::from_utf8_lossy(&out.stdout), false).len(), 2);
+    let _ = proxy.kill();
+    let _ = proxy.wait();
+    app.stop().await.expect("stops");
+}

@@ -68,6 +68,8 @@ fn standin_slot() -> usize {
 
 /// Settings for one test: port 0, its own database, a short flush interval.
 pub fn test_settings() -> Settings {
+    // Before any HTTP client of the test is built (see the function).
+    hourglass::install_crypto_provider();
     let mut s = Settings::default();
     s.mongodb.uri = SecretString::from(mongo_uri());
     s.mongodb.database = format!("hg_test_{}", uuid::Uuid::new_v4().simple());
@@ -347,6 +349,7 @@ const CHECK_AT_LEAST: Duration = Duration::from_secs(60);
 /// tests send is bounded by the service's own timeouts (150 s at most), so
 /// one still unanswered then is a wedged service, a failure, not a hang.
 pub fn http_client() -> reqwest::Client {
+    hourglass::install_crypto_provider();
     reqwest::Client::builder()
         .timeout(Duration::from_secs(300))
         .build()
