@@ -125,6 +125,13 @@ pub fn thread_cpu_seconds() -> Option<f64> {
     None
 }
 
+/// Installs ring as the process's TLS crypto provider (rustls needs one,
+/// and several are compiled in: the HTTP client's https, MQTT's TLS). Call
+/// before building an HTTP client; later calls do nothing.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,11 +189,4 @@ mod tests {
         assert_eq!(e.key, "runtime.worker_threads");
         assert!(Settings::default().validate().is_ok());
     }
-}
-
-/// Installs ring as the process's TLS crypto provider (rustls needs one,
-/// and several are compiled in: the HTTP client's https, MQTT's TLS). Call
-/// before building an HTTP client; later calls do nothing.
-pub fn install_crypto_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
 }

@@ -281,6 +281,18 @@ fn message_of(text: &str) -> String {
     }
 }
 
+/// `e` and each of its causes, joined.
+fn causes(e: &reqwest::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -300,16 +312,4 @@ mod tests {
         assert_eq!(message_of("not json"), "not json");
         assert_eq!(message_of(r#"{"other":1}"#), r#"{"other":1}"#);
     }
-}
-
-/// `e` and each of its causes, joined.
-fn causes(e: &reqwest::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
