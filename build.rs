@@ -13,12 +13,16 @@ fn main() {
         .or_else(|| git(&["rev-parse", "--short=12", "HEAD"]))
         .unwrap_or_else(|| "unknown".to_owned());
     // A new commit changes the ref HEAD points at (or HEAD itself, detached).
-    if let Some(dir) = git(&["rev-parse", "--git-dir"]) {
-        println!("cargo:rerun-if-changed={dir}/HEAD");
-        if let Some(head) = git(&["symbolic-ref", "-q", "HEAD"]) {
-            println!("cargo:rerun-if-changed={dir}/{head}");
+    // Only paths that exist: cargo takes a missing one as always changed,
+    // and would rebuild the crate on every command.
+    let mut watched = vec!["HEAD".to_owned(), "packed-refs".to_owned()];
+    watched.extend(git(&["symbolic-ref", "-q", "HEAD"]));
+    for name in watched {
+        if let Some(path) = git(&["rev-parse", "--git-path", &name])
+            && std::path::Path::new(&path).exists()
+        {
+            println!("cargo:rerun-if-changed={path}");
         }
-        println!("cargo:rerun-if-changed={dir}/packed-refs");
     }
     println!("cargo:rustc-env=HOURGLASS_COMMIT={}", commit.trim());
 }

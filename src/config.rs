@@ -71,6 +71,14 @@ impl Settings {
         Ok(settings)
     }
 
+    /// The `[auth]` section alone (defaults, `file`, the environment), for
+    /// a reload of the tokens: a fault elsewhere in the file, made for the
+    /// next restart, does not hold a revocation back.
+    pub fn load_auth(file: &Path) -> Result<crate::auth::Settings, ConfigError> {
+        let figment = Self::base(Some(file))?.merge(Env::prefixed(ENV_PREFIX).split("__"));
+        Ok(figment.extract_inner("auth").map_err(Box::new)?)
+    }
+
     /// Defaults and `file` alone, ignoring the environment: what the file says.
     pub fn load_file(file: &Path) -> Result<Self, ConfigError> {
         Self::extract(Self::base(Some(file))?)

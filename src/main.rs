@@ -38,9 +38,10 @@ struct Args {
 enum Command {
     /// Prints the SHA-256 of a token read from standard input, for auth.tokens[].sha256.
     HashToken,
-    /// Reads and checks the configuration (the file and the HOURGLASS__
-    /// variables) as a start would, then exits: 0 if it would start with
-    /// it, else the first invalid key and why.
+    /// Reads and checks the configuration (the file, the HOURGLASS__
+    /// variables, the tokens file) as a start does, then exits: 0 if it is
+    /// valid, else the first invalid key and why. It does not reach MongoDB
+    /// or the broker, nor bind the port or open the journal.
     CheckConfig,
     /// Recomputes rollups and sensor registry entries from the buckets: the
     /// migration for data written without them, and their repair. Safe while
@@ -250,6 +251,7 @@ fn main() -> anyhow::Result<()> {
 
 /// Everything but `hash-token`, on the runtime `[runtime]` sizes.
 async fn run(args: Args, settings: Settings) -> anyhow::Result<()> {
+    // Long: one arm per subcommand, each a call with its arguments.
     // Import, export and delete print their own lines; standard output may
     // be the exported file itself, so no log subscriber writes there.
     match args.command {
@@ -314,10 +316,15 @@ async fn run(args: Args, settings: Settings) -> anyhow::Result<()> {
                     redrive(&settings, sensor, dry_run).await
                 }
                 _ => {
+                    // Before the slow part of the start: SIGHUP's default
+                    // action would end the process.
+                    let hangups =
+                        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+                            .context("listening for SIGHUP")?;
                     let file = args.config.unwrap_or_else(|| DEFAULT_CONFIG.into());
                     let app = Application::build(settings)
                         .await?
-                        .reloading_tokens_from(file);
+                        .reloading_tokens_from(file, hangups);
                     app.run_until_stopped(hourglass::signal()).await
                 }
             }

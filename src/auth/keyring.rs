@@ -32,16 +32,25 @@ impl Keyring {
         self.current().enabled()
     }
 
-    /// Puts the tokens of `settings` in force (`auth.tokens` and the file,
-    /// read now), returning how many; a fault leaves the set in force as
-    /// it was.
-    pub fn reload(&self, settings: &Settings) -> Result<usize, AuthConfigError> {
+    /// Puts the tokens of `settings` in force (`auth.tokens`, and the
+    /// tokens file's `text` as read), returning how many; a fault leaves
+    /// the set in force as it was.
+    pub fn reload(
+        &self,
+        settings: &Settings,
+        text: Option<&str>,
+    ) -> Result<usize, AuthConfigError> {
         if settings.enabled != self.enabled() {
             return Err(AuthConfigError::EnabledChanged);
         }
-        let next = settings.build()?;
+        let next = Arc::new(settings.build_with(text)?);
         let count = next.tokens();
-        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
+        let before = std::mem::replace(
+            &mut *self.current.write().unwrap_or_else(|e| e.into_inner()),
+            next,
+        );
+        // Freed after the lock, not under it.
+        drop(before);
         Ok(count)
     }
 }
@@ -76,6 +85,14 @@ mod tests {
         }
     }
 
+    fn reload(keyring: &Keyring, settings: &Settings) -> Result<usize, AuthConfigError> {
+        let text = settings
+            .tokens_file
+            .as_ref()
+            .and_then(|p| crate::auth::tokens::read_bounded(p).ok());
+        keyring.reload(settings, text.as_deref())
+    }
+
     fn admits(keyring: &Keyring, token: &str) -> bool {
         keyring
             .current()
@@ -90,7 +107,7 @@ mod tests {
         let keyring = Keyring::new(settings(&file).build().expect("valid"));
         assert!(admits(&keyring, "old-secret"));
         file_with(dir.path(), &[("b", "new-secret")]);
-        assert_eq!(keyring.reload(&settings(&file)), Ok(1));
+        assert_eq!(reload(&keyring, &settings(&file)), Ok(1));
         assert!(!admits(&keyring, "old-secret"));
         assert!(admits(&keyring, "new-secret"));
     }
@@ -105,7 +122,7 @@ mod tests {
             "[[tokens]]\nname = \"a\"\nsha256 = \"nothex\"\nscopes = [\"query\"]\n",
         )
         .expect("written");
-        let fault = keyring.reload(&settings(&file)).expect_err("refused");
+        let fault = reload(&keyring, &settings(&file)).expect_err("refused");
         let text = fault.to_string();
         assert!(
             text.contains("tokens.toml") && text.contains("tokens[0].sha256"),
@@ -113,9 +130,9 @@ mod tests {
         );
         assert!(admits(&keyring, "secret"), "the set in force stays");
         std::fs::write(&file, "[[tokens]]\nbogus = 1\n").expect("written");
-        assert!(keyring.reload(&settings(&file)).is_err());
+        assert!(reload(&keyring, &settings(&file)).is_err());
         std::fs::remove_file(&file).expect("removed");
-        assert!(keyring.reload(&settings(&file)).is_err());
+        assert!(reload(&keyring, &settings(&file)).is_err());
         assert!(admits(&keyring, "secret"));
     }
 
@@ -126,7 +143,7 @@ mod tests {
         let keyring = Keyring::new(settings(&file).build().expect("valid"));
         let mut off = settings(&file);
         off.enabled = false;
-        assert_eq!(keyring.reload(&off), Err(AuthConfigError::EnabledChanged));
+        assert_eq!(reload(&keyring, &off), Err(AuthConfigError::EnabledChanged));
         assert!(keyring.enabled());
     }
 
@@ -143,6 +160,23 @@ mod tests {
         }];
         let fault = both.build().err().expect("refused").to_string();
         assert!(fault.contains("tokens[0].name"), "{fault}");
+    }
+
+    #[test]
+    fn one_token_under_two_names_is_refused() {
+        let dir = tempfile::tempdir().expect("a directory");
+        let file = file_with(dir.path(), &[("a", "secret"), ("b", "secret")]);
+        let fault = settings(&file).build().err().expect("refused").to_string();
+        assert!(
+            fault.contains("tokens[1]") && fault.contains("same token"),
+            "{fault}"
+        );
+    }
+
+    #[test]
+    fn only_a_regular_file_is_read() {
+        let dir = tempfile::tempdir().expect("a directory");
+        assert!(crate::auth::tokens::read_bounded(dir.path()).is_err());
     }
 
     #[test]

@@ -12,5 +12,6 @@ mod tokens;
 
 pub use keyring::Keyring;
 pub use tokens::{
-    AuthError, Principal, Scope, Settings, TokenSettings, hash_token, presented_token, read_bounded,
+    AuthConfigError, AuthError, Principal, Scope, Settings, TokenSettings, hash_token,
+    presented_token, read_bounded,
 };

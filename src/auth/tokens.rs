@@ -67,6 +67,10 @@ pub enum AuthConfigError {
     File { path: String, reason: String },
     #[error("auth.enabled changes only with a restart")]
     EnabledChanged,
+    #[error("auth.tokens_file changes only with a restart")]
+    TokensFileChanged,
+    #[error("auth.tokens[{0}] is the same token as one listed before it (its sha256)")]
+    SameToken(usize),
 }
 
 /// Why a request may not go on; `api` turns it into 401 or 403.
@@ -106,9 +110,20 @@ impl Settings {
     /// The tokens of `auth.tokens` and of `auth.tokens_file` (read now),
     /// checked; a fault names the key (and the file).
     pub fn build(&self) -> Result<Authenticator, AuthConfigError> {
-        let from_file = match &self.tokens_file {
-            Some(path) => read_tokens_file(path)?,
-            None => Vec::new(),
+        let text = match &self.tokens_file {
+            Some(path) => Some(read_bounded(path).map_err(|e| file_fault(path, e.to_string()))?),
+            None => None,
+        };
+        self.build_with(text.as_deref())
+    }
+
+    /// [`Self::build`] with the tokens file's `text` as read (a reload
+    /// checks and applies the very bytes it saw change).
+    pub fn build_with(&self, text: Option<&str>) -> Result<Authenticator, AuthConfigError> {
+        let from_file = match (&self.tokens_file, text) {
+            (Some(path), Some(text)) => parse_tokens_file(path, text)?,
+            (Some(path), None) => return Err(file_fault(path, "unreadable".to_owned())),
+            (None, _) => Vec::new(),
         };
         let all: Vec<&TokenSettings> = self.tokens.iter().chain(&from_file).collect();
         let named = |e: AuthConfigError| match (&self.tokens_file, e) {
@@ -128,13 +143,19 @@ impl Settings {
             return Err(AuthConfigError::NoTokens);
         }
         let mut tokens = Vec::with_capacity(all.len());
+        let mut names = std::collections::HashSet::with_capacity(all.len());
+        let mut hashes = std::collections::HashSet::with_capacity(all.len());
         for (i, t) in all.iter().enumerate() {
-            if t.name.is_empty() || all[..i].iter().any(|o| o.name == t.name) {
+            if t.name.is_empty() || !names.insert(t.name.as_str()) {
                 return Err(AuthConfigError::Name(i));
             }
             let mut hash = [0u8; 32];
             hex::decode_to_slice(t.sha256.trim(), &mut hash)
                 .map_err(|_| AuthConfigError::Hash(i))?;
+            // One token under two names: which entry's rights would apply?
+            if !hashes.insert(hash) {
+                return Err(AuthConfigError::SameToken(i));
+            }
             if t.scopes.is_empty() {
                 return Err(AuthConfigError::Scopes(i));
             }
@@ -169,7 +190,8 @@ impl AuthConfigError {
             | Self::Hash(i)
             | Self::Scopes(i)
             | Self::DeviceAdmin(i)
-            | Self::Sensors(i) => Some(i),
+            | Self::Sensors(i)
+            | Self::SameToken(i) => Some(i),
             _ => None,
         }
     }
@@ -183,6 +205,7 @@ impl AuthConfigError {
             Self::Scopes(i) => Self::Scopes(i - first),
             Self::DeviceAdmin(i) => Self::DeviceAdmin(i - first),
             Self::Sensors(i) => Self::Sensors(i - first),
+            Self::SameToken(i) => Self::SameToken(i - first),
             other => other,
         }
         .to_string();
@@ -200,21 +223,35 @@ struct TokensFile {
     tokens: Vec<TokenSettings>,
 }
 
-/// The `[[tokens]]` of the file at `path`.
-pub(super) fn read_tokens_file(path: &Path) -> Result<Vec<TokenSettings>, AuthConfigError> {
-    let fault = |reason: String| AuthConfigError::File {
+fn file_fault(path: &Path, reason: String) -> AuthConfigError {
+    AuthConfigError::File {
         path: path.display().to_string(),
         reason,
-    };
-    let text = read_bounded(path).map_err(|e| fault(e.to_string()))?;
-    let file: TokensFile = figment::Figment::from(figment::providers::Toml::string(&text))
+    }
+}
+
+/// The `[[tokens]]` of `text`, the tokens file at `path`.
+fn parse_tokens_file(path: &Path, text: &str) -> Result<Vec<TokenSettings>, AuthConfigError> {
+    let file: TokensFile = figment::Figment::from(figment::providers::Toml::string(text))
         .extract()
-        .map_err(|e| fault(e.to_string()))?;
+        .map_err(|e| file_fault(path, e.to_string()))?;
     Ok(file.tokens)
 }
 
-/// The file's text, refusing one over [`MAX_FILE_BYTES`].
+/// The `[[tokens]]` of the file at `path`.
+#[cfg(test)]
+pub(super) fn read_tokens_file(path: &Path) -> Result<Vec<TokenSettings>, AuthConfigError> {
+    let text = read_bounded(path).map_err(|e| file_fault(path, e.to_string()))?;
+    parse_tokens_file(path, &text)
+}
+
+/// The text of the regular file at `path` (a symbolic link followed),
+/// refusing anything else (a FIFO would block the reader) and a file over
+/// [`MAX_FILE_BYTES`].
 pub fn read_bounded(path: &Path) -> std::io::Result<String> {
+    if !std::fs::metadata(path)?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
     let mut text = String::new();
     std::fs::File::open(path)?
         .take(MAX_FILE_BYTES + 1)

@@ -265,6 +265,9 @@ pub struct Driver<S> {
 /// What the final drain left behind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Drained {
+    /// Readings the stop could not store: those of flushes that ended
+    /// after the shutdown was triggered (earlier losses were counted and
+    /// logged as they happened).
     pub unstored_readings: usize,
 }
 
@@ -309,7 +312,10 @@ impl<S: Sink> Driver<S> {
                 _ = sleep_until(deadline) => {}
             }
             while let Some(batch) = self.take(|core| core.take_due(Instant::now())) {
-                unstored += self.flush(batch).await;
+                let lost = self.flush(batch).await;
+                if shutdown.is_triggered() {
+                    unstored += lost;
+                }
             }
         }
         // Nothing new comes in once triggered; what is left goes out now.

@@ -36,8 +36,8 @@ pub struct Application {
     mqtt_stats: Option<Arc<MqttStats>>,
     metrics: Arc<Metrics>,
     auth: Arc<Keyring>,
-    /// The configuration file SIGHUP re-reads for tokens (`startup::tokens`).
-    config_file: Option<std::path::PathBuf>,
+    /// What reloads the tokens beyond their file (`startup::tokens`).
+    reload: Option<super::tokens::Reload>,
     shutdown: Shutdown,
 }
 
@@ -242,14 +242,22 @@ impl Application {
             mqtt_stats,
             metrics,
             auth,
-            config_file: None,
+            reload: None,
             shutdown,
         })
     }
 
-    /// Re-reads `file` for its tokens on SIGHUP (the binary's configuration).
-    pub fn reloading_tokens_from(mut self, file: std::path::PathBuf) -> Self {
-        self.config_file = Some(file);
+    /// Re-reads `file`'s `[auth]` for the tokens on each of `hangups` (the
+    /// binary's configuration and its SIGHUP stream).
+    pub fn reloading_tokens_from(
+        mut self,
+        file: std::path::PathBuf,
+        hangups: tokio::signal::unix::Signal,
+    ) -> Self {
+        self.reload = Some(super::tokens::Reload {
+            config: file,
+            hangups,
+        });
         self
     }
 
@@ -286,7 +294,7 @@ impl Application {
             mqtt_stats,
             metrics,
             auth,
-            config_file,
+            reload,
             shutdown,
         } = self;
         let guard = Arc::new(crate::cardinality::Shared::new(
@@ -318,7 +326,7 @@ impl Application {
         tokio::spawn(super::tokens::run(
             auth.clone(),
             settings.auth.clone(),
-            config_file,
+            reload,
             metrics.clone(),
             shutdown.clone(),
         ));

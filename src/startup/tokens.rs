@@ -1,13 +1,17 @@
-//! Tokens rotate without a restart: the tokens file (`auth.tokens_file`) is
-//! read every [`READ_EVERY`] and its tokens put in force when its text
-//! changed; SIGHUP also re-reads the configuration file (`auth.tokens`). A
-//! set that does not check out is refused whole and the one in force stays.
+//! Tokens rotate without a restart. The tokens file (`auth.tokens_file`) is
+//! read every [`READ_EVERY`]; a text that differs from the one in force and
+//! reads the same twice in a row (no half-written file) is checked and put
+//! in force, the very bytes read. SIGHUP re-reads the configuration's
+//! `[auth]` (its `auth.tokens`) and the file at once. A set that does not
+//! check out is refused whole, logged once, and tried again as the files
+//! change; the set in force stays.
 
 use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::signal::unix::Signal;
 use tracing::{info, warn};
 
 use crate::auth::{self, Keyring};
@@ -18,75 +22,168 @@ use crate::telemetry::metrics::Metrics;
 /// How often the tokens file is read for a change.
 const READ_EVERY: Duration = Duration::from_secs(2);
 
-/// Reloads the tokens until the shutdown (see the module doc). `config`:
-/// the configuration file to re-read on SIGHUP; without one (the service
-/// embedded, as in tests) the settings the service started with are kept
-/// and only the tokens file is re-read.
+/// The longest a read of the tokens file may take (a hung mount).
+const READ_WITHIN: Duration = Duration::from_secs(5);
+
+/// What reloads the tokens: the configuration file for SIGHUP, and the
+/// signal's stream, installed before the service's slow start (a SIGHUP's
+/// default action would end the process).
+pub struct Reload {
+    pub config: PathBuf,
+    pub hangups: Signal,
+}
+
+/// Reloads the tokens until the shutdown (see the module doc). Without a
+/// [`Reload`] (the service embedded, as in tests) only the tokens file is
+/// watched, with the `auth.tokens` the service started with.
 pub(super) async fn run(
     keyring: Arc<Keyring>,
     started_with: auth::Settings,
-    config: Option<PathBuf>,
+    reload: Option<Reload>,
     metrics: Arc<Metrics>,
     shutdown: Shutdown,
 ) {
-    let mut hangups = config.as_ref().and_then(|_| {
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-            .inspect_err(|e| warn!(error = %e, "Could not listen for SIGHUP; tokens reload only when the tokens file changes."))
-            .ok()
-    });
-    let mut seen = fingerprint(&started_with);
+    let (config, mut hangups) = match reload {
+        Some(r) => (Some(r.config), Some(r.hangups)),
+        None => (None, None),
+    };
+    let path = started_with.tokens_file.clone();
+    let mut settings = started_with;
+    let mut state = Watch::default();
     let mut tick = tokio::time::interval(READ_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let why = tokio::select! {
+        let hangup = tokio::select! {
             _ = shutdown.triggered() => return,
             Some(()) = async {
                 match hangups.as_mut() {
                     Some(h) => h.recv().await,
                     None => std::future::pending().await,
                 }
-            } => "SIGHUP",
-            _ = tick.tick() => {
-                let now = fingerprint(&started_with);
-                if now == seen {
+            } => true,
+            _ = tick.tick() => false,
+        };
+        if hangup {
+            match reread(config.as_deref(), &settings) {
+                Ok(next) => settings = next,
+                Err(reason) => {
+                    refused(&metrics, "SIGHUP", &reason);
                     continue;
                 }
-                seen = now;
-                "the tokens file changed"
             }
+        }
+        let Some(file) = &path else {
+            if hangup {
+                apply(&keyring, &settings, None, &metrics, "SIGHUP");
+            }
+            continue;
         };
-        let settings = match &config {
-            Some(path) => Settings::load(Some(path))
-                .map(|s| s.auth)
-                .map_err(|e| e.to_string()),
-            None => Ok(started_with.clone()),
+        let text = read(file.clone()).await;
+        let seen = fingerprint(&text);
+        if !hangup {
+            if state.applied == Some(seen) {
+                state.candidate = None;
+                continue;
+            }
+            // Twice the same before it counts: a file being written is not
+            // read halfway.
+            if state.candidate != Some(seen) {
+                state.candidate = Some(seen);
+                continue;
+            }
+            // Refused as it is: said once, tried again when it changes.
+            if state.refused == Some(seen) {
+                continue;
+            }
+        }
+        let why = if hangup {
+            "SIGHUP"
+        } else {
+            "the tokens file changed"
         };
-        let outcome = settings.and_then(|s| keyring.reload(&s).map_err(|e| e.to_string()));
-        match outcome {
-            Ok(tokens) => {
-                metrics.auth_reloads.with_label_values(&["applied"]).inc();
-                info!(
-                    why,
-                    tokens, "Reloaded the tokens; the set before is no longer accepted."
-                );
-            }
-            Err(reason) => {
-                metrics.auth_reloads.with_label_values(&["refused"]).inc();
-                warn!(why, %reason, "Did not reload the tokens; the set in force stays.");
-            }
+        if apply(&keyring, &settings, text.as_deref().ok(), &metrics, why) {
+            state.applied = Some(seen);
+            state.refused = None;
+        } else {
+            state.refused = Some(seen);
         }
     }
 }
 
-/// A hash of the tokens file's text (or of why it cannot be read), so a
-/// change of any kind is seen, a symlink swapped under it included.
-fn fingerprint(settings: &auth::Settings) -> u64 {
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    if let Some(path) = &settings.tokens_file {
-        match auth::read_bounded(path) {
-            Ok(text) => text.hash(&mut hasher),
-            Err(e) => e.kind().hash(&mut hasher),
+/// The configuration's `[auth]` as `config` says now (`settings` without
+/// one), refused if it names another tokens file.
+fn reread(
+    config: Option<&std::path::Path>,
+    settings: &auth::Settings,
+) -> Result<auth::Settings, String> {
+    let next = match config {
+        Some(file) => Settings::load_auth(file).map_err(|e| e.to_string())?,
+        None => settings.clone(),
+    };
+    if next.tokens_file != settings.tokens_file {
+        return Err(auth::AuthConfigError::TokensFileChanged.to_string());
+    }
+    Ok(next)
+}
+
+/// What the watch of the tokens file has seen, by fingerprint.
+#[derive(Default)]
+struct Watch {
+    /// The text in force (none at first: the first stable read applies).
+    applied: Option<u64>,
+    /// A new text read once, waiting to read the same again.
+    candidate: Option<u64>,
+    /// A text refused (with the `auth.tokens` in force then).
+    refused: Option<u64>,
+}
+
+/// Puts `settings` with the file's `text` in force; whether it did.
+fn apply(
+    keyring: &Keyring,
+    settings: &auth::Settings,
+    text: Option<&str>,
+    metrics: &Metrics,
+    why: &str,
+) -> bool {
+    match keyring.reload(settings, text) {
+        Ok(tokens) => {
+            metrics.auth_reloads.with_label_values(&["applied"]).inc();
+            info!(
+                why,
+                tokens, "Reloaded the tokens; the set before is no longer accepted."
+            );
+            true
+        }
+        Err(e) => {
+            refused(metrics, why, &e.to_string());
+            false
         }
     }
+}
+
+fn refused(metrics: &Metrics, why: &str, reason: &str) {
+    metrics.auth_reloads.with_label_values(&["refused"]).inc();
+    warn!(
+        why,
+        reason, "Did not reload the tokens; the set in force stays."
+    );
+}
+
+/// The tokens file's text, read off the async workers and bounded in time.
+async fn read(path: PathBuf) -> Result<String, String> {
+    let reading = tokio::task::spawn_blocking(move || auth::read_bounded(&path));
+    match tokio::time::timeout(READ_WITHIN, reading).await {
+        Ok(Ok(Ok(text))) => Ok(text),
+        Ok(Ok(Err(e))) => Err(e.to_string()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("the read took too long".to_owned()),
+    }
+}
+
+/// A hash of the file's text, or of why it cannot be read: a change of any
+/// kind is seen, a symbolic link swapped under it included.
+fn fingerprint(text: &Result<String, String>) -> u64 {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut hasher);
     hasher.finish()
 }

@@ -452,8 +452,6 @@ impl Metrics {
         m
     }
 
-    /// Counts `n` documents read or written (`direction`) in a collection
-    /// (its role, not its configured name) for a kind of work.
     /// Acknowledged readings stored nowhere: counted, and the time kept, so
     /// an alert sees it even when the count was raised before the first
     /// scrape (a loss reported at start).
@@ -472,6 +470,8 @@ impl Metrics {
         }
     }
 
+    /// Counts `n` documents read or written (`direction`) in a collection
+    /// (its role, not its configured name) for a kind of work.
     pub fn db_documents(&self, direction: &str, collection: &str, kind: &str, n: u64) {
         let v = if direction == "read" {
             &self.db_read

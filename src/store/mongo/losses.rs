@@ -15,18 +15,19 @@ const PREFIX: &str = "unstored:";
 /// One stop's loss, as recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Loss {
+    /// The record's id, the same in the database and beside the journal.
+    pub id: String,
     pub readings: u64,
     /// When the stop recorded it (epoch ms).
     pub at: i64,
 }
 
 impl MongoStore {
-    /// Records that a stop left `readings` acknowledged readings unstored.
+    /// Records that a stop left `loss.readings` acknowledged readings unstored.
     pub async fn record_loss(&self, loss: &Loss) -> Result<(), StoreError> {
-        let id = format!("{PREFIX}{}", uuid::Uuid::new_v4());
         self.metadata
             .insert_one(doc! {
-                "_id": id,
+                "_id": format!("{PREFIX}{}", loss.id),
                 "readings": i64::try_from(loss.readings).unwrap_or(i64::MAX),
                 "at": DateTime::from_millis(loss.at),
             })
@@ -36,9 +37,24 @@ impl MongoStore {
         Ok(())
     }
 
-    /// Takes every recorded loss: each is deleted by the one instance whose
-    /// delete removed it, so several starting at once report each once.
-    pub async fn claim_losses(&self) -> Result<Vec<Loss>, StoreError> {
+    /// Removes the database's copy of a loss already reported from its
+    /// record beside the journal (the stop wrote both when it could not
+    /// tell whether the database took it).
+    pub async fn forget_loss(&self, id: &str) -> Result<(), StoreError> {
+        let deleted = self
+            .metadata
+            .delete_one(doc! { "_id": format!("{PREFIX}{id}") })
+            .await
+            .map_err(classify)?
+            .deleted_count;
+        self.count(|m| m.db_documents("written", "metadata", "losses", deleted));
+        Ok(())
+    }
+
+    /// Takes every recorded loss, handing each to `claimed` as soon as its
+    /// delete removed it: of several instances starting at once, exactly one
+    /// takes each, and none taken is dropped by a later failure.
+    pub async fn claim_losses(&self, mut claimed: impl FnMut(Loss)) -> Result<(), StoreError> {
         let pattern = format!("^{}", regex::escape(PREFIX));
         let docs: Vec<_> = self
             .metadata
@@ -49,9 +65,8 @@ impl MongoStore {
             .await
             .map_err(classify_read)?;
         self.count(|m| m.db_documents("read", "metadata", "losses", docs.len() as u64));
-        let mut claimed = Vec::new();
         for d in docs {
-            let Some(id) = d.get("_id").cloned() else {
+            let Ok(id) = d.get_str("_id") else {
                 continue;
             };
             let deleted = self
@@ -67,10 +82,13 @@ impl MongoStore {
                     Some(Bson::Int32(n)) => u64::try_from(*n).unwrap_or(0),
                     _ => 0,
                 };
-                let at = d.get_datetime("at").map_or(0, |at| at.timestamp_millis());
-                claimed.push(Loss { readings, at });
+                claimed(Loss {
+                    id: id.trim_start_matches(PREFIX).to_owned(),
+                    readings,
+                    at: d.get_datetime("at").map_or(0, |at| at.timestamp_millis()),
+                });
             }
         }
-        Ok(claimed)
+        Ok(())
     }
 }
