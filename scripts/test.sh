@@ -28,6 +28,12 @@ if cargo nextest --version >/dev/null 2>&1; then
   # Built before the run (the loadtest smoke tests spawn target/debug/hourglass,
   # which --all-targets builds), so the table shows compile and run apart.
   phase "test: build" cargo nextest run --workspace --all-targets --no-run
+  if [[ $# == 0 ]]; then
+    # A cargo check of the Docker image's context: minutes while its
+    # dependencies are unchecked, so alone, with both cores, before the rest.
+    phase "test: the image's build context" cargo nextest run --profile hourglass \
+      --run-ignored only -E 'test(/the_dockerfiles_build_command/)' || status=$?
+  fi
   phase "test: run (nextest)" cargo nextest run --workspace --all-targets --profile hourglass "$@" || status=$?
   python3 scripts/slowest-tests.py target/nextest/hourglass/junit.xml 10 || true
 else

@@ -75,6 +75,7 @@ pub use auth::{Scope, TokenSettings, hash_token};
 pub use config::{ConfigError, Settings};
 pub use domain::{Agg, Granularity};
 pub use ingest::mqtt::MqttStats;
+pub use ingest::routes::RouteSettings;
 pub use journal::REGISTER_WAIT;
 pub use runtime::install_crypto_provider;
 pub use shutdown::signal;

@@ -10,13 +10,21 @@ use secrecy::{ExposeSecret, SecretString};
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{key}: {reason}")]
 pub struct Invalid {
-    pub key: &'static str,
+    pub key: std::borrow::Cow<'static, str>,
     pub reason: String,
 }
 
 pub fn invalid(key: &'static str, reason: impl Into<String>) -> Invalid {
     Invalid {
-        key,
+        key: key.into(),
+        reason: reason.into(),
+    }
+}
+
+/// [`invalid`] for a key built at run time (`mqtt.routes[2].topic`).
+pub fn invalid_at(key: String, reason: impl Into<String>) -> Invalid {
+    Invalid {
+        key: key.into(),
         reason: reason.into(),
     }
 }

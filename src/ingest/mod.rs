@@ -5,6 +5,7 @@
 pub mod decode;
 pub mod line_protocol;
 pub mod mqtt;
+pub mod routes;
 mod settings;
 pub mod sparkplug;
 

@@ -26,6 +26,7 @@ mod operations;
 mod prom;
 mod quantiles;
 mod query;
+mod routes;
 mod scale;
 mod self_alerts;
 mod silence;

@@ -123,7 +123,12 @@ async fn sleep_until(at: Option<Instant>) {
 fn subscribe(shared: &Shared) {
     let settings = &shared.settings;
     let group = settings.shared_group.as_deref();
-    let mut topics = vec![subscription(&settings.topic_prefix, group)];
+    let mut topics: Vec<String> = shared
+        .routes
+        .iter()
+        .map(|r| shared_filter(&r.pattern.filter(), group))
+        .collect();
+    topics.push(subscription(&settings.topic_prefix, group));
     if let Some(filter) = settings.line_protocol() {
         topics.push(shared_filter(filter, group));
     }

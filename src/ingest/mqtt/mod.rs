@@ -104,6 +104,9 @@ impl MqttIngest {
             left_on: AtomicU64::new(0),
             state_ms,
             births,
+            routes: crate::ingest::routes::compile(&settings.routes).map_err(|e| {
+                crate::settings::invalid_at(format!("mqtt.routes[{}].{}", e.index, e.key), e.reason)
+            })?,
         });
         shared
             .stats

@@ -21,6 +21,7 @@ use bumpalo::Bump;
 use crate::domain::{Reading, SensorLabels};
 use crate::ingest::decode::{DecodeContext, DecodeError, decode_payload};
 use crate::ingest::line_protocol::{Precision, decode};
+use crate::ingest::routes::{Mapped, Route, map};
 use crate::journal::{IntakeError, Wait};
 use crate::telemetry::metrics::Rejection;
 use crate::telemetry::metrics::Source;
@@ -127,6 +128,15 @@ async fn submit(shared: &Shared, publish: &Publish) -> Result<Submitted, Submit>
     let settings = &shared.settings;
     let unusable = |u| Submit::Unusable(u, None);
     check_size(shared, publish)?;
+    let mut caps = Vec::new();
+    for route in &shared.routes {
+        match route.takes(&publish.topic, &mut caps) {
+            None => continue,
+            // A topic the route holds no readings on, by design.
+            Some(false) => return Ok((None, None)),
+            Some(true) => return routed(shared, route, &caps, publish).await,
+        }
+    }
     let line_protocol = settings
         .line_protocol()
         .is_some_and(|filter| rumqttc::matches(&publish.topic, filter));
@@ -176,6 +186,50 @@ async fn submit(shared: &Shared, publish: &Publish) -> Result<Submitted, Submit>
             Err(IntakeError::Full(_) | IntakeError::JournalFull { .. } | IntakeError::Busy) => {
                 // Pause consuming: unacknowledged messages hold the broker's
                 // window, so it stops sending and keeps the backlog.
+                tokio::select! {
+                    _ = tokio::time::sleep(FULL_RETRY) => {}
+                    _ = shared.shutdown.triggered() => return Err(Submit::Stopped),
+                }
+            }
+        }
+    }
+}
+
+/// A message a route took: its readings submitted, or why it has none.
+async fn routed(
+    shared: &Shared,
+    route: &Route,
+    caps: &[(&str, &str)],
+    publish: &Publish,
+) -> Result<Submitted, Submit> {
+    loop {
+        let ctx = shared
+            .ingest
+            .decode_context(jiff::Timestamp::now().as_second());
+        let arena = Bump::new();
+        let readings = match map(route, caps, &publish.payload, &ctx, &arena) {
+            Ok(Mapped::Readings(readings)) => readings,
+            Ok(Mapped::Nothing) => return Ok((None, None)),
+            Err(reason) => {
+                return Err(Submit::Unusable(
+                    Unusable {
+                        reason: format!("route {:?}: {reason}", route.name),
+                        kind: Rejection::Invalid,
+                        readings: 1,
+                    },
+                    None,
+                ));
+            }
+        };
+        let n = readings.len();
+        match shared.intake.submit(readings, Wait::Safe, None) {
+            Ok(ack) => {
+                shared.metrics.received(Source::Mqtt, n);
+                return Ok((Some(ack), None));
+            }
+            Err(IntakeError::Closed) => return Err(Submit::Stopped),
+            Err(IntakeError::NewSeries(over)) => return Err(super::intake::new_series(over, n)),
+            Err(IntakeError::Full(_) | IntakeError::JournalFull { .. } | IntakeError::Busy) => {
                 tokio::select! {
                     _ = tokio::time::sleep(FULL_RETRY) => {}
                     _ = shared.shutdown.triggered() => return Err(Submit::Stopped),

@@ -6,7 +6,7 @@ use std::time::Duration;
 use secrecy::SecretString;
 use serde::{Deserialize, Serialize};
 
-use crate::settings::{Invalid, check_file, invalid, serialize_opt_secret};
+use crate::settings::{Invalid, check_file, invalid, invalid_at, serialize_opt_secret};
 
 /// Slack over the payload limit for the topic and packet header, both ways.
 pub(super) const PACKET_OVERHEAD: usize = 64 * 1024;
@@ -74,6 +74,10 @@ pub struct Settings {
     #[serde(with = "humantime_serde")]
     pub reconnect_max: Duration,
     pub sparkplug: crate::ingest::sparkplug::Settings,
+    /// Topic and payload routes for firmware of its own (`[[mqtt.routes]]`),
+    /// in order: the first whose topic matches takes a message; one none
+    /// matches goes to `topic_prefix` and line protocol as before.
+    pub routes: Vec<crate::ingest::routes::RouteSettings>,
 }
 
 impl Default for Settings {
@@ -98,6 +102,7 @@ impl Default for Settings {
             labels_from_messages: true,
             reconnect_min: DEFAULT_RECONNECT_MIN,
             reconnect_max: DEFAULT_RECONNECT_MAX,
+            routes: Vec::new(),
             sparkplug: crate::ingest::sparkplug::Settings::default(),
         }
     }
@@ -168,6 +173,8 @@ impl Settings {
         }
         self.host_port()?;
         self.sparkplug.validate()?;
+        crate::ingest::routes::compile(&self.routes)
+            .map_err(|e| invalid_at(format!("mqtt.routes[{}].{}", e.index, e.key), e.reason))?;
         if self.sparkplug.enabled && self.dead_letters().is_none() {
             return Err(invalid(
                 "mqtt.dead_letter_topic",

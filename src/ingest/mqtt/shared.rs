@@ -147,4 +147,6 @@ pub(super) struct Shared {
     /// The Sparkplug STATE timestamp of this run (Will and birth share it).
     pub(super) state_ms: u64,
     pub(super) births: Option<Arc<dyn crate::ingest::sparkplug::BirthBook>>,
+    /// `[[mqtt.routes]]`, checked, in order.
+    pub(super) routes: Vec<crate::ingest::routes::Route>,
 }
