@@ -31,8 +31,9 @@ if cargo nextest --version >/dev/null 2>&1; then
   if [[ $# == 0 ]]; then
     # A cargo check of the Docker image's context: minutes while its
     # dependencies are unchecked, so alone, with both cores, before the rest.
-    phase "test: the image's build context" cargo nextest run --profile hourglass \
-      --run-ignored only -E 'test(/the_dockerfiles_build_command/)' || status=$?
+    # (The same targets as the build above: nothing is compiled again.)
+    phase "test: the image's build context" cargo nextest run --workspace --all-targets \
+      --profile hourglass --run-ignored only -E 'test(/the_dockerfiles_build_command/)' || status=$?
   fi
   phase "test: run (nextest)" cargo nextest run --workspace --all-targets --profile hourglass "$@" || status=$?
   python3 scripts/slowest-tests.py target/nextest/hourglass/junit.xml 10 || true

@@ -323,6 +323,21 @@ fn a_route_that_cannot_work_stops_the_start_naming_its_key() {
             "mqtt.routes[0].pointer",
         ),
         (preset("zigbee"), "mqtt.routes[0].preset"),
+        // It would take its own dead letters, for ever.
+        (
+            hourglass::RouteSettings {
+                topic: Some("hourglass/{sensor}".into()),
+                ..Default::default()
+            },
+            "mqtt.routes[0].topic",
+        ),
+        (
+            hourglass::RouteSettings {
+                topic: Some("$share/g/{sensor}".into()),
+                ..Default::default()
+            },
+            "mqtt.routes[0].topic",
+        ),
     ] {
         settings.mqtt.routes = vec![route];
         let fault = settings.validate().expect_err("refused").to_string();

@@ -263,14 +263,12 @@ pub(super) async fn event_loop(
                     session_present = ack.session_present,
                     epoch, "Connected to the MQTT broker."
                 );
-                shared
-                    .stats
-                    .subscribed
-                    .store(ack.session_present, Ordering::Release);
-                if !ack.session_present {
-                    // A new session has no subscriptions: the broker forgot ours.
-                    subscribe(&shared);
-                }
+                // Subscribed again on every connection, kept session or not:
+                // the configuration may name filters the session lacks (a
+                // route added), and a connection lost before its SUBACK left
+                // a session without them. Subscribing is idempotent.
+                shared.stats.subscribed.store(false, Ordering::Release);
+                subscribe(&shared);
                 if let Some(topic) = settings.sparkplug.state_topic() {
                     // Edge nodes hold their data while the primary host is
                     // away and send it as history once it is back.

@@ -127,9 +127,14 @@ pub(super) async fn process(
 async fn submit(shared: &Shared, publish: &Publish) -> Result<Submitted, Submit> {
     let settings = &shared.settings;
     let unusable = |u| Submit::Unusable(u, None);
+    // A dead letter delivered back (a subscription an older configuration
+    // left in the session): taken and dropped, never dead-lettered again.
+    if settings.dead_letters() == Some(publish.topic.as_str()) {
+        return Ok((None, None));
+    }
     check_size(shared, publish)?;
     let mut caps = Vec::new();
-    for route in &shared.routes {
+    for route in routes_for(shared, &publish.topic) {
         match route.takes(&publish.topic, &mut caps) {
             None => continue,
             // A topic the route holds no readings on, by design.
@@ -193,6 +198,21 @@ async fn submit(shared: &Shared, publish: &Publish) -> Result<Submitted, Submit>
             }
         }
     }
+}
+
+/// The routes that may take `topic`: none for the default topics, which
+/// keep their meaning (under topic_prefix, the line-protocol filter,
+/// Sparkplug's namespace).
+fn routes_for<'s>(shared: &'s Shared, topic: &str) -> &'s [Route] {
+    let settings = &shared.settings;
+    let own = topic
+        .strip_prefix(settings.topic_prefix.as_str())
+        .is_some_and(|rest| rest.starts_with('/'))
+        || settings
+            .line_protocol()
+            .is_some_and(|filter| rumqttc::matches(topic, filter))
+        || topic.starts_with("spBv1.0/");
+    if own { &[] } else { &shared.routes }
 }
 
 /// A message a route took: its readings submitted, or why it has none.

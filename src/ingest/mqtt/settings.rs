@@ -173,8 +173,21 @@ impl Settings {
         }
         self.host_port()?;
         self.sparkplug.validate()?;
-        crate::ingest::routes::compile(&self.routes)
+        let routes = crate::ingest::routes::compile(&self.routes)
             .map_err(|e| invalid_at(format!("mqtt.routes[{}].{}", e.index, e.key), e.reason))?;
+        if let Some(letters) = self.dead_letters()
+            && let Some(route) = routes
+                .iter()
+                .find(|r| rumqttc::matches(letters, &r.pattern.filter()))
+        {
+            return Err(invalid_at(
+                format!("mqtt.routes[{}].topic", route.index),
+                format!(
+                    "route {:?} subscribes to the dead letters' topic {letters:?}: each letter would be consumed again, for ever",
+                    route.name
+                ),
+            ));
+        }
         if self.sparkplug.enabled && self.dead_letters().is_none() {
             return Err(invalid(
                 "mqtt.dead_letter_topic",

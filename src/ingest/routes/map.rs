@@ -9,6 +9,13 @@ use super::settings::{Payload, TsFormat};
 use crate::domain::{MetricName, Reading, SensorId};
 use crate::ingest::decode::DecodeContext;
 
+/// The longest field name a route joins (a metric is at most 64 bytes):
+/// past it the message is refused before any name is copied.
+const MAX_FIELD_NAME: usize = 64;
+
+/// The most of a message's own text a reason quotes.
+const QUOTED: usize = 64;
+
 /// What a message gave.
 #[derive(Debug, PartialEq)]
 pub enum Mapped<'a> {
@@ -42,9 +49,20 @@ pub fn map<'a>(
         };
         let sensor = name(route, &route.sensor, caps, None, None)?;
         let metric = name(route, &route.metric, caps, None, Some("value"))?;
-        let reading = reading(arena, &sensor, &metric, ctx.now, value, ctx)?;
+        let reading = reading(arena, route, &sensor, &metric, ctx.now, value, ctx)?;
         return Ok(Mapped::Readings(vec![reading]));
     }
+    json_readings(route, caps, trimmed, ctx, arena)
+}
+
+/// The readings of a JSON payload (see [`map`]).
+fn json_readings<'a>(
+    route: &Route,
+    caps: &[(&str, &str)],
+    trimmed: &str,
+    ctx: &DecodeContext,
+    arena: &'a Bump,
+) -> Result<Mapped<'a>, String> {
     let root: Value =
         serde_json::from_str(trimmed).map_err(|e| format!("the payload is not JSON: {e}"))?;
     let at = root
@@ -52,17 +70,17 @@ pub fn map<'a>(
         .ok_or_else(|| format!("the pointer {:?} finds nothing", route.pointer))?;
     let sensor = name(route, &route.sensor, caps, Some(&root), None)?;
     let ts = timestamp(route, &root, ctx)?;
-    let mut leaves = Vec::new();
-    let mut first_unusable = None;
+    let mut walk = Walk {
+        route,
+        name: String::new(),
+        leaves: Vec::new(),
+        first_unusable: None,
+        // Every node visited counts, kept or not: the walk's work is
+        // bounded by the readings a message may hold, whatever its shape.
+        budget: ctx.max_readings,
+    };
     match at {
-        Value::Object(_) | Value::Array(_) => flatten(
-            route,
-            at,
-            &mut String::new(),
-            &mut leaves,
-            &mut first_unusable,
-            ctx.max_readings,
-        )?,
+        Value::Object(_) | Value::Array(_) => walk.node(at)?,
         scalar_value => {
             let field = route
                 .pointer
@@ -71,23 +89,41 @@ pub fn map<'a>(
                 .filter(|f| !f.is_empty())
                 .unwrap_or("value");
             match leaf_value(route, scalar_value) {
-                Some(v) => leaves.push((field.to_owned(), v)),
-                None => first_unusable = Some(field.to_owned()),
+                Some(v) => walk.leaves.push((field.to_owned(), v)),
+                None => walk.first_unusable = Some(field.to_owned()),
             }
         }
     }
+    let Walk {
+        leaves,
+        first_unusable,
+        ..
+    } = walk;
     if leaves.is_empty() {
         return match first_unusable {
             Some(field) => Err(format!(
-                "no field holds a number: {field:?} is neither a number nor a state word"
+                "no field holds a number: {:?} is neither a number nor a state word",
+                quote(&field)
             )),
             None => Ok(Mapped::Nothing),
         };
     }
     let mut readings = Vec::with_capacity(leaves.len());
+    let mut seen = std::collections::HashMap::with_capacity(leaves.len());
     for (field, value) in leaves {
         let metric = name(route, &route.metric, caps, Some(&root), Some(&field))?;
-        readings.push(reading(arena, &sensor, &metric, ts, value, ctx)?);
+        let r = reading(arena, route, &sensor, &metric, ts, value, ctx)?;
+        // Two readings of one second and metric: one would silently replace
+        // the other.
+        if let Some(other) = seen.insert(r.metric.as_str().to_owned(), field.clone()) {
+            return Err(format!(
+                "fields {:?} and {:?} both give metric {:?}",
+                quote(&other),
+                quote(&field),
+                quote(r.metric.as_str())
+            ));
+        }
+        readings.push(r);
     }
     Ok(Mapped::Readings(readings))
 }
@@ -112,7 +148,7 @@ fn scalar(route: &Route, trimmed: &str) -> Result<Option<f64>, String> {
         Ok(v) if v.is_finite() => Ok(Some(v)),
         _ => Err(format!(
             "the payload {:?} is neither a number nor a state word",
-            shorten(word)
+            quote(word)
         )),
     }
 }
@@ -134,65 +170,69 @@ fn leaf_value(route: &Route, v: &Value) -> Option<f64> {
     }
 }
 
-/// The leaves of `v` under `prefix`, names joined by the separator,
-/// filtered by `include`/`exclude`; at most `max` of them.
-fn flatten(
-    route: &Route,
-    v: &Value,
-    prefix: &mut String,
-    out: &mut Vec<(String, f64)>,
-    first_unusable: &mut Option<String>,
-    max: usize,
-) -> Result<(), String> {
-    let mut visit = |key: &str,
-                     child: &Value,
-                     out: &mut Vec<(String, f64)>,
-                     first: &mut Option<String>|
-     -> Result<(), String> {
-        let len = prefix.len();
-        if !prefix.is_empty() {
-            prefix.push_str(&route.separator);
+/// A walk over a JSON value's leaves: their joined names and numbers,
+/// filtered by `include`/`exclude`, within a budget of nodes.
+struct Walk<'r> {
+    route: &'r Route,
+    /// The joined name of the node being visited.
+    name: String,
+    leaves: Vec<(String, f64)>,
+    first_unusable: Option<String>,
+    budget: usize,
+}
+
+impl Walk<'_> {
+    fn node(&mut self, v: &Value) -> Result<(), String> {
+        match v {
+            Value::Object(map) => map.iter().try_for_each(|(k, child)| self.child(k, child)),
+            Value::Array(items) => items
+                .iter()
+                .enumerate()
+                .try_for_each(|(i, child)| self.child(&i.to_string(), child)),
+            _ => Ok(()),
         }
-        prefix.push_str(key);
+    }
+
+    fn child(&mut self, key: &str, child: &Value) -> Result<(), String> {
+        if self.budget == 0 {
+            return Err(
+                "the message holds more fields than a message may hold readings".to_owned(),
+            );
+        }
+        self.budget -= 1;
+        let len = self.name.len();
+        let separator = if len == 0 {
+            ""
+        } else {
+            self.route.separator.as_str()
+        };
+        if len + separator.len() + key.len() > MAX_FIELD_NAME {
+            return Err(format!(
+                "a field name is longer than {MAX_FIELD_NAME} bytes: {:?}",
+                quote(&format!("{}{separator}{}", self.name, quote(key)))
+            ));
+        }
+        self.name.push_str(separator);
+        self.name.push_str(key);
         let result = match child {
-            Value::Object(_) | Value::Array(_) => flatten(route, child, prefix, out, first, max),
+            Value::Object(_) | Value::Array(_) => self.node(child),
             Value::Null => Ok(()),
             leaf => {
-                if wanted(route, prefix) {
-                    match leaf_value(route, leaf) {
-                        Some(x) => {
-                            if out.len() == max {
-                                return Err(format!("the message holds more than {max} readings"));
-                            }
-                            out.push((prefix.clone(), x));
+                if wanted(self.route, &self.name) {
+                    match leaf_value(self.route, leaf) {
+                        Some(x) => self.leaves.push((self.name.clone(), x)),
+                        None if self.first_unusable.is_none() => {
+                            self.first_unusable = Some(self.name.clone());
                         }
-                        None => {
-                            if first.is_none() {
-                                *first = Some(prefix.clone());
-                            }
-                        }
+                        None => {}
                     }
                 }
                 Ok(())
             }
         };
-        prefix.truncate(len);
+        self.name.truncate(len);
         result
-    };
-    match v {
-        Value::Object(map) => {
-            for (k, child) in map {
-                visit(k, child, out, first_unusable)?;
-            }
-        }
-        Value::Array(items) => {
-            for (i, child) in items.iter().enumerate() {
-                visit(&i.to_string(), child, out, first_unusable)?;
-            }
-        }
-        _ => {}
     }
-    Ok(())
 }
 
 fn wanted(route: &Route, field: &str) -> bool {
@@ -215,7 +255,6 @@ fn name(
                 .ok_or_else(|| format!("the pointer {pointer:?} finds nothing"))?;
             match found {
                 Value::String(s) => Ok(s.clone()),
-                Value::Number(n) => Ok(n.to_string()),
                 _ => Err(format!("the pointer {pointer:?} finds no text")),
             }
         }
@@ -247,16 +286,19 @@ fn name(
 /// replaced: `/` by `.` in a sensor id, the rest by `_`).
 fn reading<'a>(
     arena: &'a Bump,
+    route: &Route,
     sensor: &str,
     metric: &str,
     ts: i64,
     value: f64,
     ctx: &DecodeContext,
 ) -> Result<Reading<'a>, String> {
-    let sensor = arena.alloc_str(&clean(sensor, true));
-    let metric = arena.alloc_str(&clean(metric, false));
-    let sensor = SensorId::parse(&*sensor).map_err(|e| format!("sensor {sensor:?}: {e}"))?;
-    let metric = MetricName::parse(&*metric).map_err(|e| format!("metric {metric:?}: {e}"))?;
+    let sensor = arena.alloc_str(&sensor_id(sensor, route.sensor_levels)?);
+    let metric = arena.alloc_str(&clean_metric(metric));
+    let sensor =
+        SensorId::parse(&*sensor).map_err(|e| format!("sensor {:?}: {e}", quote(sensor)))?;
+    let metric =
+        MetricName::parse(&*metric).map_err(|e| format!("metric {:?}: {e}", quote(metric)))?;
     let ts = ctx.window.check(ts, ctx.now).map_err(|e| e.to_string())?;
     Ok(Reading {
         sensor,
@@ -266,15 +308,41 @@ fn reading<'a>(
     })
 }
 
-fn clean(name: &str, sensor: bool) -> String {
+/// A sensor id from its text, one to one: with a multi-level capture
+/// (`levels`), its levels joined by `.`, and a `.` or an empty level
+/// refused (so no two topics give one id); any other character outside the
+/// id's set is refused, never replaced (two devices would share an id).
+fn sensor_id(text: &str, levels: bool) -> Result<String, String> {
+    if levels
+        && text
+            .split('/')
+            .any(|level| level.is_empty() || level.contains('.'))
+    {
+        return Err(format!(
+            "sensor {:?}: a topic level that is empty or holds `.` cannot name a sensor",
+            quote(text)
+        ));
+    }
+    Ok(text.replace('/', "."))
+}
+
+/// A metric name: characters outside its set (`switch:0`) become `_`; the
+/// names are the device's own, within its sensor.
+fn clean_metric(name: &str) -> String {
     name.chars()
         .map(|c| match c {
             'A'..='Z' | 'a'..='z' | '0'..='9' | '_' | '-' => c,
-            '.' | ':' if sensor => c,
-            '/' if sensor => '.',
             _ => '_',
         })
         .collect()
+}
+
+/// At most [`QUOTED`] characters of text taken from a message.
+fn quote(s: &str) -> &str {
+    match s.char_indices().nth(QUOTED) {
+        Some((i, _)) => &s[..i],
+        None => s,
+    }
 }
 
 /// The reading's time (epoch seconds): the route's field, or receipt.
@@ -286,8 +354,10 @@ fn timestamp(route: &Route, root: &Value, ctx: &DecodeContext) -> Result<i64, St
         return Ok(ctx.now);
     };
     let bad = || {
+        let shown = found.to_string();
         format!(
-            "the time {found} at {pointer:?} is not one of {:?}",
+            "the time {:?} at {pointer:?} is not {:?}",
+            quote(&shown),
             route.ts_format
         )
     };
@@ -326,7 +396,12 @@ fn text_time(route: &Route, s: &str) -> Option<i64> {
     };
     match route.ts_format {
         TsFormat::Rfc3339 => s.parse::<jiff::Timestamp>().ok().map(|t| t.as_second()),
-        TsFormat::Local => zoned(s),
+        // An offset, when the text has one, is the text's own.
+        TsFormat::Local => s
+            .parse::<jiff::Timestamp>()
+            .ok()
+            .map(|t| t.as_second())
+            .or_else(|| zoned(s)),
         TsFormat::Auto => s
             .parse::<jiff::Timestamp>()
             .ok()
@@ -334,13 +409,6 @@ fn text_time(route: &Route, s: &str) -> Option<i64> {
             .or_else(|| zoned(s))
             .or_else(|| epoch(TsFormat::Auto, s.parse().ok()?)),
         format => epoch(format, s.parse().ok()?),
-    }
-}
-
-fn shorten(s: &str) -> &str {
-    match s.char_indices().nth(40) {
-        Some((i, _)) => &s[..i],
-        None => s,
     }
 }
 
@@ -502,5 +570,83 @@ mod tests {
         );
         assert!(map(&route, &[("sensor", "a")], b"nan", &ctx, &arena).is_err());
         assert!(map(&route, &[("sensor", "a")], b"eco", &ctx, &arena).is_err());
+    }
+}
+
+#[cfg(test)]
+mod bounds {
+    use super::*;
+    use crate::domain::TimeWindow;
+    use crate::ingest::routes::{RouteSettings, compile};
+
+    fn route(topic: &str, metric: Option<&str>) -> Route {
+        let s = RouteSettings {
+            topic: Some(topic.into()),
+            metric: metric.map(str::to_owned),
+            payload: Some(Payload::Json),
+            ..RouteSettings::default()
+        };
+        compile(&[s]).expect("valid").remove(0)
+    }
+
+    fn ctx() -> DecodeContext {
+        DecodeContext {
+            now: 1_800_000_000,
+            window: TimeWindow {
+                max_age: std::time::Duration::from_secs(86_400),
+                max_future: std::time::Duration::from_secs(60),
+            },
+            max_readings: 100,
+        }
+    }
+
+    fn reason(route: &Route, caps: &[(&str, &str)], payload: &str) -> String {
+        let arena = Bump::new();
+        map(route, caps, payload.as_bytes(), &ctx(), &arena).expect_err("refused")
+    }
+
+    #[test]
+    fn a_long_field_name_is_refused_before_any_name_is_copied_and_quoted_short() {
+        let r = route("d/{sensor}", None);
+        let key = "k".repeat(100_000);
+        let payload = format!(r#"{{"{key}": [{}]}}"#, vec!["1"; 1000].join(","));
+        let why = reason(&r, &[("sensor", "s")], &payload);
+        assert!(why.contains("longer than 64 bytes"), "{why}");
+        assert!(why.len() < 200, "{} bytes", why.len());
+    }
+
+    #[test]
+    fn every_node_counts_against_the_readings_a_message_may_hold() {
+        let r = route("d/{sensor}", None);
+        let payload = format!(r#"{{"a": [{}]}}"#, vec!["\"x\""; 500].join(","));
+        assert!(reason(&r, &[("sensor", "s")], &payload).contains("more fields"));
+    }
+
+    #[test]
+    fn two_fields_giving_one_metric_are_refused() {
+        let r = route("d/{sensor}", None);
+        let why = reason(&r, &[("sensor", "s")], r#"{"a_b":1,"a":{"b":2}}"#);
+        assert!(why.contains("both give metric"), "{why}");
+        let fixed = route("d/{sensor}", Some("value"));
+        assert!(reason(&fixed, &[("sensor", "s")], r#"{"a":1,"b":2}"#).contains("both give"));
+    }
+
+    #[test]
+    fn no_two_topics_give_one_sensor() {
+        let r = route("z/{sensor#}", None);
+        let arena = Bump::new();
+        let ok = map(&r, &[("sensor", "a/b")], br#"{"v":1}"#, &ctx(), &arena).expect("taken");
+        let Mapped::Readings(readings) = ok else {
+            panic!("readings")
+        };
+        assert_eq!(readings[0].sensor.as_str(), "a.b");
+        for clash in ["a.b", "a//b", "a/b.c"] {
+            assert!(
+                reason(&r, &[("sensor", clash)], r#"{"v":1}"#).contains("cannot name"),
+                "{clash}"
+            );
+        }
+        let one = route("z/{sensor}", None);
+        assert!(reason(&one, &[("sensor", "Кухня")], r#"{"v":1}"#).contains("sensor"));
     }
 }

@@ -83,6 +83,13 @@ impl Pattern {
         })
     }
 
+    /// Whether the capture `name` takes several levels (`{name#}`).
+    pub fn is_multi_level(&self, name: &str) -> bool {
+        self.levels
+            .iter()
+            .any(|l| matches!(l, Level::Rest(n) if n == name))
+    }
+
     /// The MQTT filter that subscribes to every topic it may match.
     pub fn filter(&self) -> String {
         let mut out = Vec::with_capacity(self.levels.len());

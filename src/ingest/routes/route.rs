@@ -36,11 +36,16 @@ pub enum Part {
 
 #[derive(Debug)]
 pub struct Route {
+    /// Which `[[mqtt.routes]]` it comes from.
+    pub index: usize,
     pub name: String,
     pub pattern: Pattern,
     pub ignore: Vec<Pattern>,
     pub payload: Payload,
     pub sensor: Source,
+    /// The sensor takes a multi-level capture: its levels are joined by
+    /// `.`, so no level may hold one (one id per topic).
+    pub sensor_levels: bool,
     pub metric: Source,
     pub pointer: String,
     pub separator: String,
@@ -111,6 +116,21 @@ fn one(index: usize, s: &RouteSettings) -> Result<Route, RouteError> {
         .as_deref()
         .ok_or_else(|| fault("topic", "is required (or a preset)".to_owned()))?;
     let pattern = Pattern::parse(topic).map_err(|r| fault("topic", format!("{topic:?} {r}")))?;
+    // What the broker must take as a filter: not a `$` topic (`$share/`
+    // is `mqtt.shared_group`'s), no NUL, within MQTT's length.
+    let filter = pattern.filter();
+    if topic.starts_with('$')
+        || !rumqttc::valid_filter(&filter)
+        || filter.contains('\0')
+        || filter.len() > 65_535
+    {
+        return Err(fault(
+            "topic",
+            format!(
+                "{topic:?} is not a filter the broker takes (a `$` topic, a NUL, or too long); shared subscriptions are mqtt.shared_group's"
+            ),
+        ));
+    }
     let captures: Vec<&str> = pattern.captures().collect();
     let ignore = s
         .ignore
@@ -141,6 +161,9 @@ fn one(index: usize, s: &RouteSettings) -> Result<Route, RouteError> {
         };
     let sensor_text = s.sensor.clone().unwrap_or_else(|| "{sensor}".to_owned());
     let sensor = source("sensor", &sensor_text, false)?;
+    let sensor_levels = matches!(&sensor, Source::Template(parts) if parts.iter().any(
+        |p| matches!(p, Part::Capture(c) if pattern.is_multi_level(c))
+    ));
     let json_objects = matches!(payload, Payload::Json | Payload::Auto);
     let default_metric = if captures.contains(&"metric") {
         "{metric}"
@@ -208,11 +231,13 @@ fn one(index: usize, s: &RouteSettings) -> Result<Route, RouteError> {
         return Err(fault("name", "must be 1 to 64 characters".to_owned()));
     }
     Ok(Route {
+        index,
         name,
         pattern,
         ignore,
         payload,
         sensor,
+        sensor_levels,
         metric,
         pointer,
         separator: s.separator.clone().unwrap_or_else(|| "_".to_owned()),
