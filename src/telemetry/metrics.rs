@@ -44,6 +44,9 @@ pub struct Metrics {
     pub mqtt_renewals: IntCounter,
     pub mqtt_acks: IntCounter,
     mqtt_dropped: IntCounterVec,
+    /// Messages each MQTT route took, by `route` (its configured name) and
+    /// `outcome` (`stored`, `ignored`, `dead_lettered`).
+    pub mqtt_route_messages: IntCounterVec,
     pub http_requests: IntCounterVec,
     pub http_duration: HistogramVec,
     pub query_duration: HistogramVec,
@@ -220,6 +223,12 @@ impl Metrics {
                 "hourglass_mqtt_dropped_total",
                 "QoS 0 MQTT messages dropped because mqtt.max_queued_bytes were waiting (reason: queue_full), and dead letters of QoS 0 messages dropped because the letters waiting to be published were at their bound (reason: dead_letter_backlog).",
                 &["reason"],
+            ),
+            mqtt_route_messages: counter_vec(
+                &r,
+                "hourglass_mqtt_route_messages_total",
+                "Messages each [[mqtt.routes]] route took, by route and outcome: stored (readings submitted), ignored (an ignored topic, a skipped word, fields all left out) or dead_lettered.",
+                &["route", "outcome"],
             ),
             unreadable_documents: counter(
                 &r,

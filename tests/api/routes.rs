@@ -152,6 +152,13 @@ async fn zigbee2mqtt_devices_are_stored_field_by_field_and_the_bridge_is_ignored
         reasons["zigbee2mqtt/broken"].contains("not JSON"),
         "{reasons:?}"
     );
+    // Each message counted by its route: 5 stored, 5 ignored, 2 dead-lettered.
+    for (outcome, n) in [("stored", 5.0), ("ignored", 5.0), ("dead_lettered", 2.0)] {
+        let line = format!(
+            "hourglass_mqtt_route_messages_total{{outcome=\"{outcome}\",route=\"zigbee2mqtt\"}}"
+        );
+        assert_eq!(app.metric(&line).await, n, "{outcome}");
+    }
     app.stop().await.expect("clean stop");
 }
 

@@ -108,6 +108,15 @@ impl MqttIngest {
                 crate::settings::invalid_at(format!("mqtt.routes[{}].{}", e.index, e.key), e.reason)
             })?,
         });
+        // Each route's series from the start, at zero.
+        for route in &shared.routes {
+            for outcome in ["stored", "ignored", "dead_lettered"] {
+                shared
+                    .metrics
+                    .mqtt_route_messages
+                    .with_label_values(&[route.name.as_str(), outcome]);
+            }
+        }
         shared
             .stats
             .keep_alive_ms

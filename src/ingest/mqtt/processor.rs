@@ -138,7 +138,10 @@ async fn submit(shared: &Shared, publish: &Publish) -> Result<Submitted, Submit>
         match route.takes(&publish.topic, &mut caps) {
             None => continue,
             // A topic the route holds no readings on, by design.
-            Some(false) => return Ok((None, None)),
+            Some(false) => {
+                counted(shared, route, "ignored");
+                return Ok((None, None));
+            }
             Some(true) => return routed(shared, route, &caps, publish).await,
         }
     }
@@ -200,6 +203,14 @@ async fn submit(shared: &Shared, publish: &Publish) -> Result<Submitted, Submit>
     }
 }
 
+fn counted(shared: &Shared, route: &Route, outcome: &str) {
+    shared
+        .metrics
+        .mqtt_route_messages
+        .with_label_values(&[route.name.as_str(), outcome])
+        .inc();
+}
+
 /// The routes that may take `topic`: none for the default topics, which
 /// keep their meaning (under topic_prefix, the line-protocol filter,
 /// Sparkplug's namespace).
@@ -229,8 +240,12 @@ async fn routed(
         let arena = Bump::new();
         let readings = match map(route, caps, &publish.payload, &ctx, &arena) {
             Ok(Mapped::Readings(readings)) => readings,
-            Ok(Mapped::Nothing) => return Ok((None, None)),
+            Ok(Mapped::Nothing) => {
+                counted(shared, route, "ignored");
+                return Ok((None, None));
+            }
             Err(reason) => {
+                counted(shared, route, "dead_lettered");
                 return Err(Submit::Unusable(
                     Unusable {
                         reason: format!("route {:?}: {reason}", route.name),
@@ -245,10 +260,14 @@ async fn routed(
         match shared.intake.submit(readings, Wait::Safe, None) {
             Ok(ack) => {
                 shared.metrics.received(Source::Mqtt, n);
+                counted(shared, route, "stored");
                 return Ok((Some(ack), None));
             }
             Err(IntakeError::Closed) => return Err(Submit::Stopped),
-            Err(IntakeError::NewSeries(over)) => return Err(super::intake::new_series(over, n)),
+            Err(IntakeError::NewSeries(over)) => {
+                counted(shared, route, "dead_lettered");
+                return Err(super::intake::new_series(over, n));
+            }
             Err(IntakeError::Full(_) | IntakeError::JournalFull { .. } | IntakeError::Busy) => {
                 tokio::select! {
                     _ = tokio::time::sleep(FULL_RETRY) => {}
