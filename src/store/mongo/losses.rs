@@ -3,10 +3,9 @@
 //! scraped any more, so it leaves a record and the next instance to start
 //! on the database claims it, once, and reports it (see `startup::losses`).
 
-use futures_util::TryStreamExt;
 use mongodb::bson::{Bson, DateTime, doc};
 
-use super::classify::{classify, classify_read};
+use super::classify::classify;
 use super::connection::MongoStore;
 use crate::store::StoreError;
 
@@ -55,16 +54,7 @@ impl MongoStore {
     /// delete removed it: of several instances starting at once, exactly one
     /// takes each, and none taken is dropped by a later failure.
     pub async fn claim_losses(&self, mut claimed: impl FnMut(Loss)) -> Result<(), StoreError> {
-        let pattern = format!("^{}", regex::escape(PREFIX));
-        let docs: Vec<_> = self
-            .metadata
-            .find(doc! { "_id": { "$regex": pattern } })
-            .await
-            .map_err(classify_read)?
-            .try_collect()
-            .await
-            .map_err(classify_read)?;
-        self.count(|m| m.db_documents("read", "metadata", "losses", docs.len() as u64));
+        let docs = self.metadata_documents_under(PREFIX, "losses").await?;
         for d in docs {
             let Ok(id) = d.get_str("_id") else {
                 continue;

@@ -221,11 +221,13 @@ impl MongoStore {
         Ok(())
     }
 
-    /// Every document whose `_id` starts with `prefix` (on the `_id` index).
-    pub async fn metadata_under<T: serde::de::DeserializeOwned>(
+    /// Every document whose `_id` starts with `prefix` (on the `_id` index),
+    /// counted as read for `kind` of work.
+    pub(super) async fn metadata_documents_under(
         &self,
         prefix: &str,
-    ) -> Result<Vec<T>, StoreError> {
+        kind: &str,
+    ) -> Result<Vec<Document>, StoreError> {
         use futures_util::TryStreamExt;
         let pattern = format!("^{}", regex::escape(prefix));
         let docs: Vec<Document> = self
@@ -236,7 +238,18 @@ impl MongoStore {
             .try_collect()
             .await
             .map_err(classify_read)?;
-        self.count(|m| m.db_documents("read", "metadata", "sparkplug_birth", docs.len() as u64));
+        self.count(|m| m.db_documents("read", "metadata", kind, docs.len() as u64));
+        Ok(docs)
+    }
+
+    /// Every document whose `_id` starts with `prefix` (on the `_id` index).
+    pub async fn metadata_under<T: serde::de::DeserializeOwned>(
+        &self,
+        prefix: &str,
+    ) -> Result<Vec<T>, StoreError> {
+        let docs = self
+            .metadata_documents_under(prefix, "sparkplug_birth")
+            .await?;
         // One document that does not decode costs only itself.
         let mut out = Vec::with_capacity(docs.len());
         for d in docs {
