@@ -307,6 +307,52 @@ async fn esphome_home_assistant_and_shelly_states_are_numbers_and_words() {
     app.stop().await.expect("clean stop");
 }
 
+/// A route's captures, fields and fixed values become its sensor's labels;
+/// a label whose field is absent is left out, the readings stored anyway.
+#[tokio::test]
+async fn a_routes_captures_and_fields_become_the_sensors_labels() {
+    let broker = Broker::start().await;
+    let mut settings = mqtt_settings(&broker);
+    settings.mqtt.routes = vec![hourglass::RouteSettings {
+        topic: Some("plant/{site}/{sensor}".into()),
+        exclude: Some(vec!["model".into(), "fw".into()]),
+        labels: Some(BTreeMap::from([
+            ("site".into(), "{site}".into()),
+            ("model".into(), "field:/model".into()),
+            ("firmware".into(), "field:/fw".into()),
+            ("room".into(), "field:/room".into()),
+            ("source".into(), "plant mqtt".into()),
+        ])),
+        ..Default::default()
+    }];
+    let app = spawn_app_with(settings).await;
+    subscribed(&app).await;
+    let messages: Vec<(&str, String)> = vec![
+        (
+            "plant/berlin/lb-th1",
+            r#"{"model":"TH-16","fw":12,"t":21.5}"#.into(),
+        ),
+        (
+            "plant/hamburg/lb-plug",
+            r#"{"model":"S31","room":"kitchen","p":98}"#.into(),
+        ),
+    ];
+    publish_all(&broker, &messages).await;
+    eventually(WAIT, "the readings are stored", || async {
+        stored(&app).await.len() == 2
+    })
+    .await;
+    eventually(WAIT, "the routes' labels are the sensors'", || async {
+        let s = app.get_json("/api/v1/sensors?prefix=lb-").await;
+        s["sensors"][0]["labels"]
+            == serde_json::json!({ "site": "hamburg", "model": "S31", "room": "kitchen", "source": "plant mqtt" })
+            && s["sensors"][1]["labels"]
+                == serde_json::json!({ "site": "berlin", "model": "TH-16", "firmware": "12", "source": "plant mqtt" })
+    })
+    .await;
+    app.stop().await.expect("clean stop");
+}
+
 /// A route that cannot work stops the start, naming its key.
 #[test]
 fn a_route_that_cannot_work_stops_the_start_naming_its_key() {
@@ -330,6 +376,22 @@ fn a_route_that_cannot_work_stops_the_start_naming_its_key() {
             "mqtt.routes[0].pointer",
         ),
         (preset("zigbee"), "mqtt.routes[0].preset"),
+        (
+            hourglass::RouteSettings {
+                topic: Some("devices/{sensor}".into()),
+                labels: Some(BTreeMap::from([("site".into(), "{site}".into())])),
+                ..Default::default()
+            },
+            "mqtt.routes[0].labels",
+        ),
+        (
+            hourglass::RouteSettings {
+                topic: Some("devices/{sensor}".into()),
+                labels: Some(BTreeMap::from([("__name__".into(), "x".into())])),
+                ..Default::default()
+            },
+            "mqtt.routes[0].labels",
+        ),
         // It would take its own dead letters, for ever.
         (
             hourglass::RouteSettings {

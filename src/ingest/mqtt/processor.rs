@@ -3,11 +3,13 @@
 //! either is full: MQTT pauses, the broker keeps the backlog), and hands
 //! unusable ones to the dead-letter topic.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use rumqttc::{Publish, QoS};
 use tokio::sync::mpsc;
+use tracing::warn;
 
 use super::acks::Pending;
 use super::intake::{FULL_RETRY, Submit, Submitted, check_size};
@@ -18,7 +20,7 @@ use super::sparkplug;
 use super::topics::parse_topic;
 use bumpalo::Bump;
 
-use crate::domain::{Reading, SensorLabels};
+use crate::domain::{Reading, SensorId, SensorLabels};
 use crate::ingest::decode::{DecodeContext, DecodeError, decode_payload};
 use crate::ingest::line_protocol::{Precision, decode};
 use crate::ingest::routes::{Mapped, Route, map};
@@ -238,8 +240,8 @@ async fn routed(
             .ingest
             .decode_context(jiff::Timestamp::now().as_second());
         let arena = Bump::new();
-        let readings = match map(route, caps, &publish.payload, &ctx, &arena) {
-            Ok(Mapped::Readings(readings)) => readings,
+        let (readings, labels) = match map(route, caps, &publish.payload, &ctx, &arena) {
+            Ok(Mapped::Readings(readings, labels)) => (readings, labels),
             Ok(Mapped::Nothing) => {
                 counted(shared, route, "ignored");
                 return Ok((None, None));
@@ -257,10 +259,18 @@ async fn routed(
             }
         };
         let n = readings.len();
+        // One sensor a message: its labels go once its readings are taken.
+        let labelled = readings
+            .first()
+            .filter(|_| shared.settings.labels_from_messages && !labels.is_empty())
+            .map(|r| r.sensor.clone().into_owned());
         match shared.intake.submit(readings, Wait::Safe, None) {
             Ok(ack) => {
                 shared.metrics.received(Source::Mqtt, n);
                 counted(shared, route, "stored");
+                if let Some(sensor) = labelled {
+                    offer_labels(shared, route, sensor, &labels);
+                }
                 return Ok((Some(ack), None));
             }
             Err(IntakeError::Closed) => return Err(Submit::Stopped),
@@ -275,6 +285,25 @@ async fn routed(
                 }
             }
         }
+    }
+}
+
+/// A route's labels for a sensor whose readings were just taken.
+fn offer_labels(
+    shared: &Shared,
+    route: &Route,
+    sensor: SensorId<'static>,
+    labels: &[(String, String)],
+) {
+    let pairs = labels
+        .iter()
+        .map(|(k, v)| (Cow::Borrowed(k.as_str()), Cow::Borrowed(v.as_str())))
+        .collect();
+    match SensorLabels::new(sensor, pairs) {
+        Ok(set) => shared.line_protocol.labels.offer(&[set]),
+        // Each value was checked; only a repeated name could fail, and
+        // the route's names are a map's keys.
+        Err(e) => warn!(route = route.name, reason = %e, "A route's labels were not recorded."),
     }
 }
 

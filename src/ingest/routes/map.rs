@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use super::route::{Part, Route, Source};
 use super::settings::{Payload, TsFormat};
-use crate::domain::{MetricName, Reading, SensorId};
+use crate::domain::{MetricName, Reading, SensorId, valid_label_value};
 use crate::ingest::decode::DecodeContext;
 
 /// The longest field name a route joins (a metric is at most 64 bytes):
@@ -19,7 +19,8 @@ const QUOTED: usize = 64;
 /// What a message gave.
 #[derive(Debug, PartialEq)]
 pub enum Mapped<'a> {
-    Readings(Vec<Reading<'a>>),
+    /// The readings (all of one sensor) and that sensor's labels.
+    Readings(Vec<Reading<'a>>, Vec<(String, String)>),
     /// Nothing to store, by design (an ignored topic, a `skip_values` word,
     /// fields all left out).
     Nothing,
@@ -50,7 +51,7 @@ pub fn map<'a>(
         let sensor = name(route, &route.sensor, caps, None, None)?;
         let metric = name(route, &route.metric, caps, None, Some("value"))?;
         let reading = reading(arena, route, &sensor, &metric, ctx.now, value, ctx)?;
-        return Ok(Mapped::Readings(vec![reading]));
+        return Ok(Mapped::Readings(vec![reading], labels(route, caps, None)));
     }
     json_readings(route, caps, trimmed, ctx, arena)
 }
@@ -125,7 +126,27 @@ fn json_readings<'a>(
         }
         readings.push(r);
     }
-    Ok(Mapped::Readings(readings))
+    Ok(Mapped::Readings(readings, labels(route, caps, Some(&root))))
+}
+
+/// The route's labels for this message; one whose field is absent, not a
+/// string, number or boolean, or not a valid value is left out.
+fn labels(route: &Route, caps: &[(&str, &str)], root: Option<&Value>) -> Vec<(String, String)> {
+    route
+        .labels
+        .iter()
+        .filter_map(|(label, source)| {
+            let value = match source {
+                Source::Field(pointer) => match root?.pointer(pointer)? {
+                    Value::String(s) => s.clone(),
+                    v @ (Value::Number(_) | Value::Bool(_)) => v.to_string(),
+                    _ => return None,
+                },
+                template => name(route, template, caps, None, None).ok()?,
+            };
+            valid_label_value(&value).then(|| (label.clone(), value))
+        })
+        .collect()
 }
 
 /// The value of a payload that is not JSON; `None` for a word to skip.
@@ -509,7 +530,7 @@ mod tests {
             // A metric name keeps `_` and `-`; `.` becomes `_`.
             let clean = |n: &str| n.replace('.', "_");
             match got {
-                Ok(Mapped::Readings(readings)) => {
+                Ok(Mapped::Readings(readings, _)) => {
                     let got: Vec<(String, f64)> = readings
                         .iter()
                         .map(|r| (r.metric.as_str().to_owned(), r.value))
@@ -545,7 +566,8 @@ mod tests {
         };
         // 2025-12-06T06:46:40Z is 07:46:40 in Berlin (CET).
         let payload = br#"{"Time":"2025-12-06T07:46:40","v":1}"#;
-        let Ok(Mapped::Readings(r)) = map(&route, &[("sensor", "a")], payload, &ctx, &arena) else {
+        let Ok(Mapped::Readings(r, _)) = map(&route, &[("sensor", "a")], payload, &ctx, &arena)
+        else {
             panic!("readings")
         };
         assert_eq!((r[0].ts, r[0].value), (1_765_003_600, 1.0));
@@ -557,7 +579,7 @@ mod tests {
             ("\"OFF\"", Some(0.0)),
             ("21.5", Some(21.5)),
         ] {
-            let Ok(Mapped::Readings(r)) =
+            let Ok(Mapped::Readings(r, _)) =
                 map(&route, &[("sensor", "a")], payload.as_bytes(), &ctx, &arena)
             else {
                 panic!("{payload}")
@@ -636,7 +658,7 @@ mod bounds {
         let r = route("z/{sensor#}", None);
         let arena = Bump::new();
         let ok = map(&r, &[("sensor", "a/b")], br#"{"v":1}"#, &ctx(), &arena).expect("taken");
-        let Mapped::Readings(readings) = ok else {
+        let Mapped::Readings(readings, _) = ok else {
             panic!("readings")
         };
         assert_eq!(readings[0].sensor.as_str(), "a.b");

@@ -58,6 +58,8 @@ pub struct Route {
     pub ts: Option<String>,
     pub ts_format: TsFormat,
     pub timezone: Option<jiff::tz::TimeZone>,
+    /// The sensor's labels, by name.
+    pub labels: Vec<(String, Source)>,
 }
 
 const DEFAULT_STATES: &[(&str, f64)] = &[
@@ -226,6 +228,7 @@ fn one(index: usize, s: &RouteSettings) -> Result<Route, RouteError> {
         }
         None => None,
     };
+    let labels = route_labels(s, &source).map_err(|r| fault("labels", r))?;
     let name = s.name.clone().unwrap_or_else(|| format!("route {index}"));
     if name.is_empty() || name.len() > 64 {
         return Err(fault("name", "must be 1 to 64 characters".to_owned()));
@@ -254,7 +257,40 @@ fn one(index: usize, s: &RouteSettings) -> Result<Route, RouteError> {
         ts,
         ts_format,
         timezone,
+        labels,
     })
+}
+
+/// The route's labels: valid names, templates of its captures, pointers.
+fn route_labels(
+    s: &RouteSettings,
+    source: &dyn Fn(&'static str, &str, bool) -> Result<Source, RouteError>,
+) -> Result<Vec<(String, Source)>, String> {
+    use crate::domain::{MAX_LABELS, valid_label_name, valid_label_value};
+    let given = s.labels.iter().flatten();
+    if given.clone().count() > MAX_LABELS {
+        return Err(format!("at most {MAX_LABELS} labels"));
+    }
+    let mut labels = Vec::new();
+    for (name, text) in given {
+        if !valid_label_name(name) {
+            return Err(format!(
+                "{name:?} is not a label name (A-Z a-z 0-9 _, not starting with a digit or __, not \"sensor\")"
+            ));
+        }
+        let compiled =
+            source("labels", text, false).map_err(|e| format!("{name}: {}", e.reason))?;
+        if let Source::Template(parts) = &compiled
+            && parts.iter().all(|p| matches!(p, Part::Text(_)))
+            && !valid_label_value(text)
+        {
+            return Err(format!(
+                "{name}: {text:?} is not a label value (1 to 128 bytes, no control characters)"
+            ));
+        }
+        labels.push((name.clone(), compiled));
+    }
+    Ok(labels)
 }
 
 /// A JSON pointer: empty, or `/`-separated tokens.

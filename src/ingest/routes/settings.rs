@@ -54,6 +54,10 @@ pub struct RouteSettings {
     pub ts_format: Option<TsFormat>,
     /// The zone of a `local` time (an IANA name, e.g. `Europe/Berlin`).
     pub timezone: Option<String>,
+    /// The sensor's labels: each a template of captures (`{site}`), a fixed
+    /// value, or `field:<JSON pointer>` (a string, number or boolean; a
+    /// label whose field is absent or not a valid value is left out).
+    pub labels: Option<BTreeMap<String, String>>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -100,7 +104,8 @@ impl RouteSettings {
             skip_values,
             ts,
             ts_format,
-            timezone
+            timezone,
+            labels
         )
     }
 }
