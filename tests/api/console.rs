@@ -11,7 +11,9 @@ use mongodb::bson::{DateTime, Document, doc};
 use serde_json::{Value, json};
 
 use crate::auth::{DASHBOARD, INGESTER, TRUCK, secured};
+use crate::broker::{Broker, Publisher};
 use crate::helpers::*;
+use crate::mqtt::mqtt_settings;
 use crate::python::{last_json, python};
 
 const METRIC: &str = "temp";
@@ -193,9 +195,41 @@ fn now() -> i64 {
 
 #[tokio::test]
 async fn the_console_shows_the_fleet_a_sensor_chart_and_ingest_health_in_a_real_chromium() {
-    let mut settings = test_settings();
+    // MQTT with a route, so the health lists it with its counts.
+    let broker = Broker::start().await;
+    let mut settings = mqtt_settings(&broker);
     settings.ingest.max_age = std::time::Duration::from_secs(420 * 86_400);
+    settings.mqtt.routes = vec![hourglass::RouteSettings {
+        preset: Some("zigbee2mqtt".into()),
+        ..Default::default()
+    }];
     let app = spawn_app_with(settings).await;
+    subscribed(&app).await;
+    let mut device = Publisher::connect(&broker, "device").await;
+    for (topic, payload) in [
+        ("zigbee2mqtt/zz-plug", r#"{"power":98}"#),
+        ("zigbee2mqtt/zz-plug/availability", "online"),
+        ("zigbee2mqtt/zz-odd", "not json"),
+    ] {
+        device.publish(topic, payload.to_owned()).await;
+    }
+    device.flushed().await;
+    eventually(
+        std::time::Duration::from_secs(60),
+        "the route counted the three messages",
+        || async {
+            let line = |o: &str| {
+                format!(
+                    "hourglass_mqtt_route_messages_total{{outcome=\"{o}\",route=\"zigbee2mqtt\"}}"
+                )
+            };
+            app.metric(&line("stored")).await
+                + app.metric(&line("ignored")).await
+                + app.metric(&line("dead_lettered")).await
+                == 3.0
+        },
+    )
+    .await;
     let now = now();
     let hour = now - now.rem_euclid(3600);
     // 60 sensors (two pages of 50), half at each of two sites, one reading
@@ -446,7 +480,12 @@ async fn the_console_shows_the_fleet_a_sensor_chart_and_ingest_health_in_a_real_
             .is_some_and(|s| s.parse::<f64>().is_ok()),
         "{health}"
     );
-    assert_eq!(health["stat-mqtt"], "off");
+    assert_eq!(health["stat-mqtt"], "connected");
+    assert_eq!(
+        seen["routes"],
+        json!([["zigbee2mqtt", "1", "1", "1"]]),
+        "the route with its stored, ignored and dead-lettered messages"
+    );
     assert_eq!(health["stat-ready"], "yes");
     assert_eq!(health["stat-dead"], "1");
     let letters = seen["dead_letters"].as_array().expect("dead letters");

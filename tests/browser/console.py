@@ -172,6 +172,9 @@ def scenario_open(driver, url, out, args, downloads):
             "return Object.fromEntries([...document.querySelectorAll('#stats dd')].map(e => [e.id, e.textContent]))")
         return s["stat-rate"] not in ("–", "") and s["stat-dead"] not in ("–", "") and s
     seen["health"] = wait(driver, "the health figures", health)
+    seen["routes"] = driver.execute_script(
+        "return document.getElementById('routes-box').hidden ? null : "
+        "[...document.querySelectorAll('#routes tbody tr')].map(r => [...r.children].map(c => c.textContent))")
     seen["dead_letters"] = driver.execute_script(
         "return [...document.querySelectorAll('#dead-letters li')].map(e => e.textContent)")
 

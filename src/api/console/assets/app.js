@@ -364,11 +364,38 @@
     return sums;
   }
 
+  // hourglass_mqtt_route_messages_total: each route's count per outcome.
+  function parseRoutes(text) {
+    const routes = new Map();
+    const re = /^hourglass_mqtt_route_messages_total\{([^}]*)\}\s+(\S+)/;
+    for (const line of text.split('\n')) {
+      const m = re.exec(line);
+      if (!m) continue;
+      const labels = {};
+      for (const l of m[1].matchAll(/(\w+)="((?:[^"\\]|\\.)*)"/g)) labels[l[1]] = l[2].replace(/\\(.)/g, (_, c) => (c === 'n' ? '\n' : c));
+      if (!labels.route) continue;
+      if (!routes.has(labels.route)) routes.set(labels.route, { stored: 0, ignored: 0, dead_lettered: 0 });
+      routes.get(labels.route)[labels.outcome] = Number(m[2]);
+    }
+    return routes;
+  }
+
+  function showRoutes(routes) {
+    $('routes-box').hidden = routes.size === 0;
+    $('routes').tBodies[0].replaceChildren(...[...routes].map(([name, n]) => el('tr', {},
+      el('th', { scope: 'row' }, name),
+      el('td', {}, fmtNumber(n.stored)),
+      el('td', {}, fmtNumber(n.ignored)),
+      el('td', { class: n.dead_lettered > 0 ? 'bad' : '' }, fmtNumber(n.dead_lettered)))));
+  }
+
   async function loadHealth() {
     try {
       const r = await fetch('/metrics');
       const now = Date.now();
-      const m = parseMetrics(await r.text());
+      const text = await r.text();
+      const m = parseMetrics(text);
+      showRoutes(parseRoutes(text));
       const received = m.get('hourglass_readings_received_total') || 0;
       const prev = state.health;
       if (prev && now > prev.at) {
