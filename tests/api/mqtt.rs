@@ -295,6 +295,30 @@ async fn unusable_messages_are_dead_lettered_and_do_not_stop_the_stream() {
     app.stop().await.expect("clean stop");
 }
 
+/// A message of a stream: its topic and payload, its readings in `model`.
+type Shape = fn(i64, i64, &mut Model) -> (String, Vec<u8>);
+
+/// Message `i` of a Tasmota device stream (tasmota preset, UTC): its
+/// readings at the device's own `Time`, so a redelivery is the same reading.
+fn tasmota_message(t: i64, i: i64, model: &mut Model) -> (String, Vec<u8>) {
+    let sensor = format!("th{}", i % 7);
+    let ts = t + i;
+    let time = jiff::Timestamp::from_second(ts)
+        .expect("a time")
+        .strftime("%Y-%m-%dT%H:%M:%S")
+        .to_string();
+    let (temp, hum) = (((i * 31) % 97) as f64 / 2.0, (i % 100) as f64);
+    model.insert((sensor.clone(), "AM2301_Temperature".into(), ts), temp);
+    model.insert((sensor.clone(), "AM2301_Humidity".into(), ts), hum);
+    (
+        format!("tele/{sensor}/SENSOR"),
+        format!(
+            r#"{{"Time":"{time}","AM2301":{{"Temperature":{temp},"Humidity":{hum}}},"TempUnit":"C"}}"#
+        )
+        .into_bytes(),
+    )
+}
+
 /// Publishes messages `range` of the stream, pausing now and then like a fleet.
 pub(crate) async fn publish_stream(
     p: &mut Publisher,
@@ -302,8 +326,18 @@ pub(crate) async fn publish_stream(
     range: std::ops::Range<i64>,
     model: &mut Model,
 ) {
+    publish_shaped(p, t, range, model, stream_message).await;
+}
+
+async fn publish_shaped(
+    p: &mut Publisher,
+    t: i64,
+    range: std::ops::Range<i64>,
+    model: &mut Model,
+    shape: Shape,
+) {
     for i in range {
-        let (topic, payload) = stream_message(t, i, model);
+        let (topic, payload) = shape(t, i, model);
         p.publish(&topic, payload).await;
         if i % 100 == 99 {
             tokio::time::sleep(Duration::from_millis(30)).await;
@@ -321,7 +355,17 @@ async fn with_the_journal_a_service_killed_mid_stream_loses_nothing_and_counts_n
     killed_mid_stream(true).await;
 }
 
+/// Through a route (a device's own topics and payloads), the same promise.
+#[tokio::test]
+async fn a_service_killed_mid_stream_of_routed_messages_loses_nothing_and_stores_nothing_twice() {
+    killed_mid_stream_shaped(true, tasmota_message).await;
+}
+
 async fn killed_mid_stream(journal: bool) {
+    killed_mid_stream_shaped(journal, stream_message).await;
+}
+
+async fn killed_mid_stream_shaped(journal: bool, shape: Shape) {
     let broker = Broker::start().await;
     let mut settings = mqtt_settings(&broker);
     settings.journal.enabled = journal;
@@ -333,7 +377,20 @@ async fn killed_mid_stream(journal: bool) {
     let reader = spawn_app_with(reader_settings).await;
     let logs = tempfile::tempdir().expect("temp dir");
     let extra = [("HOURGLASS__BATCHER__FLUSH_INTERVAL", "200ms")];
-    let mut first = spawn_binary(&settings, &extra, &logs.path().join("first.log"));
+    // The shipped configuration with a route (which leaves the default
+    // topics as they are).
+    let config = logs.path().join("hourglass.toml");
+    let shipped = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/default.toml"),
+    )
+    .expect("the shipped configuration");
+    std::fs::write(
+        &config,
+        format!("{shipped}\n[[mqtt.routes]]\npreset = \"tasmota\"\ntimezone = \"UTC\"\n"),
+    )
+    .expect("written");
+    let mut first =
+        spawn_binary_with_config(&config, &settings, &extra, &logs.path().join("first.log"));
 
     let t = base_time();
     let mut model = Model::new();
@@ -347,7 +404,7 @@ async fn killed_mid_stream(journal: bool) {
     })
     .await;
     let total = 1500;
-    publish_stream(&mut p, t, 0..total / 2, &mut model).await;
+    publish_shaped(&mut p, t, 0..total / 2, &mut model, shape).await;
     // Killed once it is storing (on a loaded machine its first flush may
     // come after the first half is published).
     eventually(WAIT, "the first instance stores", || async {
@@ -357,9 +414,10 @@ async fn killed_mid_stream(journal: bool) {
     // SIGKILL: no drain, no goodbye; some messages stored but unacknowledged.
     first.kill().expect("SIGKILL");
     first.wait().expect("reaped");
-    publish_stream(&mut p, t, total / 2..total, &mut model).await;
+    publish_shaped(&mut p, t, total / 2..total, &mut model, shape).await;
     p.flushed().await;
-    let mut second = spawn_binary(&settings, &extra, &logs.path().join("second.log"));
+    let mut second =
+        spawn_binary_with_config(&config, &settings, &extra, &logs.path().join("second.log"));
     stored_equals(&reader, &model).await;
     let status = terminate(&mut second);
     assert!(status.success(), "a graceful stop exits 0: {status:?}");
