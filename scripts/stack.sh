@@ -212,6 +212,27 @@ ensure_sparkplug_clients() {
   venv_install pysparkplug $SPARKPLUG_CLIENTS
 }
 
+# A broker that speaks MQTT 3.1.1 only (amqtt), in a virtualenv of its own
+# (its dependencies stay out of the stand-in's): the MQTT 5 fallback test
+# connects to it. Exports HOURGLASS_TEST_AMQTT.
+AMQTT="amqtt==0.12.1"
+ensure_mqtt311_broker() {
+  local venv="$HOURGLASS_CACHE/amqtt-venv"
+  local stamp="$venv/.installed-${AMQTT//[=]/_}"
+  if [[ ! -f "$stamp" ]]; then
+    mkdir -p "$HOURGLASS_CACHE"
+    (
+      flock 9
+      [[ -f "$stamp" ]] && exit 0
+      log "Installing $AMQTT into $venv (first run on this machine only)."
+      [[ -x "$venv/bin/pip" ]] || python3 -m venv "$venv"
+      "$venv/bin/pip" install --quiet --disable-pip-version-check "$AMQTT"
+      touch "$stamp"
+    ) 9>"$HOURGLASS_CACHE/amqtt.lock"
+  fi
+  export HOURGLASS_TEST_AMQTT="$venv/bin/amqtt"
+}
+
 # The `mqtt` npm package (MQTT.js) in .stack/node, for the book's JavaScript
 # MQTT example (docs/examples/javascript, run by tests/api/clients.rs);
 # exports HOURGLASS_TEST_NODE_MODULES. An ES module finds its packages in a

@@ -16,6 +16,7 @@ install_stack() {
   ensure_browser
   ensure_sparkplug_clients
   ensure_js_clients
+  ensure_mqtt311_broker
 }
 phase "test: install and start the stack" install_stack
 # What the tests send to the PromQL API seeds its fuzz target.

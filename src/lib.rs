@@ -74,7 +74,7 @@ mod transfer;
 pub use auth::{Scope, TokenSettings, hash_token};
 pub use config::{ConfigError, Settings};
 pub use domain::{Agg, Granularity};
-pub use ingest::mqtt::MqttStats;
+pub use ingest::mqtt::{MqttStats, Protocol as MqttProtocol};
 pub use ingest::routes::RouteSettings;
 pub use journal::REGISTER_WAIT;
 pub use runtime::install_crypto_provider;

@@ -116,7 +116,33 @@ impl Ctx {
         granularity: &'static str,
         mqtt: bool,
         journal: bool,
+        extra: Vec<(String, String)>,
+    ) -> anyhow::Result<Target> {
+        self.spawn_target(what, granularity, mqtt, journal, extra, None)
+            .await
+    }
+
+    /// [`Ctx::target`] with a configuration file's text (MQTT routes).
+    pub async fn target_configured(
+        &self,
+        what: &str,
+        granularity: &'static str,
+        mqtt: bool,
+        journal: bool,
+        config: Option<String>,
+    ) -> anyhow::Result<Target> {
+        self.spawn_target(what, granularity, mqtt, journal, Vec::new(), config)
+            .await
+    }
+
+    async fn spawn_target(
+        &self,
+        what: &str,
+        granularity: &'static str,
+        mqtt: bool,
+        journal: bool,
         mut extra: Vec<(String, String)>,
+        config: Option<String>,
     ) -> anyhow::Result<Target> {
         if let Some(url) = &self.global.url {
             return Ok(Target {
@@ -145,6 +171,7 @@ impl Ctx {
                 extra.push(("HOURGLASS__JOURNAL__ENABLED".into(), journal.to_string()));
                 extra
             },
+            config,
         };
         let proc = spawn_hourglass(&spec).await?;
         Ok(Target {

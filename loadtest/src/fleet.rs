@@ -20,6 +20,82 @@ pub enum Transport {
     HttpSingle,
     /// One reading per MQTT message on sensors/{sensor}/{metric}.
     Mqtt,
+    /// One message per sensor a tick through the zigbee2mqtt preset: an
+    /// object with a field per metric and Zigbee2MQTT's ISO `last_seen`
+    /// (the route's time, so the readings are checked exactly).
+    MqttRoute,
+    /// One message per sensor a tick on telegraf/<sensor>: a line-protocol
+    /// line per metric.
+    MqttLineProtocol,
+}
+
+impl Transport {
+    pub fn mqtt(self) -> bool {
+        matches!(
+            self,
+            Transport::Mqtt | Transport::MqttRoute | Transport::MqttLineProtocol
+        )
+    }
+
+    /// The configuration file it needs (the route), if any.
+    fn config(self) -> Option<String> {
+        matches!(self, Transport::MqttRoute).then(|| {
+            "[[mqtt.routes]]\npreset = \"zigbee2mqtt\"\nts = \"field:/last_seen\"\nts_format = \"rfc3339\"\n"
+                .to_owned()
+        })
+    }
+
+    /// The MQTT messages of `rows` (one tick, sensor by sensor): topic,
+    /// payload and the readings each holds.
+    fn messages(self, rows: &[Row]) -> Vec<(String, String, u64)> {
+        if matches!(self, Transport::Mqtt) {
+            return rows
+                .iter()
+                .map(|(i, j, ts, v)| {
+                    (
+                        format!("sensors/{}/{}", Dataset::sensor(*i), Dataset::metric(*j)),
+                        format!(r#"{{"value":{v},"ts":{}}}"#, ts * 1000),
+                        1,
+                    )
+                })
+                .collect();
+        }
+        rows.chunk_by(|a, b| a.0 == b.0 && a.2 == b.2)
+            .map(|group| {
+                let (i, _, ts, _) = group[0];
+                let sensor = Dataset::sensor(i);
+                let n = group.len() as u64;
+                if matches!(self, Transport::MqttRoute) {
+                    let mut o = serde_json::Map::new();
+                    for (_, j, _, v) in group {
+                        o.insert(Dataset::metric(*j), serde_json::json!(v));
+                    }
+                    let seen = jiff::Timestamp::from_second(ts).map(|t| t.to_string());
+                    o.insert(
+                        "last_seen".into(),
+                        serde_json::json!(seen.unwrap_or_default()),
+                    );
+                    (
+                        format!("zigbee2mqtt/{sensor}"),
+                        serde_json::Value::Object(o).to_string(),
+                        n,
+                    )
+                } else {
+                    let lines: String = group
+                        .iter()
+                        .map(|(_, j, _, v)| {
+                            format!(
+                                "{},sensor={sensor} value={v} {}000000000\n",
+                                Dataset::metric(*j),
+                                ts
+                            )
+                        })
+                        .collect();
+                    (format!("telegraf/{sensor}"), lines, n)
+                }
+            })
+            .collect()
+    }
 }
 
 fn mqtt_host_port(url: &str) -> anyhow::Result<(String, u16)> {
@@ -73,7 +149,7 @@ pub async fn run(
     preload_days: u32,
 ) -> anyhow::Result<(Report, bool)> {
     // Long: the scenario's steps in order (target, preload, offer, settle), then its figures gathered one field each and reported.
-    let mqtt = matches!(transport, Transport::Mqtt);
+    let mqtt = transport.mqtt();
     let label = format!(
         "{}{}{}",
         format!("{transport:?}").to_lowercase(),
@@ -81,7 +157,13 @@ pub async fn run(
         if granularity == "minute" { "" } else { "_hour" },
     );
     let target = ctx
-        .target(&format!("fleet_{label}"), granularity, mqtt, journal)
+        .target_configured(
+            &format!("fleet_{label}"),
+            granularity,
+            mqtt,
+            journal,
+            transport.config(),
+        )
         .await?;
     let preloaded_s = preload_history(ctx, &target.database, &data, preload_days).await?;
     // Live sensors: the data starts now, once the history is in (readings
@@ -101,6 +183,7 @@ pub async fn run(
         http: reqwest::Client::new(),
         url: format!("{}/api/v1/readings", target.url),
         batch,
+        transport,
         publisher: if mqtt {
             Some(connect_publisher(ctx)?)
         } else {
@@ -292,19 +375,18 @@ struct Sender {
     http: reqwest::Client,
     url: String,
     batch: usize,
+    transport: Transport,
     publisher: Option<(AsyncClient, Arc<AtomicU64>)>,
 }
 
 impl Sender {
     async fn send(&self, rows: Vec<Row>) -> anyhow::Result<()> {
         if let Some((client, _)) = &self.publisher {
-            for (i, j, ts, v) in rows {
-                let topic = format!("sensors/{}/{}", Dataset::sensor(i), Dataset::metric(j));
-                let payload = format!(r#"{{"value":{v},"ts":{}}}"#, ts * 1000);
+            for (topic, payload, n) in self.transport.messages(&rows) {
                 client
                     .publish(topic, QoS::AtLeastOnce, false, payload)
                     .await?;
-                self.sent.fetch_add(1, Ordering::Relaxed);
+                self.sent.fetch_add(n, Ordering::Relaxed);
             }
             return Ok(());
         }

@@ -9,6 +9,7 @@ mod fleet;
 mod history;
 #[cfg(test)]
 mod layering;
+mod mqtt_shapes;
 mod panel_timing;
 mod peer_loads;
 mod peer_servers;
@@ -67,6 +68,16 @@ enum Cmd {
         /// database first: the history the live writes run beside.
         #[arg(long, default_value_t = 0)]
         preload_days: u32,
+    },
+    /// The same readings over MQTT three ways (one a message, a device's
+    /// object through the zigbee2mqtt preset, line protocol), journal on:
+    /// CPU per reading against the JSON path's, and memory.
+    MqttShapes {
+        #[command(flatten)]
+        data: DatasetArgs,
+        /// Skip the final verify.
+        #[arg(long)]
+        no_verify: bool,
     },
     /// Several instances round robin on one database: what versions cost in bytes.
     Versions {
@@ -249,6 +260,10 @@ async fn all(ctx: &Ctx, scale: f64) -> anyhow::Result<(Report, bool)> {
             ok &= good;
         }
     }
+    // The same 1 200 readings a second (what the stand-in stores with room to spare) as MQTT messages of three shapes.
+    let (r, good) = mqtt_shapes::run(ctx, scaled(200, 6, 60.0 * scale, 1), true).await?;
+    report.merge(r);
+    ok &= good;
     report.merge(query::run(ctx, &recent(scaled(20, 2, 3600.0 * scale, 1), 1), 400, 4).await?);
     let designs_data = recent(scaled(20, 2, 3.0 * 3600.0 * scale, 1), 1);
     let (r, good) = designs::run(ctx, &designs_data, 5000, 4).await?;
@@ -318,6 +333,10 @@ async fn main() -> anyhow::Result<()> {
                 preload_days,
             )
             .await?,
+        ),
+        Cmd::MqttShapes { data, no_verify } => (
+            "mqtt-shapes",
+            mqtt_shapes::run(&ctx, data, !no_verify).await?,
         ),
         Cmd::Versions {
             data,

@@ -191,6 +191,8 @@ pub struct HourglassSpec {
     pub granularity: &'static str,
     pub mqtt_url: Option<String>,
     pub extra: Vec<(String, String)>,
+    /// A configuration file's text (built-in defaults when `None`).
+    pub config: Option<String>,
 }
 
 pub async fn spawn_hourglass(spec: &HourglassSpec) -> anyhow::Result<Proc> {
@@ -220,8 +222,17 @@ pub async fn spawn_hourglass(spec: &HourglassSpec) -> anyhow::Result<Proc> {
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
-    // Built-in defaults, no config file: the environment says everything.
-    cmd.args(["--config", "/dev/null"]);
+    // Built-in defaults, and the environment says the rest.
+    match &spec.config {
+        Some(text) => {
+            let file = dir.path().join("hourglass.toml");
+            std::fs::write(&file, text)?;
+            cmd.arg("--config").arg(file);
+        }
+        None => {
+            cmd.args(["--config", "/dev/null"]);
+        }
+    }
     for (k, v) in &spec.extra {
         cmd.env(k, v);
     }

@@ -104,6 +104,7 @@ pub async fn run(
         granularity,
         mqtt_url: None,
         extra: Vec::new(),
+        config: None,
     };
     let mut procs = Vec::new();
     for _ in 0..instances.max(1) {

@@ -47,6 +47,8 @@ pub struct Metrics {
     /// Messages each MQTT route took, by `route` (its configured name) and
     /// `outcome` (`stored`, `ignored`, `dead_lettered`).
     pub mqtt_route_messages: IntCounterVec,
+    /// 1 for the MQTT version the connection speaks (`version`: 5, 3.1.1).
+    pub mqtt_protocol: IntGaugeVec,
     pub http_requests: IntCounterVec,
     pub http_duration: HistogramVec,
     pub query_duration: HistogramVec,
@@ -229,6 +231,12 @@ impl Metrics {
                 "hourglass_mqtt_route_messages_total",
                 "Messages each [[mqtt.routes]] route took, by route and outcome: stored (readings submitted), ignored (an ignored topic, a skipped word, fields all left out) or dead_lettered.",
                 &["route", "outcome"],
+            ),
+            mqtt_protocol: gauge_vec(
+                &r,
+                "hourglass_mqtt_protocol",
+                "1 for the MQTT version the connection to the broker speaks (version: 5 or 3.1.1), 0 for the other.",
+                &["version"],
             ),
             unreadable_documents: counter(
                 &r,

@@ -174,9 +174,25 @@ async fn stored(address: &str, sensor: &str) -> bool {
             .is_ok_and(|v| v.to_string().contains("21.5"))
 }
 
+/// MQTT 3.1.1: a message over the client's packet limit fails the
+/// connection; the next one takes it once.
 #[tokio::test]
 async fn an_oversized_mqtt_message_is_dead_lettered_once_without_a_reconnect_loop_even_across_restarts()
  {
+    oversized_message("3.1.1", 2.0).await;
+}
+
+/// MQTT 5: the client announces a packet limit the message is under (a
+/// broker drops what is over it), so it is dead-lettered with no reconnect.
+#[tokio::test]
+async fn with_mqtt_5_an_oversized_message_is_dead_lettered_once_with_no_reconnect() {
+    oversized_message("5", 1.0).await;
+}
+
+/// Three runs of the binary speaking `protocol`, the second with a payload
+/// limit below a waiting message's: `second_connections` is how many
+/// connections it takes to dead-letter it.
+async fn oversized_message(protocol: &str, second_connections: f64) {
     let broker = Broker::start().await;
     let mut settings = test_settings();
     settings.mqtt.enabled = true;
@@ -194,7 +210,8 @@ async fn an_oversized_mqtt_message_is_dead_lettered_once_without_a_reconnect_loo
     // 1. The message with the shipped limits: its letter would be
     // 1.2 MB of escaped control characters; it is cut to its start.
     let first = logs.path().join("1.log");
-    let mut service = spawn_binary(&settings, &[], &first);
+    let speaks = [("HOURGLASS__MQTT__PROTOCOL", protocol)];
+    let mut service = spawn_binary(&settings, &speaks, &first);
     let address = binary_address(&first).await;
     // A new session: what is published before it subscribes is not its.
     eventually(Duration::from_secs(60), "the service subscribed", || {
@@ -215,7 +232,10 @@ async fn an_oversized_mqtt_message_is_dead_lettered_once_without_a_reconnect_loo
     assert!(terminate(&mut service).success());
     // 2. Over the client's own packet limit (100 000 bytes + 64 KiB): the
     // next connection takes it once, dead-letters and acknowledges it.
-    let small = [("HOURGLASS__MQTT__MAX_PAYLOAD_BYTES", "100000")];
+    let small = [
+        ("HOURGLASS__MQTT__MAX_PAYLOAD_BYTES", "100000"),
+        ("HOURGLASS__MQTT__PROTOCOL", protocol),
+    ];
     publisher.publish("sensors/a/c", vec![1u8; 200_000]).await;
     let mut service = spawn_binary(&settings, &small, &logs.path().join("2.log"));
     let address = binary_address(&logs.path().join("2.log")).await;
@@ -228,8 +248,8 @@ async fn an_oversized_mqtt_message_is_dead_lettered_once_without_a_reconnect_loo
     .await;
     assert_eq!(
         connections(address.clone()).await,
-        2.0,
-        "one reconnect, to take the message once"
+        second_connections,
+        "{protocol}: the connections it takes to dead-letter the message once"
     );
     assert!(terminate(&mut service).success());
     // 3. After a restart nothing is delivered again and nothing loops.

@@ -22,6 +22,7 @@ mod ingest;
 mod journal;
 mod lifecycle;
 mod mqtt;
+mod mqtt_versions;
 mod operations;
 mod prom;
 mod quantiles;

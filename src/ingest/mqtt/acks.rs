@@ -14,7 +14,6 @@ use std::sync::atomic::Ordering;
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
-use rumqttc::{Publish, QoS};
 use tokio::sync::mpsc;
 use tracing::warn;
 
@@ -191,14 +190,16 @@ pub(super) async fn acknowledge(shared: Arc<Shared>, mut pending: mpsc::Receiver
 /// One of a connection that is gone is dropped: the broker delivers its
 /// message again on the new one.
 fn send(shared: &Shared, unsent: &mut VecDeque<(u64, u16)>) {
+    if unsent.is_empty() {
+        return;
+    }
+    let client = shared.client();
     while let Some(&(epoch, pkid)) = unsent.front() {
         if epoch != shared.epoch.load(Ordering::Acquire) {
             unsent.pop_front();
             continue;
         }
-        let mut ack = Publish::new("", QoS::AtLeastOnce, Vec::new());
-        ack.pkid = pkid;
-        if shared.client.try_ack(&ack).is_err() {
+        if client.try_ack(pkid).is_err() {
             // Full (or the event loop is gone at shutdown): try again soon.
             return;
         }

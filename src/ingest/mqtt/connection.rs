@@ -8,17 +8,14 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use backon::BackoffBuilder;
-use rumqttc::{
-    ConnectReturnCode, Event, EventLoop, MqttOptions, Packet, Publish, QoS, SubscribeFilter,
-    SubscribeReasonCode,
-};
+use rumqttc::{Publish, QoS};
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use super::error::MqttError;
+use super::protocol::{self, Client, Connection, Incoming, Version};
 use super::queue;
-use super::settings::PACKET_OVERHEAD;
-use super::settings::Settings;
+use super::settings::{PACKET_OVERHEAD, Protocol, Settings};
 use super::shared::{RateLog, Shared};
 use super::topics::{shared_filter, subscription};
 use crate::batcher::driver::retry_policy;
@@ -34,14 +31,6 @@ const DISCONNECT_GRACE: Duration = Duration::from_millis(500);
 /// How often the connection looks for messages left for the broker.
 const RENEWAL_CHECK: Duration = Duration::from_secs(1);
 
-fn read(what: &'static str, path: &std::path::Path) -> Result<Vec<u8>, MqttError> {
-    std::fs::read(path).map_err(|source| MqttError::File {
-        what,
-        path: path.to_owned(),
-        source,
-    })
-}
-
 /// A Sparkplug primary host's STATE payload (the Will says offline, with
 /// the timestamp of the connection's birth).
 pub(super) fn state_payload(online: bool, timestamp_ms: u64) -> Vec<u8> {
@@ -50,67 +39,34 @@ pub(super) fn state_payload(online: bool, timestamp_ms: u64) -> Vec<u8> {
         .into_bytes()
 }
 
-/// The client options for `settings`: persistent session, manual acks, TLS
-/// and credentials as configured, and a Sparkplug primary host's Will
-/// stamped `state_ms`.
-pub fn mqtt_options(settings: &Settings, state_ms: u64) -> Result<MqttOptions, MqttError> {
-    let (host, port) = settings.host_port()?;
-    let mut options = MqttOptions::new(settings.client_id.clone(), host, port);
-    options
-        .set_keep_alive(settings.keep_alive)
-        .set_clean_session(false)
-        .set_manual_acks(true)
-        .set_max_packet_size(
-            settings.max_payload_bytes + PACKET_OVERHEAD,
-            settings.max_payload_bytes + PACKET_OVERHEAD,
-        )
-        .set_request_channel_capacity(REQUEST_CAPACITY);
-    if let Some(topic) = settings.sparkplug.state_topic() {
-        options.set_last_will(rumqttc::LastWill::new(
-            topic,
-            state_payload(false, state_ms),
-            QoS::AtLeastOnce,
-            true,
-        ));
-    }
-    if let Some(user) = &settings.username {
-        use secrecy::ExposeSecret;
-        let password = settings
-            .password
-            .as_ref()
-            .map(|p| p.expose_secret().to_owned())
-            .unwrap_or_default();
-        options.set_credentials(user.clone(), password);
-    }
-    if settings.uses_tls() {
-        crate::runtime::install_crypto_provider();
-        let tls = &settings.tls;
-        let ca = match &tls.ca_file {
-            Some(path) => read("mqtt.tls.ca_file", path)?,
-            None => Vec::new(),
-        };
-        let client_auth = match (&tls.client_cert_file, &tls.client_key_file) {
-            (Some(cert), Some(key)) => Some((
-                read("mqtt.tls.client_cert_file", cert)?,
-                read("mqtt.tls.client_key_file", key)?,
-            )),
-            _ => None,
-        };
-        options.set_transport(rumqttc::Transport::tls(ca, client_auth, None));
-    }
-    Ok(options)
+/// A Sparkplug primary host's Will: offline, stamped `state_ms`.
+pub(super) fn will(settings: &Settings, state_ms: u64) -> Option<(String, Vec<u8>)> {
+    settings
+        .sparkplug
+        .state_topic()
+        .map(|topic| (topic, state_payload(false, state_ms)))
 }
 
-/// The size of an incoming packet the connection failed on for being over
-/// its limit. The broker keeps such a message in the session and delivers
-/// it first at every reconnect: left alone, the connection loops for ever.
-fn oversized_incoming(e: &rumqttc::ConnectionError) -> Option<usize> {
-    match e {
-        rumqttc::ConnectionError::MqttState(rumqttc::StateError::Deserialization(
-            rumqttc::mqttbytes::Error::PayloadSizeLimitExceeded(size),
-        )) => Some(*size),
-        _ => None,
+/// The version the first connection tries.
+pub(super) fn first_version(settings: &Settings) -> Version {
+    match settings.protocol {
+        Protocol::Auto | Protocol::V5 => Version::V5,
+        Protocol::V311 => Version::V311,
     }
+}
+
+/// The receiving client and its connection, speaking `version`.
+pub(super) fn open(
+    settings: &Settings,
+    state_ms: u64,
+    version: Version,
+) -> Result<(Client, Connection), MqttError> {
+    protocol::open(
+        settings,
+        will(settings, state_ms),
+        REQUEST_CAPACITY,
+        version,
+    )
 }
 
 async fn sleep_until(at: Option<Instant>) {
@@ -143,10 +99,7 @@ fn subscribe(shared: &Shared) {
                 .map(|f| shared_filter(f, group)),
         );
     }
-    let filters = topics
-        .iter()
-        .map(|t| SubscribeFilter::new(t.clone(), QoS::AtLeastOnce));
-    if let Err(e) = shared.client.try_subscribe_many(filters) {
+    if let Err(e) = shared.client().try_subscribe(&topics) {
         error!(error = %e, ?topics, "Could not queue the MQTT subscription.");
     }
 }
@@ -187,7 +140,7 @@ async fn forward(
 
 pub(super) async fn event_loop(
     shared: Arc<Shared>,
-    mut eventloop: EventLoop,
+    mut eventloop: Connection,
     publishes: queue::Sender,
 ) {
     // Long: the connection's loop: one arm per event rumqttc reports.
@@ -201,6 +154,10 @@ pub(super) async fn event_loop(
     let normal_limit = settings.max_payload_bytes + PACKET_OVERHEAD;
     // Whether the next connection takes one oversized message.
     let mut raised = false;
+    // With `auto`, until a connection was accepted: MQTT 5 attempts the
+    // broker did not answer as MQTT 5, in a row.
+    let mut deciding = settings.protocol == Protocol::Auto;
+    let mut not_v5 = 0u32;
     // Messages left for the broker come again only on a new connection:
     // renewed at most this often while it keeps happening (the journal
     // full), with the reconnect backoff's growth. Looked
@@ -225,7 +182,7 @@ pub(super) async fn event_loop(
                 info!(
                     "QoS 1 messages were left unacknowledged for the broker to deliver again; renewing the connection so that it does."
                 );
-                let _ = shared.client.try_disconnect();
+                let _ = shared.client().try_disconnect();
                 let wait = redeliveries.next().unwrap_or(settings.reconnect_max);
                 renew_after = Instant::now() + wait;
             }
@@ -245,23 +202,35 @@ pub(super) async fn event_loop(
             shared.stats.heard();
         }
         match event {
-            Ok(Event::Incoming(Packet::ConnAck(ack))) if ack.code == ConnectReturnCode::Success => {
+            Ok(Incoming::ConnAck {
+                accepted: true,
+                session_present,
+                ..
+            }) => {
                 reconnects = policy();
+                if deciding {
+                    deciding = false;
+                    info!(
+                        protocol = eventloop.version().label(),
+                        "The MQTT broker accepted this version; it is kept until the process restarts."
+                    );
+                }
                 if raised {
                     // This connection keeps the raised limit (set when it
                     // opened) for the message it takes; later ones do not.
-                    eventloop
-                        .mqtt_options
-                        .set_max_packet_size(normal_limit, normal_limit);
+                    eventloop.set_max_packet_size(normal_limit, normal_limit);
                     raised = false;
                 }
                 let epoch = shared.epoch.fetch_add(1, Ordering::AcqRel) + 1;
                 shared.stats.connected.store(true, Ordering::Release);
                 shared.stats.connections.fetch_add(1, Ordering::Relaxed);
                 shared.metrics.mqtt_connections.inc();
+                shared.set_protocol(eventloop.version());
                 info!(
-                    session_present = ack.session_present,
-                    epoch, "Connected to the MQTT broker."
+                    session_present,
+                    epoch,
+                    protocol = eventloop.version().label(),
+                    "Connected to the MQTT broker."
                 );
                 // Subscribed again on every connection, kept session or not:
                 // the configuration may name filters the session lacks (a
@@ -273,44 +242,49 @@ pub(super) async fn event_loop(
                     // Edge nodes hold their data while the primary host is
                     // away and send it as history once it is back.
                     let state = state_payload(true, shared.state_ms);
-                    if let Err(e) = shared
-                        .client
-                        .try_publish(topic, QoS::AtLeastOnce, true, state)
+                    if let Err(e) =
+                        shared
+                            .client()
+                            .try_publish(topic, QoS::AtLeastOnce, true, state)
                     {
                         error!(error = %e, "Could not queue the Sparkplug STATE birth; edge nodes see this host as offline.");
                     }
                 }
             }
-            Ok(Event::Incoming(Packet::ConnAck(ack))) => {
-                warn!(code = ?ack.code, "The MQTT broker refused the connection.");
+            Ok(Incoming::ConnAck { code, .. }) => {
+                warn!(code, "The MQTT broker refused the connection.");
             }
-            Ok(Event::Incoming(Packet::Publish(publish))) => {
+            Ok(Incoming::Publish(publish)) => {
                 shared.stats.received.fetch_add(1, Ordering::Relaxed);
                 let epoch = shared.epoch.load(Ordering::Acquire);
                 if !forward(&shared, &publishes, (epoch, publish), &mut drops).await {
                     break;
                 }
             }
-            Ok(Event::Incoming(Packet::SubAck(ack))) => {
-                if ack
-                    .return_codes
-                    .iter()
-                    .any(|c| matches!(c, SubscribeReasonCode::Failure))
-                {
-                    shared.stats.subscribed.store(false, Ordering::Release);
-                    let delay = resubscribes.next().unwrap_or(settings.reconnect_max);
-                    error!(return_codes = ?ack.return_codes, retry_in_ms = delay.as_millis() as u64,
-                        "The MQTT broker refused the subscription; nothing is received until it accepts it.");
-                    resubscribe_at = Some(Instant::now() + delay);
-                } else {
-                    resubscribes = policy();
-                    shared.stats.subscribed.store(true, Ordering::Release);
-                    info!(return_codes = ?ack.return_codes, "Subscribed to MQTT topics.");
-                }
+            Ok(Incoming::SubAck {
+                refused: true,
+                codes,
+            }) => {
+                shared.stats.subscribed.store(false, Ordering::Release);
+                let delay = resubscribes.next().unwrap_or(settings.reconnect_max);
+                error!(
+                    return_codes = codes,
+                    retry_in_ms = delay.as_millis() as u64,
+                    "The MQTT broker refused the subscription; nothing is received until it accepts it."
+                );
+                resubscribe_at = Some(Instant::now() + delay);
             }
-            Ok(_) => {}
+            Ok(Incoming::SubAck { codes, .. }) => {
+                resubscribes = policy();
+                shared.stats.subscribed.store(true, Ordering::Release);
+                info!(return_codes = codes, "Subscribed to MQTT topics.");
+            }
+            Ok(Incoming::Disconnect { reason }) => {
+                warn!(reason, "The MQTT broker closed the connection.");
+            }
+            Ok(Incoming::Other) => {}
             Err(e) => {
-                if let Some(size) = oversized_incoming(&e) {
+                if let Some(size) = e.oversized() {
                     let limit = size.saturating_add(PACKET_OVERHEAD);
                     if limit <= MAX_TAKEN_ONCE.max(normal_limit) {
                         // Its payload is over mqtt.max_payload_bytes, so the
@@ -319,9 +293,7 @@ pub(super) async fn event_loop(
                             bytes = size,
                             "The broker delivered a message larger than mqtt.max_payload_bytes; the next connection takes it once, to dead-letter and acknowledge it."
                         );
-                        eventloop
-                            .mqtt_options
-                            .set_max_packet_size(limit, normal_limit);
+                        eventloop.set_max_packet_size(limit, normal_limit);
                         raised = true;
                     } else {
                         error!(
@@ -332,6 +304,29 @@ pub(super) async fn event_loop(
                 }
                 shared.stats.connected.store(false, Ordering::Release);
                 shared.stats.subscribed.store(false, Ordering::Release);
+                if deciding
+                    && (e.refuses_v5() || (e.v5_timed_out() && protocol::reachable(settings).await))
+                {
+                    not_v5 += 1;
+                } else {
+                    not_v5 = 0;
+                }
+                // Two in a row: one closed connection could be a network
+                // fault.
+                if not_v5 >= 2 {
+                    match open(settings, shared.state_ms, Version::V311) {
+                        Ok((client, connection)) => {
+                            info!(error = %e, "The MQTT broker did not answer an MQTT 5 connect as MQTT 5; connecting with 3.1.1.");
+                            shared.set_client(client);
+                            eventloop = connection;
+                            deciding = false;
+                            continue;
+                        }
+                        Err(open_error) => {
+                            error!(error = %open_error, "Could not set up an MQTT 3.1.1 connection; trying MQTT 5 again.");
+                        }
+                    }
+                }
                 let delay = reconnects.next().unwrap_or(settings.reconnect_max);
                 warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "The MQTT connection failed; reconnecting.");
                 tokio::select! {
@@ -343,7 +338,7 @@ pub(super) async fn event_loop(
         }
     }
     if shared.stats.connected.load(Ordering::Acquire) {
-        let _ = shared.client.try_disconnect();
+        let _ = shared.client().try_disconnect();
         // Let the DISCONNECT (and any last acks) go out.
         let _ = tokio::time::timeout(DISCONNECT_GRACE, async {
             while eventloop.poll().await.is_ok() {}
@@ -356,34 +351,6 @@ pub(super) async fn event_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn options_carry_the_session_tls_and_credentials() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let ca = dir.path().join("ca.pem");
-        std::fs::write(&ca, b"ca-bytes").expect("write");
-        let mut s = Settings {
-            url: "mqtt://broker:1883".into(),
-            ..Settings::default()
-        };
-        let o = mqtt_options(&s, 0).expect("options");
-        assert!(!o.clean_session() && o.manual_acks());
-        assert!(matches!(o.transport(), rumqttc::Transport::Tcp));
-        s.url = "mqtts://broker:8883".into();
-        s.tls.ca_file = Some(ca.clone());
-        s.username = Some("hg".into());
-        s.password = Some("pw".into());
-        let o = mqtt_options(&s, 0).expect("options");
-        assert!(matches!(o.transport(), rumqttc::Transport::Tls(_)));
-        let login = o.credentials().expect("credentials");
-        assert_eq!(
-            (login.username.as_str(), login.password.as_str()),
-            ("hg", "pw")
-        );
-        s.tls.ca_file = Some(dir.path().join("missing.pem"));
-        let err = mqtt_options(&s, 0).expect_err("missing CA").to_string();
-        assert!(err.contains("mqtt.tls.ca_file"), "{err}");
-    }
 
     #[test]
     fn reconnect_backoff_grows_and_stays_capped() {

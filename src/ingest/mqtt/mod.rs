@@ -22,6 +22,7 @@ mod error;
 mod intake;
 mod letters;
 mod processor;
+mod protocol;
 mod queue;
 mod settings;
 mod shared;
@@ -38,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 pub use error::MqttError;
-pub use settings::Settings;
+pub use settings::{Protocol, Settings};
 use shared::Shared;
 pub use shared::{LineProtocol, MqttStats};
 pub use topics::parse_topic;
@@ -76,15 +77,15 @@ impl MqttIngest {
         let state_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        let options = connection::mqtt_options(settings, state_ms)?;
-        let (client, eventloop) = AsyncClient::new(options, connection::REQUEST_CAPACITY);
+        let (client, eventloop) =
+            connection::open(settings, state_ms, connection::first_version(settings))?;
         // Dead letters go over a connection of their own (no session state
-        // shared with the one that receives; no Will).
+        // shared with the one that receives; no Will), in 3.1.1, which
+        // every broker speaks: it only publishes.
         let mut own = settings.clone();
         own.client_id = format!("{}-letters", settings.client_id);
-        own.sparkplug.primary_host_id = None;
         let (letters, post) = AsyncClient::new(
-            connection::mqtt_options(&own, state_ms)?,
+            protocol::options_311(&own, None, connection::REQUEST_CAPACITY)?,
             letters::capacity(settings),
         );
         let acker_done = CancellationToken::new();
@@ -93,7 +94,7 @@ impl MqttIngest {
             ingest: ingest.clone(),
             line_protocol,
             intake,
-            client,
+            client: std::sync::RwLock::new(client),
             stats,
             metrics,
             shutdown: shutdown.clone(),

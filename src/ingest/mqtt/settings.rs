@@ -24,12 +24,50 @@ pub const DEFAULT_MAX_QUEUED_BYTES: usize = 32 * 1024 * 1024;
 pub const DEFAULT_RECONNECT_MIN: Duration = Duration::from_millis(100);
 pub const DEFAULT_RECONNECT_MAX: Duration = Duration::from_secs(30);
 
+/// The MQTT version to connect with. Read from text or a number, since
+/// `HOURGLASS__MQTT__PROTOCOL=5` arrives as a number.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub enum Protocol {
+    /// MQTT 5, falling back to 3.1.1 with a broker that does not speak it.
+    #[default]
+    #[serde(rename = "auto")]
+    Auto,
+    #[serde(rename = "5")]
+    V5,
+    #[serde(rename = "3.1.1")]
+    V311,
+}
+
+impl<'de> Deserialize<'de> for Protocol {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Given {
+            Text(String),
+            Number(f64),
+            Other(serde::de::IgnoredAny),
+        }
+        match Given::deserialize(d)? {
+            Given::Text(t) if t == "auto" => Ok(Protocol::Auto),
+            Given::Text(t) if t == "5" => Ok(Protocol::V5),
+            Given::Number(5.0) => Ok(Protocol::V5),
+            Given::Text(t) if t == "3.1.1" => Ok(Protocol::V311),
+            _ => Err(serde::de::Error::custom(
+                "must be \"auto\", \"5\" or \"3.1.1\"",
+            )),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Settings {
     pub enabled: bool,
     /// `mqtt://host:port`, or `mqtts://host:port` for TLS; empty means not configured.
     pub url: String,
+    /// `auto` (MQTT 5, or 3.1.1 with a broker that does not speak 5), `5`
+    /// or `3.1.1`.
+    pub protocol: Protocol,
     pub username: Option<String>,
     /// Never printed.
     #[serde(serialize_with = "serialize_opt_secret")]
@@ -57,8 +95,9 @@ pub struct Settings {
     /// can never be refused (a refused publish drops the connection, and the
     /// session would send it again at every reconnect).
     pub max_dead_letter_bytes: usize,
-    /// The broker's in-flight window for this client (Mosquitto's
-    /// `max_inflight_messages`): with half of it waiting, flush at once.
+    /// The broker's in-flight window for this client: MQTT 5's Receive
+    /// Maximum (3.1.1: the broker's own setting, Mosquitto's
+    /// `max_inflight_messages`); with half of it waiting, flush at once.
     pub max_unacked: usize,
     /// Bytes of received messages waiting to be decoded: past it a QoS 0
     /// message is dropped and counted, a QoS 1 one waits (the broker's
@@ -85,6 +124,7 @@ impl Default for Settings {
         Self {
             enabled: true,
             url: String::new(),
+            protocol: Protocol::Auto,
             username: None,
             password: None,
             tls: TlsSettings::default(),

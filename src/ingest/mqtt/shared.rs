@@ -1,8 +1,8 @@
 //! What the ingestor's tasks share: the settings and collaborators, the
 //! counters, and how an unusable message counts.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use rumqttc::AsyncClient;
@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
+use super::protocol::{Client, Version};
 use super::settings::Settings;
 use crate::ingest::line_protocol::LabelSync;
 use crate::journal::Intake;
@@ -128,7 +129,9 @@ pub(super) struct Shared {
     pub(super) ingest: crate::ingest::Settings,
     pub(super) line_protocol: LineProtocol,
     pub(super) intake: Intake,
-    pub(super) client: AsyncClient,
+    /// The receiving connection's client: replaced when `auto` falls back
+    /// to 3.1.1 (see [`Shared::client`]).
+    pub(super) client: RwLock<Client>,
     pub(super) stats: Arc<MqttStats>,
     pub(super) metrics: Arc<Metrics>,
     pub(super) shutdown: Shutdown,
@@ -149,4 +152,32 @@ pub(super) struct Shared {
     pub(super) births: Option<Arc<dyn crate::ingest::sparkplug::BirthBook>>,
     /// `[[mqtt.routes]]`, checked, in order.
     pub(super) routes: Vec<crate::ingest::routes::Route>,
+}
+
+impl Shared {
+    /// The receiving connection's client, as it is now.
+    pub(super) fn client(&self) -> Client {
+        self.client
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Puts the client of a new connection in place.
+    pub(super) fn set_client(&self, client: Client) {
+        *self
+            .client
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = client;
+    }
+
+    /// The version the connection speaks, for `hourglass_mqtt_protocol`.
+    pub(super) fn set_protocol(&self, version: Version) {
+        for v in [Version::V5, Version::V311] {
+            self.metrics
+                .mqtt_protocol
+                .with_label_values(&[v.label()])
+                .set(i64::from(v == version));
+        }
+    }
 }

@@ -132,7 +132,7 @@ fn apply(shared: &Shared, fx: &Effects) {
     }
     for (group, node) in &fx.rebirth {
         let topic = format!("{}/{group}/NCMD/{node}", payload::NAMESPACE);
-        match shared.client.try_publish(
+        match shared.client().try_publish(
             topic,
             QoS::AtMostOnce,
             false,

@@ -30,6 +30,8 @@ pub struct Broker {
     pub port: u16,
     dir: tempfile::TempDir,
     child: Option<Child>,
+    /// amqtt, which speaks MQTT 3.1.1 only, rather than Mosquitto.
+    only_311: bool,
 }
 
 impl Broker {
@@ -38,6 +40,20 @@ impl Broker {
             port: free_port(),
             dir: tempfile::tempdir().expect("a temp dir"),
             child: None,
+            only_311: false,
+        };
+        b.launch().await;
+        b
+    }
+
+    /// A broker that speaks MQTT 3.1.1 only (amqtt: `make test` installs
+    /// it), refusing an MQTT 5 connect as such brokers do.
+    pub async fn start_311() -> Broker {
+        let mut b = Broker {
+            port: free_port(),
+            dir: tempfile::tempdir().expect("a temp dir"),
+            child: None,
+            only_311: true,
         };
         b.launch().await;
         b
@@ -48,6 +64,26 @@ impl Broker {
     }
 
     async fn launch(&mut self) {
+        if self.only_311 {
+            let amqtt = std::env::var("HOURGLASS_TEST_AMQTT")
+                .expect("HOURGLASS_TEST_AMQTT: `make test` installs amqtt (scripts/stack.sh)");
+            let path = self.dir.path().join("amqtt.yaml");
+            let conf = format!(
+                "listeners:\n  default:\n    type: tcp\n    bind: 127.0.0.1:{}\n",
+                self.port
+            );
+            std::fs::write(&path, conf).expect("write the broker config");
+            let child = Command::new(amqtt)
+                .arg("-c")
+                .arg(&path)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("amqtt starts");
+            self.child = Some(child);
+            listening(self.port, "amqtt listens").await;
+            return;
+        }
         let base = std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/config/mosquitto.conf"
