@@ -19,7 +19,7 @@ pub enum InvalidLabels {
     )]
     Name(String),
     #[error(
-        "the value of label {0:?} must be 1 to {LABEL_VALUE_MAX_LEN} bytes without control characters"
+        "the value of label {0:?} must be 1 to {LABEL_VALUE_MAX_LEN} bytes without control or invisible formatting characters"
     )]
     Value(String),
     #[error("label {0:?} is repeated")]
@@ -38,7 +38,18 @@ pub fn valid_label_name(name: &str) -> bool {
 }
 
 pub fn valid_label_value(value: &str) -> bool {
-    !value.is_empty() && value.len() <= LABEL_VALUE_MAX_LEN && !value.chars().any(char::is_control)
+    !value.is_empty()
+        && value.len() <= LABEL_VALUE_MAX_LEN
+        && !value.chars().any(|c| c.is_control() || invisible(c))
+}
+
+/// Characters that change how text reads without showing (bidirectional
+/// overrides, zero-width spaces, line separators): a label shown in the
+/// console or a dashboard must read as what it is.
+fn invisible(c: char) -> bool {
+    matches!(c,
+        '\u{00AD}' | '\u{061C}' | '\u{180E}' | '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}'
+        | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{206F}' | '\u{FEFF}' | '\u{FFF9}'..='\u{FFFB}')
 }
 
 /// A validated set of labels, sorted by name.
@@ -163,7 +174,16 @@ mod tests {
     fn label_values_are_bounded_printable_text() {
         assert!(one("site", "Berlin Mitte, Halle 2").is_ok());
         assert!(one("site", "x".repeat(LABEL_VALUE_MAX_LEN).as_str()).is_ok());
-        for bad in ["", "a\nb", &"x".repeat(LABEL_VALUE_MAX_LEN + 1)] {
+        assert!(one("site", "Zürich Hallenstadion, 東京").is_ok());
+        for bad in [
+            "",
+            "a\nb",
+            &"x".repeat(LABEL_VALUE_MAX_LEN + 1),
+            // Reads as "evilexe.png", and an invisible space.
+            "evil\u{202E}gnp.exe",
+            "a\u{200B}b",
+            "a\u{2028}b",
+        ] {
             assert!(matches!(one("site", bad), Err(InvalidLabels::Value(_))));
         }
         let many = (0..=MAX_LABELS).map(|i| (format!("l{i}"), "v".to_owned()));

@@ -150,7 +150,7 @@ pub async fn list_sensors(
 /// Replaces a sensor's labels.
 #[utoipa::path(put, path = "/api/v1/sensors/{sensor}/labels", tag = "ingest",
     params(("sensor" = String, Path, description = "The sensor's id: 1 to 128 characters of A-Z a-z 0-9 _ . : -; registered by this if it is not yet")),
-    request_body(content = Object, description = "The sensor's labels, replacing the ones it had: `{\"site\": \"berlin\"}`. Names are Prometheus label names (`[A-Za-z_][A-Za-z0-9_]*`, at most 64 characters, not starting with `__`, not `sensor`); values 1 to 128 bytes without control characters; at most 32 labels"),
+    request_body(content = Object, description = "The sensor's labels, replacing the ones it had: `{\"site\": \"berlin\"}`. Names are Prometheus label names (`[A-Za-z_][A-Za-z0-9_]*`, at most 64 characters, not starting with `__`, not `sensor`); values 1 to 128 bytes without control or invisible formatting characters (bidirectional overrides, zero-width spaces); at most 32 labels"),
     responses(
         (status = 204, description = "Stored"),
         (status = 400, body = ErrorBody, description = "The body is not a JSON object of label names to string values (a body larger than `http.max_body_bytes` not announced as such by `Content-Length`, chunked or gzipped, included), or a name, a value or the sensor id is invalid; nothing changed"),

@@ -15,9 +15,10 @@ use tracing::{debug, error, info, warn};
 use super::error::MqttError;
 use super::protocol::{self, Client, Connection, Incoming, Version};
 use super::queue;
-use super::settings::{PACKET_OVERHEAD, Protocol, Settings};
+use super::settings::{PACKET_OVERHEAD, Settings};
 use super::shared::{RateLog, Shared};
 use super::topics::{shared_filter, subscription};
+use super::version::{self, Choice};
 use crate::batcher::driver::retry_policy;
 
 /// Requests rumqttc may queue from the client handles (acks, subscribes).
@@ -28,6 +29,8 @@ pub(super) const REQUEST_CAPACITY: usize = 4096;
 const MAX_TAKEN_ONCE: usize = 64 * 1024 * 1024;
 /// How long the last DISCONNECT (and acks before it) may take to go out.
 const DISCONNECT_GRACE: Duration = Duration::from_millis(500);
+/// How long a connection must hold for the reconnect backoff to start over.
+const STABLE: Duration = Duration::from_secs(10);
 /// How often the connection looks for messages left for the broker.
 const RENEWAL_CHECK: Duration = Duration::from_secs(1);
 
@@ -47,25 +50,20 @@ pub(super) fn will(settings: &Settings, state_ms: u64) -> Option<(String, Vec<u8
         .map(|topic| (topic, state_payload(false, state_ms)))
 }
 
-/// The version the first connection tries.
-pub(super) fn first_version(settings: &Settings) -> Version {
-    match settings.protocol {
-        Protocol::Auto | Protocol::V5 => Version::V5,
-        Protocol::V311 => Version::V311,
-    }
-}
-
-/// The receiving client and its connection, speaking `version`.
+/// The receiving client and its connection, speaking `version`;
+/// `incoming_limit` raises a 3.1.1 connection's packet limit.
 pub(super) fn open(
     settings: &Settings,
     state_ms: u64,
     version: Version,
+    incoming_limit: usize,
 ) -> Result<(Client, Connection), MqttError> {
     protocol::open(
         settings,
         will(settings, state_ms),
         REQUEST_CAPACITY,
         version,
+        incoming_limit,
     )
 }
 
@@ -152,12 +150,14 @@ pub(super) async fn event_loop(
     let mut resubscribe_at: Option<Instant> = None;
     let acked = shared.shutdown.clone();
     let normal_limit = settings.max_payload_bytes + PACKET_OVERHEAD;
-    // Whether the next connection takes one oversized message.
-    let mut raised = false;
-    // With `auto`, until a connection was accepted: MQTT 5 attempts the
-    // broker did not answer as MQTT 5, in a row.
-    let mut deciding = settings.protocol == Protocol::Auto;
-    let mut not_v5 = 0u32;
+    // The next connection's packet limit: raised to take one oversized
+    // message once (3.1.1).
+    let mut next_limit = normal_limit;
+    let mut choice = Choice::new(settings.protocol);
+    // When the connection was accepted: the reconnect backoff starts over
+    // only after one that held (a broker that drops each at once, say with
+    // a Server Keep Alive of 0, is not redialled at full speed).
+    let mut accepted_at: Option<Instant> = None;
     // Messages left for the broker come again only on a new connection:
     // renewed at most this often while it keeps happening (the journal
     // full), with the reconnect backoff's growth. Looked
@@ -207,19 +207,12 @@ pub(super) async fn event_loop(
                 session_present,
                 ..
             }) => {
-                reconnects = policy();
-                if deciding {
-                    deciding = false;
+                accepted_at = Some(Instant::now());
+                if choice.accepted() {
                     info!(
                         protocol = eventloop.version().label(),
                         "The MQTT broker accepted this version; it is kept until the process restarts."
                     );
-                }
-                if raised {
-                    // This connection keeps the raised limit (set when it
-                    // opened) for the message it takes; later ones do not.
-                    eventloop.set_max_packet_size(normal_limit, normal_limit);
-                    raised = false;
                 }
                 let epoch = shared.epoch.fetch_add(1, Ordering::AcqRel) + 1;
                 shared.stats.connected.store(true, Ordering::Release);
@@ -284,6 +277,15 @@ pub(super) async fn event_loop(
             }
             Ok(Incoming::Other) => {}
             Err(e) => {
+                // A new epoch at once: an acknowledgement of this
+                // connection's messages queued from now on is dropped, not
+                // sent on the next connection.
+                shared.epoch.fetch_add(1, Ordering::AcqRel);
+                shared.stats.connected.store(false, Ordering::Release);
+                shared.stats.subscribed.store(false, Ordering::Release);
+                if accepted_at.take().is_some_and(|at| at.elapsed() >= STABLE) {
+                    reconnects = policy();
+                }
                 if let Some(size) = e.oversized() {
                     let limit = size.saturating_add(PACKET_OVERHEAD);
                     if limit <= MAX_TAKEN_ONCE.max(normal_limit) {
@@ -293,8 +295,7 @@ pub(super) async fn event_loop(
                             bytes = size,
                             "The broker delivered a message larger than mqtt.max_payload_bytes; the next connection takes it once, to dead-letter and acknowledge it."
                         );
-                        eventloop.set_max_packet_size(limit, normal_limit);
-                        raised = true;
+                        next_limit = limit;
                     } else {
                         error!(
                             bytes = size,
@@ -302,29 +303,29 @@ pub(super) async fn event_loop(
                         );
                     }
                 }
-                shared.stats.connected.store(false, Ordering::Release);
-                shared.stats.subscribed.store(false, Ordering::Release);
-                if deciding
-                    && (e.refuses_v5() || (e.v5_timed_out() && protocol::reachable(settings).await))
-                {
-                    not_v5 += 1;
+                let verdict = if choice.weighs_failures() {
+                    Some(version::verdict(settings, &e).await)
                 } else {
-                    not_v5 = 0;
+                    None
+                };
+                let before = choice.version();
+                let next = choice.failed(verdict, settings.uses_tls());
+                if next != before {
+                    info!(error = %e, from = before.label(), to = next.label(), ?verdict,
+                        "Changing the MQTT version of the next attempt.");
                 }
-                // Two in a row: one closed connection could be a network
-                // fault.
-                if not_v5 >= 2 {
-                    match open(settings, shared.state_ms, Version::V311) {
-                        Ok((client, connection)) => {
-                            info!(error = %e, "The MQTT broker did not answer an MQTT 5 connect as MQTT 5; connecting with 3.1.1.");
-                            shared.set_client(client);
-                            eventloop = connection;
-                            deciding = false;
-                            continue;
-                        }
-                        Err(open_error) => {
-                            error!(error = %open_error, "Could not set up an MQTT 3.1.1 connection; trying MQTT 5 again.");
-                        }
+                // A new client and connection each time: nothing of the
+                // failed one's rumqttc state (requests queued for it, the
+                // PUBACKs of its messages, topic aliases a broker set) is
+                // carried over.
+                match open(settings, shared.state_ms, next, next_limit) {
+                    Ok((client, connection)) => {
+                        shared.set_client(client);
+                        eventloop = connection;
+                        next_limit = normal_limit;
+                    }
+                    Err(open_error) => {
+                        error!(error = %open_error, "Could not set up the next MQTT connection; the failed one is tried again.");
                     }
                 }
                 let delay = reconnects.next().unwrap_or(settings.reconnect_max);

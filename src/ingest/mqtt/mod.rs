@@ -28,6 +28,7 @@ mod settings;
 mod shared;
 mod sparkplug;
 mod topics;
+mod version;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -77,15 +78,20 @@ impl MqttIngest {
         let state_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        let (client, eventloop) =
-            connection::open(settings, state_ms, connection::first_version(settings))?;
+        let normal_limit = settings.max_payload_bytes + settings::PACKET_OVERHEAD;
+        let (client, eventloop) = connection::open(
+            settings,
+            state_ms,
+            version::Choice::new(settings.protocol).version(),
+            normal_limit,
+        )?;
         // Dead letters go over a connection of their own (no session state
         // shared with the one that receives; no Will), in 3.1.1, which
         // every broker speaks: it only publishes.
         let mut own = settings.clone();
         own.client_id = format!("{}-letters", settings.client_id);
         let (letters, post) = AsyncClient::new(
-            protocol::options_311(&own, None, connection::REQUEST_CAPACITY)?,
+            protocol::options_311(&own, None, connection::REQUEST_CAPACITY, normal_limit)?,
             letters::capacity(settings),
         );
         let acker_done = CancellationToken::new();

@@ -12,12 +12,8 @@ use rumqttc::{Publish, QoS};
 
 use super::error::MqttError;
 use super::settings::{PACKET_OVERHEAD, Settings};
+use super::version::Verdict;
 
-/// The largest packet an MQTT 5 connection takes: a broker must not send
-/// one larger (it drops it), so the limit told to it is this one, and a
-/// message over `mqtt.max_payload_bytes` is dead-lettered here as with
-/// 3.1.1 (see the connection's raised limit).
-pub(super) const MAX_PACKET_V5: usize = 64 * 1024 * 1024;
 /// Session Expiry Interval: the session outlives any disconnection, as a
 /// 3.1.1 session without a clean start does.
 const SESSION_NEVER_EXPIRES: u32 = u32::MAX;
@@ -160,6 +156,9 @@ pub(super) enum ConnError {
     V311(rumqttc::ConnectionError),
     #[error(transparent)]
     V5(v5::ConnectionError),
+    /// The broker broke the protocol in a way rumqttc lets through.
+    #[error("the broker broke the protocol: {0}")]
+    Violation(&'static str),
 }
 
 impl ConnError {
@@ -176,62 +175,36 @@ impl ConnError {
         }
     }
 
-    /// Whether an MQTT 5 attempt reached a broker that did not answer it
-    /// as MQTT 5 (it refused the version, answered what does not decode as
-    /// MQTT 5, or closed the connection): a 3.1.1 broker. A broker that
-    /// could not be reached, or answered in MQTT 5 (a refused login), says
-    /// nothing about the version.
-    pub(super) fn refuses_v5(&self) -> bool {
-        use std::io::ErrorKind;
-        use v5::ConnectionError as E;
+    /// What an MQTT 5 attempt's answer says of the broker, when it
+    /// answered (a CONNACK refusing it).
+    pub(super) fn answered(&self) -> Option<Verdict> {
         use v5::mqttbytes::v5::ConnectReturnCode as Code;
-        let ConnError::V5(e) = self else {
-            return false;
-        };
-        match e {
-            E::ConnectionRefused(code) => matches!(
-                code,
-                Code::RefusedProtocolVersion
-                    | Code::UnsupportedProtocolVersion
-                    | Code::MalformedPacket
-                    | Code::ProtocolError
-            ),
-            E::NotConnAck(_) => true,
-            E::MqttState(
-                v5::StateError::Deserialization(_) | v5::StateError::ConnectionAborted,
-            ) => true,
-            E::Io(io) => matches!(
-                io.kind(),
-                ErrorKind::UnexpectedEof
-                    | ErrorKind::ConnectionReset
-                    | ErrorKind::ConnectionAborted
-            ),
-            _ => false,
+        match self {
+            ConnError::V5(v5::ConnectionError::ConnectionRefused(
+                Code::UnsupportedProtocolVersion | Code::RefusedProtocolVersion,
+            )) => Some(Verdict::Speaks311),
+            ConnError::V5(v5::ConnectionError::ConnectionRefused(_)) => Some(Verdict::SpeaksV5),
+            _ => None,
         }
     }
-}
 
-impl ConnError {
-    /// An MQTT 5 attempt that timed out: a broker that took the connection
-    /// and never answered the connect, or one that could not be reached
-    /// (see [`reachable`]).
-    pub(super) fn v5_timed_out(&self) -> bool {
-        matches!(self, ConnError::V5(v5::ConnectionError::Timeout(_)))
+    /// Whether the broker could not be reached at all.
+    pub(super) fn unreachable(&self) -> bool {
+        use std::io::ErrorKind;
+        let io = match self {
+            ConnError::V5(v5::ConnectionError::Io(io)) => io,
+            ConnError::V311(rumqttc::ConnectionError::Io(io)) => io,
+            _ => return false,
+        };
+        matches!(
+            io.kind(),
+            ErrorKind::ConnectionRefused
+                | ErrorKind::NotFound
+                | ErrorKind::HostUnreachable
+                | ErrorKind::NetworkUnreachable
+                | ErrorKind::AddrNotAvailable
+        )
     }
-}
-
-/// Whether the broker takes a TCP connection within a moment: after an MQTT
-/// 5 connect timed out, tells a broker that ignored it from one that is
-/// not there.
-pub(super) async fn reachable(settings: &Settings) -> bool {
-    let Ok((host, port)) = settings.host_port() else {
-        return false;
-    };
-    let dial = tokio::net::TcpStream::connect((host.as_str(), port));
-    matches!(
-        tokio::time::timeout(std::time::Duration::from_secs(2), dial).await,
-        Ok(Ok(_))
-    )
 }
 
 /// A connection's event loop.
@@ -278,6 +251,18 @@ impl Connection {
                         session_present: ack.session_present,
                         code: format!("{:?}", ack.code),
                     },
+                    // rumqttc keeps every alias a broker sets, holding its
+                    // packet's buffer, for the connection's life; this
+                    // client allows none (Topic Alias Maximum 0).
+                    v5::Event::Incoming(Packet::Publish(p))
+                        if p.properties
+                            .as_ref()
+                            .is_some_and(|pr| pr.topic_alias.is_some()) =>
+                    {
+                        return Err(ConnError::Violation(
+                            "a topic alias, which this client does not allow",
+                        ));
+                    }
                     v5::Event::Incoming(Packet::Publish(p)) => Incoming::Publish(Publish {
                         dup: p.dup,
                         qos: qos311(p.qos),
@@ -305,14 +290,6 @@ impl Connection {
                     _ => Incoming::Other,
                 })
             }
-        }
-    }
-
-    /// The packet limits of the next connection (3.1.1; an MQTT 5
-    /// connection keeps [`MAX_PACKET_V5`]).
-    pub(super) fn set_max_packet_size(&mut self, incoming: usize, outgoing: usize) {
-        if let Connection::V311(el) = self {
-            el.mqtt_options.set_max_packet_size(incoming, outgoing);
         }
     }
 }
@@ -362,6 +339,7 @@ pub(super) fn options_311(
     settings: &Settings,
     will: Option<(String, Vec<u8>)>,
     request_capacity: usize,
+    incoming_limit: usize,
 ) -> Result<rumqttc::MqttOptions, MqttError> {
     let (host, port) = settings.host_port()?;
     let mut options = rumqttc::MqttOptions::new(settings.client_id.clone(), host, port);
@@ -370,7 +348,7 @@ pub(super) fn options_311(
         .set_keep_alive(settings.keep_alive)
         .set_clean_session(false)
         .set_manual_acks(true)
-        .set_max_packet_size(limit, limit)
+        .set_max_packet_size(incoming_limit.max(limit), limit)
         .set_request_channel_capacity(request_capacity);
     if let Some((topic, payload)) = will {
         options.set_last_will(rumqttc::LastWill::new(
@@ -390,8 +368,11 @@ pub(super) fn options_311(
 }
 
 /// MQTT 5 client options: as [`options_311`], with a session that never
-/// expires, and the broker's flow control (Receive Maximum) at
-/// `mqtt.max_unacked`.
+/// expires, the broker's flow control (Receive Maximum) at
+/// `mqtt.max_unacked`, and the packet limit told to the broker (which
+/// drops a message over it): rumqttc's MQTT 5 parser makes many times a
+/// packet's size of its properties, so this bounds what a publisher can
+/// make the process hold.
 pub(super) fn options_5(
     settings: &Settings,
     will: Option<(String, Vec<u8>)>,
@@ -406,7 +387,9 @@ pub(super) fn options_5(
         .set_session_expiry_interval(Some(SESSION_NEVER_EXPIRES))
         .set_manual_acks(true)
         .set_receive_maximum(Some(receive_maximum))
-        .set_max_packet_size(Some(MAX_PACKET_V5 as u32))
+        .set_max_packet_size(Some(
+            u32::try_from(settings.max_payload_bytes + PACKET_OVERHEAD).unwrap_or(u32::MAX),
+        ))
         .set_request_channel_capacity(request_capacity);
     if let Some((topic, payload)) = will {
         options.set_last_will(packets5::LastWill::new(
@@ -427,16 +410,19 @@ pub(super) fn options_5(
 }
 
 /// A client and its connection speaking `version`.
+/// `incoming_limit` raises a 3.1.1 connection's packet limit (to take an
+/// oversized message once).
 pub(super) fn open(
     settings: &Settings,
     will: Option<(String, Vec<u8>)>,
     request_capacity: usize,
     version: Version,
+    incoming_limit: usize,
 ) -> Result<(Client, Connection), MqttError> {
     Ok(match version {
         Version::V311 => {
             let (c, el) = rumqttc::AsyncClient::new(
-                options_311(settings, will, request_capacity)?,
+                options_311(settings, will, request_capacity, incoming_limit)?,
                 request_capacity,
             );
             (Client::V311(c), Connection::V311(Box::new(el)))
@@ -464,7 +450,7 @@ mod tests {
             url: "mqtt://broker:1883".into(),
             ..Settings::default()
         };
-        let o = options_311(&s, None, 10).expect("options");
+        let o = options_311(&s, None, 10, 0).expect("options");
         assert!(!o.clean_session() && o.manual_acks());
         assert!(matches!(o.transport(), rumqttc::Transport::Tcp));
         let o = options_5(&s, None, 10).expect("options");
@@ -479,7 +465,7 @@ mod tests {
         s.tls.ca_file = Some(ca.clone());
         s.username = Some("hg".into());
         s.password = Some("pw".into());
-        let o = options_311(&s, None, 10).expect("options");
+        let o = options_311(&s, None, 10, 0).expect("options");
         assert!(matches!(o.transport(), rumqttc::Transport::Tls(_)));
         let login = o.credentials().expect("credentials");
         assert_eq!(
@@ -490,7 +476,7 @@ mod tests {
         assert!(matches!(o.transport(), rumqttc::Transport::Tls(_)));
         assert!(o.credentials().is_some());
         s.tls.ca_file = Some(dir.path().join("missing.pem"));
-        let err = options_311(&s, None, 10)
+        let err = options_311(&s, None, 10, 0)
             .expect_err("missing CA")
             .to_string();
         assert!(err.contains("mqtt.tls.ca_file"), "{err}");
@@ -511,24 +497,29 @@ mod tests {
     }
 
     #[test]
-    fn only_a_broker_that_answered_not_in_mqtt_5_is_taken_for_a_3_1_1_one() {
+    fn a_refusal_in_mqtt_5_says_which_version_and_a_dial_failure_none() {
         use std::io::{Error, ErrorKind};
         use v5::ConnectionError as E;
         use v5::mqttbytes::v5::ConnectReturnCode as Code;
-        let v5 = |e| ConnError::V5(e).refuses_v5();
-        assert!(v5(E::ConnectionRefused(Code::UnsupportedProtocolVersion)));
-        assert!(v5(E::ConnectionRefused(Code::RefusedProtocolVersion)));
-        assert!(v5(E::MqttState(v5::StateError::ConnectionAborted)));
-        assert!(v5(E::Io(Error::from(ErrorKind::UnexpectedEof))));
-        // Not reached, or answered in MQTT 5.
-        assert!(!v5(E::Io(Error::from(ErrorKind::ConnectionRefused))));
-        assert!(!v5(E::ConnectionRefused(Code::BadUserNamePassword)));
-        assert!(!v5(E::ConnectionRefused(Code::NotAuthorized)));
-        assert!(
-            !ConnError::V311(rumqttc::ConnectionError::Io(Error::from(
-                ErrorKind::UnexpectedEof
-            )))
-            .refuses_v5()
+        let v5 = |e| ConnError::V5(e);
+        assert_eq!(
+            v5(E::ConnectionRefused(Code::UnsupportedProtocolVersion)).answered(),
+            Some(Verdict::Speaks311)
         );
+        assert_eq!(
+            v5(E::ConnectionRefused(Code::NotAuthorized)).answered(),
+            Some(Verdict::SpeaksV5)
+        );
+        // Closed, reset, aborted: no answer at all.
+        assert_eq!(
+            v5(E::MqttState(v5::StateError::ConnectionAborted)).answered(),
+            None
+        );
+        assert_eq!(
+            v5(E::Io(Error::from(ErrorKind::UnexpectedEof))).answered(),
+            None
+        );
+        assert!(v5(E::Io(Error::from(ErrorKind::ConnectionRefused))).unreachable());
+        assert!(!v5(E::Io(Error::from(ErrorKind::ConnectionReset))).unreachable());
     }
 }
