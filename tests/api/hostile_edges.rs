@@ -187,7 +187,7 @@ async fn an_oversized_mqtt_message_is_dead_lettered_once_without_a_reconnect_loo
 /// what follows is stored.
 #[tokio::test]
 async fn with_mqtt_5_a_message_over_the_announced_limit_is_dropped_by_the_broker_with_no_reconnect()
- {
+{
     oversized_message("5", None).await;
 }
 
