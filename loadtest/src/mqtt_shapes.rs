@@ -14,6 +14,7 @@ use crate::report::{Report, Section, f};
 const TARGET_RATIO: f64 = 1.2;
 
 pub async fn run(ctx: &Ctx, args: DatasetArgs, verify: bool) -> anyhow::Result<(Report, bool)> {
+    // Long: the three runs in turn, then one row of figures each.
     let mut report = Report::new("Hourglass MQTT shapes");
     let mut ok = true;
     let mut figures = Vec::new();

@@ -75,6 +75,8 @@ impl MqttIngest {
         metrics: Arc<Metrics>,
         shutdown: Shutdown,
     ) -> Result<Self, MqttError> {
+        // Long: the receiving connection, the letters' own, what the tasks
+        // share, each route's series at zero, then the four tasks.
         let state_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);

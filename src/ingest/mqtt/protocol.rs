@@ -12,7 +12,6 @@ use rumqttc::{Publish, QoS};
 
 use super::error::MqttError;
 use super::settings::{PACKET_OVERHEAD, Settings};
-use super::version::Verdict;
 
 /// Session Expiry Interval: the session outlives any disconnection, as a
 /// 3.1.1 session without a clean start does.
@@ -32,6 +31,19 @@ impl Version {
             Version::V311 => "3.1.1",
         }
     }
+}
+
+/// What a failed attempt says of the broker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Verdict {
+    /// It answered in MQTT 5 (a refused login, say).
+    SpeaksV5,
+    /// It refused MQTT 5, or answered in 3.1.1's form.
+    Speaks311,
+    /// It took the connection and gave no answer.
+    Unanswered,
+    /// It could not be reached.
+    Unreachable,
 }
 
 /// A request rumqttc could not queue (full, or its event loop gone).

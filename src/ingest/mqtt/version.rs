@@ -11,21 +11,8 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::protocol::{ConnError, Version};
+use super::protocol::{ConnError, Verdict, Version};
 use super::settings::{Protocol, Settings};
-
-/// What a failed attempt says of the broker.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Verdict {
-    /// It answered in MQTT 5 (a refused login, say).
-    SpeaksV5,
-    /// It refused MQTT 5, or answered in 3.1.1's form.
-    Speaks311,
-    /// It took the connection and gave no answer.
-    Unanswered,
-    /// It could not be reached.
-    Unreachable,
-}
 
 /// The choice under way: the version of the next attempt.
 #[derive(Debug)]
