@@ -350,7 +350,12 @@ async fn preload_history(
 /// the PUBACKs.
 fn connect_publisher(ctx: &Ctx) -> anyhow::Result<(AsyncClient, Arc<AtomicU64>)> {
     let (host, port) = mqtt_host_port(ctx.global.mqtt_url.as_deref().unwrap_or_default())?;
-    let mut o = MqttOptions::new(format!("fleet-{}", ctx.run), host, port);
+    // A client id of its own per run: a second run's publisher under the
+    // same id would take the session over, and the first's event loop would
+    // take it back, over and over, slowing both.
+    static RUNS: AtomicU64 = AtomicU64::new(0);
+    let n = RUNS.fetch_add(1, Ordering::Relaxed);
+    let mut o = MqttOptions::new(format!("fleet-{}-{n}", ctx.run), host, port);
     o.set_keep_alive(Duration::from_secs(30)).set_inflight(1000);
     let (client, mut el) = AsyncClient::new(o, 10_000);
     let acked = Arc::new(AtomicU64::new(0));
@@ -362,6 +367,8 @@ fn connect_publisher(ctx: &Ctx) -> anyhow::Result<(AsyncClient, Arc<AtomicU64>)>
                     a.fetch_add(1, Ordering::Relaxed);
                 }
                 Ok(_) => {}
+                // The run is over and its client dropped.
+                Err(rumqttc::ConnectionError::RequestsDone) => return,
                 Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
             }
         }
