@@ -26,9 +26,8 @@ pub async fn run(ctx: &Ctx, args: DatasetArgs, verify: bool) -> anyhow::Result<(
         let data = Dataset::recent(args.clone(), 0);
         let (r, good) = fleet::run(ctx, data, transport, 1, 8, verify, true, "minute", 0).await?;
         let key = format!("fleet_{}_journal", format!("{transport:?}").to_lowercase());
-        // Each shape on a server as the first found it: the stand-in slows
-        // as its in-memory data grows (the third shape's storing ran at a
-        // third of the first's, and its settle ran out).
+        // Each shape on a server as the first found it: the stand-in keeps
+        // everything in memory.
         if ctx.global.url.is_none() {
             mongodb::Client::with_uri_str(ctx.mongodb_uri()?)
                 .await?
