@@ -2,6 +2,7 @@
 
 mod backfill;
 mod ctx;
+mod dashboard;
 mod dataset;
 mod designs;
 mod exception;
@@ -162,6 +163,10 @@ enum Cmd {
         /// Run the service with the journal off (on by default, as shipped).
         #[arg(long)]
         no_journal: bool,
+        /// Only the panels' backfill and its catch-up, alone and with a
+        /// refreshing dashboard (no write cost, settled panels or group).
+        #[arg(long)]
+        catch_up_only: bool,
     },
     /// The same PromQL against Hourglass, Prometheus and VictoriaMetrics on the same samples.
     Promql {
@@ -410,15 +415,19 @@ async fn main() -> anyhow::Result<()> {
             group_sensors,
             repeats,
             no_journal,
+            catch_up_only,
         } => (
             "history",
             history::run(
                 &ctx,
-                long_history,
-                panel_sensors,
-                group_sensors,
-                repeats,
-                !no_journal,
+                history::Args {
+                    long_history,
+                    panel_sensors,
+                    group_sensors,
+                    repeats,
+                    journal: !no_journal,
+                    catch_up_only,
+                },
             )
             .await?,
         ),

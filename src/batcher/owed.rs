@@ -41,6 +41,11 @@ impl OwedHours {
         self.paid.notified().await;
     }
 
+    /// The oldest hour owed, if any.
+    pub fn oldest(&self) -> Option<i64> {
+        self.lock().keys().next().copied()
+    }
+
     /// The hours owed, oldest first (for tests and diagnostics).
     pub fn hours(&self) -> Vec<i64> {
         self.lock().keys().copied().collect()

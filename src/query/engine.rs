@@ -185,15 +185,8 @@ async fn run_batch(
     // Then the buckets written into hours after they were rolled up, not
     // rolled up again yet: read like buckets with unstored readings (none
     // to lay over them), so no stale slot answers.
-    let (late, read) = store
-        .late(&sensors, q.metric, q.from, q.to, q.max_time)
-        .await?;
-    cost.documents += read.documents;
-    cost.round_trips += read.round_trips;
-    // Marked hours are read from their buckets: refused at once when that
-    // would outlast the query's time (with about when they are rolled up).
-    let marked: usize = late.iter().map(Vec::len).sum();
-    store.afford_marked(marked as u64, q.max_time)?;
+    let overlaid: u64 = unstored.iter().map(|u| u.len() as u64).sum();
+    let late = marked_starts(store, q, &sensors, overlaid, cost).await?;
     for (u, starts) in unstored.iter_mut().zip(late) {
         for start in starts {
             if let Err(at) = u.binary_search_by_key(&start, |(s, _)| *s) {
@@ -281,6 +274,38 @@ async fn run_batch(
         out.push(cells);
     }
     Ok(out)
+}
+
+/// The starts of the buckets of `sensors` in hours marked late (see
+/// `store::rollup::late`). The upkeep is asked to roll those hours up
+/// first; when the step under way holds them all and ends sooner than
+/// their buckets would be read, the query waits for it and looks again
+/// (once); when reading them and the `unstored` buckets would outlast the
+/// query's time, or its turn in the queries' share of a catch-up would, it
+/// is refused at once with about when they are rolled up.
+async fn marked_starts(
+    store: &MongoStore,
+    q: &Question<'_>,
+    sensors: &[&str],
+    unstored: u64,
+    cost: &mut Cost,
+) -> Result<Vec<Vec<i64>>, StoreError> {
+    let mut may_wait = true;
+    loop {
+        let (late, read) = store
+            .late(sensors, q.metric, q.from, q.to, q.max_time)
+            .await?;
+        cost.documents += read.documents;
+        cost.round_trips += read.round_trips;
+        let marked: usize = late.starts.iter().map(Vec::len).sum();
+        let waited = store
+            .settle_marked(&late.docs, (marked as u64, unstored), q.max_time, may_wait)
+            .await?;
+        if !waited {
+            return Ok(late.starts);
+        }
+        may_wait = false;
+    }
 }
 
 /// Groups of series read together at most: series asking different starts

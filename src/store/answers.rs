@@ -42,6 +42,17 @@ pub struct Read {
     pub round_trips: u64,
 }
 
+/// The marks of hours rolled up again later (see `store::rollup::late`)
+/// over a query's series and range.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LateMarks {
+    /// Per series, the starts of its marked buckets, sorted.
+    pub starts: Vec<Vec<i64>>,
+    /// The marker documents holding them: what the query asks the upkeep
+    /// to roll up first.
+    pub docs: Vec<i64>,
+}
+
 /// A stored bucket with its series, as an export streams it.
 #[derive(Debug, Clone)]
 pub struct StoredBucket {

@@ -12,7 +12,9 @@ pub mod registry;
 pub mod rollup;
 mod settings;
 
-pub use answers::{BucketStream, Change, DeadLetterInfo, Doc, Fetch, Read, StoredBucket};
+pub use answers::{
+    BucketStream, Change, DeadLetterInfo, Doc, Fetch, LateMarks, Read, StoredBucket,
+};
 pub use document::SCHEMA_VERSION;
 pub use errors::StoreError;
 

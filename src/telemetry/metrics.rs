@@ -84,6 +84,8 @@ pub struct Metrics {
     pub rollup_jobs: IntCounter,
     pub rollup_pending: IntGauge,
     pub rollup_late: IntGauge,
+    pub query_waits_for_rollups: IntCounter,
+    pub query_catch_up_refusals: IntCounter,
     pub runtime_workers: IntGauge,
     /// CPU seconds spent inside the driver's calls (see `store::mongo::driver_cpu`);
     /// the metric adds the driver's own thread when gathered.
@@ -414,6 +416,16 @@ impl Metrics {
                 &r,
                 "hourglass_rollup_late_hours",
                 "Series-hours written after they ended (late readings, a backfill) whose reads go to their buckets until the upkeep rolls them up; counted over every instance by the one that rolls them up (0 on the others).",
+            ),
+            query_waits_for_rollups: counter(
+                &r,
+                "hourglass_query_rollup_waits_total",
+                "Queries that waited for the upkeep's step rolling up the marked hours they met, instead of reading those hours' buckets (it ended sooner).",
+            ),
+            query_catch_up_refusals: counter(
+                &r,
+                "hourglass_query_catch_up_refusals_total",
+                "Queries refused at once (503 with Retry-After) during a catch-up because the queries' share of the server's time (half) could not cover their reads of marked and unstored buckets within their timeout.",
             ),
             runtime_workers: gauge(
                 &r,

@@ -88,6 +88,10 @@ pub struct MongoStore {
     pub(super) pace: Arc<super::pace::Pace>,
     /// Queries' reads, which the rollup upkeep gives way to (see `give_way`).
     pub(super) traffic: Arc<Traffic>,
+    /// The queries' budget of reading time during a catch-up (see `share`).
+    pub(super) share: Arc<super::share::Share>,
+    /// The marked hours queries asked for, and the upkeep's step under way.
+    pub(super) priority: Arc<super::rollup::priority::Priority>,
     pub(super) dead_letter_retention: Option<Duration>,
     /// How the collections this creates are compressed (`mongodb.block_compressor`).
     pub(super) block_compressor: BlockCompressor,
@@ -229,6 +233,8 @@ impl MongoStore {
             owed: Arc::default(),
             pace: Arc::default(),
             traffic: Arc::default(),
+            priority: Arc::default(),
+            share: Arc::default(),
             dead_letter_retention: settings.dead_letter_retention,
             block_compressor: settings.block_compressor,
             metrics: None,

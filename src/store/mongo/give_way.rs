@@ -9,7 +9,9 @@
 //! for [`QUIET`], at most as long as its own last command took (and never
 //! over [`MAX_WAIT`]): under a ceaseless stream of queries the upkeep still
 //! has half the server. Queries that meet hours not yet rolled up are
-//! slow because of it, so starving it would only make them slower.
+//! slow because of it, so starving it would only make them slower; and
+//! while a query waits for the upkeep's step (see `rollup::priority`) the
+//! upkeep does not give way at all.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -43,6 +45,8 @@ pub(super) struct Traffic {
     /// One more than the milliseconds from `origin` to the last time the
     /// upkeep went ahead (0: never).
     granted: AtomicU64,
+    /// Queries waiting for the upkeep's step under way.
+    waiting: AtomicUsize,
 }
 
 impl Default for Traffic {
@@ -52,6 +56,7 @@ impl Default for Traffic {
             reading: AtomicUsize::new(0),
             last_end: AtomicU64::new(0),
             granted: AtomicU64::new(0),
+            waiting: AtomicUsize::new(0),
         }
     }
 }
@@ -82,11 +87,24 @@ impl Traffic {
         u64::try_from(ms).unwrap_or(u64::MAX - 1) + 1
     }
 
+    /// Counts a query waiting for the upkeep's step until the guard is
+    /// dropped: meanwhile the upkeep goes ahead at once.
+    pub(super) fn waiting(&self) -> Waiting<'_> {
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        Waiting(self)
+    }
+
     /// Waits until the queries pause, at most as long as the upkeep worked
     /// since it last went ahead (its last command) and never over
-    /// [`MAX_WAIT`]; returns how long it waited.
+    /// [`MAX_WAIT`]; returns how long it waited. While a query waits for
+    /// the upkeep, it goes ahead at once.
     pub(super) async fn give_way(&self) -> Duration {
         let start = Instant::now();
+        if self.waiting.load(Ordering::Acquire) > 0 {
+            self.granted
+                .store(self.since_origin(start), Ordering::Release);
+            return Duration::ZERO;
+        }
         let worked = match self.granted.load(Ordering::Acquire) {
             0 => MAX_WAIT,
             at => start
@@ -103,6 +121,15 @@ impl Traffic {
             }
             tokio::time::sleep(POLL).await;
         }
+    }
+}
+
+/// A query waiting for the upkeep (see [`Traffic::waiting`]).
+pub(super) struct Waiting<'a>(&'a Traffic);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -161,6 +188,17 @@ mod tests {
                 "{command:?}: {waited:?}"
             );
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn while_a_query_waits_for_the_upkeep_it_goes_ahead_of_reads() {
+        let traffic = Traffic::default();
+        let _reading = traffic.reading();
+        let waiting = traffic.waiting();
+        assert_eq!(traffic.give_way().await, Duration::ZERO);
+        drop(waiting);
+        tokio::time::advance(Duration::from_millis(300)).await;
+        assert!(traffic.give_way().await >= Duration::from_millis(300));
     }
 
     #[tokio::test(start_paused = true)]

@@ -20,6 +20,7 @@ mod rollup;
 mod series_finds;
 mod settings;
 mod shapes;
+mod share;
 mod sink;
 mod surface;
 mod tombstones;

@@ -58,9 +58,20 @@ impl Pace {
         self.late.store(series_hours, Ordering::Release);
     }
 
+    /// Series-hours marked late at the last count.
+    pub(super) fn late(&self) -> u64 {
+        self.late.load(Ordering::Acquire)
+    }
+
     /// How long reading `documents` buckets takes at the measured pace.
     pub(super) fn reading(&self, documents: u64) -> Option<Duration> {
         per(&self.bucket, documents)
+    }
+
+    /// How long rolling up `series_hours` takes at the measured pace (a
+    /// second a hundred before it is measured).
+    pub(super) fn rolling_up(&self, series_hours: u64) -> Duration {
+        per(&self.series_hour, series_hours).unwrap_or(Duration::from_millis(10 * series_hours))
     }
 
     /// About when the hours marked at the last count are rolled up.

@@ -12,6 +12,8 @@ use mongodb::bson::doc;
 
 use super::classify::classify_read;
 use super::connection::MongoStore;
+use super::rollup::priority::{Choice, decide};
+use super::share::Admit;
 use crate::domain::{SensorId, SensorLabels};
 use crate::store::{Doc, Fetch, Labels, Read, SensorInfo, SensorQuery, StoreError};
 
@@ -39,17 +41,61 @@ impl MongoStore {
         Ok(read)
     }
 
-    /// Refuses a query whose `marked` buckets (of hours marked late, read
-    /// instead of their rollups) would take longer than `budget` to read at
-    /// the pace measured: it answers at once, with about when the catch-up
-    /// ends, instead of at its timeout (having taken the server's time
-    /// from the catch-up it waits for).
-    pub fn afford_marked(&self, marked: u64, budget: Duration) -> Result<(), StoreError> {
-        match self.pace.reading(marked) {
-            Some(t) if t > budget => Err(StoreError::CatchingUp(
-                self.pace.catch_up().as_secs().max(1),
-            )),
-            _ => Ok(()),
+    /// What a query does about the `marked` buckets it would read of hours
+    /// marked late (instead of their rollups), held in the marker documents
+    /// `docs` (see `rollup::priority`), and the `unstored` ones it reads to
+    /// lay the batcher's readings over. It asks the upkeep to roll the
+    /// marked hours up first. Then, if `may_wait` and the upkeep's step
+    /// under way holds them all and ends sooner than they would be read, it
+    /// waits for that step and answers `true`: look at the markers again.
+    /// Otherwise it answers `false` (read them), after its turn in the
+    /// queries' share of a catch-up (see `share`); or refuses when reading
+    /// them would outlast `budget` at the pace measured: at once, with
+    /// about when the catch-up ends, instead of at its timeout (having
+    /// taken the server's time from the catch-up it waits for).
+    pub async fn settle_marked(
+        &self,
+        docs: &[i64],
+        (marked, unstored): (u64, u64),
+        budget: Duration,
+        may_wait: bool,
+    ) -> Result<bool, StoreError> {
+        let now = tokio::time::Instant::now();
+        self.priority.want(docs, now);
+        let step = (may_wait && !docs.is_empty())
+            .then(|| self.priority.step_holding(docs, now))
+            .flatten();
+        let all = self.pace.reading(marked + unstored);
+        let retry = || {
+            let at = self.pace.catch_up().as_secs().max(1);
+            StoreError::CatchingUp(at)
+        };
+        match decide(all, step.as_ref().map(|s| s.0), budget) {
+            Choice::Wait(within) => {
+                if let Some((_, mut ended)) = step {
+                    let _waiting = self.traffic.waiting();
+                    let _ = tokio::time::timeout(within, ended.changed()).await;
+                }
+                self.count(|m| m.query_waits_for_rollups.inc());
+                Ok(true)
+            }
+            Choice::Refuse => Err(retry()),
+            Choice::Read => {
+                let Some(cost) = all.filter(|_| self.catching_up()) else {
+                    return Ok(false);
+                };
+                match self.share.admit(cost, budget, now) {
+                    Admit::Go => Ok(false),
+                    Admit::Wait(d) => {
+                        tokio::time::sleep(d).await;
+                        Ok(false)
+                    }
+                    Admit::Refuse => {
+                        self.count(|m| m.query_catch_up_refusals.inc());
+                        Err(retry())
+                    }
+                }
+            }
         }
     }
 

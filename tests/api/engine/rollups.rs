@@ -475,3 +475,77 @@ async fn a_query_that_cannot_read_its_marked_hours_in_time_is_refused_at_once_wi
     );
     app.stop().await.expect("clean stop");
 }
+
+/// A query over hours marked late asks the upkeep for them: they are
+/// rolled up at once, before the quiet other marked hours wait for (here
+/// the longest allowed, a minute), and read from their rollups from then on.
+#[tokio::test]
+async fn a_query_over_hours_marked_late_has_them_rolled_up_first_without_waiting_for_their_quiet() {
+    let mut s = test_settings();
+    s.buckets.late_rollup_after = Duration::from_secs(60);
+    let app = spawn_app_with(s).await;
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let hour = now - now.rem_euclid(3600);
+    let (asked, other) = (hour - 5 * 3600, hour - 2 * 3600);
+    let body: Vec<Value> = (0..6)
+        .flat_map(|i| {
+            [
+                reading("pq", "m", asked + i * 600, i as f64),
+                reading("pq", "m", other + i * 600, 10.0 + i as f64),
+            ]
+        })
+        .collect();
+    assert_eq!(app.post_readings(&Value::Array(body)).await.status(), 200);
+    let late = app
+        .db
+        .collection::<Document>(&app.settings.mongodb.late_collection);
+    // The markers of one hour (one partition document per hour here).
+    let marked = |h: i64| {
+        let late = late.clone();
+        async move {
+            late.count_documents(
+                doc! { "_id": { "$gte": h / 3600 * 16, "$lt": (h / 3600 + 1) * 16 } },
+            )
+            .await
+            .expect("count")
+        }
+    };
+    assert_eq!((marked(asked).await, marked(other).await), (1, 1));
+    let buckets_read = "hourglass_db_documents_read_total{collection=\"buckets\",kind=\"query\"}";
+    let average = || async {
+        let before = app.metric(buckets_read).await;
+        let r = app
+            .client
+            .get(format!(
+                "{}/api/v1/sensors/pq/average?metric=m&from={}&to={}",
+                app.address,
+                rfc3339(asked),
+                rfc3339(asked + 3600)
+            ))
+            .header("cache-control", "no-cache")
+            .send()
+            .await
+            .expect("the request is sent");
+        assert_eq!(r.status(), 200);
+        let body: Value = r.json().await.expect("json");
+        (body, app.metric(buckets_read).await - before)
+    };
+    let (first, read) = average().await;
+    assert_eq!(first["count"], 6, "{first}");
+    assert!(read > 0.0, "the marked hour is read from its buckets");
+    eventually(
+        Duration::from_secs(30),
+        "the hour asked for is rolled up and its marker gone",
+        || async { marked(asked).await == 0 },
+    )
+    .await;
+    assert_eq!(
+        marked(other).await,
+        1,
+        "the hour nobody asked for still waits for its quiet"
+    );
+    let (again, read) = average().await;
+    assert_eq!(read, 0.0, "read from its rollups now: {again}");
+    assert_eq!(again, first);
+    app.stop().await.expect("clean stop");
+}

@@ -15,7 +15,7 @@ use crate::store::mongo::connection::unix_now;
 use crate::store::raw_writer::{Open, Writer, index_key};
 use crate::store::rollup::late::{self, Entry};
 use crate::store::rollup::schedule::Job;
-use crate::store::{Read, StoreError};
+use crate::store::{LateMarks, Read, StoreError};
 
 /// Entries the upkeep rolls up in one pass.
 pub(in crate::store::mongo) const ENTRIES_PER_PASS: usize = 20_000;
@@ -183,7 +183,8 @@ impl MongoStore {
 
     /// The bucket starts of each of `sensors` (for `metric`) in `[from, to)`
     /// whose rollup slots are stale until their hour is rolled up again
-    /// (`store::rollup::late`), sorted; and what reading them cost.
+    /// (`store::rollup::late`), sorted, with the marker documents holding
+    /// them; and what reading them cost.
     pub async fn late(
         &self,
         sensors: &[&str],
@@ -191,12 +192,13 @@ impl MongoStore {
         from: i64,
         to: i64,
         max_time: Duration,
-    ) -> Result<(Vec<Vec<i64>>, Read), StoreError> {
+    ) -> Result<(LateMarks, Read), StoreError> {
         let _reading = self.traffic.reading();
         let mut out = vec![Vec::new(); sensors.len()];
+        let mut docs = Vec::new();
         let mut read = Read::default();
         if sensors.is_empty() || from >= to {
-            return Ok((out, read));
+            return Ok((LateMarks { starts: out, docs }, read));
         }
         let index: std::collections::HashMap<String, usize> = sensors
             .iter()
@@ -218,10 +220,15 @@ impl MongoStore {
         read.round_trips += 1;
         while let Some(d) = cursor.try_next().await.map_err(classify_read)? {
             read.documents += 1;
+            let mut ours = false;
             for e in late::entries(&d) {
                 if let Some(&i) = index.get(&e.key) {
                     out[i].extend(late::starts(e.hour, e.minutes, self.granularity));
+                    ours = true;
                 }
+            }
+            if ours {
+                docs.extend(late::doc_id_of(&d));
             }
         }
         for starts in &mut out {
@@ -229,7 +236,7 @@ impl MongoStore {
             starts.dedup();
         }
         self.count(|m| m.db_documents("read", "late", "query", read.documents));
-        Ok((out, read))
+        Ok((LateMarks { starts: out, docs }, read))
     }
 
     /// Removes the parts of the rolled-up `entries` that no flush marked
@@ -278,13 +285,15 @@ impl MongoStore {
         Ok((count("n"), count("nModified")))
     }
 
-    /// Rolls up the hours marked late that are due as of `now`: no mark for
-    /// `quiet` seconds (`None`: only the next one), or a first mark a minute
-    /// ago; newest hours first (dashboards look at the recent past), in
-    /// steps of about [`ENTRIES_PER_STEP`] entries, each step's markers
-    /// removed as soon as its rollups are written. Rolls up at most
-    /// [`ENTRIES_PER_PASS`] entries; with `quiet` zero and nothing written
-    /// meanwhile, every marker goes.
+    /// Rolls up the hours marked late that are due as of `now`: those
+    /// queries asked for (see `priority`), without waiting for a quiet;
+    /// then those with no mark for `quiet` seconds (`None`: only the next
+    /// one), or a first mark a minute ago, newest first (dashboards look at
+    /// the recent past). In steps of about
+    /// [`ENTRIES_PER_STEP`] entries, each step's markers removed as soon as
+    /// its rollups are written. Rolls up at most [`ENTRIES_PER_PASS`]
+    /// entries; with `quiet` zero and nothing written meanwhile, every
+    /// marker goes.
     pub async fn roll_up_late(&self, now: i64, quiet: Option<i64>) -> Result<LatePass, StoreError> {
         let overdue = now.saturating_sub(LATEST_AFTER);
         let latest = doc! { "first": { "$lte": date(overdue) } };
@@ -292,19 +301,90 @@ impl MongoStore {
             Some(quiet) => doc! { "$or": [{ "at": { "$lte": date(now - quiet) } }, latest] },
             None => latest,
         };
+        let mut pass = LatePass::default();
+        let mut docs: Vec<Marked> = Vec::new();
+        let mut entries = 0;
+        // The documents queries asked for first, then the rest, newest first.
+        let wanted: Vec<i64> = self
+            .priority
+            .wanted(tokio::time::Instant::now())
+            .into_iter()
+            .collect();
+        if !wanted.is_empty() {
+            let asked = doc! { "_id": { "$in": wanted } };
+            self.collect_due(asked, overdue, &mut docs, &mut entries, &mut pass)
+                .await?;
+        }
+        if !pass.full {
+            self.collect_due(filter, overdue, &mut docs, &mut entries, &mut pass)
+                .await?;
+        }
+        let mut rest: std::collections::VecDeque<Marked> = docs.into();
+        while !rest.is_empty() {
+            // Asks that came during the pass go before the next step.
+            let wanted = self.priority.wanted(tokio::time::Instant::now());
+            if !wanted.is_empty() {
+                let (asked, other): (Vec<Marked>, Vec<Marked>) =
+                    rest.into_iter().partition(|d| wanted.contains(&d.id));
+                rest = asked.into_iter().chain(other).collect();
+            }
+            let mut n = 1;
+            let mut size = rest[0].entries.len();
+            while n < rest.len() && size + rest[n].entries.len() <= ENTRIES_PER_STEP {
+                size += rest[n].entries.len();
+                n += 1;
+            }
+            let step: Vec<Marked> = rest.drain(..n).collect();
+            let began = std::time::Instant::now();
+            let ids = step.iter().map(|d| d.id).collect();
+            let expected = self.pace.rolling_up(size as u64);
+            let asked = self
+                .priority
+                .begin(ids, expected, tokio::time::Instant::now());
+            let done = self.roll_up_step(&step, now).await;
+            self.priority.end();
+            done?;
+            tracing::debug!(
+                entries = size,
+                asked,
+                elapsed_ms = began.elapsed().as_millis() as u64,
+                "Rolled up a step of the hours marked late."
+            );
+            pass.rolled_up += size;
+            // The gauge follows each step: panels over the hours just
+            // rolled up read their rollups already.
+            if !rest.is_empty() {
+                self.recount_late().await;
+            }
+        }
+        Ok(pass)
+    }
+
+    /// Reads the marker documents `filter` finds, newest first, into `docs`
+    /// (leaving those already there and those held for a write of this
+    /// instance), until `entries` reaches [`ENTRIES_PER_PASS`].
+    async fn collect_due(
+        &self,
+        filter: Document,
+        overdue: i64,
+        docs: &mut Vec<Marked>,
+        entries: &mut usize,
+        pass: &mut LatePass,
+    ) -> Result<(), StoreError> {
         let mut cursor = self
             .driver(self.late.find(filter).sort(doc! { "_id": -1 }))
             .await
             .map_err(classify)?;
-        let mut pass = LatePass::default();
-        let mut docs: Vec<Marked> = Vec::new();
-        let mut entries = 0;
+        let taken: std::collections::HashSet<i64> = docs.iter().map(|m| m.id).collect();
         let mut read = 0;
         while let Some(d) = self.driver(cursor.try_next()).await.map_err(classify)? {
             read += 1;
             let Some(id) = late::doc_id_of(&d) else {
                 continue;
             };
+            if taken.contains(&id) {
+                continue;
+            }
             // A flush of this instance under way into the hour, or a bucket
             // of it still held, marks it again when written: rolled up
             // after that, unless its minute is up.
@@ -321,40 +401,16 @@ impl MongoStore {
                 token: d.get("t").cloned(),
                 entries: late::entries(&d),
             };
-            entries += marked.entries.len();
+            *entries += marked.entries.len();
             docs.push(marked);
-            if entries >= ENTRIES_PER_PASS {
+            if *entries >= ENTRIES_PER_PASS {
                 pass.full = true;
                 break;
             }
         }
         drop(cursor);
         self.count(|m| m.db_documents("read", "late", "rollup_upkeep", read));
-        let mut rest = docs.as_slice();
-        while !rest.is_empty() {
-            let mut n = 1;
-            let mut size = rest[0].entries.len();
-            while n < rest.len() && size + rest[n].entries.len() <= ENTRIES_PER_STEP {
-                size += rest[n].entries.len();
-                n += 1;
-            }
-            let (step, after) = rest.split_at(n);
-            let began = std::time::Instant::now();
-            self.roll_up_step(step, now).await?;
-            tracing::debug!(
-                entries = size,
-                elapsed_ms = began.elapsed().as_millis() as u64,
-                "Rolled up a step of the hours marked late."
-            );
-            pass.rolled_up += size;
-            rest = after;
-            // The gauge follows each step: panels over the hours just
-            // rolled up read their rollups already.
-            if !rest.is_empty() {
-                self.recount_late().await;
-            }
-        }
-        Ok(pass)
+        Ok(())
     }
 
     /// Rolls up the entries of `docs`, then removes what no flush marked

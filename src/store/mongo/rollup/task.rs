@@ -39,6 +39,18 @@ impl MongoStore {
         self.owed.get().is_some_and(|o| o.owes(hour))
     }
 
+    /// Whether a catch-up is under way: hours marked late at the last
+    /// count, or an ended hour the batcher still owes (see `share`).
+    pub(in crate::store::mongo) fn catching_up(&self) -> bool {
+        let hour = unix_now() - unix_now().rem_euclid(3600);
+        self.pace.late() > 0
+            || self
+                .owed
+                .get()
+                .and_then(|o| o.oldest())
+                .is_some_and(|oldest| oldest < hour)
+    }
+
     /// Resolves when an hour the batcher held is paid (never without a
     /// batcher).
     async fn paid(&self) {
@@ -110,7 +122,13 @@ impl MongoStore {
             // hour at once could write a roll-up read before a flush over one
             // read after it (late roll-ups replace their slots).
             let roller = self.late_roller.load(std::sync::atomic::Ordering::Acquire);
-            if roller && !(lone && none_left && now.saturating_sub(polled) < late::LATEST_AFTER) {
+            // Hours a query asked for are looked for whatever this instance
+            // marked (another's marks, an operator's command).
+            let asked = !self.priority.wanted(tokio::time::Instant::now()).is_empty();
+            if roller
+                && (asked
+                    || !(lone && none_left && now.saturating_sub(polled) < late::LATEST_AFTER))
+            {
                 polled = now;
                 // A lone instance's marks are all its own: with the ledger
                 // an hour is due once its batcher owes it nothing (however
@@ -147,6 +165,8 @@ impl MongoStore {
                 _ = tokio::time::sleep(wait) => {}
                 // A lone instance's hours are due as their last bucket is written.
                 _ = self.paid(), if ledger => {}
+                // A query met marked hours: they go first.
+                _ = self.priority.asked(), if roller => {}
             }
         }
         let now = unix_now();
