@@ -256,6 +256,12 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<(Report, bool)> {
             &["panel", "cold / refresh ms", "documents (cold)"],
         );
         for (name, e) in panel_names().iter().zip(&early) {
+            if e.cold_ms > 2000.0 || e.refresh_ms > 300.0 {
+                missed.push(format!(
+                    "{name} 5 s after stored: {:.0} ms cold, {:.0} ms on refresh",
+                    e.cold_ms, e.refresh_ms
+                ));
+            }
             s.row(vec![
                 (*name).to_owned(),
                 format!("{} / {}", f(e.cold_ms), f(e.refresh_ms)),

@@ -186,22 +186,10 @@ async fn run_batch(
     // rolled up again yet: read like buckets with unstored readings (none
     // to lay over them), so no stale slot answers.
     let overlaid: u64 = unstored.iter().map(|u| u.len() as u64).sum();
-    let late = marked_starts(store, q, &sensors, overlaid, cost).await?;
-    for (u, starts) in unstored.iter_mut().zip(late) {
-        for start in starts {
-            if let Err(at) = u.binary_search_by_key(&start, |(s, _)| *s) {
-                u.insert(at, (start, Vec::new()));
-            }
-        }
-    }
     // Per series: the cells the cache may hold (closed, after the horizon,
     // nothing unstored in them), from the first, and those of them it
     // answers. A late hour's cell is read from its buckets here, and any
     // write after that read leaves a change entry (see `query::cache`).
-    let dirty: Vec<Vec<i64>> = unstored
-        .iter()
-        .map(|u| u.iter().map(|(s, _)| *s).collect())
-        .collect();
     let mut keepable: Vec<Vec<(i64, i64)>> = vec![Vec::new(); batch.len()];
     let mut known: Vec<Vec<Cell>> = vec![Vec::new(); batch.len()];
     if let Some(c) = cached {
@@ -221,6 +209,29 @@ async fn run_batch(
             }
         }
     }
+    // The markers of the cells the cache does not answer only: a cell it
+    // holds stays exact whatever was marked since (the write that marked
+    // it dropped it), so a refresh during a catch-up reads the markers of
+    // its open tail, not of its whole range again.
+    let marks_from = known
+        .iter()
+        .filter_map(|k| plan.grid().start(k.len()))
+        .min()
+        .map(|a| a.max(q.from));
+    if let Some(from) = marks_from {
+        let late = marked_starts(store, q, from, &sensors, overlaid, cost).await?;
+        for (u, starts) in unstored.iter_mut().zip(late) {
+            for start in starts {
+                if let Err(at) = u.binary_search_by_key(&start, |(s, _)| *s) {
+                    u.insert(at, (start, Vec::new()));
+                }
+            }
+        }
+    }
+    let dirty: Vec<Vec<i64>> = unstored
+        .iter()
+        .map(|u| u.iter().map(|(s, _)| *s).collect())
+        .collect();
     // Series quiet since before the range, with nothing unstored or late in
     // it, hold nothing there: no read (read after the memory above, so a
     // registration since the listing is seen here).
@@ -277,7 +288,7 @@ async fn run_batch(
 }
 
 /// The starts of the buckets of `sensors` in hours marked late (see
-/// `store::rollup::late`). The upkeep is asked to roll those hours up
+/// `store::rollup::late`) from `from` to the question's end. The upkeep is asked to roll those hours up
 /// first; when the step under way holds them all and ends sooner than
 /// their buckets would be read, the query waits for it and looks again
 /// (once); when reading them and the `unstored` buckets would outlast the
@@ -286,20 +297,25 @@ async fn run_batch(
 async fn marked_starts(
     store: &MongoStore,
     q: &Question<'_>,
+    from: i64,
     sensors: &[&str],
     unstored: u64,
     cost: &mut Cost,
 ) -> Result<Vec<Vec<i64>>, StoreError> {
     let mut may_wait = true;
+    let began = std::time::Instant::now();
     loop {
         let (late, read) = store
-            .late(sensors, q.metric, q.from, q.to, q.max_time)
+            .late(sensors, q.metric, from, q.to, q.max_time)
             .await?;
         cost.documents += read.documents;
         cost.round_trips += read.round_trips;
         let marked: usize = late.starts.iter().map(Vec::len).sum();
+        // What is left of the query's time after a wait decides the next
+        // look, not its whole time again.
+        let budget = q.max_time.saturating_sub(began.elapsed());
         let waited = store
-            .settle_marked(&late.docs, (marked as u64, unstored), q.max_time, may_wait)
+            .settle_marked(&late.docs, (marked as u64, unstored), budget, may_wait)
             .await?;
         if !waited {
             return Ok(late.starts);
