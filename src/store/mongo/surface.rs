@@ -81,7 +81,10 @@ impl MongoStore {
             }
             Choice::Refuse => Err(retry()),
             Choice::Read => {
-                let Some(cost) = all.filter(|_| self.catching_up()) else {
+                // Nothing to read of the catch-up's: nothing drawn, no turn
+                // to wait (a refresh answered by the cache and its tail).
+                let reads = marked + unstored > 0;
+                let Some(cost) = all.filter(|_| reads && self.catching_up()) else {
                     return Ok(false);
                 };
                 match self.share.admit(cost, budget, now) {
