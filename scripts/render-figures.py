@@ -186,6 +186,7 @@ PANELS = [
     "fleet 1 d mean, 1 d step",
 ]
 HISTORY = "history --long-history 1000"
+HISTORY_CATCH_UP = "history --catch-up-only"
 BACKFILL = "backfill --sensors 1 --metrics 1 --seconds 5184000 --interval 60"
 RANGES = "ranges --days 60 --interval 600 --repeats 10"
 STORAGE = "storage"
@@ -233,6 +234,21 @@ def history_after_stored(r):
         f"{spread([p['refresh_ms'] for p in panels])} ms refreshed; {marked}; "
         f"{n(c['series_hours_per_s'])} series-hours rolled up a second",
         f"{spread([p['documents'] for p in panels])} documents cold",
+    ]
+
+
+def history_catch_up(r):
+    c = r.get("history", "catch_up_refreshed")
+    a, d, p = c["alone"], c["refreshed"], c["panels"]
+    return [
+        "The rollup catch-up of that backfill with a dashboard of 5 panels refreshing "
+        "every 5 s from its first request, on the stand-in",
+        f"{ratio(c['rate_ratio'])} its rate alone ({n(d['series_hours_per_s'])} against "
+        f"{n(a['series_hours_per_s'])} series-hours a second); none marked late "
+        f"{n(d['seconds_after_stored'], 2)} s after stored ({n(a['seconds_after_stored'], 2)} s alone); "
+        f"panels {n(p['ok'])} answered, {n(p['unavailable'])} refused at once with Retry-After, "
+        f"median {n(p['latency_ms']['p50'])} ms",
+        "–",
     ]
 
 
@@ -397,6 +413,7 @@ CURRENT = [
     Row("history panels", HISTORY, history_panels),
     Row("history group", HISTORY, history_group),
     Row("history after stored", HISTORY, history_after_stored),
+    Row("history catch-up", HISTORY_CATCH_UP, history_catch_up),
     Row("backfill", BACKFILL, backfill),
     Row("ranges averages", RANGES, ranges_averages),
     Row("ranges exception", RANGES, ranges_exception),

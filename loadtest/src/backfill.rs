@@ -202,13 +202,23 @@ pub async fn run(
         )
         .await?;
     let before = scrape(&target.url).await.unwrap_or_default();
+    let cpu0 = target.cpu();
     let started = Instant::now();
-    let o = send_all(ctx, &target, data, batch, concurrency).await?;
+    let mut o = send_all(ctx, &target, data, batch, concurrency).await?;
     // Stored (with the journal off each answer came once its readings
     // were; with it on, once the service counts them stored); five seconds
     // later a user opens a dashboard over it.
     if journal {
         crate::waits::wait_stored(&target.url, o.readings).await?;
+        // The answers came once journaled: the write's figures are taken
+        // when stored, not when the last answer came.
+        let after = scrape(&target.url).await.unwrap_or_default();
+        let delta =
+            |k: &str| after.get(k).copied().unwrap_or(0.0) - before.get(k).copied().unwrap_or(0.0);
+        o.seconds = started.elapsed().as_secs_f64();
+        o.bucket_updates = delta("hourglass_bucket_updates_total");
+        o.round_trips = delta("hourglass_write_round_trips_total");
+        o.service_cpu = cpu0.zip(target.cpu()).map(|(a, b)| b - a);
     }
     let stored_at = Instant::now();
     let first = crate::waits::first_five_seconds(&target.url, stored_at).await?;

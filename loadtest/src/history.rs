@@ -267,7 +267,12 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<(Report, bool)> {
                 format!("{} / {}", f(e.cold_ms), f(e.refresh_ms)),
                 f(e.cold.0),
             ]);
+            json.insert(
+                (*name).into(),
+                serde_json::json!({ "after_stored": e.json() }),
+            );
         }
+        json.insert("catch_up".into(), catch_up.json());
         report.sections.push(s);
         report
             .sections
