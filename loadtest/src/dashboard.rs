@@ -106,7 +106,7 @@ pub(crate) async fn catch_up_refreshed(
     let before = crate::procs::scrape(&target.url).await?;
     let sent_at = Instant::now();
     let dashboard = Refresher::start(&target.url, paths)?;
-    let sent = crate::backfill::send_all(ctx, target, data, batch, concurrency).await?;
+    let sent = crate::send::send_all(ctx, target, data, batch, concurrency).await?;
     if journal {
         crate::waits::wait_stored(&target.url, sent.readings).await?;
     }

@@ -14,7 +14,6 @@ use hourglass::pure::{
 use mongodb::bson::{Bson, DateTime, Document, doc};
 use mongodb::{Database, IndexModel};
 
-use crate::backfill;
 use crate::ctx::Ctx;
 use crate::dataset::{Dataset, Row, rfc3339};
 use crate::report::{Plot, Report, Section, f};
@@ -160,7 +159,7 @@ async fn bucket_design(
     let target = ctx
         .target(&format!("design_{granularity}"), granularity, false, false)
         .await?;
-    let o = backfill::send_all(ctx, &target, data, batch, concurrency).await?;
+    let o = crate::send::send_all(ctx, &target, data, batch, concurrency).await?;
     let client = mongodb::Client::with_uri_str(ctx.mongodb_uri()?).await?;
     let (documents, data_bytes, index_bytes) =
         coll_stats(&client.database(&target.database), "buckets").await?;

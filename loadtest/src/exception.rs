@@ -57,7 +57,7 @@ pub async fn measure_all(
     // Long: writes, then one query and its truth per row, in the order the report reads.
     let truth = readings(start, end, 66);
     let rows: Vec<Row> = truth.iter().map(|(&t, &v)| (SENSOR, 0, t, v)).collect();
-    crate::backfill::send_rows(ctx, target, &rows, 5000, 2).await?;
+    crate::send::send_rows(ctx, target, &rows, 5000, 2).await?;
     crate::waits::rolled_up(ctx, &target.database, std::time::Duration::from_secs(3600)).await?;
     let sensor = Dataset::sensor(SENSOR);
     let metric = Dataset::metric(0);

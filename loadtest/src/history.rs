@@ -313,7 +313,7 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<(Report, bool)> {
         .get("hourglass_readings_stored_total")
         .copied()
         .unwrap_or(0.0);
-    let sent = crate::backfill::send_all(ctx, &target, &group, 5000, 2).await?;
+    let sent = crate::send::send_all(ctx, &target, &group, 5000, 2).await?;
     if journal {
         // Acknowledged from the journal: stored first, then rolled up,
         // before the settled figures.
@@ -518,7 +518,7 @@ async fn right_after_backfill(
 ) -> anyhow::Result<(Vec<Timed>, crate::waits::CatchUp)> {
     let rolled_before = scrape(&target.url).await?;
     let sent_at = Instant::now();
-    let sent = crate::backfill::send_all(ctx, target, panel, 5000, 2).await?;
+    let sent = crate::send::send_all(ctx, target, panel, 5000, 2).await?;
     // Five seconds after the last reading is stored (the answer to its
     // request with the journal off; counted stored by the service with it
     // on), before the upkeep may have caught up: what a user who opens the

@@ -22,6 +22,7 @@ mod query;
 mod range_probe;
 mod ranges;
 mod report;
+mod send;
 mod storage;
 mod transfer;
 mod verify;

@@ -4,7 +4,6 @@
 
 use std::time::{Duration, Instant};
 
-use crate::backfill;
 use crate::ctx::Ctx;
 use crate::dataset::{Dataset, rfc3339};
 use crate::peer_servers::{send_lines, start_influx, start_victoria};
@@ -182,7 +181,7 @@ pub(crate) async fn hourglass_peer(
     let driver0 = driver_cpu(&client, &target.url).await?;
     let readings_per_s = match format {
         Format::Json => {
-            let o = backfill::send_all(ctx, &target, data, batch, concurrency).await?;
+            let o = crate::send::send_all(ctx, &target, data, batch, concurrency).await?;
             o.readings as f64 / o.seconds
         }
         Format::LineProtocol | Format::LineProtocolJournaled => {

@@ -152,8 +152,8 @@ pub async fn run(
         )
         .await?;
     let started = Instant::now();
-    crate::backfill::send_all(ctx, &target, &sparse, 5000, 2).await?;
-    crate::backfill::send_all(ctx, &target, &dense, 5000, 2).await?;
+    crate::send::send_all(ctx, &target, &sparse, 5000, 2).await?;
+    crate::send::send_all(ctx, &target, &dense, 5000, 2).await?;
     let hourglass_load_s = started.elapsed().as_secs_f64();
     // The data lies in ended hours: queries are measured once those are
     // rolled up (until then they read the buckets).

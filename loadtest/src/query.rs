@@ -116,7 +116,7 @@ pub async fn run(
     let target = ctx.target("query", "minute", false, false).await?;
     if ctx.global.url.is_none() {
         // A fresh instance has nothing to read: load the dataset first.
-        crate::backfill::send_all(ctx, &target, data, 5000, 4).await?;
+        crate::send::send_all(ctx, &target, data, 5000, 4).await?;
     }
     let by_kind = measure(ctx, &target.url, mix(data, n), concurrency).await?;
     let mut report = Report::new("Hourglass queries");

@@ -50,7 +50,7 @@ pub async fn run(
         },
         3600,
     );
-    crate::backfill::send_all(ctx, &target, &fleet, 5000, 2).await?;
+    crate::send::send_all(ctx, &target, &fleet, 5000, 2).await?;
     let long = Dataset::recent(
         DatasetArgs {
             sensors: 1,
@@ -62,7 +62,7 @@ pub async fn run(
         3600,
     );
     let started = Instant::now();
-    crate::backfill::send_all(ctx, &target, &long, 5000, 2).await?;
+    crate::send::send_all(ctx, &target, &long, 5000, 2).await?;
     let backfill_s = started.elapsed().as_secs_f64();
     // The data lies in ended hours: queries are measured once those are
     // rolled up (until then they read the buckets).

@@ -267,7 +267,7 @@ pub async fn run(ctx: &Ctx, data: &Dataset, rounds: usize) -> anyhow::Result<(Re
         let paused = quiet(server, last, &http, data).await?;
         let cpu0 = http.cpu();
         let started = Instant::now();
-        let o = crate::backfill::send_all(ctx, &http, data, 5000, 4).await?;
+        let o = crate::send::send_all(ctx, &http, data, 5000, 4).await?;
         let cpu = cpu0.zip(http.cpu()).map(|(a, b)| b - a);
         runs[0].record(last, o.seconds, cpu, None);
         if last {

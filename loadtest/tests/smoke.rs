@@ -277,6 +277,16 @@ fn history_measures_write_cost_and_fleet_panels_cold_and_on_refresh() {
         catch_up["series_hours_rolled_up"].as_f64() > Some(0.0),
         "{r}"
     );
+    // The same backfill with a dashboard refreshing over it: its catch-up
+    // too rolled up what it wrote, and its panels were asked.
+    let refreshed = panels
+        .remove("catch_up_refreshed")
+        .expect("the catch-up with a dashboard");
+    assert!(
+        refreshed["refreshed"]["series_hours_rolled_up"].as_f64() > Some(0.0),
+        "{r}"
+    );
+    assert!(refreshed["panels"]["rounds"].as_f64().is_some(), "{r}");
     assert_eq!(panels.len(), 6, "{r}");
     assert!(
         panels.values().all(|p| p["documents"].as_f64() > Some(0.0)),

@@ -90,6 +90,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/sensors/{sensor}/average", get(query::average))
         .route("/api/v1/sensors/{sensor}/series", get(query::series))
         .route("/api/v1/sensors/{sensor}/latest", get(query::latest))
+        .route("/api/v1/sensors/{sensor}/at", get(query::at))
         .route("/api/v1/sensors/{sensor}/uptime", get(query::uptime))
         .route("/api/v1/average", get(query::group_average))
         .route("/api/v1/series", get(query::group_series))

@@ -5,6 +5,7 @@
 mod aggregate;
 mod bucket;
 mod instant;
+mod instants;
 mod labels;
 mod read;
 mod reading;
@@ -15,6 +16,7 @@ mod weighted;
 pub use aggregate::Agg;
 pub use bucket::{BucketKey, BucketKeyRef, BucketUpdate, Granularity, SECOND_FIELDS, field_name};
 pub use instant::{format_ms, format_secs, representable_ms, rfc3339_ms, rfc3339_secs};
+pub use instants::{At, value_at};
 pub use labels::{
     InvalidLabels, LABEL_VALUE_MAX_LEN, Labels, MAX_LABELS, SensorLabels, valid_label_name,
     valid_label_value,

@@ -420,12 +420,12 @@ impl Metrics {
             query_waits_for_rollups: counter(
                 &r,
                 "hourglass_query_rollup_waits_total",
-                "Queries that waited for the upkeep's step rolling up the marked hours they met, instead of reading those hours' buckets (it ended sooner).",
+                "Waits of queries for the upkeep's step rolling up the marked hours they met, instead of reading those hours' buckets (when it was due to end sooner), each batch of series counted.",
             ),
             query_catch_up_refusals: counter(
                 &r,
                 "hourglass_query_catch_up_refusals_total",
-                "Queries refused at once (503 with Retry-After) during a catch-up because the queries' share of the server's time (half) could not cover their reads of marked and unstored buckets within their timeout.",
+                "Queries refused at once (503 with Retry-After) over hours marked late: reading their buckets at the measured pace would outlast the query's time, or, during a catch-up, the queries' share of the server's time (half) could not cover it within their timeout.",
             ),
             runtime_workers: gauge(
                 &r,

@@ -19,6 +19,7 @@ mod hostile_families;
 mod hostile_surfaces;
 mod influx;
 mod ingest;
+mod instants;
 mod journal;
 mod lifecycle;
 mod mqtt;

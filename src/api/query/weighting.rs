@@ -94,6 +94,16 @@ pub(crate) fn weighing(state: &AppState, params: &Params) -> Result<Option<Weigh
         }
         return Ok(None);
     }
+    staleness(state, params, w).map(Some)
+}
+
+/// Where a request's staleness limits come from, for `weighting`:
+/// `staleness=`, else each sensor's label, else `query.staleness`.
+pub(crate) fn staleness(
+    state: &AppState,
+    params: &Params,
+    weighting: Weighting,
+) -> Result<Weighing, ApiError> {
     let q = &state.settings.query;
     let seconds = |d: std::time::Duration| i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
     let asked = match params.get("staleness") {
@@ -111,12 +121,12 @@ pub(crate) fn weighing(state: &AppState, params: &Params) -> Result<Option<Weigh
                 })?,
         ),
     };
-    Ok(Some(Weighing {
-        weighting: w,
+    Ok(Weighing {
+        weighting,
         asked,
         fleet: seconds(q.staleness).max(1),
         most: seconds(q.max_range),
-    }))
+    })
 }
 
 /// The bounds of a grid's points, clipped to the range (a point starting

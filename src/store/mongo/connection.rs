@@ -169,6 +169,7 @@ impl MongoStore {
         settings: &Settings,
         buckets: &crate::store::BucketSettings,
     ) -> Result<Self, StoreError> {
+        // Long: the store's every part set up in one place, each field once.
         let granularity = buckets.granularity;
         let sketch_accuracy = buckets.sketch_accuracy;
         let mut options = ClientOptions::parse(settings.uri.expose_secret())

@@ -68,7 +68,9 @@ impl Share {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let elapsed = now.saturating_duration_since(s.at).as_secs_f64();
         s.balance = (s.balance + elapsed * SHARE).min(BURST.as_secs_f64());
-        s.at = now;
+        // A caller that took `now` before another's does not move the
+        // clock back (the time between would be credited twice).
+        s.at = s.at.max(now);
         // Until the debt is paid back at SHARE of the clock.
         let wait = Duration::from_secs_f64((-s.balance).max(0.0) / SHARE);
         if wait + cost > budget {

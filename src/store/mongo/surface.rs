@@ -79,11 +79,15 @@ impl MongoStore {
                 self.count(|m| m.query_waits_for_rollups.inc());
                 Ok(true)
             }
-            Choice::Refuse => Err(retry()),
+            Choice::Refuse => {
+                self.count(|m| m.query_catch_up_refusals.inc());
+                Err(retry())
+            }
             Choice::Read => {
-                // Nothing to read of the catch-up's: nothing drawn, no turn
-                // to wait (a refresh answered by the cache and its tail).
-                let reads = marked + unstored > 0;
+                // Nothing marked to read: nothing drawn, no turn to wait (a
+                // refresh answered by the cache and its tail, a live panel
+                // over what this instance holds unstored).
+                let reads = marked > 0;
                 let Some(cost) = all.filter(|_| reads && self.catching_up()) else {
                     return Ok(false);
                 };

@@ -409,6 +409,7 @@ async fn the_openapi_document_lists_every_route() {
         ("DELETE", "/api/v1/readings"),
         ("PUT", "/api/v1/sensors/{sensor}/labels"),
         ("GET", "/api/v1/sensors"),
+        ("GET", "/api/v1/sensors/{sensor}/at"),
         ("GET", "/api/v1/sensors/{sensor}/average"),
         ("GET", "/api/v1/sensors/{sensor}/series"),
         ("GET", "/api/v1/sensors/{sensor}/latest"),

@@ -89,6 +89,25 @@ pub fn cases() -> Vec<Case> {
             "/api/v1/sensors/a%00b/latest?metric=temp",
         ),
         get(
+            "20 001 instants",
+            format!(
+                "/api/v1/sensors/s1/at?metric=temp&ts={}",
+                vec!["1"; 20_001].join(",")
+            ),
+        ),
+        get(
+            "instants every second for 400 days",
+            "/api/v1/sensors/s1/at?metric=temp&from=0&to=34560000000&every=1s",
+        ),
+        get(
+            "instants 10 000 years apart",
+            "/api/v1/sensors/s1/at?metric=temp&ts=-62135596800000,253402214400000&method=linear",
+        ),
+        get(
+            "an instant that is not one",
+            format!("/api/v1/sensors/s1/at?metric=temp&ts={from},,{to}&staleness=0s"),
+        ),
+        get(
             "a listing cursor that is an operator",
             "/api/v1/sensors?after=%7B%22%24gt%22%3A1%7D&limit=abc",
         ),

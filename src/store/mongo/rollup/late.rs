@@ -338,12 +338,11 @@ impl MongoStore {
             let began = std::time::Instant::now();
             let ids = step.iter().map(|d| d.id).collect();
             let expected = self.pace.rolling_up(size as u64);
-            let asked = self
+            let (under_way, asked) = self
                 .priority
-                .begin(ids, expected, tokio::time::Instant::now());
-            let done = self.roll_up_step(&step, now).await;
-            self.priority.end();
-            done?;
+                .step(ids, expected, tokio::time::Instant::now());
+            self.roll_up_step(&step, now).await?;
+            under_way.done();
             tracing::debug!(
                 entries = size,
                 asked,

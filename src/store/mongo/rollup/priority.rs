@@ -18,8 +18,14 @@ use tokio::time::Instant;
 
 /// Marker documents asked for at most: the oldest asks go first beyond it.
 const MAX_WANTED: usize = 4096;
+/// Marker documents one query asks for at most: its newest.
+const MAX_ASKED_PER_QUERY: usize = 1024;
 /// An ask no query renewed in this long is dropped (its dashboard closed).
 const WANTED_FOR: Duration = Duration::from_secs(120);
+/// A document whose asked step failed is not asked for again this long: a
+/// step that keeps failing does not keep going first while a dashboard
+/// refreshes over it.
+const FAILED_FOR: Duration = Duration::from_secs(30);
 
 /// What a query does about the marked hours it met.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +62,8 @@ struct State {
     wanted: BTreeMap<i64, Instant>,
     /// The step under way: its documents and when it should end.
     step: Option<(BTreeSet<i64>, Instant)>,
+    /// Documents of failed steps, until when they may not be asked for.
+    failed: BTreeMap<i64, Instant>,
 }
 
 /// The hours queries asked for, and the upkeep's step under way.
@@ -89,16 +97,31 @@ impl Priority {
     /// A query met the marker documents `docs`: roll them up first. The
     /// upkeep is woken only by documents not asked for already.
     pub fn want(&self, docs: &[i64], now: Instant) {
+        // A query over a long backfill meets far more documents than a step
+        // takes: it asks for its newest few (ids grow with the hour), and
+        // the work under the lock stays small whatever it met.
+        let newest = docs.len().saturating_sub(MAX_ASKED_PER_QUERY);
+        let mut docs: Vec<i64> = docs.to_vec();
+        if newest > 0 {
+            docs.select_nth_unstable(newest);
+        }
         let mut s = self.lock();
         let mut new = false;
-        for &d in docs {
+        for &d in &docs[newest..] {
+            if s.failed.get(&d).is_some_and(|&until| until > now) {
+                continue;
+            }
             new |= s.wanted.insert(d, now).is_none();
         }
-        while s.wanted.len() > MAX_WANTED {
-            let Some((&oldest, _)) = s.wanted.iter().min_by_key(|(_, at)| **at) else {
-                break;
-            };
-            s.wanted.remove(&oldest);
+        if s.wanted.len() > MAX_WANTED {
+            // The oldest asks go, in one pass.
+            let mut by_age: Vec<(Instant, i64)> =
+                s.wanted.iter().map(|(&d, &at)| (at, d)).collect();
+            let over = by_age.len() - MAX_WANTED;
+            by_age.select_nth_unstable(over - 1);
+            for (_, d) in &by_age[..over] {
+                s.wanted.remove(d);
+            }
         }
         drop(s);
         if new {
@@ -129,18 +152,39 @@ impl Priority {
     }
 
     /// The step under way ended: its documents are no longer asked for
-    /// (rolled up, or failed: then they wait their turn, so that a step
-    /// that keeps failing does not keep going first), and the queries
-    /// waiting look again.
-    pub fn end(&self) {
+    /// (rolled up; or failed, as of `now`: then they wait their turn and
+    /// are not asked for again for [`FAILED_FOR`], so that a step that
+    /// keeps failing does not keep going first), and the queries waiting
+    /// look again.
+    pub fn end(&self, failed: Option<Instant>) {
         let mut s = self.lock();
+        if let Some(now) = failed {
+            s.failed.retain(|_, until| *until > now);
+        }
         if let Some((docs, _)) = s.step.take() {
             for d in docs {
                 s.wanted.remove(&d);
+                if let Some(now) = failed {
+                    s.failed.insert(d, now + FAILED_FOR);
+                }
             }
         }
         drop(s);
         self.ended.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Begins a step as [`Self::begin`] does, and ends it when the answer
+    /// is dropped: as failed unless [`Step::done`] was called (an error, or
+    /// the upkeep's future dropped mid-step), so no step stays under way.
+    pub fn step(&self, docs: BTreeSet<i64>, expected: Duration, now: Instant) -> (Step<'_>, bool) {
+        let asked = self.begin(docs, expected, now);
+        (
+            Step {
+                priority: self,
+                done: false,
+            },
+            asked,
+        )
     }
 
     /// If the step under way holds every one of `docs`: about how long it
@@ -157,6 +201,26 @@ impl Priority {
         }
         let rx = self.ended.subscribe();
         Some((ends.saturating_duration_since(now), rx))
+    }
+}
+
+/// A step under way (see [`Priority::step`]).
+pub struct Step<'a> {
+    priority: &'a Priority,
+    done: bool,
+}
+
+impl Step<'_> {
+    /// The step rolled its documents up.
+    pub fn done(mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for Step<'_> {
+    fn drop(&mut self) {
+        let failed = (!self.done).then(Instant::now);
+        self.priority.end(failed);
     }
 }
 
@@ -201,7 +265,7 @@ mod tests {
             p.step_holding(&[5, 7], t0).is_none(),
             "5 is not in the step"
         );
-        p.end();
+        p.end(None);
         rx.changed().await.expect("the step's end is sent");
         assert_eq!(p.wanted(t0), BTreeSet::from([5]));
         assert!(p.step_holding(&[7], t0).is_none(), "no step under way");
@@ -209,6 +273,29 @@ mod tests {
         assert!(
             p.wanted(t0 + WANTED_FOR).is_empty(),
             "stale asks are dropped"
+        );
+    }
+
+    #[test]
+    fn a_failed_step_is_not_asked_for_again_for_a_while_and_a_dropped_one_counts_as_failed() {
+        let p = Priority::default();
+        let t0 = Instant::now();
+        p.want(&[3, 4], t0);
+        let (step, asked) = p.step(BTreeSet::from([3]), MS, t0);
+        assert!(asked);
+        drop(step);
+        assert!(p.step_holding(&[3], t0).is_none(), "no step under way");
+        let now = Instant::now();
+        p.want(&[3, 4], now);
+        assert_eq!(p.wanted(now), BTreeSet::from([4]), "3 failed a moment ago");
+        p.want(&[3], now + FAILED_FOR + MS);
+        assert!(p.wanted(now + FAILED_FOR + MS).contains(&3));
+        let (step, _) = p.step(BTreeSet::from([4]), MS, now);
+        step.done();
+        p.want(&[4], now);
+        assert!(
+            p.wanted(now).contains(&4),
+            "a step that rolled up leaves no wait"
         );
     }
 
@@ -222,5 +309,12 @@ mod tests {
         let kept = p.wanted(t0);
         assert_eq!(kept.len(), MAX_WANTED);
         assert_eq!(kept.first(), Some(&10));
+        // One query over a long backfill asks for its newest documents only.
+        let p = Priority::default();
+        let docs: Vec<i64> = (0..100_000).rev().collect();
+        p.want(&docs, t0);
+        let kept = p.wanted(t0);
+        assert_eq!(kept.len(), MAX_ASKED_PER_QUERY);
+        assert_eq!(kept.first(), Some(&(100_000 - MAX_ASKED_PER_QUERY as i64)));
     }
 }
