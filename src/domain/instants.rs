@@ -19,7 +19,14 @@ pub fn interpolate(p: Sample, n: Sample, t: f64) -> f64 {
         return p.v;
     }
     let w = (t - p.t as f64) / span;
-    p.v + (n.v - p.v) * w
+    let rise = n.v - p.v;
+    if rise.is_finite() {
+        p.v + rise * w
+    } else {
+        // Readings of opposite signs near the largest doubles: their
+        // difference overflows, a weighted sum of them does not.
+        p.v * (1.0 - w) + n.v * w
+    }
 }
 
 /// How a value at an instant is taken.
@@ -97,5 +104,12 @@ mod tests {
                 _ => prop_assert_eq!(got, want),
             }
         }
+    }
+
+    #[test]
+    fn a_line_between_readings_near_the_largest_doubles_stays_finite() {
+        let (p, n) = (s(0, -1e308), s(10, 1e308));
+        let v = interpolate(p, n, 5.0);
+        assert!(v.is_finite() && v.abs() < 1e293, "{v}");
     }
 }

@@ -121,6 +121,10 @@ async fn values_at_instants_refuse_what_they_cannot_answer_with_a_clear_error() 
         (format!("ts={t}&method=nearest"), "method"),
         (format!("from={t}&to={t}&every=0s"), "every"),
         ("from=0&to=86400000&every=1s".to_owned(), "max_points"),
+        (
+            "from=0&to=34560000000&every=1h".to_owned(),
+            "minute by minute",
+        ),
         (format!("ts={t},soon"), "ts must be"),
         (format!("ts={t}&staleness=forever"), "staleness"),
     ] {

@@ -55,6 +55,11 @@ pub struct AtResponse {
     pub values: Vec<AtValue>,
 }
 
+/// Minutes one answer may read minute by minute (about 140 days of them,
+/// or a thousand instants anywhere): what a 400-day series at a step of
+/// an hour reads at most.
+const MAX_MINUTES: i64 = 200_000;
+
 const TS: &str = "Instants, separated by commas: RFC 3339 timestamps or integer epoch milliseconds, at most `query.max_points` (10 000 by default); or give `from`, `to` and `every` instead";
 const FROM: &str =
     "With `to` and `every`, instead of `ts`: the first instant (RFC 3339 or epoch milliseconds)";
@@ -171,6 +176,19 @@ pub async fn at(
     // is at most this.
     let seconds: Vec<i64> = asked.iter().map(|ms| ms.div_euclid(1000)).collect();
     let bounds = bounds(&seconds, gap, how);
+    // Cells that end within an hour are read minute by minute (a minute
+    // slot or bucket each, and an entry each in the read's plan): counted
+    // before anything is planned, at most two partial hours a cell.
+    let span_minutes = bounds
+        .last()
+        .zip(bounds.first())
+        .map_or(0, |(b, a)| (b - a) / 60 + 1);
+    let cells = i64::try_from(bounds.len()).unwrap_or(i64::MAX);
+    if span_minutes.min(cells.saturating_mul(120)) > MAX_MINUTES {
+        return Err(ApiError::bad_request(format!(
+            "these instants and their staleness limit would be read minute by minute over more than {MAX_MINUTES} minutes: ask fewer instants, or over a shorter span"
+        )));
+    }
     let cells = edges(&state, metric.as_str(), &sensor, &bounds).await?;
     let values = asked
         .iter()

@@ -111,11 +111,11 @@ pub(crate) fn staleness(
         Some(text) => Some(
             humantime::parse_duration(text)
                 .ok()
-                .filter(|d| d.as_secs() >= 1 && *d <= q.max_range)
+                .filter(|d| d.subsec_nanos() == 0 && d.as_secs() >= 1 && *d <= q.max_range)
                 .map(seconds)
                 .ok_or_else(|| {
                     ApiError::bad_request(format!(
-                        "staleness must be a duration of at least 1s and at most query.max_range ({}), such as 15m or 2d",
+                        "staleness must be a duration of whole seconds, at least 1s and at most query.max_range ({}), such as 15m or 2d",
                         humantime::format_duration(q.max_range)
                     ))
                 })?,
